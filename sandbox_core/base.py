@@ -1,0 +1,374 @@
+"""``BaseSandbox``: the lifecycle shared by every strategy (seed 002, "Lifecycle").
+
+A strategy subclasses it and fills in the ``_do_*`` hooks; the base class owns argument validation,
+status transitions, error translation and persistence (``to_record`` / ``reopen``), so every
+strategy behaves the same at its edges:
+
+- ``create``: PENDING -> CREATED; any failure -> ERRORED and :class:`SandboxCreationError`.
+- ``get_path``: CREATED/ROLLED_BACK -> ACTIVE; refuses traversal with
+  ``ValueError("Path traversal not allowed")``.
+- ``commit``: CREATED/ACTIVE -> COMMITTED. A :class:`SandboxCommitError` carrying ``conflicts``
+  leaves the sandbox ACTIVE (nothing was touched, retry after resolving); any other failure ->
+  ERRORED.
+- ``rollback``: ACTIVE -> ROLLED_BACK; COMMITTED -> ROLLED_BACK when ``rollbackable``.
+- ``cleanup``: any -> CLEANED_UP, idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from ulid import ULID
+
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxCreationError,
+    SandboxError,
+    SandboxRollbackError,
+    SandboxStateError,
+)
+from sandbox_core.paths import resolve_inside
+from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.status import SandboxStatus
+
+logger = logging.getLogger("sandbox_core")
+
+SANDBOX_ROOT_ENV = "SANDBOX_CORE_ROOT"
+
+
+def default_sandbox_root() -> Path:
+    """Directory under which sandboxes are made unless ``sandbox_root=`` is given.
+
+    ``$SANDBOX_CORE_ROOT`` when set, else ``<tmp>/sandbox-core``.
+    """
+    configured = os.environ.get(SANDBOX_ROOT_ENV)
+    return Path(configured) if configured else Path(tempfile.gettempdir()) / "sandbox-core"
+
+
+def require_non_empty(name: str, value: object) -> None:
+    """Raise ``ValueError("<name> cannot be empty")`` for ``None`` or blank strings (seed 000)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{name} cannot be empty")
+
+
+class BaseSandbox:
+    """Common lifecycle of all strategies. See the module docstring for the status rules.
+
+    Args:
+        resource_id: id of the resource being sandboxed (non-empty).
+        original_path: where the original lives: a directory, a repository, or a DSN (non-empty).
+        **options: strategy options, kept JSON-serialisable so that :meth:`to_record` can persist
+            them. ``sandbox_root`` (str) is understood by every file-based strategy.
+
+    Raises:
+        ValueError: ``"resource_id cannot be empty"`` / ``"original_path cannot be empty"``.
+    """
+
+    strategy: ClassVar[str] = ""
+    rollbackable: ClassVar[bool] = True
+
+    def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
+        require_non_empty("resource_id", resource_id)
+        require_non_empty("original_path", original_path)
+        self._resource_id = resource_id
+        self._original_path = str(original_path)
+        sandbox_id = options.pop("sandbox_id", None)
+        self._options: dict[str, Any] = dict(options)
+        self._sandbox_id = str(sandbox_id or ULID())
+        self._status = SandboxStatus.PENDING
+        self._context: SandboxContext | None = None
+        self._last_commit: CommitResult | None = None
+        # One sandbox is driven by one caller at a time; the lock makes concurrent misuse safe.
+        self._lock = threading.RLock()
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def sandbox_id(self) -> str:
+        """Unique ULID of this sandbox (26 characters, Crockford base32)."""
+        return self._sandbox_id
+
+    @property
+    def status(self) -> SandboxStatus:
+        """Current lifecycle status."""
+        return self._status
+
+    @property
+    def context(self) -> SandboxContext | None:
+        """Context after :meth:`create`; ``None`` before."""
+        return self._context
+
+    @property
+    def resource_id(self) -> str:
+        """Id of the sandboxed resource."""
+        return self._resource_id
+
+    @property
+    def original_path(self) -> str:
+        """Location of the original resource as given."""
+        return self._original_path
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """A copy of the strategy options this sandbox was built with."""
+        return dict(self._options)
+
+    @property
+    def last_commit(self) -> CommitResult | None:
+        """Result of the last successful :meth:`commit`, if any."""
+        return self._last_commit
+
+    @property
+    def sandbox_root(self) -> Path:
+        """Parent directory for this sandbox's on-disk artefacts."""
+        root = self._options.get("sandbox_root")
+        return Path(root) if root else default_sandbox_root()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def create(self, plan_id: str) -> SandboxContext:
+        """Initialise the sandbox environment for ``plan_id``.
+
+        Returns:
+            The new :class:`SandboxContext`.
+
+        Raises:
+            ValueError: ``"plan_id cannot be empty"``.
+            SandboxStateError: the sandbox is not PENDING.
+            SandboxCreationError: the environment could not be made (status becomes ERRORED).
+        """
+        require_non_empty("plan_id", plan_id)
+        with self._lock:
+            self._require(SandboxStatus.PENDING, "create")
+            try:
+                context = self._do_create(plan_id)
+            except SandboxError:
+                self._status = SandboxStatus.ERRORED
+                raise
+            except (OSError, ValueError) as exc:
+                self._status = SandboxStatus.ERRORED
+                raise SandboxCreationError(
+                    f"cannot create {self.strategy} sandbox for {self._original_path}: {exc}"
+                ) from exc
+            self._context = context
+            self._set_status(SandboxStatus.CREATED)
+            return context
+
+    def activate(self) -> None:
+        """Open the sandbox for writes: CREATED or ROLLED_BACK -> ACTIVE; no-op when ACTIVE.
+
+        Raises:
+            SandboxStateError: in any other status.
+        """
+        with self._lock:
+            if self._status is SandboxStatus.ACTIVE:
+                return
+            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+                raise SandboxStateError(
+                    f"cannot activate sandbox {self._sandbox_id} in status {self._status.value}"
+                )
+            self._do_activate()
+            self._set_status(SandboxStatus.ACTIVE)
+
+    def get_path(self, resource_path: str) -> str:
+        """Translate a resource-relative path into the absolute path inside the sandbox.
+
+        Activates a CREATED or ROLLED_BACK sandbox. The path need not exist yet.
+
+        Raises:
+            ValueError: ``"Path traversal not allowed"`` for ``..``, absolute paths, or symlinks
+                resolving outside the sandbox.
+            SandboxStateError: the sandbox is PENDING, COMMITTED, ERRORED or CLEANED_UP.
+        """
+        with self._lock:
+            if self._status not in (
+                SandboxStatus.CREATED,
+                SandboxStatus.ACTIVE,
+                SandboxStatus.ROLLED_BACK,
+            ):
+                raise SandboxStateError(
+                    f"cannot resolve paths in sandbox {self._sandbox_id} "
+                    f"in status {self._status.value}"
+                )
+            resolved = resolve_inside(self._path_root(), resource_path)
+            self.activate()
+            return resolved
+
+    def commit(self, message: str | None = None) -> CommitResult:
+        """Apply the sandbox's changes to the original resource.
+
+        Returns:
+            A successful :class:`CommitResult` with resource-relative file lists.
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED or ACTIVE.
+            SandboxCommitError: the commit failed. With ``conflicts`` set the original is
+                untouched and the sandbox stays ACTIVE; otherwise the status becomes ERRORED.
+        """
+        with self._lock:
+            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ACTIVE):
+                raise SandboxStateError(
+                    f"cannot commit sandbox {self._sandbox_id} in status {self._status.value}"
+                )
+            self.activate()
+            try:
+                result = self._do_commit(message)
+            except SandboxCommitError as exc:
+                if not exc.conflicts:
+                    self._status = SandboxStatus.ERRORED
+                raise
+            except SandboxError:
+                self._status = SandboxStatus.ERRORED
+                raise
+            except (OSError, ValueError) as exc:
+                self._status = SandboxStatus.ERRORED
+                raise SandboxCommitError(
+                    f"commit of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+            self._last_commit = result
+            self._set_status(SandboxStatus.COMMITTED)
+            return result
+
+    def rollback(self) -> None:
+        """Discard the sandbox's changes (ACTIVE) or undo its commit (COMMITTED).
+
+        Raises:
+            SandboxStateError: not ACTIVE/COMMITTED, or COMMITTED on a strategy that cannot
+                undo a commit (``rollbackable`` is False).
+            SandboxRollbackError: the rollback failed (status becomes ERRORED).
+        """
+        with self._lock:
+            if self._status is SandboxStatus.ACTIVE:
+                action = self._do_rollback
+            elif self._status is SandboxStatus.COMMITTED:
+                if not self.rollbackable:
+                    raise SandboxStateError(
+                        f"{self.strategy} sandbox {self._sandbox_id} cannot be rolled back "
+                        "after commit"
+                    )
+                action = self._do_rollback_committed
+            else:
+                raise SandboxStateError(
+                    f"cannot roll back sandbox {self._sandbox_id} in status {self._status.value}"
+                )
+            try:
+                action()
+            except SandboxError:
+                self._status = SandboxStatus.ERRORED
+                raise
+            except (OSError, ValueError) as exc:
+                self._status = SandboxStatus.ERRORED
+                raise SandboxRollbackError(
+                    f"rollback of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+            self._set_status(SandboxStatus.ROLLED_BACK)
+
+    def cleanup(self) -> None:
+        """Remove every artefact of the sandbox; the original is never touched. Idempotent.
+
+        Raises:
+            SandboxError: an artefact could not be removed (status unchanged, safe to retry).
+        """
+        with self._lock:
+            if self._status is SandboxStatus.CLEANED_UP:
+                return
+            try:
+                self._do_cleanup()
+            except SandboxError:
+                raise
+            except OSError as exc:
+                raise SandboxError(f"cleanup of sandbox {self._sandbox_id} failed: {exc}") from exc
+            self._status = SandboxStatus.CLEANED_UP
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready record from which :meth:`reopen` rebuilds this sandbox in another process."""
+        return {
+            "strategy": self.strategy,
+            "sandbox_id": self._sandbox_id,
+            "resource_id": self._resource_id,
+            "original_path": self._original_path,
+            "options": dict(self._options),
+            "status": self._status.value,
+            "context": self._context.to_dict() if self._context else None,
+            "last_commit": self._last_commit.to_dict() if self._last_commit else None,
+        }
+
+    @classmethod
+    def reopen(cls, record: dict[str, Any]) -> Self:
+        """Rebuild a sandbox from :meth:`to_record` output (after a process restart).
+
+        The strategy's ``_on_reopen`` hook re-attaches what a restart loses (for example an
+        OverlayFS mount). No artefact is created or removed.
+
+        Raises:
+            SandboxError: the record belongs to another strategy or is malformed.
+        """
+        if record.get("strategy") != cls.strategy:
+            raise SandboxError(
+                f"record of strategy {record.get('strategy')!r} cannot reopen as {cls.strategy!r}"
+            )
+        sandbox = cls(
+            str(record["resource_id"]),
+            str(record["original_path"]),
+            sandbox_id=str(record["sandbox_id"]),
+            **dict(record.get("options") or {}),
+        )
+        sandbox._status = SandboxStatus(record["status"])
+        context = record.get("context")
+        sandbox._context = SandboxContext.from_dict(context) if context else None
+        last_commit = record.get("last_commit")
+        sandbox._last_commit = CommitResult.from_dict(last_commit) if last_commit else None
+        if sandbox._status not in (SandboxStatus.PENDING, SandboxStatus.CLEANED_UP):
+            sandbox._on_reopen()
+        return sandbox
+
+    # -- helpers for subclasses -------------------------------------------------------------
+
+    def _require(self, expected: SandboxStatus, operation: str) -> None:
+        if self._status is not expected:
+            raise SandboxStateError(
+                f"cannot {operation} sandbox {self._sandbox_id} in status {self._status.value}"
+            )
+
+    def _set_status(self, target: SandboxStatus) -> None:
+        SandboxStatus.assert_transition(self._status, target)
+        self._status = target
+
+    def _require_context(self) -> SandboxContext:
+        if self._context is None:
+            raise SandboxStateError(f"sandbox {self._sandbox_id} has not been created")
+        return self._context
+
+    def _path_root(self) -> str:
+        """Directory that ``get_path`` resolves against (default: the context's sandbox_path)."""
+        return self._require_context().sandbox_path
+
+    # -- hooks for strategies ---------------------------------------------------------------
+
+    def _do_create(self, plan_id: str) -> SandboxContext:
+        raise NotImplementedError
+
+    def _do_activate(self) -> None:
+        """Called on CREATED/ROLLED_BACK -> ACTIVE; default does nothing."""
+
+    def _do_commit(self, message: str | None) -> CommitResult:
+        raise NotImplementedError
+
+    def _do_rollback(self) -> None:
+        raise NotImplementedError
+
+    def _do_rollback_committed(self) -> None:
+        raise SandboxStateError(f"{self.strategy} sandbox cannot be rolled back after commit")
+
+    def _do_cleanup(self) -> None:
+        raise NotImplementedError
+
+    def _on_reopen(self) -> None:
+        """Re-attach process-bound state after :meth:`reopen`; default does nothing."""

@@ -1,0 +1,58 @@
+"""The one exception hierarchy of sandbox_core (seed 002, "Exception Hierarchy").
+
+Third-party errors (GitPython, OSError, psycopg, sqlite3) are converted to these at the strategy
+boundary; callers never see them untranslated. The operator maps each class to kopf's
+``TemporaryError`` / ``PermanentError`` in one place.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every error raised by sandbox_core."""
+
+
+class SandboxCreationError(SandboxError):
+    """The sandbox environment cannot be initialised (missing source, git failure, I/O error)."""
+
+
+class SandboxCommitError(SandboxError):
+    """Applying the sandbox's changes to the original failed.
+
+    ``conflicts`` lists the resource-relative paths that conflict with changes made to the original
+    since the sandbox was created (git_worktree merge-back); it is empty for other failures.
+    When ``conflicts`` is non-empty the original is untouched and the sandbox stays ACTIVE, so the
+    commit can be retried after the conflict is resolved.
+    """
+
+    def __init__(self, message: str, conflicts: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.conflicts: list[str] = list(conflicts or [])
+
+
+class SandboxRollbackError(SandboxError):
+    """Discarding the sandbox's changes (or undoing a commit) failed."""
+
+
+class SandboxStateError(SandboxError):
+    """The operation is not valid in the sandbox's current lifecycle status."""
+
+
+class AtomicCommitError(SandboxError):
+    """A non-sandbox exception interrupted ``commit_all``; compensation was attempted.
+
+    Attributes:
+        rolled_back_ids: sandbox ids whose commit was undone, in LIFO order.
+        failed_rollback_ids: sandbox ids whose compensation itself failed (their original
+            resource may hold the committed change).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rolled_back_ids: list[str] | None = None,
+        failed_rollback_ids: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rolled_back_ids: list[str] = list(rolled_back_ids or [])
+        self.failed_rollback_ids: list[str] = list(failed_rollback_ids or [])

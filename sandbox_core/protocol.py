@@ -1,0 +1,133 @@
+"""Value objects and the runtime-checkable ``Sandbox`` protocol (seed 002, "Core Classes")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
+
+from sandbox_core.status import SandboxStatus
+
+
+def utc_now() -> datetime:
+    """Current time as an aware UTC datetime (every timestamp in sandbox_core is UTC)."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class SandboxContext:
+    """Immutable description of an initialised sandbox.
+
+    ``metadata`` holds strategy-specific data that must survive a process restart (git branch,
+    base commit, overlay mode, ...): it is what :meth:`BaseSandbox.reopen` rebuilds from, so every
+    value in it must be JSON-serialisable.
+    """
+
+    sandbox_id: str
+    sandbox_path: str
+    original_path: str
+    resource_id: str
+    plan_id: str
+    created_at: datetime = field(default_factory=utc_now)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``created_at`` as ISO 8601."""
+        return {
+            "sandbox_id": self.sandbox_id,
+            "sandbox_path": self.sandbox_path,
+            "original_path": self.original_path,
+            "resource_id": self.resource_id,
+            "plan_id": self.plan_id,
+            "created_at": self.created_at.isoformat(),
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SandboxContext:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            sandbox_id=str(data["sandbox_id"]),
+            sandbox_path=str(data["sandbox_path"]),
+            original_path=str(data["original_path"]),
+            resource_id=str(data["resource_id"]),
+            plan_id=str(data["plan_id"]),
+            created_at=datetime.fromisoformat(str(data["created_at"])),
+            metadata=dict(data.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Outcome of one ``commit()`` call. File lists are resource-relative POSIX paths, sorted."""
+
+    sandbox_id: str
+    success: bool
+    commit_ref: str | None = None
+    changed_files: list[str] = field(default_factory=list)
+    added_files: list[str] = field(default_factory=list)
+    deleted_files: list[str] = field(default_factory=list)
+    error: str | None = None
+    timestamp: datetime = field(default_factory=utc_now)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``timestamp`` as ISO 8601."""
+        return {
+            "sandbox_id": self.sandbox_id,
+            "success": self.success,
+            "commit_ref": self.commit_ref,
+            "changed_files": list(self.changed_files),
+            "added_files": list(self.added_files),
+            "deleted_files": list(self.deleted_files),
+            "error": self.error,
+            "timestamp": self.timestamp.isoformat(),
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CommitResult:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            sandbox_id=str(data["sandbox_id"]),
+            success=bool(data["success"]),
+            commit_ref=data.get("commit_ref"),
+            changed_files=list(data.get("changed_files") or []),
+            added_files=list(data.get("added_files") or []),
+            deleted_files=list(data.get("deleted_files") or []),
+            error=data.get("error"),
+            timestamp=datetime.fromisoformat(str(data["timestamp"])),
+            metadata=dict(data.get("metadata") or {}),
+        )
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """What every sandbox implementation provides (seed 002, "Sandbox (Protocol)").
+
+    ``rollbackable`` says whether a COMMITTED sandbox can be undone; ``commit_all`` commits
+    rollbackable sandboxes first so that the others (transaction, none) run only when nothing
+    after them can fail.
+    """
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def status(self) -> SandboxStatus: ...
+
+    @property
+    def context(self) -> SandboxContext | None: ...
+
+    @property
+    def rollbackable(self) -> bool: ...
+
+    def create(self, plan_id: str) -> SandboxContext: ...
+
+    def get_path(self, resource_path: str) -> str: ...
+
+    def commit(self, message: str | None = None) -> CommitResult: ...
+
+    def rollback(self) -> None: ...
+
+    def cleanup(self) -> None: ...

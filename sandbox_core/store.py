@@ -1,0 +1,105 @@
+"""``SandboxStore``: sandbox records persisted in a state directory.
+
+One JSON file per sandbox (``<state_dir>/sandboxes/<sandbox_id>.json``), written atomically
+(temp file + rename), so that separate CLI invocations, the operator after a restart, and crash
+recovery all see the same sandboxes (DESIGN.md: "A sandbox must be re-openable from its persisted
+context").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sandbox_core.base import BaseSandbox
+from sandbox_core.errors import SandboxError
+
+STATE_DIR_ENV = "SANDBOX_CORE_STATE_DIR"
+
+
+def default_state_dir() -> Path:
+    """``$SANDBOX_CORE_STATE_DIR`` when set, else ``~/.local/state/sandbox-core``."""
+    configured = os.environ.get(STATE_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".local" / "state" / "sandbox-core"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never half.
+
+    Raises:
+        OSError: the directory is not writable.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class SandboxStore:
+    """Records of sandboxes, keyed by sandbox id, in ``state_dir``.
+
+    Args:
+        state_dir: directory to keep records in (created on first save); default
+            :func:`default_state_dir`.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self._dir = self.state_dir / "sandboxes"
+
+    def save(self, sandbox: BaseSandbox) -> None:
+        """Persist ``sandbox.to_record()``.
+
+        Raises:
+            SandboxError: the record could not be written.
+        """
+        try:
+            write_json_atomic(self._path(sandbox.sandbox_id), sandbox.to_record())
+        except OSError as exc:
+            raise SandboxError(f"cannot save sandbox {sandbox.sandbox_id}: {exc}") from exc
+
+    def load(self, sandbox_id: str) -> dict[str, Any]:
+        """The stored record of ``sandbox_id``.
+
+        Raises:
+            SandboxError: no such sandbox, or the record is unreadable.
+        """
+        path = self._path(sandbox_id)
+        try:
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise SandboxError(f"no sandbox with id {sandbox_id} in {self.state_dir}") from exc
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"cannot read sandbox {sandbox_id}: {exc}") from exc
+        return data
+
+    def records(self, plan_id: str | None = None) -> list[dict[str, Any]]:
+        """All stored records (of one plan when ``plan_id`` is given), oldest id first."""
+        if not self._dir.is_dir():
+            return []
+        found = []
+        for path in sorted(self._dir.glob("*.json")):
+            record = self.load(path.stem)
+            context = record.get("context") or {}
+            if plan_id is None or context.get("plan_id") == plan_id:
+                found.append(record)
+        return found
+
+    def delete(self, sandbox_id: str) -> None:
+        """Forget ``sandbox_id`` (no error when already gone)."""
+        self._path(sandbox_id).unlink(missing_ok=True)
+
+    def _path(self, sandbox_id: str) -> Path:
+        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+            raise SandboxError(f"invalid sandbox id {sandbox_id!r}")
+        return self._dir / f"{sandbox_id}.json"

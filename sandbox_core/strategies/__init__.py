@@ -1,0 +1,1 @@
+"""The five built-in strategies (seed 002, "Sandbox Strategies")."""
