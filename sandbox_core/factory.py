@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxError
 
 
-class SandboxStrategy(str, Enum):
+class SandboxStrategy(StrEnum):
     """The built-in strategy names, as used in ``sandbox_strategy`` and the CRD's ``strategy``."""
 
     GIT_WORKTREE = "git_worktree"

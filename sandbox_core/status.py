@@ -1,20 +1,20 @@
 """The sandbox lifecycle state machine (seed 002, "Lifecycle" and "Status Transition Validation").
 
-``PENDING -> CREATED -> ACTIVE -> COMMITTED -> CLEANED_UP``, ``ACTIVE -> ROLLED_BACK -> ACTIVE |
-CLEANED_UP``, ``CREATED -> ERRORED -> CLEANED_UP``. Two edges the seed's scenarios rely on are added:
-``COMMITTED -> ROLLED_BACK`` (rollback from COMMITTED "where the strategy can"), and ``* -> ERRORED``
-from every live state, because an unexpected I/O failure in commit or rollback marks the sandbox
+``PENDING -> CREATED -> ACTIVE -> COMMITTED -> CLEANED_UP``,
+``ACTIVE -> ROLLED_BACK -> ACTIVE | CLEANED_UP``, ``CREATED -> ERRORED -> CLEANED_UP``.
+Two edges the seed's scenarios rely on are added: ``COMMITTED -> ROLLED_BACK`` (rollback from
+COMMITTED "where the strategy can"), and ``* -> ERRORED`` from every live state, because an unexpected I/O failure in commit or rollback marks the sandbox
 errored (seed 003, "Commit wraps OSError into SandboxCommitError").
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from sandbox_core.errors import SandboxStateError
 
 
-class SandboxStatus(str, Enum):
+class SandboxStatus(StrEnum):
     """Lifecycle status of one sandbox. Values are the lower-case names used in seeds and CLI."""
 
     PENDING = "pending"
