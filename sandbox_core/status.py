@@ -3,8 +3,9 @@
 ``PENDING -> CREATED -> ACTIVE -> COMMITTED -> CLEANED_UP``,
 ``ACTIVE -> ROLLED_BACK -> ACTIVE | CLEANED_UP``, ``CREATED -> ERRORED -> CLEANED_UP``.
 Two edges the seed's scenarios rely on are added: ``COMMITTED -> ROLLED_BACK`` (rollback from
-COMMITTED "where the strategy can"), and ``* -> ERRORED`` from every live state,
-because an unexpected I/O failure in commit or rollback marks the sandbox errored (seed 003, "Commit wraps OSError into SandboxCommitError").
+COMMITTED "where the strategy can"), and ``* -> ERRORED`` from every live state, because an
+unexpected I/O failure in commit or rollback marks the sandbox errored (seed 003, "Commit wraps
+OSError into SandboxCommitError").
 """
 
 from __future__ import annotations
