@@ -1,0 +1,140 @@
+"""Private helpers: run git through GitPython with explicit locations and a fixed identity.
+
+Every command names its repository explicitly (``-C <dir>``, or ``--git-dir``/``--work-tree`` for a
+sandbox worktree), so a missing directory can never make git fall back to the process's current
+directory, and a tampered ``.git`` file inside a worktree cannot redirect the product's own
+commands. Failures surface as :class:`GitFailure`; strategies translate it into the sandbox_core
+error of the phase they are in (GitPython errors never leave this module).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+# The product commits under its own name so that no global git identity is needed; git's own
+# precedence still lets GIT_AUTHOR_* / GIT_COMMITTER_* in the environment override it.
+PRODUCT_IDENTITY: Mapping[str, str] = {
+    "user.name": "sandbox-core",
+    "user.email": "sandbox-core@localhost",
+}
+
+
+class GitFailure(Exception):  # noqa: N818 - private; translated to a SandboxError by callers
+    """A git command failed or could not be started. ``stderr`` holds git's own words."""
+
+    def __init__(self, args: Iterable[str], status: int, stderr: str) -> None:
+        self.args_run = list(args)
+        self.status = status
+        self.stderr = stderr.strip()
+        super().__init__(f"git {' '.join(self.args_run)} failed ({status}): {self.stderr}")
+
+
+@dataclass(frozen=True)
+class GitResult:
+    """Exit status and decoded output of one git command (stdout not stripped)."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def out(self) -> str:
+        """stdout without the trailing newline."""
+        return self.stdout.rstrip("\n")
+
+    def nul_fields(self) -> list[str]:
+        """stdout of a ``-z`` command split on NUL, empty fields dropped."""
+        return [field for field in self.stdout.split("\0") if field]
+
+
+def _decode(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, str):
+        return data
+    # surrogateescape keeps non-UTF-8 file names round-trippable.
+    return data.decode("utf-8", "surrogateescape")
+
+
+class GitCommand:
+    """Runs git for one location.
+
+    Args:
+        prefix: the location arguments placed before the subcommand, e.g. ``["-C", repo]``.
+    """
+
+    def __init__(self, prefix: list[str]) -> None:
+        self._prefix = prefix
+        self._git = git.Git()
+        config: list[str] = []
+        for key, value in PRODUCT_IDENTITY.items():
+            config += ["-c", f"{key}={value}"]
+        self._config = config
+
+    @classmethod
+    def for_checkout(cls, directory: str | os.PathLike[str]) -> GitCommand:
+        """Commands for an ordinary checkout (main or linked worktree) at ``directory``."""
+        return cls(["-C", str(directory)])
+
+    @classmethod
+    def for_worktree(cls, admin_dir: str, work_tree: str) -> GitCommand:
+        """Commands for a sandbox worktree, bypassing its ``.git`` file."""
+        return cls(["--git-dir", admin_dir, "--work-tree", work_tree, "-C", work_tree])
+
+    def run(
+        self,
+        *args: str,
+        ok: Iterable[int] = (0,),
+    ) -> GitResult:
+        """Run ``git <prefix> <args>``; an exit status outside ``ok`` raises :class:`GitFailure`.
+
+        Raises:
+            GitFailure: git exited with an unexpected status or could not be started.
+        """
+        command = ["git", *self._config, *self._prefix, *args]
+        try:
+            status, out, err = self._git.execute(
+                command,
+                with_extended_output=True,
+                with_exceptions=False,
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+            )
+        except (git.GitError, OSError) as exc:
+            raise GitFailure(args, -1, str(exc)) from exc
+        result = GitResult(int(status), _decode(out), _decode(err))
+        if result.status not in tuple(ok):
+            raise GitFailure(args, result.status, result.stderr or result.stdout)
+        return result
+
+
+def open_repo(repo_dir: str | os.PathLike[str]) -> git.Repo:
+    """Open the repository of the checkout at ``repo_dir`` with GitPython.
+
+    Raises:
+        GitFailure: not a git checkout, or unreadable.
+    """
+    try:
+        return git.Repo(str(repo_dir))
+    except (git.GitError, OSError, ValueError) as exc:
+        raise GitFailure(["open", str(repo_dir)], -1, f"not a git repository: {exc}") from exc
+
+
+def read_gitdir_file(work_tree: str | os.PathLike[str]) -> str | None:
+    """The admin directory a linked worktree's ``.git`` file points at, or None if unreadable."""
+    try:
+        content = (Path(work_tree) / ".git").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    prefix = "gitdir:"
+    if not content.startswith(prefix):
+        return None
+    target = content[len(prefix) :].strip()
+    if not os.path.isabs(target):  # noqa: PTH117 - str path from git's own file
+        target = str(Path(work_tree) / target)
+    return target
