@@ -1,0 +1,57 @@
+{{/* Chart name, shortened to the 63 characters a label value may hold. */}}
+{{- define "sandbox-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects: <release>-<chart> unless the release already says it. */}}
+{{- define "sandbox-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Recommended app.kubernetes.io/* labels, on every object of the chart. */}}
+{{- define "sandbox-operator.labels" -}}
+helm.sh/chart: {{ include "sandbox-operator.chart" . }}
+{{ include "sandbox-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: sandbox-operator
+{{- end }}
+
+{{/* The subset of labels that never changes across upgrades (Deployment selector). */}}
+{{- define "sandbox-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandbox-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sandbox-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sandbox-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Workspace pods use the same image unless told otherwise (one image, two entrypoints). */}}
+{{- define "sandbox-operator.workspaceImage" -}}
+{{- $repo := default .Values.image.repository .Values.workspace.image.repository }}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.workspace.image.tag }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
