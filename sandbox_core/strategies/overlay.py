@@ -1,11 +1,671 @@
-"""Placeholder until the overlay strategy lands (being written now)."""
+"""``OverlaySandbox``: strategy ``overlay`` (seed 002, "OverlaySandbox"; seed 003).
+
+Layout under ``<sandbox_root>/overlay/<sandbox_id>/`` (seed 003, "upper, work, and merged
+directories"): ``lower`` (a symlink to the original), ``upper``, ``work``, ``merged`` and
+``commit`` (staging and the pre-commit backup, when it shares the original's filesystem).
+
+Two modes, recorded in ``context.metadata["overlay_mode"]``:
+
+- ``kernel``: a real OverlayFS mount, original as the lower layer. Nothing ever writes into the
+  lower layer while it is mounted (undefined behaviour in OverlayFS): commit reads the changed
+  paths from the upper layer, copies their final state out of the merged view into staging,
+  unmounts, swaps each path into the original, and remounts with an empty upper layer.
+- ``fallback``: ``merged`` is a full copy of the original (copy-on-write); commit compares the
+  trees. Used when the process may not mount (``mode="auto"`` falls back on EPERM, ENODEV, ...;
+  the reason is kept in ``metadata["fallback_reason"]``).
+
+Options: ``sandbox_root`` (str); ``mode`` = ``"auto"`` (default) | ``"kernel"`` | ``"fallback"``;
+``redirect_dir`` (str, the OverlayFS mount option, e.g. ``"on"``; default: the kernel's);
+``userxattr`` (bool; default: on exactly when running inside a child user namespace).
+
+Policy (case 05): a source tree holding a ``.git`` *file* whose git dir lies outside the tree (a
+linked worktree, or a submodule with an absolute git dir) is refused at create: git commands in
+the sandbox would write to the original's index and refs. Use ``git_worktree`` for such trees.
+"""
 
 from __future__ import annotations
 
-from sandbox_core.base import BaseSandbox
+import dataclasses
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+from sandbox_core import _overlay_mount as kernel
+from sandbox_core._overlay_mount import LayerChange, OverlayLayout
+from sandbox_core.base import BaseSandbox, logger
+from sandbox_core.errors import SandboxCreationError, SandboxError, SandboxStateError
+from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.status import SandboxStatus
+
+MODES = ("auto", "kernel", "fallback")
+_MANIFEST = "manifest.json"
+_CHECKPOINT_FILE = "overlay-checkpoint.json"
+_SNAPSHOT_STATES = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
 
 class OverlaySandbox(BaseSandbox):
-    """overlay strategy (in progress)."""
+    """Strategy ``overlay``: OverlayFS layers over the original, or a userspace fallback.
+
+    See the module docstring for layout, modes, options and the linked-worktree policy.
+
+    Raises:
+        ValueError: ``mode`` is not one of ``auto``, ``kernel``, ``fallback``.
+    """
 
     strategy = "overlay"
+    rollbackable = True
+
+    def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
+        super().__init__(resource_id, original_path, **options)
+        mode = self._options.get("mode", "auto")
+        if mode not in MODES:
+            raise ValueError(f"overlay mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self._merged_dir: Path | None = None
+
+    # -- layout -----------------------------------------------------------------------------
+
+    @property
+    def base_path(self) -> Path:
+        """``<sandbox_root>/overlay/<sandbox_id>``: every artefact of this sandbox lives here."""
+        return self.sandbox_root / "overlay" / self.sandbox_id
+
+    @property
+    def upper_dir(self) -> Path:
+        """Upper layer (kernel mode); empty in fallback mode."""
+        return self.base_path / "upper"
+
+    @property
+    def work_dir(self) -> Path:
+        """OverlayFS work directory (kernel mode); empty in fallback mode."""
+        return self.base_path / "work"
+
+    @property
+    def merged_dir(self) -> Path | None:
+        """The merged view actors write to; ``None`` before create."""
+        return self._merged_dir
+
+    @property
+    def overlay_mode(self) -> str | None:
+        """``"kernel"`` or ``"fallback"`` once created, else ``None``."""
+        mode = self._meta("overlay_mode")
+        return str(mode) if mode else None
+
+    def _meta(self, key: str) -> Any:
+        return self._context.metadata.get(key) if self._context else None
+
+    def _original(self) -> Path:
+        return Path(self.original_path).absolute()
+
+    def _layout(self) -> OverlayLayout:
+        return OverlayLayout(
+            lower=self.base_path / "lower",
+            upper=self.upper_dir,
+            work=self.work_dir,
+            merged=self.base_path / "merged",
+            redirect_dir=self._options.get("redirect_dir"),
+            userxattr=bool(self._meta("userxattr")),
+        )
+
+    def _commit_area(self) -> Path:
+        area = self._meta("commit_area")
+        return Path(area) if area else self.base_path / "commit"
+
+    def _path_root(self) -> str:
+        """``get_path`` resolves in the merged dir (seed 003).
+
+        Raises:
+            SandboxStateError: ``"merged directory not set"``.
+        """
+        if self._merged_dir is None:
+            raise SandboxStateError("merged directory not set")
+        return str(self._merged_dir)
+
+    # -- create -----------------------------------------------------------------------------
+
+    def _do_create(self, plan_id: str) -> SandboxContext:
+        original = self._original()
+        if not original.is_dir():
+            raise SandboxCreationError(f"original path {original} is not an existing directory")
+        base, resolved = self.base_path.resolve(), original.resolve()
+        if base == resolved or resolved in base.parents:
+            raise SandboxCreationError(
+                f"sandbox root {self.sandbox_root} lies inside the original {original}"
+            )
+        _refuse_external_gitfiles(original)
+        try:
+            return self._build(plan_id, original)
+        except BaseException:
+            self._discard_artefacts()
+            raise
+
+    def _build(self, plan_id: str, original: Path) -> SandboxContext:
+        base = self.base_path
+        for directory in (self.upper_dir, self.work_dir, base / "merged"):
+            directory.mkdir(parents=True)
+        (base / "lower").symlink_to(original, target_is_directory=True)
+        metadata: dict[str, Any] = {
+            "strategy": self.strategy,
+            "base_path": str(base),
+            "upper_dir": str(self.upper_dir),
+            "work_dir": str(self.work_dir),
+            "merged_dir": str(base / "merged"),
+            "commit_area": str(_choose_commit_area(base, original, self.sandbox_id)),
+            "lower_generation": 0,
+        }
+        mode = self._options.get("mode", "auto")
+        reason = "mode=fallback requested" if mode == "fallback" else None
+        if mode != "fallback":
+            userxattr = self._options.get("userxattr")
+            if userxattr is None:
+                userxattr = not kernel.in_initial_user_namespace()
+            layout = dataclasses.replace(self._layout(), userxattr=bool(userxattr))
+            try:
+                kernel.mount_overlay(layout)
+            except OSError as exc:
+                if mode == "kernel" or exc.errno not in kernel.UNAVAILABLE_ERRNOS:
+                    raise SandboxCreationError(f"OverlayFS mount failed: {exc}") from exc
+                reason = f"kernel OverlayFS unavailable: {exc}"
+            else:
+                metadata.update(
+                    overlay_mode="kernel",
+                    userxattr=layout.userxattr,
+                    xattr_namespace=layout.xattr_namespace,
+                    redirect_dir=layout.redirect_dir,
+                )
+        if reason is not None:
+            logger.info(
+                "overlay sandbox %s uses the userspace fallback: %s", self.sandbox_id, reason
+            )
+            # Seed 003 ("Create wraps OSError"): the fallback's copy is shutil.copytree.
+            shutil.copytree(
+                original,
+                base / "merged",
+                symlinks=True,
+                copy_function=kernel.copy_entry,
+                dirs_exist_ok=True,
+            )
+            metadata.update(overlay_mode="fallback", fallback_reason=reason)
+        self._merged_dir = base / "merged"
+        return SandboxContext(
+            sandbox_id=self.sandbox_id,
+            sandbox_path=str(base / "merged"),
+            original_path=self.original_path,
+            resource_id=self.resource_id,
+            plan_id=plan_id,
+            metadata=metadata,
+        )
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def _do_commit(self, message: str | None) -> CommitResult:
+        original = self._original()
+        merged = self.base_path / "merged"
+        if self.overlay_mode == "kernel":
+            self._require_mounted()
+            changes = kernel.changes_from_upper(
+                self.upper_dir, original, str(self._meta("xattr_namespace"))
+            )
+        else:
+            changes = changes_between(original, merged)
+        report = ChangeReport.of(changes, original, merged)
+        area = self._commit_area()
+        _reset_dir(area)
+        staged = stage_changes(report.effective, merged, area / "stage")
+        if self.overlay_mode == "kernel":
+            kernel.unmount(merged)
+        generation = int(self._meta("lower_generation") or 0)
+        try:
+            journal = apply_changes(staged, original, area / "backup")
+        except BaseException:
+            if self.overlay_mode == "kernel":
+                # The original is as it was and the upper layer untouched: show it again.
+                kernel.mount_overlay(self._layout())
+            raise
+        manifest = {"generation_before": generation, "entries": journal}
+        (area / _MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+        shutil.rmtree(area / "stage", ignore_errors=True)
+        if self.overlay_mode == "kernel":
+            self._remount_empty()
+        self._set_meta(lower_generation=generation + 1)
+        return CommitResult(
+            sandbox_id=self.sandbox_id,
+            success=True,
+            changed_files=report.changed,
+            added_files=report.added,
+            deleted_files=report.deleted,
+            metadata={
+                "strategy": self.strategy,
+                "overlay_mode": self.overlay_mode,
+                "message": message,
+            },
+        )
+
+    # -- rollback ---------------------------------------------------------------------------
+
+    def _do_rollback(self) -> None:
+        """Discard the changes: empty the upper layer and remount, or re-copy (fallback)."""
+        self._reset_view()
+
+    def _do_rollback_committed(self) -> None:
+        """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
+        area = self._commit_area()
+        manifest = json.loads((area / _MANIFEST).read_text(encoding="utf-8"))
+        merged = self.base_path / "merged"
+        if self.overlay_mode == "kernel":
+            kernel.unmount(merged)
+        restore_backup(manifest["entries"], self._original(), area / "backup")
+        self._set_meta(lower_generation=int(manifest["generation_before"]))
+        shutil.rmtree(area)
+        self._reset_view()
+
+    def _reset_view(self) -> None:
+        merged = self.base_path / "merged"
+        if self.overlay_mode == "kernel":
+            kernel.unmount(merged)
+            self._remount_empty()
+        else:
+            # Seed 003 ("Rollback wraps OSError"): the fallback discards with shutil.rmtree.
+            shutil.rmtree(merged)
+            shutil.copytree(
+                self._original(), merged, symlinks=True, copy_function=kernel.copy_entry
+            )
+
+    def _remount_empty(self) -> None:
+        for directory in (self.upper_dir, self.work_dir):
+            shutil.rmtree(directory)
+            directory.mkdir()
+        kernel.mount_overlay(self._layout())
+
+    # -- cleanup and reopen -----------------------------------------------------------------
+
+    def _do_cleanup(self) -> None:
+        self._discard_artefacts()
+        self._merged_dir = None
+
+    def _discard_artefacts(self) -> None:
+        merged = self.base_path / "merged"
+        if kernel.is_overlay_mounted(merged):
+            kernel.unmount(merged)
+        if kernel.is_overlay_mounted(merged):
+            # Never delete through a live mount: that would write whiteouts, not free space.
+            raise SandboxError(f"cannot unmount {merged}; artefacts left in place")
+        area = self._meta("commit_area")
+        if area and not Path(area).is_relative_to(self.base_path):
+            shutil.rmtree(area, ignore_errors=True)
+        if self.base_path.exists() or self.base_path.is_symlink():
+            shutil.rmtree(self.base_path)
+
+    def _on_reopen(self) -> None:
+        """Re-attach after a restart: a mount outlives its process but not a reboot."""
+        self._merged_dir = self.base_path / "merged"
+        live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)
+        if self.overlay_mode != "kernel" or self._status not in live:
+            return
+        if not kernel.is_overlay_mounted(self._merged_dir):
+            try:
+                kernel.mount_overlay(self._layout())
+            except OSError as exc:
+                raise SandboxError(
+                    f"cannot remount overlay sandbox {self.sandbox_id}: {exc}"
+                ) from exc
+
+    def _require_mounted(self) -> None:
+        merged = self.base_path / "merged"
+        if not kernel.is_overlay_mounted(merged):
+            raise SandboxError(f"overlay of sandbox {self.sandbox_id} is not mounted at {merged}")
+
+    def _set_meta(self, **values: Any) -> None:
+        context = self._require_context()
+        self._context = dataclasses.replace(context, metadata={**context.metadata, **values})
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def create_checkpoint_snapshot(self, destination: str | os.PathLike[str]) -> dict[str, Any]:
+        """Snapshot the sandbox's state into ``destination`` (must not exist yet).
+
+        Seed 002, "Checkpoint: snapshot of the upper layer": kernel mode copies the upper layer
+        with its whiteouts and overlay xattrs; fallback mode copies the merged directory.
+        ``destination`` gets ``layer/`` and ``overlay-checkpoint.json`` (the returned dict).
+        Allowed in CREATED, ACTIVE and ROLLED_BACK; the sandbox is not changed.
+
+        Raises:
+            SandboxStateError: in another status.
+            SandboxError: the copy failed (the partial destination is removed).
+        """
+        with self._lock:
+            self._require_snapshot_state("snapshot")
+            target = Path(destination)
+            kernel_mode = self.overlay_mode == "kernel"
+            source = self.upper_dir if kernel_mode else self.base_path / "merged"
+            info: dict[str, Any] = {
+                "sandbox_id": self.sandbox_id,
+                "original_path": self.original_path,
+                "overlay_mode": self.overlay_mode,
+                "layer": "upper" if kernel_mode else "merged",
+                "xattr_namespace": self._meta("xattr_namespace"),
+                "lower_generation": self._meta("lower_generation"),
+            }
+            try:
+                target.mkdir(parents=True)
+                kernel.copy_layer(source, target / "layer")
+                (target / _CHECKPOINT_FILE).write_text(json.dumps(info), encoding="utf-8")
+            except OSError as exc:
+                shutil.rmtree(target, ignore_errors=True)
+                raise SandboxError(f"snapshot of sandbox {self.sandbox_id} failed: {exc}") from exc
+            return info
+
+    def restore_checkpoint_snapshot(self, source: str | os.PathLike[str]) -> None:
+        """Make the sandbox show exactly what it showed when ``source`` was snapshotted.
+
+        Kernel mode unmounts, replaces the upper layer (and empties work) with the snapshot and
+        remounts; fallback mode replaces the merged directory. The original is not touched.
+        The status is kept (CREATED, ACTIVE or ROLLED_BACK).
+
+        Raises:
+            SandboxStateError: wrong status, or the snapshot belongs to another mode, original,
+                or to an original since changed by a commit (its upper layer would not apply).
+            SandboxError: the restore failed; the sandbox becomes ERRORED.
+        """
+        with self._lock:
+            self._require_snapshot_state("restore")
+            snapshot = Path(source)
+            info = json.loads((snapshot / _CHECKPOINT_FILE).read_text(encoding="utf-8"))
+            expected = {
+                "original_path": self.original_path,
+                "overlay_mode": self.overlay_mode,
+                "xattr_namespace": self._meta("xattr_namespace"),
+                "lower_generation": self._meta("lower_generation"),
+            }
+            mismatched = sorted(key for key, value in expected.items() if info.get(key) != value)
+            if mismatched:
+                raise SandboxStateError(
+                    f"checkpoint {snapshot} does not fit sandbox {self.sandbox_id}: "
+                    f"{', '.join(mismatched)} differ"
+                )
+            try:
+                self._restore_layer(snapshot / "layer")
+            except OSError as exc:
+                self._status = SandboxStatus.ERRORED
+                raise SandboxError(f"restore of sandbox {self.sandbox_id} failed: {exc}") from exc
+
+    def _restore_layer(self, layer: Path) -> None:
+        merged = self.base_path / "merged"
+        if self.overlay_mode == "kernel":
+            kernel.unmount(merged)
+            shutil.rmtree(self.upper_dir)
+            shutil.rmtree(self.work_dir)
+            kernel.copy_layer(layer, self.upper_dir)
+            self.work_dir.mkdir()
+            kernel.mount_overlay(self._layout())
+        else:
+            shutil.rmtree(merged)
+            kernel.copy_layer(layer, merged)
+
+    def _require_snapshot_state(self, operation: str) -> None:
+        if self._status not in _SNAPSHOT_STATES:
+            raise SandboxStateError(
+                f"cannot {operation} checkpoint of sandbox {self.sandbox_id} "
+                f"in status {self._status.value}"
+            )
+
+
+# -- policy -------------------------------------------------------------------------------------
+
+
+def _refuse_external_gitfiles(root: Path) -> None:
+    """Refuse trees whose ``.git`` files point outside the tree (case 05: no shared index)."""
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != ".git":
+                        pending.append(Path(entry.path))
+                elif entry.name == ".git" and entry.is_file(follow_symlinks=False):
+                    gitdir = _gitfile_target(Path(entry.path))
+                    if gitdir is not None and not gitdir.is_relative_to(root):
+                        raise SandboxCreationError(
+                            f"{entry.path} is a git file pointing outside the tree "
+                            f"(gitdir: {gitdir}); git in an overlay sandbox would share that "
+                            "index and refs with the original. Use the git_worktree strategy."
+                        )
+
+
+def _gitfile_target(gitfile: Path) -> Path | None:
+    try:
+        text = gitfile.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    target = Path(text.removeprefix("gitdir:").strip())
+    return Path(os.path.normpath(gitfile.parent / target))
+
+
+def _choose_commit_area(base: Path, original: Path, sandbox_id: str) -> Path:
+    """Staging and backup must share the original's filesystem so that swaps are renames."""
+    device = original.stat().st_dev
+    if base.stat().st_dev == device:
+        return base / "commit"
+    sibling = original.parent / f".{original.name}.overlay-{sandbox_id}"
+    if original.parent.stat().st_dev == device:
+        return sibling
+    return base / "commit"  # no rename possible: shutil.move copies
+
+
+# -- tree comparison (fallback mode) ------------------------------------------------------------
+
+
+def changes_between(original: Path, modified: Path) -> list[LayerChange]:
+    """Changed paths between two trees, in the same form as ``changes_from_upper``.
+
+    Symlinks are compared by target and never followed (case 06); a type change replaces the
+    whole path (case 08); directories present on both sides are recursed into.
+    """
+    changes: list[LayerChange] = []
+
+    def walk(relative: str) -> None:
+        left = _listing(original / relative)
+        right = _listing(modified / relative)
+        for name in sorted(left.keys() | right.keys()):
+            child = f"{relative}/{name}" if relative else name
+            if name not in right:
+                changes.append(LayerChange(child, "delete"))
+            elif name not in left:
+                changes.append(LayerChange(child, "replace"))
+            elif stat.S_ISDIR(left[name].st_mode) and stat.S_ISDIR(right[name].st_mode):
+                walk(child)
+            elif _entry_differs(original / child, left[name], modified / child, right[name]):
+                changes.append(LayerChange(child, "replace"))
+
+    walk("")
+    return changes
+
+
+def _listing(directory: Path) -> dict[str, os.stat_result]:
+    with os.scandir(directory) as entries:
+        return {entry.name: entry.stat(follow_symlinks=False) for entry in entries}
+
+
+def _entry_differs(
+    left: Path, left_st: os.stat_result, right: Path, right_st: os.stat_result
+) -> bool:
+    if stat.S_IFMT(left_st.st_mode) != stat.S_IFMT(right_st.st_mode):
+        return True
+    if stat.S_ISLNK(left_st.st_mode):
+        return left.readlink() != right.readlink()
+    if stat.S_IMODE(left_st.st_mode) != stat.S_IMODE(right_st.st_mode):
+        return True
+    if stat.S_ISREG(left_st.st_mode):
+        return left_st.st_size != right_st.st_size or not _same_bytes(left, right)
+    if stat.S_ISDIR(left_st.st_mode):
+        return False
+    return left_st.st_rdev != right_st.st_rdev
+
+
+def _same_bytes(left: Path, right: Path) -> bool:
+    chunk = 1 << 20
+    with open(left, "rb") as first, open(right, "rb") as second:
+        while True:
+            a, b = first.read(chunk), second.read(chunk)
+            if a != b:
+                return False
+            if not a:
+                return True
+
+
+def _files_under(root: Path, relative: str) -> tuple[dict[str, os.stat_result], set[str]]:
+    """Non-directory entries (by relative path) and directories at or below ``root/relative``."""
+    files: dict[str, os.stat_result] = {}
+    dirs: set[str] = set()
+    try:
+        top = os.lstat(root / relative)
+    except FileNotFoundError:
+        return files, dirs
+    if not stat.S_ISDIR(top.st_mode):
+        files[relative] = top
+        return files, dirs
+    pending = [relative]
+    while pending:
+        current = pending.pop()
+        dirs.add(current)
+        for name, st in _listing(root / current).items():
+            child = f"{current}/{name}"
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(child)
+            else:
+                files[child] = st
+    return files, dirs
+
+
+@dataclasses.dataclass
+class ChangeReport:
+    """File-level outcome of a set of changes, and the changes that actually change something.
+
+    ``added`` / ``changed`` / ``deleted`` list non-directory entries (files, symlinks),
+    resource-relative and sorted, as ``CommitResult`` reports them (seed 002).
+    """
+
+    added: list[str]
+    changed: list[str]
+    deleted: list[str]
+    effective: list[LayerChange]
+
+    @classmethod
+    def of(cls, changes: list[LayerChange], original: Path, merged: Path) -> ChangeReport:
+        """Compare ``original`` and ``merged`` under each change's path."""
+        added: list[str] = []
+        changed: list[str] = []
+        deleted: list[str] = []
+        effective: list[LayerChange] = []
+        for change in changes:
+            before, before_dirs = _files_under(original, change.path)
+            after, after_dirs = (
+                ({}, set()) if change.kind == "delete" else _files_under(merged, change.path)
+            )
+            modified = [
+                path
+                for path in before.keys() & after.keys()
+                if _entry_differs(original / path, before[path], merged / path, after[path])
+            ]
+            gone = before.keys() - after.keys()
+            new = after.keys() - before.keys()
+            if modified or gone or new or before_dirs != after_dirs:
+                effective.append(change)
+            added.extend(new)
+            deleted.extend(gone)
+            changed.extend(modified)
+        return cls(sorted(added), sorted(changed), sorted(deleted), effective)
+
+
+# -- staging and swapping -----------------------------------------------------------------------
+
+
+def stage_changes(
+    changes: list[LayerChange], merged: Path, stage: Path
+) -> list[tuple[LayerChange, Path | None]]:
+    """Copy each replaced path's final state out of the merged view into ``stage``.
+
+    Returns ``(change, staged copy)`` pairs; deletions have no copy. Files are copied with
+    ``shutil.copy2`` (seed 003, "Commit wraps OSError into SandboxCommitError").
+
+    Raises:
+        OSError: a copy failed; the original has not been touched.
+    """
+    stage.mkdir(parents=True)
+    staged: list[tuple[LayerChange, Path | None]] = []
+    for index, change in enumerate(changes):
+        if change.kind == "delete":
+            staged.append((change, None))
+            continue
+        source = merged / change.path
+        target = stage / str(index)
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, symlinks=True, copy_function=kernel.copy_entry)
+        else:
+            kernel.copy_entry(str(source), str(target))
+        staged.append((change, target))
+    return staged
+
+
+def apply_changes(
+    staged: list[tuple[LayerChange, Path | None]], original: Path, backup: Path
+) -> list[dict[str, Any]]:
+    """Swap each staged path into ``original``, moving what it replaces into ``backup``.
+
+    Per path: the old entry is renamed into the backup, then the staged copy renamed into place
+    (renames when on one filesystem). On any failure every swap already made is undone, so the
+    original is left exactly as it was, and the error is re-raised.
+
+    Returns:
+        The journal (JSON-ready): ``{"path", "backup" (name or None), "placed"}`` per change,
+        which :func:`restore_backup` replays backwards (rollback from COMMITTED).
+    """
+    backup.mkdir(parents=True, exist_ok=True)
+    journal: list[dict[str, Any]] = []
+    try:
+        for index, (change, staged_copy) in enumerate(staged):
+            target = original / change.path
+            entry: dict[str, Any] = {"path": change.path, "backup": None, "placed": False}
+            journal.append(entry)
+            if os.path.lexists(target):
+                shutil.move(target, backup / str(index))
+                entry["backup"] = str(index)
+            if staged_copy is not None:
+                shutil.move(staged_copy, target)
+                entry["placed"] = True
+    except BaseException:
+        restore_backup(journal, original, backup)
+        raise
+    return journal
+
+
+def restore_backup(journal: list[dict[str, Any]], original: Path, backup: Path) -> None:
+    """Undo the swaps of ``journal`` (latest first): remove what was placed, move back the old.
+
+    Raises:
+        OSError: a path could not be restored.
+    """
+    for entry in reversed(journal):
+        target = original / entry["path"]
+        if entry["placed"] and os.path.lexists(target):
+            _remove(target)
+        if entry["backup"] is not None:
+            shutil.move(backup / entry["backup"], target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _reset_dir(directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
