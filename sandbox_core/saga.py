@@ -1,0 +1,404 @@
+"""The plan commit saga: seed 002's atomic commit, journaled so that it survives a crash.
+
+Seed 002, "Atomic Commit": rollbackable sandboxes commit first, non-rollbackable last; when a
+commit fails, the already-committed ones are compensated (rolled back) in LIFO order. DESIGN.md
+adds crash safety: every step is recorded in a :class:`~sandbox_core.journal.CommitJournal`
+before and after it happens, and :meth:`PlanCommitSaga.recover` finishes an interrupted attempt.
+
+Recovery policy (cases 20 and 22):
+
+- A step recorded ``committing`` when the process died is resolved by asking the sandbox: a
+  reopened sandbox already COMMITTED, or one whose ``commit_landed()`` returns True, counts as
+  committed; ``commit_landed()`` returning False means nothing landed. A sandbox with no
+  ``commit_landed()`` (or one that cannot tell) is *unknown* and is treated as committed, so it
+  is compensated with its rollback-from-committed (which strategies keep safe when nothing
+  landed); if that rollback fails the sandbox is named in ``failed_rollback_ids``.
+- Interrupted attempts are rolled **back**, not forward: the user approved one commit of the
+  whole plan at one moment; finishing it later, after the originals may have moved on, would
+  apply changes nobody reviewed against the new state. The only roll-forward is when every step
+  is known to have landed (nothing left to do but record it).
+- A terminal journal is never touched again: running recovery twice changes nothing.
+- A step failing with nothing committed before it ends ``failed`` with zero compensations; the
+  sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
+
+Fault injection (tests only): ``fault_hook(point, index, sandbox_id)`` is called at the points
+``before_commit``, ``after_commit`` (the commit returned, nothing recorded yet) and
+``after_record`` (the journal says committed), with the 1-based step index. The environment
+variable ``SANDBOX_CORE_FAULT=<point>:<index>`` makes the process SIGKILL itself at that point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sandbox_core.base import BaseSandbox
+from sandbox_core.errors import AtomicCommitError, SandboxError
+from sandbox_core.journal import (
+    CommitJournal,
+    JournalPhase,
+    JournalReason,
+    JournalState,
+    JournalStep,
+    StepState,
+)
+from sandbox_core.protocol import CommitResult, utc_now
+from sandbox_core.status import SandboxStatus
+
+logger = logging.getLogger("sandbox_core.saga")
+
+FAULT_ENV = "SANDBOX_CORE_FAULT"
+
+FaultHook = Callable[[str, int, str], None]
+"""``(point, step_index, sandbox_id) -> None``; see the module docstring."""
+
+SandboxResolver = Callable[[JournalStep], Any]
+"""Finds the live (or reopened) sandbox of a journal step; returns ``None`` when it cannot."""
+
+
+def env_fault_hook() -> FaultHook | None:
+    """The SIGKILL fault hook described by ``$SANDBOX_CORE_FAULT``, or ``None`` when unset."""
+    spec = os.environ.get(FAULT_ENV, "")
+    point, _, index_text = spec.partition(":")
+    if not point or not index_text.isdigit():
+        return None
+    target = int(index_text)
+
+    def kill_at(name: str, index: int, sandbox_id: str) -> None:
+        if name == point and index == target:
+            logger.error("fault injection: SIGKILL at %s of step %d (%s)", name, index, sandbox_id)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill_at
+
+
+def commit_order(sandboxes: Iterable[Any]) -> list[Any]:
+    """Rollbackable sandboxes first, then the others; stable within each group (seed 002)."""
+    items = list(sandboxes)
+    first = [sb for sb in items if bool(getattr(sb, "rollbackable", True))]
+    last = [sb for sb in items if not bool(getattr(sb, "rollbackable", True))]
+    return first + last
+
+
+def probe_commit_landed(sandbox: Any) -> bool | None:
+    """Did an interrupted commit of ``sandbox`` reach the original? True, False or None (unknown).
+
+    A sandbox already COMMITTED answers True; otherwise its optional ``commit_landed()`` method
+    is asked (git_worktree: is the sandbox branch merged; transaction: was the transaction
+    committed). Errors from the probe count as unknown.
+    """
+    if sandbox is None:
+        return None
+    if getattr(sandbox, "status", None) is SandboxStatus.COMMITTED:
+        return True
+    probe = getattr(sandbox, "commit_landed", None)
+    if not callable(probe):
+        return None
+    try:
+        answer = probe()
+    except Exception:  # an unknown answer, never a reason to stop recovery
+        logger.exception("commit_landed() of %s failed", getattr(sandbox, "sandbox_id", "?"))
+        return None
+    return answer if isinstance(answer, bool) else None
+
+
+def adopt_landed_commit(sandbox: Any) -> None:
+    """Put a sandbox whose commit landed (or may have) into COMMITTED so it can be rolled back.
+
+    Uses the sandbox's own ``adopt_landed_commit()`` when it has one; for a
+    :class:`~sandbox_core.base.BaseSandbox` it sets the status directly (the commit happened,
+    only the record of it was lost).
+    """
+    if sandbox is None or getattr(sandbox, "status", None) is SandboxStatus.COMMITTED:
+        return
+    adopt = getattr(sandbox, "adopt_landed_commit", None)
+    if callable(adopt):
+        adopt()
+    elif isinstance(sandbox, BaseSandbox):
+        # BaseSandbox has no public setter for this one recovery-only edge.
+        sandbox._status = SandboxStatus.COMMITTED
+
+
+class PlanCommitSaga:
+    """Runs and recovers one plan's atomic commit against one journal.
+
+    Args:
+        journal: where the attempt is recorded.
+        on_change: called with a sandbox after each change of its status (the manager persists
+            it to its store).
+        fault_hook: test-only fault injection; defaults to :func:`env_fault_hook`.
+    """
+
+    def __init__(
+        self,
+        journal: CommitJournal,
+        on_change: Callable[[Any], None] | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.journal = journal
+        self._on_change = on_change
+        self._fault_hook = fault_hook if fault_hook is not None else env_fault_hook()
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(
+        self, plan_id: str, sandboxes: list[Any], attempt: int = 1, message: str | None = None
+    ) -> list[CommitResult]:
+        """Commit ``sandboxes`` all or nothing (seed 002, "Atomic Commit").
+
+        Returns:
+            One successful :class:`CommitResult` per sandbox, in commit order; or, when a commit
+            raised :class:`SandboxError`, a single ``CommitResult(success=False)`` whose ``error``
+            starts with ``"Atomic commit failed"`` and whose ``metadata`` holds
+            ``failed_sandbox_id``, ``rolled_back_ids`` and ``failed_rollback_ids``.
+
+        Raises:
+            AtomicCommitError: a commit raised anything else; compensation ran first and the
+                original exception is ``__cause__``.
+            SandboxError: the journal could not be written.
+        """
+        ordered = commit_order(sandboxes)
+        state = JournalState(
+            plan_id=plan_id,
+            attempt=attempt,
+            phase=JournalPhase.COMMITTING,
+            steps=[_step_for(sb) for sb in ordered],
+        )
+        self._save(state)
+        committed: list[tuple[JournalStep, Any]] = []
+        results: list[CommitResult] = []
+        for index, (step, sandbox) in enumerate(zip(state.steps, ordered, strict=True), start=1):
+            step.state = StepState.COMMITTING
+            step.started_at = utc_now()
+            self._save(state)
+            self._fault("before_commit", index, step.sandbox_id)
+            try:
+                result = _commit_one(sandbox, message)
+            except SandboxError as exc:
+                self._fail(state, step, sandbox, exc, committed)
+                return [self._failure_result(state)]
+            except Exception as exc:
+                self._fail(state, step, sandbox, exc, committed)
+                raise AtomicCommitError(
+                    state.error or str(exc),
+                    rolled_back_ids=state.rolled_back_ids,
+                    failed_rollback_ids=state.failed_rollback_ids,
+                ) from exc
+            self._fault("after_commit", index, step.sandbox_id)
+            self._changed(sandbox)
+            step.state = StepState.COMMITTED
+            step.result = result.to_dict()
+            self._save(state)
+            self._fault("after_record", index, step.sandbox_id)
+            committed.append((step, sandbox))
+            results.append(result)
+        self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
+        return results
+
+    # -- recover -----------------------------------------------------------------------------
+
+    def recover(self, resolve: SandboxResolver) -> JournalState | None:
+        """Finish an interrupted attempt (see the module docstring for the policy).
+
+        Args:
+            resolve: finds the sandbox of a step (live, or reopened from the store).
+
+        Returns:
+            The journal state after recovery (terminal), or ``None`` when there is no journal.
+            A terminal journal is returned as loaded, without writing.
+
+        Raises:
+            SandboxError: the journal could not be read or written.
+        """
+        state = self.journal.load()
+        if state is None or state.phase.is_terminal:
+            return state
+        logger.warning(
+            "recovering interrupted commit of plan %s (attempt %d, phase %s)",
+            state.plan_id,
+            state.attempt,
+            state.phase.value,
+        )
+        sandboxes: dict[str, Any] = {}
+        uncertain = False
+        for step in state.steps:
+            if step.state not in _LIVE_STEP_STATES:
+                continue
+            sandbox = sandboxes[step.sandbox_id] = resolve(step)
+            if step.state is not StepState.COMMITTING:
+                continue
+            landed = probe_commit_landed(sandbox)
+            if landed is False:
+                step.state = StepState.PENDING
+                step.error = "interrupted before the commit reached the original"
+            else:
+                uncertain = uncertain or landed is None
+                adopt_landed_commit(sandbox)
+                step.state = StepState.COMMITTED
+                if landed is None:
+                    step.error = "interrupted; outcome unknown, compensating as committed"
+            step.updated_at = utc_now()
+            self._save(state)
+        all_landed = all(step.state is StepState.COMMITTED for step in state.steps)
+        if all_landed and not uncertain and state.phase is JournalPhase.COMMITTING:
+            self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
+            return state
+        to_compensate = [
+            (step, sandboxes.get(step.sandbox_id))
+            for step in state.steps
+            if step.state in (StepState.COMMITTED, StepState.COMPENSATING)
+        ]
+        self._compensate(state, to_compensate, recovering=True)
+        if state.failed_sandbox_id is not None:
+            phase, reason = JournalPhase.FAILED, JournalReason.COMMIT_FAILED
+        else:
+            phase, reason = JournalPhase.ROLLED_BACK, JournalReason.INTERRUPTED
+            if not state.error:
+                state.error = f"commit attempt {state.attempt} was interrupted and compensated"
+        if state.failed_rollback_ids:
+            phase, reason = JournalPhase.FAILED, JournalReason.COMPENSATION_FAILED
+        self._finish(state, phase, reason)
+        return state
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _fail(
+        self,
+        state: JournalState,
+        step: JournalStep,
+        sandbox: Any,
+        exc: BaseException,
+        committed: list[tuple[JournalStep, Any]],
+    ) -> None:
+        step.state = StepState.FAILED
+        step.error = f"{type(exc).__name__}: {exc}"
+        step.updated_at = utc_now()
+        state.failed_sandbox_id = step.sandbox_id
+        self._changed(sandbox)
+        self._compensate(state, committed, recovering=False)
+        state.error = (
+            f"Atomic commit failed: sandbox {step.sandbox_id} (resource {step.resource_id}) "
+            f"failed to commit: {exc}; rolled back {state.rolled_back_ids}, "
+            f"failed rollbacks {state.failed_rollback_ids}"
+        )
+        reason = (
+            JournalReason.COMPENSATION_FAILED
+            if state.failed_rollback_ids
+            else JournalReason.COMMIT_FAILED
+        )
+        self._finish(state, JournalPhase.FAILED, reason)
+        logger.error("%s", state.error)
+
+    def _compensate(
+        self, state: JournalState, committed: list[tuple[JournalStep, Any]], *, recovering: bool
+    ) -> None:
+        if not committed:
+            return
+        state.phase = JournalPhase.COMPENSATING
+        self._save(state)
+        for step, sandbox in reversed(committed):
+            step.state = StepState.COMPENSATING
+            self._save(state)
+            try:
+                _roll_back_one(step, sandbox, recovering=recovering)
+            except Exception as exc:  # every compensation is attempted; failures are named
+                step.state = StepState.COMPENSATION_FAILED
+                step.error = f"{type(exc).__name__}: {exc}"
+                state.failed_rollback_ids.append(step.sandbox_id)
+                logger.exception("compensation of sandbox %s failed", step.sandbox_id)
+            else:
+                step.state = StepState.COMPENSATED
+                state.rolled_back_ids.append(step.sandbox_id)
+            if sandbox is not None:
+                self._changed(sandbox)
+            step.updated_at = utc_now()
+            self._save(state)
+
+    def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
+        state.phase = phase
+        state.reason = reason
+        state.finished_at = utc_now()
+        self._save(state)
+
+    def _failure_result(self, state: JournalState) -> CommitResult:
+        return CommitResult(
+            sandbox_id=state.failed_sandbox_id or "",
+            success=False,
+            error=state.error,
+            metadata={
+                "failed_sandbox_id": state.failed_sandbox_id,
+                "rolled_back_ids": list(state.rolled_back_ids),
+                "failed_rollback_ids": list(state.failed_rollback_ids),
+                "attempt": state.attempt,
+            },
+        )
+
+    def _save(self, state: JournalState) -> None:
+        state.updated_at = utc_now()
+        self.journal.save(state)
+
+    def _changed(self, sandbox: Any) -> None:
+        if self._on_change is not None:
+            self._on_change(sandbox)
+
+    def _fault(self, point: str, index: int, sandbox_id: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(point, index, sandbox_id)
+
+
+def results_from_journal(state: JournalState) -> list[CommitResult]:
+    """The ``commit_all`` return value a terminal journal stands for.
+
+    ``committed``: the recorded successful results in commit order. Otherwise one failed result
+    whose metadata names the failed sandbox, the compensated and the uncompensated ones.
+    """
+    if state.phase is JournalPhase.COMMITTED:
+        return [CommitResult.from_dict(step.result) for step in state.steps if step.result]
+    return [
+        CommitResult(
+            sandbox_id=state.failed_sandbox_id or "",
+            success=False,
+            error=f"Atomic commit failed: {state.error or state.reason.value}",
+            metadata={
+                "failed_sandbox_id": state.failed_sandbox_id,
+                "rolled_back_ids": list(state.rolled_back_ids),
+                "failed_rollback_ids": list(state.failed_rollback_ids),
+                "attempt": state.attempt,
+                "phase": state.phase.value,
+            },
+        )
+    ]
+
+
+_LIVE_STEP_STATES = frozenset({StepState.COMMITTING, StepState.COMMITTED, StepState.COMPENSATING})
+
+
+def _commit_one(sandbox: Any, message: str | None) -> CommitResult:
+    """``sandbox.commit(message)``; a result with ``success=False`` raises SandboxError."""
+    result: CommitResult = sandbox.commit(message)
+    if not result.success:
+        raise SandboxError(result.error or "commit reported failure")
+    return result
+
+
+def _roll_back_one(step: JournalStep, sandbox: Any, *, recovering: bool) -> None:
+    """Compensate one step; in recovery a sandbox already ROLLED_BACK counts as done."""
+    if sandbox is None:
+        raise SandboxError(f"sandbox {step.sandbox_id} cannot be found to roll back")
+    if recovering and getattr(sandbox, "status", None) is SandboxStatus.ROLLED_BACK:
+        return
+    sandbox.rollback()
+
+
+def _step_for(sandbox: Any) -> JournalStep:
+    context = getattr(sandbox, "context", None)
+    resource_id = getattr(sandbox, "resource_id", None) or getattr(context, "resource_id", "")
+    return JournalStep(
+        sandbox_id=str(sandbox.sandbox_id),
+        resource_id=str(resource_id or ""),
+        strategy=str(getattr(sandbox, "strategy", "") or ""),
+        rollbackable=bool(getattr(sandbox, "rollbackable", True)),
+    )
