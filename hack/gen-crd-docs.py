@@ -178,7 +178,8 @@ def render(crds: list[dict[str, Any]]) -> str:
         "`kubectl get sbx,ckpt,pcommit`). `kubectl explain <kind>.<field>` shows the same",
         "descriptions.",
         "",
-        "Contents: " + ", ".join(
+        "Contents: "
+        + ", ".join(
             f"[{c['spec']['names']['kind']}](#{c['spec']['names']['kind'].lower()})" for c in crds
         ),
         "",
