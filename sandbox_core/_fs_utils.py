@@ -49,7 +49,8 @@ _LOCK = "lock"
 _UNDO = "undo.json"
 
 #: Test-only fault hook: called with the relative path after each path is swapped into the target
-#: by :func:`sync_tree` (case 09 variant C kills the process from here). ``None`` in production.
+#: by :func:`sync_tree`, and with ``""`` once the journal says every path is in (case 09 variant C
+#: kills the process from here). ``None`` in production.
 fault_hook: Callable[[str], None] | None = None
 
 ProgressCallback = Callable[[int, int], None]
@@ -673,6 +674,8 @@ def _run(
         _apply(target, staging, journal["ops"], progress)
         journal["state"] = "applied"
         _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
+        if fault_hook is not None:
+            fault_hook("")
         _finish(staging, journal)
     except BaseException:
         if os.path.isdir(staging):

@@ -1,11 +1,274 @@
-"""Placeholder until the copy_on_write strategy lands (being written now)."""
+"""``CopyOnWriteSandbox``: a full copy of a directory (seed 002, "CopyOnWriteSandbox").
+
+Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
+
+- ``tree/``: the copy the actor writes to (``get_path`` resolves here);
+- ``manifest.json``: the original as it was at create (type, mode, size, mtime, link target per
+  path), so that commit can tell the sandbox's changes from concurrent changes to the original;
+- ``precommit/``: the entries a commit replaced (``tree/`` + ``undo.json``), for rollback from
+  COMMITTED;
+- ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
+
+Policies:
+
+- Commit applies only the paths the sandbox changed, with the journaled, crash-safe
+  :func:`~sandbox_core._fs_utils.sync_tree` (case 09). A path changed both in the sandbox and in
+  the original since create is a conflict: nothing is written and
+  ``SandboxCommitError(conflicts=[...])`` is raised (the sandbox stays ACTIVE). Paths changed
+  only in the original are kept.
+- Linked git worktree (``.git`` is a file, case 05): the copy gets its own admin directory
+  (its own index and a detached HEAD at the source's commit, sharing only the object store), so
+  ``git add``/``git commit`` in the sandbox never touch the source's index or branch. ``.git`` is
+  excluded from commits. A main worktree (``.git`` directory) is copied whole and is thus already
+  private; its ``.git`` is committed back like any other directory.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from sandbox_core._fs_utils import (
+    Entry,
+    TreeChanges,
+    backup_directory,
+    compute_changes,
+    diff_entries,
+    entries_differ,
+    entry_of,
+    recover_sync,
+    scan_tree,
+    sync_tree,
+    undo_sync,
+)
 from sandbox_core.base import BaseSandbox
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError
+from sandbox_core.protocol import CommitResult, SandboxContext
+
+GIT_ADMIN_PRIVATE = "private"
 
 
 class CopyOnWriteSandbox(BaseSandbox):
-    """copy_on_write strategy (in progress)."""
+    """Strategy ``copy_on_write``: writes go to a full copy; commit syncs the changes back.
+
+    Options: ``sandbox_root`` (str), where ``cow/<sandbox_id>`` is made. Rollbackable: a
+    COMMITTED sandbox can be undone from its pre-commit backup.
+    """
 
     strategy = "copy_on_write"
+    rollbackable = True
+
+    # -- layout -----------------------------------------------------------------------------
+
+    @property
+    def base_dir(self) -> Path:
+        """``<sandbox_root>/cow/<sandbox_id>``: every artefact of this sandbox."""
+        return self.sandbox_root / "cow" / self.sandbox_id
+
+    @property
+    def tree_dir(self) -> Path:
+        """The copy that actors write to."""
+        return self.base_dir / "tree"
+
+    @property
+    def _manifest_path(self) -> Path:
+        return self.base_dir / "manifest.json"
+
+    @property
+    def _backup_dir(self) -> Path:
+        return self.base_dir / "precommit"
+
+    @property
+    def _git_admin_dir(self) -> Path:
+        return self.base_dir / "git-admin"
+
+    def _source(self) -> Path:
+        """The original directory, symlinks resolved (staging goes beside the real one)."""
+        return Path(os.path.realpath(self.original_path))
+
+    def _exclude(self) -> list[str]:
+        context = self._context
+        if context is not None and context.metadata.get("git_admin") == GIT_ADMIN_PRIVATE:
+            return [".git"]
+        return []
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def _do_create(self, plan_id: str) -> SandboxContext:
+        source = self._source()
+        if not source.exists():
+            raise SandboxCreationError(f"original path does not exist: {self.original_path}")
+        if not source.is_dir():
+            raise SandboxCreationError(f"original path is not a directory: {self.original_path}")
+        root = Path(os.path.realpath(self.sandbox_root))
+        if root == source or source in root.parents:
+            raise SandboxCreationError(
+                f"sandbox root {root} is inside the original {source}; choose another root"
+            )
+        self.base_dir.mkdir(parents=True)
+        try:
+            backup_directory(source, self.tree_dir)
+            git_admin = self._isolate_linked_worktree(source)
+            exclude = [".git"] if git_admin else []
+            self._write_manifest(scan_tree(self.tree_dir, exclude=exclude))
+        except BaseException:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            raise
+        return SandboxContext(
+            sandbox_id=self.sandbox_id,
+            sandbox_path=str(self.tree_dir),
+            original_path=self.original_path,
+            resource_id=self.resource_id,
+            plan_id=plan_id,
+            metadata={
+                "strategy": self.strategy,
+                "tree": str(self.tree_dir),
+                "manifest": str(self._manifest_path),
+                "git_admin": git_admin,
+            },
+        )
+
+    def _do_commit(self, message: str | None) -> CommitResult:
+        source = self._source()
+        recover_sync(source)  # a crashed earlier sync must be repaired before comparing
+        changes = self._changes_to_apply(source)
+        if self._backup_dir.exists():
+            shutil.rmtree(self._backup_dir)
+        sync_tree(self.tree_dir, source, changes=changes, backup_dir=self._backup_dir)
+        metadata: dict[str, object] = {"strategy": self.strategy}
+        if message:
+            metadata["message"] = message
+        return CommitResult(
+            sandbox_id=self.sandbox_id,
+            success=True,
+            changed_files=changes.changed,
+            added_files=changes.added,
+            deleted_files=changes.deleted,
+            metadata=metadata,
+        )
+
+    def _do_rollback(self) -> None:
+        self._reset_tree()
+
+    def _do_rollback_committed(self) -> None:
+        if (self._backup_dir / "undo.json").exists():
+            undo_sync(self._backup_dir, self._source())
+            shutil.rmtree(self._backup_dir)
+        self._reset_tree()
+
+    def _do_cleanup(self) -> None:
+        if self.base_dir.exists():
+            shutil.rmtree(self.base_dir)
+
+    # -- commit helpers ---------------------------------------------------------------------
+
+    def _changes_to_apply(self, source: Path) -> TreeChanges:
+        """The sandbox's own changes; raise on paths changed on both sides since create.
+
+        Raises:
+            SandboxCommitError: with ``conflicts`` (sorted relative paths) when a path changed
+                both in the sandbox and in the original.
+        """
+        exclude = self._exclude()
+        base = self._read_manifest()
+        current = scan_tree(source, exclude=exclude)
+        drift = set(diff_entries(base, current).paths)
+        changes = compute_changes(source, self.tree_dir, exclude=exclude)
+        if not drift:
+            return changes
+        conflicts: list[str] = []
+
+        def keep(rel: str) -> bool:
+            if rel not in drift:
+                return True
+            if not self._sandbox_touched(rel, base.get(rel)):
+                return False  # only the original changed it: leave the original's version
+            conflicts.append(rel)
+            return False
+
+        filtered = TreeChanges(
+            added=[p for p in changes.added if keep(p)],
+            changed=[p for p in changes.changed if keep(p)],
+            deleted=[p for p in changes.deleted if keep(p)],
+        )
+        if conflicts:
+            raise SandboxCommitError(
+                f"commit of sandbox {self.sandbox_id} refused: {len(conflicts)} path(s) changed "
+                f"in both the sandbox and the original: {', '.join(sorted(conflicts)[:10])}",
+                conflicts=sorted(conflicts),
+            )
+        return filtered
+
+    def _sandbox_touched(self, rel: str, base: Entry | None) -> bool:
+        now = entry_of(self.tree_dir / rel)
+        if now is None or base is None:
+            return (now is None) != (base is None)
+        return entries_differ(base, now, None, None)
+
+    def _reset_tree(self) -> None:
+        """Make the copy equal to the original again (O(changes)) and re-take the manifest."""
+        exclude = self._exclude()
+        sync_tree(self._source(), self.tree_dir, exclude=exclude)
+        self._write_manifest(scan_tree(self.tree_dir, exclude=exclude))
+
+    def _write_manifest(self, entries: dict[str, Entry]) -> None:
+        tmp = self._manifest_path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({rel: entry.to_json() for rel, entry in entries.items()}, handle)
+        tmp.replace(self._manifest_path)
+
+    def _read_manifest(self) -> dict[str, Entry]:
+        with open(self._manifest_path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+        return {rel: Entry.from_json(value) for rel, value in raw.items()}
+
+    # -- linked git worktrees (case 05) -----------------------------------------------------
+
+    def _isolate_linked_worktree(self, source: Path) -> str | None:
+        """Give a copied linked worktree its own git admin dir; ``"private"`` when done.
+
+        The copy's ``.git`` file would otherwise point at the source's admin dir, so ``git add``
+        in the sandbox would write the source's index (case 05).
+        """
+        dotgit = self.tree_dir / ".git"
+        if dotgit.is_symlink() or not dotgit.is_file():
+            return None
+        text = dotgit.read_text(encoding="utf-8").strip()
+        if not text.startswith("gitdir:"):
+            return None
+        admin = Path(text.removeprefix("gitdir:").strip())
+        if not admin.is_absolute():
+            admin = source / admin
+        commondir_file = admin / "commondir"
+        if commondir_file.exists():
+            common = admin / commondir_file.read_text(encoding="utf-8").strip()
+        else:
+            common = admin  # ``--separate-git-dir`` repository: the admin dir is the common dir
+        head = self._source_head(source, admin)
+        private = self._git_admin_dir
+        private.mkdir()
+        (private / "HEAD").write_text(head + "\n", encoding="utf-8")
+        (private / "commondir").write_text(f"{os.path.realpath(common)}\n", encoding="utf-8")
+        (private / "gitdir").write_text(f"{dotgit}\n", encoding="utf-8")
+        for name in ("index", "config.worktree"):
+            if (admin / name).is_file():
+                shutil.copy2(admin / name, private / name)
+        dotgit.write_text(f"gitdir: {private}\n", encoding="utf-8")
+        return GIT_ADMIN_PRIVATE
+
+    @staticmethod
+    def _source_head(source: Path, admin: Path) -> str:
+        """Commit id of the source's HEAD (detached in the copy, so its commits move no
+        branch of the source); the raw HEAD text when the branch has no commit yet."""
+        proc = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+        return (admin / "HEAD").read_text(encoding="utf-8").strip()
