@@ -120,7 +120,7 @@ def open_repo(repo_dir: str | os.PathLike[str]) -> git.Repo:
         GitFailure: not a git checkout, or unreadable.
     """
     try:
-        return git.Repo(str(repo_dir))
+        return git.Repo(str(repo_dir), search_parent_directories=True)
     except (git.GitError, OSError, ValueError) as exc:
         raise GitFailure(["open", str(repo_dir)], -1, f"not a git repository: {exc}") from exc
 

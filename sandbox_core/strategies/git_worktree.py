@@ -265,11 +265,20 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxCreationError(f"{self.original_path} has no commit to start from")
         base, symbolic = head.out.splitlines()[:2]
         path = (self.sandbox_root / "git" / self.sandbox_id).absolute()
-        if path.exists() or path.is_symlink():
-            raise SandboxCreationError(f"sandbox {self.sandbox_id} already exists at {path}")
-        branch = self._free_branch(original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}")
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            # Claiming the directory atomically makes a duplicate create fail here, before any
+            # branch exists, and makes everything below ours to undo.
+            path.mkdir()
+        except FileExistsError:
+            raise SandboxCreationError(
+                f"sandbox {self.sandbox_id} already exists at {path}"
+            ) from None
+        branch = ""
+        try:
+            branch = self._free_branch(
+                original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
+            )
             original.run("worktree", "add", "--quiet", "-b", branch, str(path), base)
             admin = self._linked_admin_dir(path)
         except BaseException:
@@ -326,10 +335,11 @@ class GitWorktreeSandbox(BaseSandbox):
         steps: list[tuple[str, ...]] = [
             ("worktree", "remove", "--force", str(path)),
             ("worktree", "prune"),
-            ("update-ref", "-d", f"refs/heads/{branch}", base),
         ]
+        if branch:
+            steps.append(("update-ref", "-d", f"refs/heads/{branch}", base))
         for index, args in enumerate(steps):
-            if index == 1 and path.exists():
+            if index == 1:
                 shutil.rmtree(path, ignore_errors=True)
             try:
                 original.run(*args, ok=(0, 1, 128))
