@@ -288,8 +288,8 @@ def compute_diff(original: StrPath, modified: StrPath, *, exclude: Iterable[str]
             out.append(f"new file mode {_git_mode(b_shown)}\n")
         elif b_shown is None and a_shown is not None:
             out.append(f"deleted file mode {_git_mode(a_shown)}\n")
-        elif a_shown is not None and b_shown is not None and _git_mode(a_shown) != _git_mode(
-            b_shown
+        elif (
+            a_shown is not None and b_shown is not None and _git_mode(a_shown) != _git_mode(b_shown)
         ):
             out.append(f"old mode {_git_mode(a_shown)}\nnew mode {_git_mode(b_shown)}\n")
         a_lines = _read_text(os.path.join(original, rel), a_shown)

@@ -89,17 +89,16 @@ def test_backup_directory_copies_links_as_links_and_keeps_modes_and_times(
     assert (dst / "empty").is_dir()
     assert stat.S_IMODE((dst / "exec.sh").stat().st_mode) == 0o755
     assert (dst / "a" / "b" / "f").stat().st_mtime_ns == 1_234_567_890_123
-    dirs = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_dir() and not p.is_symlink())
+    dirs = sorted(
+        str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_dir() and not p.is_symlink()
+    )
     assert dirs == ["a", "a/b", "empty"]
 
 
 def test_python_copy_matches_cp(sample: Path, tmp_path: Path) -> None:
     copy_entry(sample, tmp_path / "py")
     backup_directory(sample, tmp_path / "cp")
-    assert scan_tree(tmp_path / "py") == {
-        rel: entry
-        for rel, entry in scan_tree(tmp_path / "cp").items()
-    }
+    assert scan_tree(tmp_path / "py") == scan_tree(tmp_path / "cp")
 
 
 def test_backup_directory_refuses_existing_destination_and_non_directories(
@@ -259,7 +258,10 @@ def test_sync_tree_applies_everything_and_undo_restores_exactly(
     old, new = _snapshot(sample), _snapshot(source)
     progress: list[tuple[int, int]] = []
     changes = sync_tree(
-        source, sample, backup_dir=tmp_path / "keep", on_progress=lambda d, t: progress.append((d, t))
+        source,
+        sample,
+        backup_dir=tmp_path / "keep",
+        on_progress=lambda d, t: progress.append((d, t)),
     )
     assert _snapshot(sample) == new
     assert changes == TreeChanges(
@@ -269,14 +271,20 @@ def test_sync_tree_applies_everything_and_undo_restores_exactly(
     )
     # O(changes): one swap per changed root (a/b/f, empty, exec.sh, new) + the chmod of a.
     assert progress[-1] == (5, 5)
-    assert sorted(p.name for p in (tmp_path / "keep" / "tree").iterdir()) == ["a", "empty", "exec.sh"]
+    assert sorted(p.name for p in (tmp_path / "keep" / "tree").iterdir()) == [
+        "a",
+        "empty",
+        "exec.sh",
+    ]
     assert _leftovers(tmp_path) == []
     undo_sync(tmp_path / "keep", sample)
     assert _snapshot(sample) == old
     assert _leftovers(tmp_path) == []
 
 
-def test_sync_tree_with_a_subset_of_changes_touches_only_those(sample: Path, tmp_path: Path) -> None:
+def test_sync_tree_with_a_subset_of_changes_touches_only_those(
+    sample: Path, tmp_path: Path
+) -> None:
     source = tmp_path / "source"
     backup_directory(sample, source)
     _modify(source)
@@ -357,7 +365,15 @@ def test_recover_sync_after_sigkill_gives_exactly_old_or_new(
     _modify(source)
     old, new = _snapshot(sample), _snapshot(source)
     proc = subprocess.run(
-        [sys.executable, "-c", _KILL_CHILD, str(source), str(sample), str(kill_at), str(tmp_path / "keep")],
+        [
+            sys.executable,
+            "-c",
+            _KILL_CHILD,
+            str(source),
+            str(sample),
+            str(kill_at),
+            str(tmp_path / "keep"),
+        ],
         cwd=Path(__file__).resolve().parents[1],
         check=False,
     )
