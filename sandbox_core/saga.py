@@ -22,7 +22,8 @@ Recovery policy (cases 20 and 22):
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
 
 Fault injection (tests only): ``fault_hook(point, index, sandbox_id)`` is called at the points
-``before_commit``, ``after_commit`` (the commit returned, nothing recorded yet) and
+``before_commit``, ``after_commit`` (the commit returned, nothing recorded yet),
+``after_persist`` (the sandbox's store record says COMMITTED, the journal does not yet) and
 ``after_record`` (the journal says committed), with the 1-based step index. The environment
 variable ``SANDBOX_CORE_FAULT=<point>:<index>`` makes the process SIGKILL itself at that point.
 """
@@ -189,6 +190,7 @@ class PlanCommitSaga:
                 ) from exc
             self._fault("after_commit", index, step.sandbox_id)
             self._changed(sandbox)
+            self._fault("after_persist", index, step.sandbox_id)
             step.state = StepState.COMMITTED
             step.result = result.to_dict()
             self._save(state)
