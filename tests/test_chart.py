@@ -1,0 +1,399 @@
+"""The Helm chart charts/sandbox-operator: lint, render checks, values schema, CRD copies, and
+(``@pytest.mark.apiserver``) a real ``helm install`` into the tier-2 API server.
+
+helm comes from ``$SANDBOX_K8S_BIN`` or from ``hack/build-k8s-binaries.sh`` (which builds and
+caches it with the other Kubernetes binaries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
+from tests.apiserver.harness import BIN_ENV_VAR, BUILD_SCRIPT, LocalApiServer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHART_DIR = REPO_ROOT / "charts" / "sandbox-operator"
+CRD_DIR = REPO_ROOT / "crds"
+RUN_AS = 65532
+
+
+def _find_helm() -> Path:
+    from_env = os.environ.get(BIN_ENV_VAR)
+    if from_env:
+        bin_dir = Path(from_env)
+    else:
+        result = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True
+        )
+        bin_dir = Path(result.stdout.strip().splitlines()[-1])
+    helm = bin_dir / "helm"
+    assert os.access(helm, os.X_OK), f"no helm in {bin_dir}"
+    return helm
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return _find_helm()
+
+
+def _run_helm(
+    helm: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    # A private HELM_* home so the tests never read or write the user's helm configuration.
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / "sandbox-operator-helm-home"
+    helm_env = dict(env or os.environ)
+    for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
+                     ("HELM_DATA_HOME", "data")):  # fmt: skip
+        helm_env[var] = str(home / sub)
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=False, env=helm_env, timeout=120
+    )
+
+
+def _render(helm: Path, *sets: str, namespace: str = "sandbox-system") -> list[dict[str, Any]]:
+    args = ["template", "rel", str(CHART_DIR), "--namespace", namespace]
+    for item in sets:
+        args += ["--set", item]
+    result = _run_helm(helm, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def _env(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in _container(objects)["env"]}
+
+
+# --- static ---------------------------------------------------------------------------------
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "sandbox-operator"
+    assert chart["appVersion"] == "0.1.0"
+
+
+def test_chart_crds_equal_top_level_crds() -> None:
+    top = {p.name: p.read_bytes() for p in sorted(CRD_DIR.glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "crds").glob("*.yaml"))}
+    assert top, "no CRDs in crds/"
+    assert chart == top, "charts/sandbox-operator/crds/ differs from crds/: copy them over"
+
+
+def _schema_objects(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    if schema.get("type") == "object":
+        yield path or "(root)", schema
+    for name, child in schema.get("properties", {}).items():
+        yield from _schema_objects(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _schema_objects(schema["items"], f"{path}[]")
+
+
+def test_values_schema_closes_every_object() -> None:
+    """additionalProperties false everywhere, except string maps (labels, annotations, ...)."""
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    open_objects = [
+        path
+        for path, node in _schema_objects(schema)
+        if node.get("additionalProperties") is not False
+        and node.get("additionalProperties") != {"type": "string"}
+    ]
+    assert open_objects == []
+    string_maps = {
+        path
+        for path, node in _schema_objects(schema)
+        if node.get("additionalProperties") == {"type": "string"}
+    }
+    assert string_maps == {
+        ".serviceAccount.annotations", ".metrics.service.annotations", ".podAnnotations",
+        ".podLabels", ".nodeSelector",
+    }  # fmt: skip
+    # Every key of values.yaml is declared.
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"])
+
+
+def test_chart_readme_explains_crd_upgrades() -> None:
+    readme = (CHART_DIR / "README.md").read_text()
+    assert "kubectl apply --server-side -f charts/sandbox-operator/crds/" in readme
+    assert "never upgrades" in readme
+
+
+def test_dockerfile_matches_chart() -> None:
+    """One image, non-root 65532, the kopf command the chart's probe expects (read, not built)."""
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in dockerfile
+    assert f"USER {RUN_AS}:{RUN_AS}" in dockerfile
+    assert 'pip install ".[operator]"' in dockerfile
+    assert '"--liveness=http://0.0.0.0:8080/healthz"' in dockerfile
+    assert '"--standalone", "--all-namespaces", "-m", "sandbox_operator.main"' in dockerfile
+    assert "git rsync" in dockerfile
+    assert ENTRYPOINT_TINI in dockerfile
+    ignored = (REPO_ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
+    assert not {"sandbox_core", "operator", "pyproject.toml", "README.md"} & set(ignored)
+
+
+ENTRYPOINT_TINI = 'ENTRYPOINT ["/usr/bin/tini", "--"]'
+
+
+# --- helm -----------------------------------------------------------------------------------
+
+
+def test_helm_lint_strict(helm: Path) -> None:
+    result = _run_helm(helm, "lint", "--strict", str(CHART_DIR))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_rendered_objects_and_labels(helm: Path) -> None:
+    objects = _render(helm)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == [
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
+        "Service", "ServiceAccount",
+    ]  # fmt: skip
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "sandbox-operator"
+        assert labels["app.kubernetes.io/instance"] == "rel"
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_deployment_is_hardened_single_replica(helm: Path) -> None:
+    objects = _render(helm)
+    deployment = _one(objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-sandbox-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == RUN_AS
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(objects)
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == RUN_AS
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in security
+    # Writable /tmp on a read-only root filesystem.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/tmp"]] == {"name": mounts["/tmp"], "emptyDir": {}}
+
+
+def test_deployment_runs_kopf_with_liveness_and_metrics(helm: Path) -> None:
+    objects = _render(helm)
+    container = _container(objects)
+    assert "command" not in container, "the image's tini entrypoint must stay PID 1"
+    assert container["args"] == [
+        "kopf", "run", "--standalone", "--all-namespaces", "--module=sandbox_operator.main",
+        "--liveness=http://0.0.0.0:8080/healthz",
+    ]  # fmt: skip
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    probe = container["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/healthz", "health")
+    env = _env(objects)
+    assert env["SANDBOX_OPERATOR_EXECUTOR"] == "pod"
+    assert env["SANDBOX_OPERATOR_NAMESPACE"] == ""
+    assert env["SANDBOX_OPERATOR_POD_NAMESPACE"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    assert env["SANDBOX_OPERATOR_WORKSPACE_IMAGE"] == "ghcr.io/cleveragents/sandbox-operator:0.1.0"
+    assert env["SANDBOX_OPERATOR_ALLOW_PRIVILEGED_OVERLAY"] == "false"
+    assert env["SANDBOX_OPERATOR_METRICS_PORT"] == "9090"
+    service = _one(objects, "Service")
+    annotations = service["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9090"
+    assert service["spec"]["ports"][0]["port"] == 9090
+    assert (
+        service["spec"]["selector"]
+        == _one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_rbac_is_least_privilege(helm: Path) -> None:
+    objects = _render(helm)
+    rules = [
+        rule
+        for role in objects
+        if role["kind"] in ("ClusterRole", "Role")
+        for rule in role["rules"]
+    ]
+    for rule in rules:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(key, []), f"wildcard in {rule}"
+        assert "resourceNames" not in rule or rule["resourceNames"]
+
+    def verbs(group: str, resource: str) -> set[str]:
+        return {
+            verb
+            for rule in rules
+            if group in rule["apiGroups"] and resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    group = "sandbox.cleveragents.io"
+    for plural in ("sandboxes", "checkpoints", "plancommits"):
+        assert {"get", "list", "watch", "patch"} <= verbs(group, plural)
+        assert "create" not in verbs(group, plural)
+        assert {"get", "patch", "update"} == verbs(group, f"{plural}/status")
+        assert verbs(group, f"{plural}/finalizers") == {"update"}
+    assert {"create", "delete", "get", "list", "watch"} <= verbs("", "pods")
+    assert "create" in verbs("", "pods/exec")
+    assert verbs("", "pods/log") == {"get"}
+    assert {"create", "delete", "get"} <= verbs("", "persistentvolumeclaims")
+    assert verbs("", "secrets") == {"get"}
+    assert verbs("", "events") == {"create", "patch"}
+    assert {"list", "watch"} <= verbs("apiextensions.k8s.io", "customresourcedefinitions")
+    assert {"list", "watch"} <= verbs("", "namespaces")
+    assert not verbs("", "configmaps")
+
+
+def test_watch_namespace_restricts_binding_and_args(helm: Path) -> None:
+    objects = _render(helm, "watchNamespace=team-a")
+    binding = _one(objects, "RoleBinding")
+    assert binding["metadata"]["namespace"] == "team-a"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "rel-sandbox-operator",
+    }
+    assert binding["subjects"][0]["namespace"] == "sandbox-system"
+    # Only the discovery rights (CRDs, namespaces) stay cluster-wide.
+    cluster_binding = _one(objects, "ClusterRoleBinding")
+    assert cluster_binding["roleRef"]["name"] == "rel-sandbox-operator-discovery"
+    args = _container(objects)["args"]
+    assert "--namespace=team-a" in args
+    assert "--all-namespaces" not in args
+    assert _env(objects)["SANDBOX_OPERATOR_NAMESPACE"] == "team-a"
+
+
+def test_values_toggle_objects_and_env(helm: Path) -> None:
+    objects = _render(
+        helm,
+        "rbac.create=false",
+        "serviceAccount.create=false",
+        "serviceAccount.name=existing-sa",
+        "metrics.enabled=false",
+        "allowPrivilegedOverlay=true",
+        "workspace.image.repository=registry.local/workspace",
+        "image.tag=1.2.3",
+    )
+    assert sorted(o["kind"] for o in objects) == ["Deployment"]
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing-sa"
+    env = _env(objects)
+    assert env["SANDBOX_OPERATOR_METRICS_PORT"] == "0"
+    assert env["SANDBOX_OPERATOR_ALLOW_PRIVILEGED_OVERLAY"] == "true"
+    assert env["SANDBOX_OPERATOR_WORKSPACE_IMAGE"] == "registry.local/workspace:1.2.3"
+    assert _container(objects)["image"] == "ghcr.io/cleveragents/sandbox-operator:1.2.3"
+    assert {p["name"] for p in _container(objects)["ports"]} == {"health"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("foo=bar", "additional properties 'foo' not allowed"),
+        ("image.foo=bar", "additional properties 'foo' not allowed"),
+        ("metrics.service.foo=bar", "additional properties 'foo' not allowed"),
+        ("executor=remote", "at '/executor': value must be one of 'pod', 'local'"),
+        ("logFormat=xml", "at '/logFormat': value must be one of 'json', 'plain'"),
+        ("metrics.port=70000", "at '/metrics/port': maximum: got 70,000, want 65,535"),
+    ],
+)
+def test_values_schema_rejects_bad_values(helm: Path, setting: str, message: str) -> None:
+    result = _run_helm(helm, "template", "rel", str(CHART_DIR), "--set", setting)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "values don't meet the specifications of the schema" in result.stderr
+
+
+# --- real API server ------------------------------------------------------------------------
+
+
+@pytest.mark.apiserver
+def test_helm_install_into_real_apiserver(
+    helm: Path,
+    local_apiserver: LocalApiServer,  # noqa: F811 - the fixture
+) -> None:
+    release = f"sbxop-{uuid.uuid4().hex[:6]}"
+    namespace = f"{release}-system"
+    result = _run_helm(
+        helm, "install", release, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
+        "--kubeconfig", str(local_apiserver.kubeconfig_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "STATUS: deployed" in result.stdout
+    assert "kubectl wait --for=condition=Committed" in result.stdout  # NOTES.txt
+    fullname = f"{release}-sandbox-operator"
+    for args in (
+        ("get", "deployment", fullname, "-n", namespace),
+        ("get", "serviceaccount", fullname, "-n", namespace),
+        ("get", "service", f"{fullname}-metrics", "-n", namespace),
+        ("get", "clusterrole", fullname),
+        ("get", "clusterrole", f"{fullname}-discovery"),
+        ("get", "clusterrolebinding", fullname),
+        ("get", "clusterrolebinding", f"{fullname}-discovery"),
+    ):
+        got = local_apiserver.kubectl(*args)
+        assert got.returncode == 0, got.stderr
+    for plural in ("sandboxes", "checkpoints", "plancommits"):
+        crd = local_apiserver.kubectl("get", "crd", f"{plural}.sandbox.cleveragents.io")
+        assert crd.returncode == 0, crd.stderr
+    # The API server accepted the hardened pod template as rendered.
+    deployment = local_apiserver.kubectl_json("get", "deployment", fullname, "-n", namespace)
+    assert isinstance(deployment, dict)
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    # The operator's ServiceAccount may do what it needs, and no more (RBAC evaluated for real).
+    subject = f"system:serviceaccount:{namespace}:{fullname}"
+    for verb_resource, expected in (
+        (("patch", "sandboxes.sandbox.cleveragents.io/status"), "yes"),
+        (("create", "pods/exec"), "yes"),
+        (("get", "secrets"), "yes"),
+        (("list", "secrets"), "no"),
+        (("delete", "namespaces"), "no"),
+        (("create", "sandboxes.sandbox.cleveragents.io"), "no"),
+    ):
+        verb, resource = verb_resource
+        answer = local_apiserver.kubectl(
+            "auth", "can-i", verb, resource, "--as", subject, "-n", "default"
+        )
+        assert answer.stdout.strip() == expected, f"can-i {verb} {resource}: {answer.stdout}"
+    uninstall = _run_helm(
+        helm, "uninstall", release, "--namespace", namespace,
+        "--kubeconfig", str(local_apiserver.kubeconfig_path),
+    )  # fmt: skip
+    assert uninstall.returncode == 0, uninstall.stderr
+    # Helm never deletes CRDs from crds/ (chart README).
+    assert (
+        local_apiserver.kubectl("get", "crd", "sandboxes.sandbox.cleveragents.io").returncode == 0
+    )
