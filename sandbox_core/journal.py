@@ -79,7 +79,8 @@ class JournalStep(BaseModel):
     """One sandbox of the attempt, in commit order.
 
     ``result`` is the step's ``CommitResult.to_dict()`` once committed; ``error`` the message of
-    the failed commit or compensation. Timestamps are UTC.
+    the failed commit or compensation; ``conflicts`` the resource-relative paths of a conflicting
+    commit (``SandboxCommitError.conflicts``). Timestamps are UTC.
     """
 
     sandbox_id: str
@@ -89,6 +90,7 @@ class JournalStep(BaseModel):
     state: StepState = StepState.PENDING
     result: dict[str, Any] | None = None
     error: str | None = None
+    conflicts: list[str] = Field(default_factory=list)
     started_at: datetime | None = None
     updated_at: datetime = Field(default_factory=utc_now)
 

@@ -277,6 +277,7 @@ class PlanCommitSaga:
     ) -> None:
         step.state = StepState.FAILED
         step.error = f"{type(exc).__name__}: {exc}"
+        step.conflicts = [str(path) for path in getattr(exc, "conflicts", None) or []]
         step.updated_at = utc_now()
         state.failed_sandbox_id = step.sandbox_id
         self._changed(sandbox)
@@ -326,12 +327,14 @@ class PlanCommitSaga:
         self._save(state)
 
     def _failure_result(self, state: JournalState) -> CommitResult:
+        failed = state.step(state.failed_sandbox_id) if state.failed_sandbox_id else None
         return CommitResult(
             sandbox_id=state.failed_sandbox_id or "",
             success=False,
             error=state.error,
             metadata={
                 "failed_sandbox_id": state.failed_sandbox_id,
+                "conflicts": list(failed.conflicts) if failed else [],
                 "rolled_back_ids": list(state.rolled_back_ids),
                 "failed_rollback_ids": list(state.failed_rollback_ids),
                 "attempt": state.attempt,
