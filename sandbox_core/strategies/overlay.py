@@ -365,8 +365,9 @@ class OverlaySandbox(BaseSandbox):
         The status is kept (CREATED, ACTIVE or ROLLED_BACK).
 
         Raises:
-            SandboxStateError: wrong status, or the snapshot belongs to another mode, original,
-                or to an original since changed by a commit (its upper layer would not apply).
+            SandboxStateError: wrong status, or the snapshot belongs to another sandbox, mode or
+                original, or was taken before a commit still in force (an upper layer only
+                applies to the lower it was taken against).
             SandboxError: the restore failed; the sandbox becomes ERRORED.
         """
         with self._lock:
@@ -374,6 +375,7 @@ class OverlaySandbox(BaseSandbox):
             snapshot = Path(source)
             info = json.loads((snapshot / _CHECKPOINT_FILE).read_text(encoding="utf-8"))
             expected = {
+                "sandbox_id": self.sandbox_id,
                 "original_path": self.original_path,
                 "overlay_mode": self.overlay_mode,
                 "xattr_namespace": self._meta("xattr_namespace"),
