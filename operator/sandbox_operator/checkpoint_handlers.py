@@ -1,0 +1,176 @@
+"""Checkpoint logic: snapshot a Sandbox through the core's CheckpointManager (seed 004).
+
+Create: take the snapshot (idempotent per Checkpoint uid, case 18) and record it in the status.
+Delete (finalizer): remove the snapshot. Restores are served by the Sandbox's
+``spec.restoreRequest`` (sandbox_handlers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import kopf
+
+from sandbox_operator import metrics
+from sandbox_operator.conditions import set_condition
+from sandbox_operator.errors import classify, is_not_found, to_kopf
+from sandbox_operator.events import EventSink
+from sandbox_operator.executors.base import CheckpointInfo, Executor, SandboxTarget
+from sandbox_operator.k8s import Api
+from sandbox_operator.models import SANDBOX_PLURAL, CheckpointSpec
+from sandbox_operator.sandbox_handlers import target_from_body
+from sandbox_operator.settings import Settings
+
+logger = logging.getLogger("sandbox_operator.checkpoint")
+
+KINDS_TO_CORE = {
+    "git-tag": "git_ref",
+    "upper-snapshot": "overlay_snapshot",
+    "directory-snapshot": "directory",
+}
+
+
+def checkpoint_info_from_body(body: Mapping[str, Any], target: SandboxTarget) -> CheckpointInfo:
+    """The snapshot a Ready Checkpoint object stands for (enough for the core to restore it)."""
+    spec = dict(body.get("spec") or {})
+    status = dict(body.get("status") or {})
+    kind = str(status.get("kind") or "metadata-only")
+    metadata = dict(spec.get("metadata") or {})
+    core_kind = KINDS_TO_CORE.get(kind)
+    if core_kind:
+        metadata["checkpoint_kind"] = core_kind
+    snapshot = str(status.get("snapshotLocation") or "")
+    if core_kind == "git_ref":
+        metadata["checkpoint_ref"] = str(status.get("checkpointId") or "")
+        snapshot_path = ""
+    else:
+        snapshot_path = snapshot
+    record = target.core_record or {}
+    sandbox_path = ((record.get("context") or {}).get("sandbox_path")) or ""
+    if sandbox_path:
+        metadata.setdefault("sandbox_path", sandbox_path)
+    return CheckpointInfo(
+        checkpoint_id=str(status.get("checkpointId") or ""),
+        sandbox_id=str(status.get("sandboxId") or target.sandbox_id),
+        snapshot_location=snapshot,
+        kind=kind,
+        created_at=str(status.get("createdAt") or ""),
+        extra={
+            "checkpoint_id": str(status.get("checkpointId") or ""),
+            "sandbox_id": str(status.get("sandboxId") or target.sandbox_id),
+            "plan_id": target.plan_id,
+            "phase": str(spec.get("phase") or ""),
+            "snapshot_path": snapshot_path,
+            "created_at": str(status.get("createdAt") or "") or None,
+            "metadata": metadata,
+        },
+    )
+
+
+class CheckpointLogic:
+    """The Checkpoint handlers' logic; one instance per operator process."""
+
+    def __init__(self, settings: Settings, executor: Executor, api: Api, events: EventSink) -> None:
+        self.settings = settings
+        self.executor = executor
+        self.api = api
+        self.events = events
+
+    def _sandbox_target(self, body: Mapping[str, Any]) -> SandboxTarget:
+        spec = CheckpointSpec.model_validate(dict(body.get("spec") or {}))
+        namespace = str(body["metadata"]["namespace"])
+        sandbox = self.api.get(SANDBOX_PLURAL, namespace, spec.sandbox_name)
+        if (sandbox.get("status") or {}).get("phase") in (None, "Pending"):
+            raise kopf.TemporaryError(
+                f"sandbox {spec.sandbox_name} is not provisioned yet",
+                delay=self.settings.retry_delay_seconds,
+            )
+        return target_from_body(sandbox, self.settings, self.api)
+
+    def create(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+        """Create handler: snapshot the Sandbox and record it as Ready.
+
+        Raises:
+            kopf.TemporaryError: the Sandbox is not provisioned yet, or a transient error.
+            kopf.PermanentError: the Sandbox does not exist or the snapshot failed (condition
+                Ready=False and a Warning Event first).
+        """
+        spec = CheckpointSpec.model_validate(dict(body.get("spec") or {}))
+        generation = body["metadata"].get("generation")
+        conditions = (body.get("status") or {}).get("conditions")
+        out = patch.setdefault("status", {})
+        with metrics.reconcile_timer("Checkpoint", "create"):
+            try:
+                target = self._sandbox_target(body)
+                info = self.executor.create_checkpoint(
+                    target, spec.phase, dict(spec.metadata), uid=str(body["metadata"]["uid"])
+                )
+            except kopf.TemporaryError:
+                raise
+            except Exception as exc:
+                failure = classify(exc)
+                if is_not_found(exc):
+                    failure = failure.__class__(
+                        "SandboxNotFound", f"sandbox {spec.sandbox_name} does not exist", False
+                    )
+                out["conditions"] = set_condition(
+                    conditions, "Ready", "False", failure.reason, failure.message, generation
+                )
+                if not failure.retryable:
+                    out["phase"] = "Failed"
+                self.events(
+                    body, "Warning", "CheckpointFailed", f"{failure.reason}: {failure.message}"
+                )
+                if is_not_found(exc):
+                    raise kopf.PermanentError(failure.message) from exc
+                raise to_kopf(exc, self.settings.retry_delay_seconds) from exc
+        out.update(
+            {
+                "phase": "Ready",
+                "checkpointId": info.checkpoint_id,
+                "sandboxId": info.sandbox_id,
+                "snapshotLocation": info.snapshot_location,
+                "kind": info.kind,
+                "createdAt": info.created_at,
+                "observedGeneration": generation,
+                "conditions": set_condition(
+                    conditions,
+                    "Ready",
+                    "True",
+                    "SnapshotTaken",
+                    f"{info.kind} checkpoint {info.checkpoint_id} of sandbox {spec.sandbox_name}",
+                    generation,
+                ),
+            }
+        )
+        self.events(
+            body,
+            "Normal",
+            "CheckpointCreated",
+            f"{info.kind} checkpoint {info.checkpoint_id} at {info.snapshot_location}",
+        )
+
+    def finalize(self, body: Mapping[str, Any]) -> None:
+        """Deletion handler: remove the snapshot (nothing made is fine)."""
+        status = dict(body.get("status") or {})
+        if not status.get("checkpointId"):
+            return
+        info = CheckpointInfo(
+            checkpoint_id=str(status["checkpointId"]),
+            sandbox_id=str(status.get("sandboxId") or ""),
+            snapshot_location=str(status.get("snapshotLocation") or ""),
+            kind=str(status.get("kind") or ""),
+            created_at=str(status.get("createdAt") or ""),
+        )
+        try:
+            self.executor.delete_checkpoint(info)
+        except Exception as exc:
+            failure = classify(exc)
+            self.events(
+                body, "Warning", "CheckpointDeleteFailed", f"{failure.reason}: {failure.message}"
+            )
+            raise kopf.TemporaryError(
+                failure.message, delay=self.settings.retry_delay_seconds
+            ) from exc

@@ -1,0 +1,180 @@
+"""The one small interface between the handlers and the core (DESIGN.md, "executors").
+
+Two implementations: :mod:`.local` (the core in the operator's process) and :mod:`.pod` (the
+core's CLI in a workspace Pod through the exec API). Handlers only see this module's types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ulid import ULID
+
+from sandbox_core import CommitResult, SandboxStatus
+from sandbox_operator.models import SandboxOptions, SandboxSource
+
+DEFAULT_MODES = {
+    "git_worktree": "worktree",
+    "copy_on_write": "copy",
+    "overlay": "auto",
+    "transaction_rollback": "transaction",
+    "none": "passthrough",
+}
+
+
+def sandbox_id_for_uid(uid: str) -> str:
+    """Deterministic core sandbox id (a ULID) of the Sandbox object with ``uid``.
+
+    A retried or restarted create therefore meets the artefacts of its first attempt under the
+    same id instead of making a second set (case 18).
+
+    Raises:
+        ValueError: ``uid`` is not a UUID.
+    """
+    import uuid
+
+    return str(ULID.from_uuid(uuid.UUID(uid)))
+
+
+@dataclass(frozen=True)
+class SandboxTarget:
+    """Everything an executor needs to know about one Sandbox object.
+
+    ``original`` is the resolved original: a node path (local), the mount path of the source
+    volume (pod), or a DSN read from the Secret (transaction_rollback).
+    ``core_record`` is ``status.coreRecord`` (the core's ``to_record()``), used to re-open after
+    an operator restart when the state directory lost it.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+    sandbox_id: str
+    plan_id: str
+    resource_id: str
+    strategy: str
+    original: str
+    source: SandboxSource = field(default_factory=SandboxSource)
+    options: SandboxOptions = field(default_factory=SandboxOptions)
+    core_record: dict[str, Any] | None = None
+    workspace_pod: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxState:
+    """What the core says about a sandbox; mirrored into ``Sandbox.status``."""
+
+    sandbox_id: str
+    status: SandboxStatus
+    sandbox_path: str = ""
+    effective_strategy: str = ""
+    strategy_mode: str = ""
+    workspace_pod: str = ""
+    record: dict[str, Any] = field(default_factory=dict)
+    last_commit: CommitResult | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], workspace_pod: str = "") -> SandboxState:
+        """Build from a core ``to_record()`` dict (strategy mode from the context metadata)."""
+        context = record.get("context") or {}
+        metadata = context.get("metadata") or {}
+        strategy = str(record.get("strategy") or "")
+        mode = metadata.get("mode") or metadata.get("overlay_mode") or DEFAULT_MODES.get(strategy)
+        effective = metadata.get("effective_strategy") or strategy
+        last = record.get("last_commit")
+        return cls(
+            sandbox_id=str(record.get("sandbox_id") or ""),
+            status=SandboxStatus(str(record.get("status") or "pending")),
+            sandbox_path=str(context.get("sandbox_path") or ""),
+            effective_strategy=str(effective),
+            strategy_mode=str(mode or ""),
+            workspace_pod=workspace_pod,
+            record=dict(record),
+            last_commit=CommitResult.from_dict(last) if last else None,
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A snapshot of one sandbox, as kept in ``Checkpoint.status``.
+
+    ``kind``: ``git-tag`` | ``upper-snapshot`` | ``directory-snapshot`` | ``metadata-only``.
+    ``created_at``: RFC 3339. ``extra``: what the core needs to restore (plan id, phase, metadata).
+    """
+
+    checkpoint_id: str
+    sandbox_id: str
+    snapshot_location: str
+    kind: str
+    created_at: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SandboxHandle(Protocol):
+    """The duck type the core's ``PlanCommitSaga`` drives: one sandbox, local or remote."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def status(self) -> SandboxStatus: ...
+
+    @property
+    def rollbackable(self) -> bool: ...
+
+    def commit(self, message: str | None = None) -> CommitResult: ...
+
+    def rollback(self) -> None: ...
+
+
+class Executor(Protocol):
+    """Provision, drive and clean up sandboxes. Every method is idempotent where it says so.
+
+    Errors: core errors (``SandboxError`` and subclasses) pass through; transport problems are
+    :class:`~sandbox_operator.errors.ExecutorError`. ``errors.classify`` maps both.
+    """
+
+    kind: str
+
+    def provision(self, target: SandboxTarget) -> SandboxState:
+        """Create (or re-open what an earlier attempt made) and activate. Idempotent (case 18)."""
+        ...
+
+    def describe(self, target: SandboxTarget) -> SandboxState | None:
+        """Current core state, or None when nothing was ever made for ``target``."""
+        ...
+
+    def open(self, target: SandboxTarget) -> SandboxHandle:
+        """A handle for the saga; its changes are persisted by :meth:`persist`."""
+        ...
+
+    def persist(self, target: SandboxTarget, handle: SandboxHandle) -> SandboxState:
+        """Save the handle's state durably and return it."""
+        ...
+
+    def rollback(self, target: SandboxTarget, reactivate: bool = True) -> SandboxState:
+        """Discard all changes (ACTIVE -> ROLLED_BACK, then -> ACTIVE when ``reactivate``)."""
+        ...
+
+    def cleanup(self, target: SandboxTarget) -> None:
+        """Remove every artefact (worktree, branch, tags, copies, pod, volumes, state).
+
+        Never touches the original. Idempotent: nothing made is fine.
+        """
+        ...
+
+    def create_checkpoint(
+        self, target: SandboxTarget, phase: str, metadata: dict[str, str], uid: str = ""
+    ) -> CheckpointInfo:
+        """Snapshot the sandbox now; a retry with the same ``uid`` returns the first snapshot."""
+        ...
+
+    def restore_checkpoint(self, target: SandboxTarget, checkpoint: CheckpointInfo) -> SandboxState:
+        """Put the sandbox back to ``checkpoint``."""
+        ...
+
+    def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
+        """Remove the snapshot. Idempotent."""
+        ...

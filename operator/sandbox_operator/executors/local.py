@@ -1,0 +1,297 @@
+"""Local executor: the core runs in the operator's process on paths it can reach.
+
+For development, the local demo and the real-API-server test tier (DESIGN.md). Records live in a
+:class:`~sandbox_core.SandboxStore` under ``settings.state_dir`` and are mirrored into
+``status.coreRecord``, so a restarted operator re-opens sandboxes from either.
+
+Idempotent provisioning (case 18): the core sandbox id is derived from the object's uid and a
+``pending`` record is saved *before* any on-disk work. A retry that finds a record re-opens it;
+one that finds a ``pending`` record (the first attempt died mid-create) cleans up what that attempt
+may have left and creates again under the same id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import UTC
+from typing import Any
+
+from sandbox_core import (
+    BaseSandbox,
+    CommitResult,
+    SandboxError,
+    SandboxFactory,
+    SandboxStatus,
+    SandboxStore,
+)
+from sandbox_core.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
+from sandbox_operator.errors import FaultInjected
+from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
+from sandbox_operator.settings import Settings
+
+logger = logging.getLogger("sandbox_operator.executors.local")
+
+# Core checkpoint kinds (sandbox_core.checkpoint) -> Checkpoint.status.kind (CRD contract).
+CHECKPOINT_KINDS = {
+    "git_ref": "git-tag",
+    "overlay_snapshot": "upper-snapshot",
+    "directory": "directory-snapshot",
+}
+CHECKPOINT_UID_KEY = "k8s_checkpoint_uid"
+
+
+def core_options(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
+    """Strategy options passed to the core for ``target`` (JSON-serialisable)."""
+    options: dict[str, Any] = {"sandbox_root": str(settings.sandbox_root)}
+    if target.strategy == "overlay" and target.options.overlay_mode != "auto":
+        options["mode"] = target.options.overlay_mode
+    return options
+
+
+class FaultingSandbox:
+    """Wraps a core sandbox so the settings' fault hooks can fail its commit or rollback.
+
+    Test-only fault injection (common brief: mocks only to inject faults); a pass-through when
+    the resource id is not named in ``fault_fail_commit`` / ``fault_fail_rollback``.
+    """
+
+    def __init__(self, sandbox: BaseSandbox, settings: Settings) -> None:
+        self.inner = sandbox
+        self._settings = settings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def sandbox_id(self) -> str:
+        """The wrapped sandbox's id."""
+        return self.inner.sandbox_id
+
+    @property
+    def status(self) -> SandboxStatus:
+        """The wrapped sandbox's status."""
+        return self.inner.status
+
+    @property
+    def rollbackable(self) -> bool:
+        """The wrapped sandbox's ``rollbackable``."""
+        return self.inner.rollbackable
+
+    def commit(self, message: str | None = None) -> CommitResult:
+        """Commit, unless a fault is injected for this resource."""
+        if self.inner.resource_id in self._settings.fault_fail_commit:
+            raise FaultInjected(f"injected commit failure for resource {self.inner.resource_id}")
+        return self.inner.commit(message)
+
+    def rollback(self) -> None:
+        """Roll back, unless a fault is injected for this resource."""
+        if self.inner.resource_id in self._settings.fault_fail_rollback:
+            raise FaultInjected(f"injected rollback failure for resource {self.inner.resource_id}")
+        self.inner.rollback()
+
+
+class LocalExecutor:
+    """Executor running ``sandbox_core`` in-process. Thread-safe per sandbox id."""
+
+    kind = "local"
+
+    def __init__(self, settings: Settings, factory: SandboxFactory | None = None) -> None:
+        self.settings = settings
+        self.factory = factory or SandboxFactory()
+        self.store = SandboxStore(settings.state_dir)
+        self._locks: defaultdict[str, threading.RLock] = defaultdict(threading.RLock)
+        self._locks_guard = threading.Lock()
+        self._checkpoints: CheckpointManager | None = None
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _lock(self, sandbox_id: str) -> threading.RLock:
+        with self._locks_guard:
+            return self._locks[sandbox_id]
+
+    def _record(self, target: SandboxTarget) -> dict[str, Any] | None:
+        try:
+            return self.store.load(target.sandbox_id)
+        except SandboxError:
+            record = target.core_record
+            if record and record.get("sandbox_id") == target.sandbox_id:
+                return dict(record)
+            return None
+
+    def _state(self, sandbox: BaseSandbox) -> SandboxState:
+        return SandboxState.from_record(sandbox.to_record())
+
+    def _reopen(self, target: SandboxTarget) -> BaseSandbox | None:
+        record = self._record(target)
+        return None if record is None else self.factory.reopen(record)
+
+    def _fresh(self, target: SandboxTarget) -> BaseSandbox:
+        return self.factory.create(
+            target.strategy,
+            target.resource_id,
+            target.original,
+            sandbox_id=target.sandbox_id,
+            **core_options(target, self.settings),
+        )
+
+    # -- Executor -----------------------------------------------------------------------------
+
+    def provision(self, target: SandboxTarget) -> SandboxState:
+        """Create and activate, or re-open what an earlier attempt made (case 18).
+
+        Raises:
+            SandboxCreationError: the source is missing or unusable (permanent).
+            SandboxError: the record or an artefact could not be written.
+        """
+        with self._lock(target.sandbox_id):
+            sandbox = self._reopen(target)
+            if sandbox is not None and sandbox.status is SandboxStatus.PENDING:
+                # The first attempt died between "record saved" and "create finished".
+                logger.warning("sandbox %s: finishing an interrupted create", target.sandbox_id)
+                sandbox.cleanup()
+                sandbox = None
+            if sandbox is None:
+                sandbox = self._fresh(target)
+                self.store.save(sandbox)  # pending record first: the retry can find it
+                try:
+                    sandbox.create(target.plan_id)
+                finally:
+                    self.store.save(sandbox)
+            if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+                sandbox.activate()
+                self.store.save(sandbox)
+            return self._state(sandbox)
+
+    def describe(self, target: SandboxTarget) -> SandboxState | None:
+        """The stored state of ``target``'s sandbox, or None."""
+        record = self._record(target)
+        return None if record is None else SandboxState.from_record(record)
+
+    def open(self, target: SandboxTarget) -> FaultingSandbox:
+        """Re-open ``target`` for the saga.
+
+        Raises:
+            SandboxError: there is no record of it.
+        """
+        sandbox = self._reopen(target)
+        if sandbox is None:
+            raise SandboxError(f"sandbox {target.sandbox_id} ({target.name}) was never created")
+        return FaultingSandbox(sandbox, self.settings)
+
+    def persist(self, target: SandboxTarget, handle: Any) -> SandboxState:
+        """Save the (possibly wrapped) sandbox's record."""
+        sandbox = handle.inner if isinstance(handle, FaultingSandbox) else handle
+        with self._lock(target.sandbox_id):
+            self.store.save(sandbox)
+        return self._state(sandbox)
+
+    def rollback(self, target: SandboxTarget, reactivate: bool = True) -> SandboxState:
+        """Discard all changes; re-activate for reuse when ``reactivate`` (rollbackRequest).
+
+        Raises:
+            SandboxStateError: the sandbox is not ACTIVE.
+            SandboxRollbackError: the rollback failed.
+        """
+        with self._lock(target.sandbox_id):
+            handle = self.open(target)
+            if handle.status is SandboxStatus.CREATED:
+                handle.inner.activate()
+            if handle.status is SandboxStatus.ACTIVE:
+                try:
+                    handle.rollback()
+                finally:
+                    self.store.save(handle.inner)
+            if reactivate and handle.status is SandboxStatus.ROLLED_BACK:
+                handle.inner.activate()
+                self.store.save(handle.inner)
+            return self._state(handle.inner)
+
+    def cleanup(self, target: SandboxTarget) -> None:
+        """Remove all artefacts and the record; nothing made is fine."""
+        with self._lock(target.sandbox_id):
+            sandbox = self._reopen(target)
+            if sandbox is None:
+                return
+            sandbox.cleanup()
+            self.store.delete(target.sandbox_id)
+
+    # -- checkpoints (seed 004) ----------------------------------------------------------------
+
+    def _resolve_by_id(self, sandbox_id: str) -> BaseSandbox | None:
+        try:
+            return self.factory.reopen(self.store.load(sandbox_id))
+        except SandboxError:
+            return None
+
+    def _checkpoint_manager(self) -> CheckpointManager:
+        # Records and snapshots live under the state dir, so a restarted operator restores and
+        # deletes checkpoints made by its predecessor.
+        if self._checkpoints is None:
+            self._checkpoints = CheckpointManager(
+                state_dir=self.settings.state_dir, sandbox_resolver=self._resolve_by_id
+            )
+        return self._checkpoints
+
+    @staticmethod
+    def _info(checkpoint: SandboxCheckpoint) -> CheckpointInfo:
+        kind = checkpoint.metadata.get(KIND_KEY)
+        return CheckpointInfo(
+            checkpoint_id=checkpoint.checkpoint_id,
+            sandbox_id=checkpoint.sandbox_id,
+            snapshot_location=checkpoint.snapshot_path or checkpoint.metadata.get("commit", ""),
+            kind=CHECKPOINT_KINDS.get(kind or "", "metadata-only"),
+            created_at=checkpoint.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            extra=checkpoint.model_dump(mode="json"),
+        )
+
+    def create_checkpoint(
+        self, target: SandboxTarget, phase: str, metadata: dict[str, str], uid: str = ""
+    ) -> CheckpointInfo:
+        """Snapshot ``target`` through the core's CheckpointManager.
+
+        ``uid`` (the Checkpoint object's) is recorded in the checkpoint metadata; a retry finds
+        the snapshot its first attempt made instead of taking a second one (case 18).
+
+        Raises:
+            SandboxError: the sandbox was never created, or the snapshot failed.
+        """
+        manager = self._checkpoint_manager()
+        with self._lock(target.sandbox_id):
+            if uid:
+                for existing in manager.list_checkpoints(target.sandbox_id):
+                    if existing.metadata.get(CHECKPOINT_UID_KEY) == uid:
+                        return self._info(existing)
+            sandbox = self.open(target).inner
+            values = dict(metadata)
+            if uid:
+                values[CHECKPOINT_UID_KEY] = uid
+            checkpoint = manager.create_checkpoint(sandbox, target.plan_id, phase, values)
+        return self._info(checkpoint)
+
+    def restore_checkpoint(self, target: SandboxTarget, checkpoint: CheckpointInfo) -> SandboxState:
+        """Restore ``target`` to ``checkpoint``.
+
+        Raises:
+            SandboxError: the core reported that the restore did not happen.
+        """
+        manager = self._checkpoint_manager()
+        with self._lock(target.sandbox_id):
+            model = manager.get_checkpoint(checkpoint.checkpoint_id)
+            if model is None:
+                model = SandboxCheckpoint.model_validate(checkpoint.extra)
+            if not manager.rollback_to(model):
+                raise SandboxError(
+                    f"restore of sandbox {target.sandbox_id} to checkpoint "
+                    f"{checkpoint.checkpoint_id} failed"
+                )
+            sandbox = self.open(target).inner
+            if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+                sandbox.activate()
+            self.store.save(sandbox)
+            return self._state(sandbox)
+
+    def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
+        """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
+        self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)

@@ -1,0 +1,118 @@
+"""kopf entry point: thin decorated handlers with explicit ids; the logic lives elsewhere.
+
+Run: ``kopf run --standalone -A -m sandbox_operator.main`` (or ``--namespace NS``). Handlers
+return nothing (case 15); progress and diff-base live in annotations, never in ``.status``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from sandbox_operator import k8s, metrics
+from sandbox_operator.events import kopf_events
+from sandbox_operator.logging_setup import configure_logging
+from sandbox_operator.models import (
+    CHECKPOINT_PLURAL,
+    FINALIZER,
+    GROUP,
+    PLANCOMMIT_PLURAL,
+    SANDBOX_PLURAL,
+    VERSION,
+)
+from sandbox_operator.runtime import Runtime, build_runtime
+from sandbox_operator.sandbox_handlers import ttl_expired
+from sandbox_operator.settings import Settings
+
+SETTINGS = Settings.from_env()
+_RUNTIME: list[Runtime] = []
+
+
+def runtime() -> Runtime:
+    """The runtime built by the startup handler."""
+    return _RUNTIME[0]
+
+
+@kopf.on.startup(id="configure")
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """All tuning in one place (STYLE.md): storage, finalizer, posting, watching, metrics."""
+    configure_logging(SETTINGS.log_format)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = SETTINGS.watch_server_timeout_seconds
+    settings.watching.client_timeout = SETTINGS.watch_client_timeout_seconds
+    k8s.load_config()
+    _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]
+    metrics.serve(SETTINGS.metrics_port)
+
+
+# -- Sandbox ------------------------------------------------------------------------------------
+
+
+@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, id="provision")
+def sandbox_provision(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Provision through the executor and drive the core to ACTIVE."""
+    runtime().sandboxes.provision(body, patch)
+
+
+@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, id="requests", field="spec")
+def sandbox_requests(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Serve a new rollbackRequest / restoreRequest id."""
+    runtime().sandboxes.serve_requests(body, patch)
+
+
+@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, id="cleanup")
+def sandbox_cleanup(body: kopf.Body, **_: Any) -> None:
+    """Finalizer: remove everything the sandbox made; never the original."""
+    runtime().sandboxes.finalize(body)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    SANDBOX_PLURAL,
+    id="ttl",
+    interval=SETTINGS.ttl_check_interval_seconds,
+    when=lambda spec, **_: spec.get("ttlSecondsAfterFinished") is not None,
+)
+def sandbox_ttl(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+    """Delete a terminal Sandbox ``ttlSecondsAfterFinished`` after it finished."""
+    if ttl_expired(body):
+        runtime().api.delete(SANDBOX_PLURAL, str(namespace), name)
+
+
+# -- Checkpoint ---------------------------------------------------------------------------------
+
+
+@kopf.on.create(GROUP, VERSION, CHECKPOINT_PLURAL, id="snapshot")
+def checkpoint_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Take the snapshot."""
+    runtime().checkpoints.create(body, patch)
+
+
+@kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot")
+def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
+    """Finalizer: delete the snapshot."""
+    runtime().checkpoints.finalize(body)
+
+
+# -- PlanCommit ---------------------------------------------------------------------------------
+
+
+@kopf.on.create(GROUP, VERSION, PLANCOMMIT_PLURAL, id="saga")
+def plancommit_saga(namespace: str | None, name: str, **_: Any) -> None:
+    """Run (or, after a restart, resume) the plan's atomic commit / rollback."""
+    runtime().plancommits.reconcile(str(namespace), name)
+
+
+@kopf.on.delete(GROUP, VERSION, PLANCOMMIT_PLURAL, id="plan-cleanup")
+def plancommit_delete(body: kopf.Body, **_: Any) -> None:
+    """Finalizer: with cleanupPolicy Delete, delete the plan's Sandboxes."""
+    runtime().plancommits.finalize(body)

@@ -1,0 +1,215 @@
+"""Pydantic models of the three custom resources' spec and status (docs: the CRD contract).
+
+Field names follow the CRD (camelCase aliases); Python code uses snake_case. ``model_dump_status``
+helpers emit only fields the CRD declares (case 15: undeclared status fields are pruned).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from sandbox_core import SandboxStatus
+
+GROUP = "sandbox.cleveragents.io"
+VERSION = "v1alpha1"
+SANDBOX_PLURAL = "sandboxes"
+CHECKPOINT_PLURAL = "checkpoints"
+PLANCOMMIT_PLURAL = "plancommits"
+FINALIZER = f"{GROUP}/cleanup"
+PLAN_FINALIZER = f"{GROUP}/plan-cleanup"
+PLAN_LABEL = f"{GROUP}/plan-id"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "sandbox-operator"
+
+ROLLBACKABLE_STRATEGIES = frozenset({"git_worktree", "copy_on_write", "overlay"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class SandboxPhase(StrEnum):
+    """``Sandbox.status.phase``: the core's SandboxStatus in CamelCase."""
+
+    PENDING = "Pending"
+    CREATED = "Created"
+    ACTIVE = "Active"
+    COMMITTED = "Committed"
+    ROLLED_BACK = "RolledBack"
+    CLEANED_UP = "CleanedUp"
+    ERRORED = "Errored"
+
+    @classmethod
+    def from_core(cls, status: SandboxStatus | str) -> SandboxPhase:
+        """Mirror of a core status (``"rolled_back"`` -> ``RolledBack``)."""
+        return _CORE_TO_PHASE[SandboxStatus(status)]
+
+    @property
+    def is_terminal(self) -> bool:
+        """Phases after which ``ttlSecondsAfterFinished`` counts (CRD contract)."""
+        return self in (SandboxPhase.COMMITTED, SandboxPhase.ROLLED_BACK, SandboxPhase.ERRORED)
+
+
+_CORE_TO_PHASE = {
+    SandboxStatus.PENDING: SandboxPhase.PENDING,
+    SandboxStatus.CREATED: SandboxPhase.CREATED,
+    SandboxStatus.ACTIVE: SandboxPhase.ACTIVE,
+    SandboxStatus.COMMITTED: SandboxPhase.COMMITTED,
+    SandboxStatus.ROLLED_BACK: SandboxPhase.ROLLED_BACK,
+    SandboxStatus.CLEANED_UP: SandboxPhase.CLEANED_UP,
+    SandboxStatus.ERRORED: SandboxPhase.ERRORED,
+}
+
+
+class PvcSource(_Model):
+    """A PersistentVolumeClaim (pod executor) and an optional relative sub-path."""
+
+    claim_name: str
+    sub_path: str = ""
+
+
+class SecretSource(_Model):
+    """A Secret holding the database DSN (strategy transaction_rollback)."""
+
+    name: str
+    key: str = "dsn"
+
+
+class SandboxSource(_Model):
+    """Where the original lives; exactly one member is set (enforced by the CRD)."""
+
+    persistent_volume_claim: PvcSource | None = None
+    node_path: str | None = None
+    secret_ref: SecretSource | None = None
+
+
+class SandboxOptions(_Model):
+    """Strategy options: ``overlayMode`` (auto|kernel|fallback) and git ``baseRef``."""
+
+    overlay_mode: str = "auto"
+    base_ref: str | None = None
+
+
+class RollbackRequest(_Model):
+    """Discard all changes; acted on once per distinct ``id``."""
+
+    id: str
+
+
+class RestoreRequest(_Model):
+    """Restore to Checkpoint ``checkpointName``; acted on once per distinct ``id``."""
+
+    id: str
+    checkpoint_name: str
+
+
+class SandboxSpec(_Model):
+    """``Sandbox.spec``."""
+
+    plan_id: str
+    resource_id: str
+    strategy: str
+    source: SandboxSource = Field(default_factory=SandboxSource)
+    options: SandboxOptions = Field(default_factory=SandboxOptions)
+    ttl_seconds_after_finished: int | None = None
+    rollback_request: RollbackRequest | None = None
+    restore_request: RestoreRequest | None = None
+
+    @property
+    def rollbackable(self) -> bool:
+        """Whether a commit of this strategy can be undone (seed 002, "Atomic Commit")."""
+        return self.strategy in ROLLBACKABLE_STRATEGIES
+
+
+class CheckpointSpec(_Model):
+    """``Checkpoint.spec``."""
+
+    sandbox_name: str
+    phase: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class PlanCommitAction(StrEnum):
+    """``PlanCommit.spec.action``."""
+
+    COMMIT = "Commit"
+    ROLLBACK = "Rollback"
+
+
+class PlanCommitSpec(_Model):
+    """``PlanCommit.spec``."""
+
+    plan_id: str
+    action: PlanCommitAction = PlanCommitAction.COMMIT
+    message: str | None = None
+    cleanup_policy: str = "Retain"
+
+
+class PlanCommitPhase(StrEnum):
+    """``PlanCommit.status.phase``."""
+
+    PENDING = "Pending"
+    COMMITTING = "Committing"
+    COMMITTED = "Committed"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Terminal PlanCommits are never processed again (case 22)."""
+        return self in (
+            PlanCommitPhase.COMMITTED,
+            PlanCommitPhase.ROLLED_BACK,
+            PlanCommitPhase.FAILED,
+        )
+
+
+class StepState(StrEnum):
+    """State of one journal step (``PlanCommit.status.sandboxes[].state``)."""
+
+    PENDING = "Pending"
+    COMMITTING = "Committing"
+    COMMITTED = "Committed"
+    FAILED = "Failed"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+    SKIPPED = "Skipped"
+
+
+class JournalStep(_Model):
+    """One sandbox in the PlanCommit journal, in commit order."""
+
+    name: str
+    sandbox_id: str = ""
+    resource_id: str = ""
+    strategy: str = ""
+    rollbackable: bool = False
+    state: StepState = StepState.PENDING
+    started_at: str | None = None
+    finished_at: str | None = None
+    error: str | None = None
+
+
+class StepResult(_Model):
+    """Commit result of one sandbox (``PlanCommit.status.results[]``)."""
+
+    name: str
+    sandbox_id: str = ""
+    resource_id: str = ""
+    success: bool = False
+    commit_ref: str | None = None
+    changed_files: list[str] = Field(default_factory=list)
+    added_files: list[str] = Field(default_factory=list)
+    deleted_files: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """camelCase JSON-ready dict without ``None`` values (never writes nulls into status)."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,481 @@
+"""Sandbox reconciliation logic, callable without a cluster (main.py holds the kopf wiring).
+
+Issue 3, "Sandbox": provision through the executor and drive the core to ACTIVE, mirror the
+core's status into ``status.phase``, serve ``spec.rollbackRequest`` / ``spec.restoreRequest``
+once per distinct id, and clean up everything on deletion without touching the original.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections.abc import Mapping, MutableMapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from sandbox_core import CommitResult, SandboxStatus
+from sandbox_operator import metrics
+from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator.errors import classify, is_not_found, to_kopf
+from sandbox_operator.events import EventSink
+from sandbox_operator.executors.base import (
+    CheckpointInfo,
+    Executor,
+    SandboxState,
+    SandboxTarget,
+    sandbox_id_for_uid,
+)
+from sandbox_operator.k8s import Api
+from sandbox_operator.models import (
+    CHECKPOINT_PLURAL,
+    SANDBOX_PLURAL,
+    SandboxPhase,
+    SandboxSpec,
+)
+from sandbox_operator.settings import Settings
+
+logger = logging.getLogger("sandbox_operator.sandbox")
+
+SOURCE_MOUNT = "/workspace/source"
+
+
+def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
+    """Where the executor finds the original of ``spec``.
+
+    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); the DSN
+    read from ``secretRef`` (transaction_rollback).
+
+    Raises:
+        kopf.PermanentError: the source does not fit the executor (e.g. a PVC with the local
+            executor) or names nothing.
+    """
+    source = spec.source
+    if source.secret_ref is not None:
+        if api is None:
+            raise kopf.PermanentError("secretRef sources need API access")
+        try:
+            return api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
+        except KeyError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
+    if source.node_path:
+        if settings.executor == "pod":
+            raise kopf.PermanentError("source.nodePath needs the local executor")
+        return source.node_path
+    if source.persistent_volume_claim is not None:
+        if settings.executor == "local":
+            raise kopf.PermanentError(
+                "source.persistentVolumeClaim needs the pod executor; "
+                "the local executor only reaches source.nodePath"
+            )
+        sub = source.persistent_volume_claim.sub_path.strip("/")
+        return posixpath.join(SOURCE_MOUNT, sub) if sub else SOURCE_MOUNT
+    raise kopf.PermanentError("spec.source names no original")
+
+
+def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | None) -> SandboxTarget:
+    """Build the executor's view of one Sandbox object.
+
+    Raises:
+        kopf.PermanentError: the spec is invalid for this operator.
+    """
+    metadata = body["metadata"]
+    try:
+        spec = SandboxSpec.model_validate(dict(body.get("spec") or {}))
+    except ValueError as exc:
+        raise kopf.PermanentError(f"invalid Sandbox spec: {exc}") from exc
+    status = dict(body.get("status") or {})
+    sandbox_id = str(status.get("sandboxId") or sandbox_id_for_uid(str(metadata["uid"])))
+    return SandboxTarget(
+        name=str(metadata["name"]),
+        namespace=str(metadata.get("namespace") or "default"),
+        uid=str(metadata["uid"]),
+        sandbox_id=sandbox_id,
+        plan_id=spec.plan_id,
+        resource_id=spec.resource_id,
+        strategy=spec.strategy,
+        original=resolve_original(spec, str(metadata.get("namespace") or ""), settings, api),
+        source=spec.source,
+        options=spec.options,
+        core_record=status.get("coreRecord") or None,
+        workspace_pod=str(status.get("workspacePod") or ""),
+    )
+
+
+def commit_to_status(result: CommitResult, plan_commit: str = "") -> dict[str, Any]:
+    """``status.lastCommit`` of a core CommitResult (declared fields only, case 15)."""
+    out: dict[str, Any] = {
+        "success": result.success,
+        "changedFiles": list(result.changed_files),
+        "addedFiles": list(result.added_files),
+        "deletedFiles": list(result.deleted_files),
+        "timestamp": result.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if result.commit_ref:
+        out["commitRef"] = result.commit_ref
+    if result.error:
+        out["error"] = result.error
+    if plan_commit:
+        out["planCommit"] = plan_commit
+    return out
+
+
+def ready_condition(phase: SandboxPhase) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the Ready condition in ``phase``."""
+    if phase is SandboxPhase.ACTIVE:
+        return "True", "Active", "sandbox is active; writes go to the sandbox"
+    messages = {
+        SandboxPhase.PENDING: "sandbox is being provisioned",
+        SandboxPhase.CREATED: "sandbox exists but is not active yet",
+        SandboxPhase.COMMITTED: "changes were committed to the original",
+        SandboxPhase.ROLLED_BACK: "changes were discarded",
+        SandboxPhase.CLEANED_UP: "sandbox artefacts were removed",
+        SandboxPhase.ERRORED: "the sandbox hit an unrecoverable error",
+    }
+    return "False", phase.value, messages[phase]
+
+
+def status_of_state(
+    state: SandboxState,
+    executor_kind: str,
+    conditions: list[dict[str, Any]] | None,
+    generation: int | None,
+    plan_commit: str = "",
+) -> dict[str, Any]:
+    """The ``Sandbox.status`` patch mirroring ``state`` (declared fields only, case 15)."""
+    phase = SandboxPhase.from_core(state.status)
+    ready, reason, message = ready_condition(phase)
+    conditions = set_condition(conditions, "Ready", ready, reason, message, generation)  # type: ignore[arg-type]
+    if phase is not SandboxPhase.ERRORED and find_condition(conditions, "Degraded"):
+        conditions = set_condition(
+            conditions, "Degraded", "False", "Healthy", "no errors", generation
+        )
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "sandboxId": state.sandbox_id,
+        "sandboxPath": state.sandbox_path,
+        "effectiveStrategy": state.effective_strategy,
+        "strategyMode": state.strategy_mode,
+        "executor": executor_kind,
+        "workspacePod": state.workspace_pod,
+        "coreRecord": state.record,
+        "conditions": conditions,
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    if state.last_commit is not None:
+        status["lastCommit"] = commit_to_status(state.last_commit, plan_commit)
+    return status
+
+
+def failure_status(
+    exc: BaseException, conditions: list[dict[str, Any]] | None, generation: int | None
+) -> dict[str, Any]:
+    """Status patch for a failed operation: Degraded=True (and Ready=False unless retrying)."""
+    failure = classify(exc)
+    conditions = set_condition(
+        conditions, "Degraded", "True", failure.reason, failure.message, generation
+    )
+    status: dict[str, Any] = {"conditions": conditions}
+    if not failure.retryable:
+        conditions[:] = set_condition(
+            conditions, "Ready", "False", failure.reason, failure.message, generation
+        )
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+class SandboxLogic:
+    """The Sandbox handlers' logic; one instance per operator process.
+
+    Args:
+        settings: the operator settings.
+        executor: where the core runs.
+        api: API access (None in unit tests that need none).
+        events: where Events go.
+    """
+
+    def __init__(
+        self, settings: Settings, executor: Executor, api: Api | None, events: EventSink
+    ) -> None:
+        self.settings = settings
+        self.executor = executor
+        self.api = api
+        self.events = events
+
+    def _fail(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        exc: BaseException,
+        action: str,
+    ) -> kopf.TemporaryError | kopf.PermanentError:
+        failure = classify(exc)
+        conditions = (body.get("status") or {}).get("conditions")
+        generation = body["metadata"].get("generation")
+        patch.setdefault("status", {}).update(failure_status(exc, conditions, generation))
+        if not failure.retryable and action == "provision":
+            patch["status"]["phase"] = SandboxPhase.ERRORED.value
+        self.events(
+            body,
+            "Warning",
+            f"{action.capitalize()}Failed",
+            f"{action} failed: {failure.reason}: {failure.message}",
+        )
+        logger.warning("sandbox %s: %s failed: %s", body["metadata"]["name"], action, exc)
+        return to_kopf(exc, self.settings.retry_delay_seconds)
+
+    def provision(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+        """Create handler: provision (idempotently) and drive to ACTIVE, then serve requests.
+
+        Raises:
+            kopf.PermanentError: the spec can never work (condition and Event set first).
+            kopf.TemporaryError: retry later (transient API or I/O trouble).
+        """
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError as exc:
+            raise self._fail(body, patch, ValueError(str(exc)), "provision") from exc
+        with metrics.reconcile_timer("Sandbox", "provision") as outcome:
+            try:
+                state = self.executor.provision(target)
+            except Exception as exc:
+                outcome.set("error")
+                raise self._fail(body, patch, exc, "provision") from exc
+        status = status_of_state(
+            state,
+            self.executor.kind,
+            (body.get("status") or {}).get("conditions"),
+            body["metadata"].get("generation"),
+        )
+        patch.setdefault("status", {}).update(status)
+        if target.strategy == "none":
+            self.events(
+                body,
+                "Warning",
+                "NoSandbox",
+                f"strategy none: writes to {target.original} are immediate and cannot be "
+                "rolled back; the Apply-phase diff review is skipped",
+            )
+        self.events(
+            body,
+            "Normal",
+            "Provisioned",
+            f"sandbox {state.sandbox_id} is {state.status.value} at {state.sandbox_path}",
+        )
+        merged = dict(body)
+        merged["status"] = {**dict(body.get("status") or {}), **patch["status"]}
+        self.serve_requests(merged, patch)
+
+    def serve_requests(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+        """Act on a new ``rollbackRequest`` / ``restoreRequest`` id; old ids are ignored.
+
+        The id is recorded even when the action fails (a condition and an Event say why), so a
+        request is never acted on twice and never loops.
+        """
+        spec = dict(body.get("spec") or {})
+        status = dict(body.get("status") or {})
+        if status.get("phase") in (None, SandboxPhase.PENDING.value):
+            return  # not provisioned yet: the create handler serves requests when done
+        rollback = spec.get("rollbackRequest") or {}
+        if rollback.get("id") and rollback["id"] != status.get("lastRollbackRequestId"):
+            self._rollback(body, patch, str(rollback["id"]))
+            status = {**status, **patch.get("status", {})}
+            body = {**body, "status": status}
+        restore = spec.get("restoreRequest") or {}
+        if restore.get("id") and restore["id"] != status.get("lastRestoreRequestId"):
+            self._restore(body, patch, str(restore["id"]), str(restore.get("checkpointName")))
+
+    def _rollback(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], request_id: str
+    ) -> None:
+        target = target_from_body(body, self.settings, self.api)
+        generation = body["metadata"].get("generation")
+        conditions = (patch.get("status") or {}).get("conditions") or (
+            body.get("status") or {}
+        ).get("conditions")
+        out = patch.setdefault("status", {})
+        out["lastRollbackRequestId"] = request_id
+        try:
+            state = self.executor.rollback(target)
+        except Exception as exc:
+            failure = classify(exc)
+            out["conditions"] = set_condition(
+                conditions,
+                "RollbackRequested",
+                "False",
+                failure.reason,
+                f"rollback request {request_id} failed: {failure.message}",
+                generation,
+            )
+            self.events(
+                body,
+                "Warning",
+                "RollbackFailed",
+                f"rollback request {request_id} failed: {failure.message}",
+            )
+            return
+        out.update(status_of_state(state, self.executor.kind, conditions, generation))
+        out["conditions"] = set_condition(
+            out["conditions"],
+            "RollbackRequested",
+            "True",
+            "RolledBack",
+            f"rollback request {request_id}: changes discarded",
+            generation,
+        )
+        self.events(body, "Normal", "RolledBack", f"rollback request {request_id} served")
+
+    def _restore(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        request_id: str,
+        checkpoint_name: str,
+    ) -> None:
+        target = target_from_body(body, self.settings, self.api)
+        generation = body["metadata"].get("generation")
+        out = patch.setdefault("status", {})
+        conditions = out.get("conditions") or (body.get("status") or {}).get("conditions")
+        try:
+            checkpoint = self._checkpoint_info(target, checkpoint_name)
+            state = self.executor.restore_checkpoint(target, checkpoint)
+        except kopf.TemporaryError:
+            raise
+        except Exception as exc:
+            failure = classify(exc)
+            out["lastRestoreRequestId"] = request_id
+            out["conditions"] = set_condition(
+                conditions,
+                "Restored",
+                "False",
+                failure.reason,
+                f"restore request {request_id} to {checkpoint_name} failed: {failure.message}",
+                generation,
+            )
+            self.events(
+                body,
+                "Warning",
+                "RestoreFailed",
+                f"restore request {request_id} failed: {failure.message}",
+            )
+            return
+        out["lastRestoreRequestId"] = request_id
+        out.update(status_of_state(state, self.executor.kind, conditions, generation))
+        out["conditions"] = set_condition(
+            out["conditions"],
+            "Restored",
+            "True",
+            "Restored",
+            f"restore request {request_id}: restored to checkpoint {checkpoint_name}",
+            generation,
+        )
+        self.events(
+            body,
+            "Normal",
+            "Restored",
+            f"restore request {request_id}: restored to checkpoint {checkpoint_name}",
+        )
+
+    def _checkpoint_info(self, target: SandboxTarget, name: str) -> CheckpointInfo:
+        """The Ready Checkpoint ``name`` of this sandbox.
+
+        Raises:
+            kopf.TemporaryError: it is not Ready yet.
+            ValueError: it belongs to another Sandbox or failed.
+            ApiException: 404 when it does not exist.
+        """
+        if self.api is None:
+            raise ValueError("restore needs API access")
+        from sandbox_operator.checkpoint_handlers import checkpoint_info_from_body
+
+        body = self.api.get(CHECKPOINT_PLURAL, target.namespace, name)
+        if (body.get("spec") or {}).get("sandboxName") != target.name:
+            raise ValueError(f"checkpoint {name} belongs to another sandbox")
+        phase = (body.get("status") or {}).get("phase")
+        if phase == "Failed":
+            raise ValueError(f"checkpoint {name} failed and cannot be restored")
+        if phase != "Ready":
+            raise kopf.TemporaryError(
+                f"checkpoint {name} is not Ready yet", delay=self.settings.retry_delay_seconds
+            )
+        return checkpoint_info_from_body(body, target)
+
+    def finalize(self, body: Mapping[str, Any]) -> None:
+        """Deletion handler: remove everything the sandbox made; the original is never touched.
+
+        Works whether or not provisioning finished (case 16): cleanup of nothing is fine.
+
+        Raises:
+            kopf.TemporaryError: cleanup failed; retried (an Event names the error).
+        """
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError:
+            logger.warning(
+                "sandbox %s: invalid spec, nothing to clean up", body["metadata"]["name"]
+            )
+            return
+        try:
+            self.executor.cleanup(target)
+        except Exception as exc:
+            failure = classify(exc)
+            self.events(body, "Warning", "CleanupFailed", f"{failure.reason}: {failure.message}")
+            raise kopf.TemporaryError(
+                f"cleanup failed: {failure.message}", delay=self.settings.retry_delay_seconds
+            ) from exc
+        self.events(body, "Normal", "CleanedUp", f"sandbox {target.sandbox_id} cleaned up")
+
+
+def mirror_to_object(
+    api: Api,
+    namespace: str,
+    name: str,
+    state: SandboxState,
+    executor_kind: str,
+    plan_commit: str = "",
+) -> None:
+    """Patch a Sandbox object's status to mirror ``state`` (used by the PlanCommit saga).
+
+    A Sandbox deleted meanwhile is tolerated (404 logged once, never retried: case 16).
+    """
+    try:
+        current = api.get(SANDBOX_PLURAL, namespace, name)
+        status = status_of_state(
+            state,
+            executor_kind,
+            (current.get("status") or {}).get("conditions"),
+            current["metadata"].get("generation"),
+            plan_commit,
+        )
+        api.patch_status(SANDBOX_PLURAL, namespace, name, status)
+    except Exception as exc:
+        if is_not_found(exc):
+            logger.warning("sandbox %s/%s is gone; status not mirrored", namespace, name)
+            return
+        raise
+
+
+def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """True when a terminal Sandbox's ``ttlSecondsAfterFinished`` has passed.
+
+    The finish time is the Ready condition's ``lastTransitionTime`` (it moved when the phase
+    became terminal).
+    """
+    ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
+    status = body.get("status") or {}
+    if ttl is None or status.get("phase") not in {p.value for p in SandboxPhase if p.is_terminal}:
+        return False
+    ready = find_condition(status.get("conditions"), "Ready")
+    if ready is None or not ready.get("lastTransitionTime"):
+        return False
+    finished = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
+    now = now or datetime.now(UTC)
+    return (now - finished).total_seconds() >= float(ttl)
+
+
+def is_usable(status: SandboxStatus) -> bool:
+    """Whether the core status can be committed (seed 002: CREATED or ACTIVE)."""
+    return status in (SandboxStatus.CREATED, SandboxStatus.ACTIVE)
