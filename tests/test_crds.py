@@ -162,11 +162,13 @@ def test_one_file_per_crd_with_contract_names() -> None:
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
 def test_every_field_has_a_description(kind: str) -> None:
     root = _root(kind)
-    # Scalar array items and map values are described by their array/map (kubectl explain).
+    # Scalar array items and map values are described by their array/map (kubectl explain);
+    # the API server forbids anything but a type on metadata (the standard ObjectMeta).
     missing = [
         path
         for path, node in _walk(root)
         if not node.get("description", "").strip()
+        and path != "metadata"
         and (node.get("type") == "object" or not path.endswith(("[]", "{}")))
     ]
     assert root.get("description"), f"{kind}: the root schema has no description"
@@ -177,6 +179,7 @@ def test_every_field_has_a_description(kind: str) -> None:
 def test_schema_is_structural(kind: str) -> None:
     """Every node has a type, arrays have items, and no construct the API server rejects."""
     problems = []
+    assert _root(kind)["properties"]["metadata"] == {"type": "object"}
     for path, node in [("(root)", _root(kind)), *_walk(_root(kind))]:
         if "type" not in node:
             problems.append(f"{path}: no type")
@@ -413,19 +416,19 @@ INVALID_CASES = [
             "two-sources",
             source={"nodePath": "/data/repo", "persistentVolumeClaim": {"claimName": "c"}},
         ),
-        'spec.source: Invalid value: "object": '
+        "spec.source: Invalid value: "
         "source must set exactly one of persistentVolumeClaim, nodePath or secretRef",
         id="two-sources",
     ),
     pytest.param(
         _sandbox("no-source", source={}),
-        'spec.source: Invalid value: "object": '
+        "spec.source: Invalid value: "
         "source must set exactly one of persistentVolumeClaim, nodePath or secretRef",
         id="empty-source",
     ),
     pytest.param(
         _sandbox("secret-git", source={"secretRef": {"name": "db"}}),
-        'spec.source.secretRef: Invalid value: "object": '
+        "spec.source.secretRef: Invalid value: "
         "source.secretRef is only valid with strategy transaction_rollback",
         id="secretRef-with-git_worktree",
     ),
@@ -434,7 +437,7 @@ INVALID_CASES = [
             "dotdot",
             source={"persistentVolumeClaim": {"claimName": "c", "subPath": "repos/../etc"}},
         ),
-        'spec.source.persistentVolumeClaim.subPath: Invalid value: "string": '
+        'spec.source.persistentVolumeClaim.subPath: Invalid value: "repos/../etc": '
         "subPath must not contain '..'",
         id="subPath-dotdot",
     ),
@@ -443,19 +446,19 @@ INVALID_CASES = [
             "abs-subpath",
             source={"persistentVolumeClaim": {"claimName": "c", "subPath": "/etc"}},
         ),
-        'spec.source.persistentVolumeClaim.subPath: Invalid value: "string": '
+        'spec.source.persistentVolumeClaim.subPath: Invalid value: "/etc": '
         "subPath must be a relative path (must not start with '/')",
         id="subPath-absolute",
     ),
     pytest.param(
         _sandbox("relative-node", source={"nodePath": "data/repo"}),
-        'spec.source.nodePath: Invalid value: "string": '
+        'spec.source.nodePath: Invalid value: "data/repo": '
         "nodePath must be an absolute path (must start with '/')",
         id="nodePath-relative",
     ),
     pytest.param(
         _sandbox("dotdot-node", source={"nodePath": "/data/../etc"}),
-        "spec.source.nodePath: Invalid value: \"string\": nodePath must not contain '..'",
+        "spec.source.nodePath: Invalid value: \"/data/../etc\": nodePath must not contain '..'",
         id="nodePath-dotdot",
     ),
     pytest.param(
@@ -498,15 +501,16 @@ def test_dotdot_inside_a_name_is_not_traversal(crd_server: LocalApiServer, names
 
 
 IMMUTABLE_CHANGES = [
-    pytest.param({"planId": "plan-b"}, 'spec.planId: Invalid value: "string": planId is immutable',
+    pytest.param({"planId": "plan-b"}, 'spec.planId: Invalid value: "plan-b": planId is immutable',
                  id="planId"),
     pytest.param({"resourceId": "other"},
-                 'spec.resourceId: Invalid value: "string": resourceId is immutable',
+                 'spec.resourceId: Invalid value: "other": resourceId is immutable',
                  id="resourceId"),
     pytest.param({"strategy": "copy_on_write"},
-                 'spec.strategy: Invalid value: "string": strategy is immutable', id="strategy"),
+                 'spec.strategy: Invalid value: "copy_on_write": strategy is immutable',
+                 id="strategy"),
     pytest.param({"source": {"nodePath": "/var/lib/sandbox-demo/other"}},
-                 'spec.source: Invalid value: "object": source is immutable', id="source"),
+                 'spec.source: Invalid value: source is immutable', id="source"),
 ]  # fmt: skip
 
 
@@ -536,8 +540,8 @@ def test_immutable_plancommit_and_checkpoint_fields(
 ) -> None:
     assert _apply(crd_server, namespace, _plancommit("pc")).returncode == 0
     for change, message in (
-        ({"planId": "plan-b"}, 'spec.planId: Invalid value: "string": planId is immutable'),
-        ({"action": "Rollback"}, 'spec.action: Invalid value: "string": action is immutable'),
+        ({"planId": "plan-b"}, 'spec.planId: Invalid value: "plan-b": planId is immutable'),
+        ({"action": "Rollback"}, 'spec.action: Invalid value: "Rollback": action is immutable'),
     ):
         result = crd_server.kubectl(
             "patch", "pcommit", "pc", "-n", namespace, "--type=merge",
@@ -557,8 +561,8 @@ def test_immutable_plancommit_and_checkpoint_fields(
         "-p", json.dumps({"spec": {"sandboxName": "t", "phase": "post_execute"}}),
     )  # fmt: skip
     assert result.returncode != 0
-    assert 'spec.sandboxName: Invalid value: "string": sandboxName is immutable' in result.stderr
-    assert 'spec.phase: Invalid value: "string": phase is immutable' in result.stderr
+    assert 'spec.sandboxName: Invalid value: "t": sandboxName is immutable' in result.stderr
+    assert 'spec.phase: Invalid value: "post_execute": phase is immutable' in result.stderr
 
 
 @pytest.mark.apiserver
