@@ -676,3 +676,42 @@ def test_commit_landed_tracks_an_in_flight_commit(
     again = GitWorktreeSandbox.reopen({**reopened.to_record(), "status": "active"})
     assert again.commit().commit_ref == git(repo, "rev-parse", "HEAD")  # never merged twice
     assert git(repo, "rev-list", "--count", "HEAD") == "2"
+
+
+def test_cleanup_after_the_source_worktree_was_removed(
+    repo: Path, root: Path, tmp_path: Path
+) -> None:
+    wt = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", "-b", "feature", str(wt))
+    sandbox = GitWorktreeSandbox("res-wt", str(wt), sandbox_root=str(root))
+    context = sandbox.create("p1")
+    sandbox.create_checkpoint_ref("c")
+    git(repo, "worktree", "remove", "--force", str(wt))
+    sandbox.cleanup()
+    assert not Path(context.sandbox_path).exists()
+    assert branches(repo) == {"main", "feature"}
+    assert git(repo, "tag", "--list") == ""
+    assert worktree_count(repo) == 1
+
+
+def test_ignored_directory_blocks_only_files_that_exist_in_it(repo: Path, root: Path) -> None:
+    (repo / ".gitignore").write_text("build/\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-qm", "ignore build")
+    (repo / "build").mkdir()
+    (repo / "build" / "old.o").write_text("user's build output\n")
+    sandbox = make(repo, root)
+    sandbox.create("p1")
+    Path(sandbox.get_path(".gitignore")).write_text("")  # the plan starts tracking build/
+    Path(sandbox.get_path("build")).mkdir()
+    Path(sandbox.get_path("build/new.txt")).write_text("new\n")
+    Path(sandbox.get_path("build/old.o")).write_text("tracked now\n")
+    with pytest.raises(SandboxCommitError) as err:
+        sandbox.commit()
+    assert err.value.conflicts == ["build/old.o"]
+    assert (repo / "build" / "old.o").read_text() == "user's build output\n"
+    Path(sandbox.get_path("build/old.o")).unlink()
+    result = sandbox.commit()
+    assert result.added_files == ["build/new.txt"]
+    assert (repo / "build" / "new.txt").read_text() == "new\n"
+    assert (repo / "build" / "old.o").read_text() == "user's build output\n"

@@ -86,6 +86,14 @@ def _collisions(paths: list[str], dirty: set[str]) -> list[str]:
     return sorted(hits)
 
 
+def _blocked_by_ignored_dir(path: str, folder: str, top: Path) -> bool:
+    """True when writing ``path`` replaces the ignored ``folder`` (``"dir/"``) or a file in it."""
+    name = folder.rstrip("/")
+    if path == name or name.startswith(path + "/"):
+        return True
+    return path.startswith(folder) and ((top / path).is_symlink() or (top / path).exists())
+
+
 class GitWorktreeSandbox(BaseSandbox):
     """Strategy ``git_worktree``. See the module docstring for naming and policies.
 
@@ -444,7 +452,7 @@ class GitWorktreeSandbox(BaseSandbox):
         concurrently (the files are put back first).
         """
         paths = original.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", old, new)
-        overlap = _collisions(paths.nul_fields(), self._local_changes(original))
+        overlap = _collisions(paths.nul_fields(), self._local_changes(original, paths.nul_fields()))
         if overlap:
             raise self._overlap_error(error, overlap)
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
@@ -475,14 +483,32 @@ class GitWorktreeSandbox(BaseSandbox):
             return SandboxCommitError(text, conflicts=paths)
         return SandboxRollbackError(text)
 
-    @staticmethod
-    def _local_changes(original: GitCommand) -> set[str]:
-        """Paths with uncommitted changes in the original: modified, staged, untracked, ignored."""
+    def _local_changes(self, original: GitCommand, paths: list[str]) -> set[str]:
+        """Paths with uncommitted changes in the original: modified, staged, untracked, ignored.
+
+        An ignored directory (listed as ``dir/``) counts only through the files of ``paths``
+        that already exist inside it, so a new file in, say, ``build/`` is not a collision.
+        """
         status = original.run(
             "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
             "--ignored=matching", "--no-renames",
         )
-        return {entry[3:].rstrip("/") for entry in status.nul_fields() if len(entry) > 3}
+        dirty: set[str] = set()
+        ignored_dirs: list[str] = []
+        for entry in status.nul_fields():
+            path = entry[3:]
+            if path.endswith("/"):
+                ignored_dirs.append(path)
+            elif path:
+                dirty.add(path)
+        if ignored_dirs:
+            top = Path(str(self._meta()["original_toplevel"]))
+            dirty.update(
+                path
+                for path in paths
+                if any(_blocked_by_ignored_dir(path, folder, top) for folder in ignored_dirs)
+            )
+        return dirty
 
     @staticmethod
     def _classify(original: GitCommand, base: str, tip: str) -> tuple[list[str], ...]:
@@ -563,7 +589,9 @@ class GitWorktreeSandbox(BaseSandbox):
         if not Path(str(meta["git_common_dir"])).is_dir():
             shutil.rmtree(path, ignore_errors=True)  # repository gone: only our directory is left
             return
-        original = self._original_git()
+        # Addressed by the common dir: works even when the original checkout (for example a
+        # linked worktree, case 05) has been removed since.
+        original = GitCommand(["--git-dir", str(meta["git_common_dir"])])
         try:
             if path.exists():
                 original.run("worktree", "remove", "--force", str(path), ok=(0, 128))
