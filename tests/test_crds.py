@@ -406,6 +406,11 @@ INVALID_CASES = [
         id="missing-planId",
     ),
     pytest.param(
+        _sandbox("no-source", source=None),
+        "spec.source: Required value",
+        id="missing-source",
+    ),
+    pytest.param(
         _sandbox("bad-strategy", strategy="rsync"),
         'spec.strategy: Unsupported value: "rsync": supported values: "git_worktree", '
         '"copy_on_write", "overlay", "transaction_rollback", "none"',
@@ -421,7 +426,7 @@ INVALID_CASES = [
         id="two-sources",
     ),
     pytest.param(
-        _sandbox("no-source", source={}),
+        _sandbox("empty-source", source={}),
         "spec.source: Invalid value: "
         "source must set exactly one of persistentVolumeClaim, nodePath or secretRef",
         id="empty-source",
