@@ -715,3 +715,23 @@ def test_ignored_directory_blocks_only_files_that_exist_in_it(repo: Path, root: 
     assert result.added_files == ["build/new.txt"]
     assert (repo / "build" / "new.txt").read_text() == "new\n"
     assert (repo / "build" / "old.o").read_text() == "user's build output\n"
+
+
+def test_actor_switching_branch_in_the_worktree_is_refused(repo: Path, root: Path) -> None:
+    sandbox = make(repo, root)
+    context = sandbox.create("p1")
+    Path(sandbox.get_path("x")).write_text("x\n")
+    git(Path(context.sandbox_path), "checkout", "-q", "-b", "actor-branch")
+    with pytest.raises(SandboxCommitError, match="actor-branch"):
+        sandbox.commit()
+    assert not (repo / "x").exists()
+    assert git(repo, "rev-parse", "actor-branch") == context.metadata["base_commit"]
+
+
+def test_reopen_refuses_a_malformed_record(repo: Path, root: Path) -> None:
+    sandbox = make(repo, root)
+    sandbox.create("p1")
+    record = sandbox.to_record()
+    del record["context"]["metadata"]["branch"]
+    with pytest.raises(SandboxError, match="lacks metadata: branch"):
+        GitWorktreeSandbox.reopen(record)

@@ -152,9 +152,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 return False
             target = meta["target_ref"] or "HEAD"
             current = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
-            landed = original.run(
-                "merge-base", "--is-ancestor", tagged.out, current, ok=(0, 1)
-            )
+            landed = original.run("merge-base", "--is-ancestor", tagged.out, current, ok=(0, 1))
         except GitFailure as exc:
             raise SandboxError(f"cannot check commit of sandbox {self.sandbox_id}: {exc}") from exc
         return landed.status == 0
@@ -332,9 +330,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 return candidate
         raise SandboxCreationError(f"no free branch name for {wanted}")
 
-    def _undo_failed_create(
-        self, original: GitCommand, path: Path, branch: str, base: str
-    ) -> None:
+    def _undo_failed_create(self, original: GitCommand, path: Path, branch: str, base: str) -> None:
         """Remove what a failed ``worktree add`` may have left: worktree, directory, branch.
 
         git 2.39 creates the ``-b`` branch before checking the path (case 01), so the branch is
@@ -403,7 +399,14 @@ class GitWorktreeSandbox(BaseSandbox):
         """Stage everything and commit it on the sandbox branch; returns the branch tip."""
         worktree.run("add", "-A")
         tree = worktree.run("write-tree").out
-        head, head_tree = worktree.run("rev-parse", "HEAD", "HEAD^{tree}").out.splitlines()
+        head, head_tree, symbolic = worktree.run(
+            "rev-parse", "HEAD", "HEAD^{tree}", "--symbolic-full-name", "HEAD"
+        ).out.splitlines()[:3]
+        branch = f"refs/heads/{self._meta()['branch']}"
+        if symbolic != branch:  # an actor switched branches inside the worktree
+            raise SandboxCommitError(
+                f"sandbox {self.sandbox_id} worktree is on {symbolic!r}, not {branch!r}"
+            )
         if tree == head_tree:
             return head
         new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
@@ -423,15 +426,20 @@ class GitWorktreeSandbox(BaseSandbox):
         if self._is_ancestor(original, old, tip):
             return tip, "fast-forward"
         merged = original.run(
-            "merge-tree", "--write-tree", "--name-only", "--no-messages", "-z", old, tip,
+            "merge-tree",
+            "--write-tree",
+            "--name-only",
+            "--no-messages",
+            "-z",
+            old,
+            tip,
             ok=(0, 1),
         )
         fields = merged.nul_fields()
         if merged.status == 1:
             conflicts = sorted(set(fields[1:]))
             raise SandboxCommitError(
-                f"sandbox {self.sandbox_id} conflicts with the original in: "
-                f"{', '.join(conflicts)}",
+                f"sandbox {self.sandbox_id} conflicts with the original in: {', '.join(conflicts)}",
                 conflicts=conflicts,
             )
         commit = original.run("commit-tree", fields[0], "-p", old, "-p", tip, "-m", message)
@@ -460,7 +468,13 @@ class GitWorktreeSandbox(BaseSandbox):
             raise self._overlap_error(error, paths.nul_fields(), updated.stderr)
         deref = ["--no-deref"] if ref == "HEAD" else []
         moved = original.run(
-            "update-ref", *deref, "-m", f"sandbox-core: sandbox {self.sandbox_id}", ref, new, old,
+            "update-ref",
+            *deref,
+            "-m",
+            f"sandbox-core: sandbox {self.sandbox_id}",
+            ref,
+            new,
+            old,
             ok=(0, 1, 128),
         )
         if moved.status == 0:
@@ -490,8 +504,13 @@ class GitWorktreeSandbox(BaseSandbox):
         that already exist inside it, so a new file in, say, ``build/`` is not a collision.
         """
         status = original.run(
-            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
-            "--ignored=matching", "--no-renames",
+            "--no-optional-locks",
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--ignored=matching",
+            "--no-renames",
         )
         dirty: set[str] = set()
         ignored_dirs: list[str] = []
@@ -612,13 +631,27 @@ class GitWorktreeSandbox(BaseSandbox):
         context = self._context
         if context is None:
             return
+        required = (
+            "branch",
+            "base_commit",
+            "original_toplevel",
+            "git_common_dir",
+            "worktree_admin_dir",
+            "target_ref",
+        )
+        absent = [key for key in required if key not in context.metadata]
+        if absent:
+            raise SandboxError(f"git_worktree record lacks metadata: {', '.join(absent)}")
         missing = []
         admin = read_gitdir_file(context.sandbox_path)
         if admin is None or Path(admin).resolve() != Path(context.metadata["worktree_admin_dir"]):
             missing.append("worktree")
         try:
             found = self._original_git().run(
-                "rev-parse", "--verify", "-q", f"refs/heads/{context.metadata['branch']}",
+                "rev-parse",
+                "--verify",
+                "-q",
+                f"refs/heads/{context.metadata['branch']}",
                 ok=(0, 1),
             )
             if found.status != 0:
