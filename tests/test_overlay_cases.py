@@ -25,7 +25,7 @@ from unittest import mock
 
 import pytest
 
-from sandbox_core import _overlay_mount
+from sandbox_core import _fs_utils, _overlay_mount
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStateError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import OverlaySandbox
@@ -330,8 +330,9 @@ def test_case12_renamed_directory(
     assert (src / "r2" / "sub" / "deep.txt").read_text() == "deep\n"
     assert not (src / "r").exists()
     assert overlay_artefacts(src) == []
-    assert result.added_files == ["r2/inner", "r2/sub/deep.txt"]
-    assert result.deleted_files == ["r/inner", "r/sub/deep.txt"]
+    assert result.added_files == ["r2", "r2/inner", "r2/sub", "r2/sub/deep.txt"]
+    assert result.deleted_files == ["r", "r/inner", "r/sub", "r/sub/deep.txt"]
+    assert result.changed_files == []
 
 
 # -- case 05 step 2: source tree whose .git is a file -----------------------------------------
@@ -474,8 +475,10 @@ def test_case08_type_swaps(tmp_path: Path, make: Any, options: dict[str, Any]) -
     assert (src / "y" / "child.txt").read_text() == "child\n"
     assert sorted(os.listdir(src)) == ["x", "y"]
     assert overlay_artefacts(src) == []
-    assert result.added_files == ["x", "y/child.txt"]
-    assert result.deleted_files == ["x/inner.txt", "y"]
+    # Same path-level report as copy_on_write (_fs_utils.TreeChanges): a type swap is "changed".
+    assert result.changed_files == ["x", "y"]
+    assert result.added_files == ["y/child.txt"]
+    assert result.deleted_files == ["x/inner.txt"]
 
 
 # -- commit atomicity, rollback from COMMITTED, cleanup ---------------------------------------
@@ -505,17 +508,19 @@ def test_failed_swap_leaves_original_exactly_as_it_was(
     sandbox = make(src, **options)
     sandbox.create("plan-atomic")
     sh(CASE11_STEPS, Path(sandbox.get_path("")))
-    real_move = shutil.move
-    calls = {"n": 0}
+    swapped: list[str] = []
 
-    def flaky_move(source: Any, target: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise OSError(errno.EIO, "injected")
-        return real_move(source, target)
+    def fail_on_second_swap(path: str) -> None:
+        swapped.append(path)
+        if len(swapped) == 2:
+            raise OSError(errno.EIO, "injected swap failure")
 
-    with mock.patch("shutil.move", side_effect=flaky_move), pytest.raises(SandboxCommitError):
+    with (
+        mock.patch.object(_fs_utils, "fault_hook", fail_on_second_swap),
+        pytest.raises(SandboxCommitError, match="injected swap failure"),
+    ):
         sandbox.commit()
+    assert swapped == ["a.txt", "a2.txt"]
     assert tree(src) == before
     assert sandbox.status is SandboxStatus.ERRORED
     # The sandbox still shows the uncommitted work (kernel: remounted on the old upper layer).

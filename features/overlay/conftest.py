@@ -23,7 +23,7 @@ from pytest_bdd import given, parsers, then, when
 from pytest_bdd.scenario import scenario_wrapper_template_registry
 from ulid import ULID
 
-from sandbox_core import _overlay_mount
+from sandbox_core import _fs_utils, _overlay_mount
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -479,21 +479,17 @@ def ovl_kernel_commit(ovl: dict[str, Any]) -> None:
 
 @when("the ovl kernel commit is attempted while the second swap fails")
 def ovl_kernel_commit_swap_fails(ovl: dict[str, Any]) -> None:
-    """The second rename into the original fails (EXDEV/EIO-like); the first must be undone."""
-    import shutil
+    """The second path swapped into the original fails; the first swap must be undone."""
+    swapped: list[str] = []
 
-    real_move = shutil.move
-    calls = {"n": 0}
-
-    def flaky_move(src: Any, dst: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 3:  # 1: backup of existing.txt, 2: its swap-in, 3: notes.txt swap-in
+    def fail_on_second_swap(path: str) -> None:
+        swapped.append(path)
+        if len(swapped) == 2:
             raise OSError(errno.EIO, "injected swap failure")
-        return real_move(src, dst)
 
-    with mock.patch("shutil.move", side_effect=flaky_move):
+    with mock.patch.object(_fs_utils, "fault_hook", fail_on_second_swap):
         _attempt(ovl, ovl["sandbox"].commit)
-    assert calls["n"] >= 3
+    assert swapped == ["existing.txt", "notes.txt"]
 
 
 @when("the ovl kernel sandbox is rolled back")

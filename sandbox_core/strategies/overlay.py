@@ -29,11 +29,21 @@ import dataclasses
 import json
 import os
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 from sandbox_core import _overlay_mount as kernel
+from sandbox_core._fs_utils import (
+    Entry,
+    TreeChanges,
+    compute_changes,
+    diff_entries,
+    entry_of,
+    recover_sync,
+    scan_tree,
+    sync_tree,
+    undo_sync,
+)
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
 from sandbox_core.base import BaseSandbox, logger
 from sandbox_core.errors import SandboxCreationError, SandboxError, SandboxStateError
@@ -41,7 +51,6 @@ from sandbox_core.protocol import CommitResult, SandboxContext
 from sandbox_core.status import SandboxStatus
 
 MODES = ("auto", "kernel", "fallback")
-_MANIFEST = "manifest.json"
 _CHECKPOINT_FILE = "overlay-checkpoint.json"
 _SNAPSHOT_STATES = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
@@ -203,45 +212,78 @@ class OverlaySandbox(BaseSandbox):
     def _do_commit(self, message: str | None) -> CommitResult:
         original = self._original()
         merged = self.base_path / "merged"
-        if self.overlay_mode == "kernel":
-            self._require_mounted()
-            changes = kernel.changes_from_upper(
-                self.upper_dir, original, str(self._meta("xattr_namespace"))
-            )
-        else:
-            changes = changes_between(original, merged)
-        report = ChangeReport.of(changes, original, merged)
         area = self._commit_area()
         _reset_dir(area)
-        staged = stage_changes(report.effective, merged, area / "stage")
+        backup = area / "backup"
         if self.overlay_mode == "kernel":
-            kernel.unmount(merged)
-        generation = int(self._meta("lower_generation") or 0)
-        try:
-            journal = apply_changes(staged, original, area / "backup")
-        except BaseException:
-            if self.overlay_mode == "kernel":
-                # The original is as it was and the upper layer untouched: show it again.
-                kernel.mount_overlay(self._layout())
-            raise
-        manifest = {"generation_before": generation, "entries": journal}
-        (area / _MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
-        shutil.rmtree(area / "stage", ignore_errors=True)
-        if self.overlay_mode == "kernel":
-            self._remount_empty()
-        self._set_meta(lower_generation=generation + 1)
+            changes = self._commit_kernel(original, merged, area)
+        else:
+            recover_sync(original)  # a sync interrupted by a crash is repaired first
+            changes = compute_changes(original, merged)
+            if not changes.is_empty:
+                sync_tree(merged, original, changes=changes, backup_dir=backup)
+        if not changes.is_empty:
+            self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
-            changed_files=report.changed,
-            added_files=report.added,
-            deleted_files=report.deleted,
+            changed_files=changes.changed,
+            added_files=changes.added,
+            deleted_files=changes.deleted,
             metadata={
                 "strategy": self.strategy,
                 "overlay_mode": self.overlay_mode,
                 "message": message,
             },
         )
+
+    def _commit_kernel(self, original: Path, merged: Path, area: Path) -> TreeChanges:
+        """Read changes from the upper layer, stage them, unmount, sync, remount empty.
+
+        The lower directory is written only while unmounted. A failure at any step leaves the
+        original as it was (``sync_tree`` undoes its swaps; a failed remount undoes the sync)
+        and the sandbox showing its uncommitted work again.
+        """
+        self._require_mounted()
+        layer_changes = kernel.changes_from_upper(
+            self.upper_dir, original, str(self._meta("xattr_namespace"))
+        )
+        stage = area / "stage"
+        stage.mkdir()
+        stage_layer_changes(layer_changes, merged, stage)
+        changes = tree_changes_of(layer_changes, original, stage)
+        if not changes.is_empty:
+            kernel.unmount(merged)
+            try:
+                sync_tree(stage, original, changes=changes, backup_dir=area / "backup")
+            except BaseException:
+                kernel.mount_overlay(self._layout())
+                raise
+            self._swap_in_empty_upper(original, area / "backup")
+        elif any(self.upper_dir.iterdir()):
+            # Copied-up but unchanged entries: nothing to write, start from a clean layer.
+            kernel.unmount(merged)
+            self._remount_empty()
+        shutil.rmtree(stage)
+        return changes
+
+    def _swap_in_empty_upper(self, original: Path, backup: Path) -> None:
+        layout = self._layout()
+        kept = [(d, d.with_name(d.name + ".old")) for d in (self.upper_dir, self.work_dir)]
+        for current, old in kept:
+            current.rename(old)
+            current.mkdir()
+        try:
+            kernel.mount_overlay(layout)
+        except BaseException:
+            undo_sync(backup, original)  # all or nothing: the commit did not happen
+            for current, old in kept:
+                shutil.rmtree(current)
+                old.rename(current)
+            kernel.mount_overlay(layout)
+            raise
+        for _, old in kept:
+            shutil.rmtree(old)
 
     # -- rollback ---------------------------------------------------------------------------
 
@@ -252,13 +294,14 @@ class OverlaySandbox(BaseSandbox):
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
         area = self._commit_area()
-        manifest = json.loads((area / _MANIFEST).read_text(encoding="utf-8"))
-        merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
-            kernel.unmount(merged)
-        restore_backup(manifest["entries"], self._original(), area / "backup")
-        self._set_meta(lower_generation=int(manifest["generation_before"]))
-        shutil.rmtree(area)
+            kernel.unmount(self.base_path / "merged")  # never write a mounted lower dir
+        if (area / "backup").exists():
+            undo_sync(area / "backup", self._original())
+            generation = int(self._meta("lower_generation") or 1)
+            self._set_meta(lower_generation=generation - 1)
+        if area.exists():
+            shutil.rmtree(area)
         self._reset_view()
 
     def _reset_view(self) -> None:
@@ -459,212 +502,50 @@ def _choose_commit_area(base: Path, original: Path, sandbox_id: str) -> Path:
     return base / "commit"  # no rename possible: shutil.move copies
 
 
-# -- tree comparison (fallback mode) ------------------------------------------------------------
+# -- staging (kernel mode) ---------------------------------------------------------------------
 
 
-def changes_between(original: Path, modified: Path) -> list[LayerChange]:
-    """Changed paths between two trees, in the same form as ``changes_from_upper``.
+def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -> None:
+    """Copy each replaced path's final state out of the merged view to the same path in
+    ``stage`` (a partial mirror), so the overlay can be unmounted before the original is written.
 
-    Symlinks are compared by target and never followed (case 06); a type change replaces the
-    whole path (case 08); directories present on both sides are recursed into.
-    """
-    changes: list[LayerChange] = []
-
-    def walk(relative: str) -> None:
-        left = _listing(original / relative)
-        right = _listing(modified / relative)
-        for name in sorted(left.keys() | right.keys()):
-            child = f"{relative}/{name}" if relative else name
-            if name not in right:
-                changes.append(LayerChange(child, "delete"))
-            elif name not in left:
-                changes.append(LayerChange(child, "replace"))
-            elif stat.S_ISDIR(left[name].st_mode) and stat.S_ISDIR(right[name].st_mode):
-                walk(child)
-            elif _entry_differs(original / child, left[name], modified / child, right[name]):
-                changes.append(LayerChange(child, "replace"))
-
-    walk("")
-    return changes
-
-
-def _listing(directory: Path) -> dict[str, os.stat_result]:
-    with os.scandir(directory) as entries:
-        return {entry.name: entry.stat(follow_symlinks=False) for entry in entries}
-
-
-def _entry_differs(
-    left: Path, left_st: os.stat_result, right: Path, right_st: os.stat_result
-) -> bool:
-    if stat.S_IFMT(left_st.st_mode) != stat.S_IFMT(right_st.st_mode):
-        return True
-    if stat.S_ISLNK(left_st.st_mode):
-        return left.readlink() != right.readlink()
-    if stat.S_IMODE(left_st.st_mode) != stat.S_IMODE(right_st.st_mode):
-        return True
-    if stat.S_ISREG(left_st.st_mode):
-        return left_st.st_size != right_st.st_size or not _same_bytes(left, right)
-    if stat.S_ISDIR(left_st.st_mode):
-        return False
-    return left_st.st_rdev != right_st.st_rdev
-
-
-def _same_bytes(left: Path, right: Path) -> bool:
-    chunk = 1 << 20
-    with open(left, "rb") as first, open(right, "rb") as second:
-        while True:
-            a, b = first.read(chunk), second.read(chunk)
-            if a != b:
-                return False
-            if not a:
-                return True
-
-
-def _files_under(root: Path, relative: str) -> tuple[dict[str, os.stat_result], set[str]]:
-    """Non-directory entries (by relative path) and directories at or below ``root/relative``."""
-    files: dict[str, os.stat_result] = {}
-    dirs: set[str] = set()
-    try:
-        top = os.lstat(root / relative)
-    except FileNotFoundError:
-        return files, dirs
-    if not stat.S_ISDIR(top.st_mode):
-        files[relative] = top
-        return files, dirs
-    pending = [relative]
-    while pending:
-        current = pending.pop()
-        dirs.add(current)
-        for name, st in _listing(root / current).items():
-            child = f"{current}/{name}"
-            if stat.S_ISDIR(st.st_mode):
-                pending.append(child)
-            else:
-                files[child] = st
-    return files, dirs
-
-
-@dataclasses.dataclass
-class ChangeReport:
-    """File-level outcome of a set of changes, and the changes that actually change something.
-
-    ``added`` / ``changed`` / ``deleted`` list non-directory entries (files, symlinks),
-    resource-relative and sorted, as ``CommitResult`` reports them (seed 002).
-    """
-
-    added: list[str]
-    changed: list[str]
-    deleted: list[str]
-    effective: list[LayerChange]
-
-    @classmethod
-    def of(cls, changes: list[LayerChange], original: Path, merged: Path) -> ChangeReport:
-        """Compare ``original`` and ``merged`` under each change's path."""
-        added: list[str] = []
-        changed: list[str] = []
-        deleted: list[str] = []
-        effective: list[LayerChange] = []
-        for change in changes:
-            before, before_dirs = _files_under(original, change.path)
-            after, after_dirs = (
-                ({}, set()) if change.kind == "delete" else _files_under(merged, change.path)
-            )
-            modified = [
-                path
-                for path in before.keys() & after.keys()
-                if _entry_differs(original / path, before[path], merged / path, after[path])
-            ]
-            gone = before.keys() - after.keys()
-            new = after.keys() - before.keys()
-            if modified or gone or new or before_dirs != after_dirs:
-                effective.append(change)
-            added.extend(new)
-            deleted.extend(gone)
-            changed.extend(modified)
-        return cls(sorted(added), sorted(changed), sorted(deleted), effective)
-
-
-# -- staging and swapping -----------------------------------------------------------------------
-
-
-def stage_changes(
-    changes: list[LayerChange], merged: Path, stage: Path
-) -> list[tuple[LayerChange, Path | None]]:
-    """Copy each replaced path's final state out of the merged view into ``stage``.
-
-    Returns ``(change, staged copy)`` pairs; deletions have no copy. Files are copied with
-    ``shutil.copy2`` (seed 003, "Commit wraps OSError into SandboxCommitError").
+    Files are copied with ``shutil.copy2`` (seed 003, "Commit wraps OSError into
+    SandboxCommitError"); symlinks stay links (case 06).
 
     Raises:
         OSError: a copy failed; the original has not been touched.
     """
-    stage.mkdir(parents=True)
-    staged: list[tuple[LayerChange, Path | None]] = []
-    for index, change in enumerate(changes):
+    for change in changes:
         if change.kind == "delete":
-            staged.append((change, None))
             continue
-        source = merged / change.path
-        target = stage / str(index)
+        source, target = merged / change.path, stage / change.path
+        target.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir() and not source.is_symlink():
             shutil.copytree(source, target, symlinks=True, copy_function=kernel.copy_entry)
         else:
             kernel.copy_entry(str(source), str(target))
-        staged.append((change, target))
-    return staged
 
 
-def apply_changes(
-    staged: list[tuple[LayerChange, Path | None]], original: Path, backup: Path
-) -> list[dict[str, Any]]:
-    """Swap each staged path into ``original``, moving what it replaces into ``backup``.
-
-    Per path: the old entry is renamed into the backup, then the staged copy renamed into place
-    (renames when on one filesystem). On any failure every swap already made is undone, so the
-    original is left exactly as it was, and the error is re-raised.
-
-    Returns:
-        The journal (JSON-ready): ``{"path", "backup" (name or None), "placed"}`` per change,
-        which :func:`restore_backup` replays backwards (rollback from COMMITTED).
-    """
-    backup.mkdir(parents=True, exist_ok=True)
-    journal: list[dict[str, Any]] = []
-    try:
-        for index, (change, staged_copy) in enumerate(staged):
-            target = original / change.path
-            entry: dict[str, Any] = {"path": change.path, "backup": None, "placed": False}
-            journal.append(entry)
-            if os.path.lexists(target):
-                shutil.move(target, backup / str(index))
-                entry["backup"] = str(index)
-            if staged_copy is not None:
-                shutil.move(staged_copy, target)
-                entry["placed"] = True
-    except BaseException:
-        restore_backup(journal, original, backup)
-        raise
-    return journal
+def tree_changes_of(changes: list[LayerChange], original: Path, stage: Path) -> TreeChanges:
+    """Path-level :class:`TreeChanges` (as ``compute_changes`` reports them) for the subtrees
+    named by ``changes``: the original's entries there against the staged ones."""
+    old: dict[str, Entry] = {}
+    new: dict[str, Entry] = {}
+    for change in changes:
+        _collect(original, change.path, old)
+        if change.kind == "replace":
+            _collect(stage, change.path, new)
+    return diff_entries(old, new, old_root=original, new_root=stage)
 
 
-def restore_backup(journal: list[dict[str, Any]], original: Path, backup: Path) -> None:
-    """Undo the swaps of ``journal`` (latest first): remove what was placed, move back the old.
-
-    Raises:
-        OSError: a path could not be restored.
-    """
-    for entry in reversed(journal):
-        target = original / entry["path"]
-        if entry["placed"] and os.path.lexists(target):
-            _remove(target)
-        if entry["backup"] is not None:
-            shutil.move(backup / entry["backup"], target)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+def _collect(root: Path, relative: str, into: dict[str, Entry]) -> None:
+    entry = entry_of(root / relative)
+    if entry is None:
+        return
+    into[relative] = entry
+    if entry.kind == "dir":
+        for below, sub_entry in scan_tree(root / relative).items():
+            into[f"{relative}/{below}"] = sub_entry
 
 
 def _reset_dir(directory: Path) -> None:
