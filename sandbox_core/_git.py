@@ -61,30 +61,35 @@ def _decode(data: bytes | str | None) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+# Variables through which an enclosing git process (a hook, ``git rebase --exec``) would redirect
+# our commands to its own repository; those without a command-line option are pinned explicitly.
+_LOCATION_VARIABLES = ("GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
+
+
 class GitCommand:
-    """Runs git for one location.
+    """Runs git against one explicitly located repository.
 
     Args:
-        prefix: the location arguments placed before the subcommand, e.g. ``["-C", repo]``.
+        git_dir: the (per-worktree) git directory.
+        common_dir: the repository's common directory (objects, refs).
+        work_tree: the working tree, or None for ref-only commands.
     """
 
-    def __init__(self, prefix: list[str]) -> None:
+    def __init__(self, git_dir: str, common_dir: str, work_tree: str | None = None) -> None:
+        prefix = ["--git-dir", git_dir]
+        if work_tree is not None:
+            prefix += ["--work-tree", work_tree, "-C", work_tree]
         self._prefix = prefix
+        self._pinned = {
+            "GIT_INDEX_FILE": str(Path(git_dir) / "index"),
+            "GIT_OBJECT_DIRECTORY": str(Path(common_dir) / "objects"),
+            "GIT_COMMON_DIR": common_dir,
+        }
         self._git = git.Git()
         config: list[str] = []
         for key, value in PRODUCT_IDENTITY.items():
             config += ["-c", f"{key}={value}"]
         self._config = config
-
-    @classmethod
-    def for_checkout(cls, directory: str | os.PathLike[str]) -> GitCommand:
-        """Commands for an ordinary checkout (main or linked worktree) at ``directory``."""
-        return cls(["-C", str(directory)])
-
-    @classmethod
-    def for_worktree(cls, admin_dir: str, work_tree: str) -> GitCommand:
-        """Commands for a sandbox worktree, bypassing its ``.git`` file."""
-        return cls(["--git-dir", admin_dir, "--work-tree", work_tree, "-C", work_tree])
 
     def run(
         self,
@@ -100,6 +105,7 @@ class GitCommand:
         try:
             status, out, err = self._git.execute(
                 command,
+                env={key: self._pinned[key] for key in _LOCATION_VARIABLES if key in os.environ},
                 with_extended_output=True,
                 with_exceptions=False,
                 stdout_as_string=False,

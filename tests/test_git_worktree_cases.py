@@ -735,3 +735,26 @@ def test_reopen_refuses_a_malformed_record(repo: Path, root: Path) -> None:
     del record["context"]["metadata"]["branch"]
     with pytest.raises(SandboxError, match="lacks metadata: branch"):
         GitWorktreeSandbox.reopen(record)
+
+
+def test_git_location_variables_of_an_enclosing_git_cannot_redirect_commands(
+    repo: Path, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as if from inside a hook of another repository (GIT_DIR, GIT_INDEX_FILE set)."""
+    decoy = tmp_path / "decoy"
+    subprocess.run(["git", "init", "-q", str(decoy)], check=True)
+    monkeypatch.setenv("GIT_DIR", str(decoy / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(decoy))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(decoy / ".git" / "index"))
+    sandbox = make(repo, root)
+    sandbox.create("p1")
+    Path(sandbox.get_path("x")).write_text("x\n")
+    result = sandbox.commit()
+    sandbox.cleanup()
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(name)
+    assert git(repo, "rev-parse", "HEAD") == result.commit_ref
+    assert (repo / "x").read_text() == "x\n"
+    assert git(repo, "status", "--porcelain") == ""
+    assert not (decoy / ".git" / "index").exists()
+    assert git(decoy, "for-each-ref") == ""

@@ -261,11 +261,12 @@ class GitWorktreeSandbox(BaseSandbox):
                 raise SandboxCreationError(f"{self.original_path} is a bare repository")
             toplevel = Path(repo.working_tree_dir).resolve()
             common = Path(repo.common_dir).resolve()
+            git_dir = Path(repo.git_dir).resolve()
         if toplevel != source.resolve():
             raise SandboxCreationError(
                 f"{self.original_path} is not the top level of a git working tree ({toplevel})"
             )
-        original = GitCommand.for_checkout(toplevel)
+        original = GitCommand(str(git_dir), str(common), str(toplevel))
         head = original.run("rev-parse", "HEAD", "--symbolic-full-name", "HEAD", ok=(0, 128))
         if head.status != 0:
             raise SandboxCreationError(f"{self.original_path} has no commit to start from")
@@ -305,6 +306,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 "detached": symbolic == "HEAD",
                 "original_toplevel": str(toplevel),
                 "git_common_dir": str(common),
+                "original_git_dir": str(git_dir),
                 "worktree_admin_dir": str(Path(admin).resolve()),
             },
         )
@@ -610,7 +612,8 @@ class GitWorktreeSandbox(BaseSandbox):
             return
         # Addressed by the common dir: works even when the original checkout (for example a
         # linked worktree, case 05) has been removed since.
-        original = GitCommand(["--git-dir", str(meta["git_common_dir"])])
+        common = str(meta["git_common_dir"])
+        original = GitCommand(common, common)
         try:
             if path.exists():
                 original.run("worktree", "remove", "--force", str(path), ok=(0, 128))
@@ -636,6 +639,7 @@ class GitWorktreeSandbox(BaseSandbox):
             "base_commit",
             "original_toplevel",
             "git_common_dir",
+            "original_git_dir",
             "worktree_admin_dir",
             "target_ref",
         )
@@ -676,7 +680,12 @@ class GitWorktreeSandbox(BaseSandbox):
         return self._tag(f"ckpt/{name}")
 
     def _original_git(self) -> GitCommand:
-        return GitCommand.for_checkout(str(self._meta()["original_toplevel"]))
+        meta = self._meta()
+        return GitCommand(
+            str(meta["original_git_dir"]),
+            str(meta["git_common_dir"]),
+            str(meta["original_toplevel"]),
+        )
 
     def _worktree_git_or(
         self,
@@ -692,7 +701,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 f"cannot {action} sandbox {self.sandbox_id}: its worktree at "
                 f"{context.sandbox_path} is missing or no longer linked to the repository"
             )
-        return GitCommand.for_worktree(admin, context.sandbox_path)
+        return GitCommand(admin, str(context.metadata["git_common_dir"]), context.sandbox_path)
 
     def _live_worktree_git(self, action: str) -> GitCommand:
         if self.status not in (
