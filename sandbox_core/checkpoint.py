@@ -223,6 +223,18 @@ class CheckpointManager:
             return False
         return True
 
+    def restore(self, sandbox: Checkpointable, checkpoint: SandboxCheckpoint) -> bool:
+        """:meth:`rollback_to` with the sandbox given (e.g. reopened in another process).
+
+        Returns:
+            As :meth:`rollback_to`; False as well when ``sandbox`` is not the checkpoint's.
+        """
+        if sandbox.sandbox_id != checkpoint.sandbox_id:
+            return False
+        with self._lock:
+            self._sandboxes[sandbox.sandbox_id] = sandbox
+        return self.rollback_to(checkpoint)
+
     def list_checkpoints(self, sandbox_id: str) -> list[SandboxCheckpoint]:
         """Checkpoints of ``sandbox_id`` in creation order (empty when none)."""
         with self._lock:

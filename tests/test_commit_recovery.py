@@ -136,8 +136,16 @@ def run_child(args: dict[str, Any], fault: str | None = None) -> subprocess.Comp
     env.pop("SANDBOX_CORE_FAULT", None)
     if fault:
         env["SANDBOX_CORE_FAULT"] = fault
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])
-    code = "import sys, test_commit_recovery as m; m.child_main(sys.argv[1])"
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    # Loaded by file path: tests/ itself must not go on sys.path (tests/operator would shadow
+    # the standard library's operator module).
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('commit_child', {str(Path(__file__))!r})\n"
+        "m = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m)\n"
+        "m.child_main(sys.argv[1])\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", code, json.dumps(args)],
         env=env,
