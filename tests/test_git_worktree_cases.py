@@ -758,3 +758,17 @@ def test_git_location_variables_of_an_enclosing_git_cannot_redirect_commands(
     assert git(repo, "status", "--porcelain") == ""
     assert not (decoy / ".git" / "index").exists()
     assert git(decoy, "for-each-ref") == ""
+
+
+def test_diff_shows_what_commit_would_carry(repo: Path, root: Path) -> None:
+    sandbox = make(repo, root)
+    sandbox.create("p1")
+    assert sandbox.diff() == ""
+    Path(sandbox.get_path("f")).write_text("changed\n")
+    Path(sandbox.get_path("brand_new")).write_text("n\n")
+    text = sandbox.diff()
+    assert "diff --git a/f b/f" in text
+    assert "-line1\n+changed" in text
+    assert "new file mode 100644" in text
+    assert "+++ b/brand_new" in text
+    assert (repo / "f").read_text() == "line1\n"  # the original is not touched

@@ -157,6 +157,25 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxError(f"cannot check commit of sandbox {self.sandbox_id}: {exc}") from exc
         return landed.status == 0
 
+    def diff(self) -> str:
+        """Unified diff (git format, binary files summarised) of the sandbox against its base.
+
+        Covers everything the next :meth:`commit` would carry, untracked files included; empty
+        when there is nothing to commit. Used by the CLI's ``diff`` command.
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED, ACTIVE or ROLLED_BACK.
+            SandboxError: the worktree is missing or git failed.
+        """
+        with self._lock:
+            worktree = self._live_worktree_git("diff")
+            base = str(self._meta()["base_commit"])
+            try:
+                worktree.run("add", "-A")
+                return worktree.run("diff", "--cached", "--no-color", "--no-ext-diff", base).stdout
+            except GitFailure as exc:
+                raise SandboxError(f"diff of sandbox {self.sandbox_id}: {exc}") from exc
+
     # -- checkpoints (called by the CheckpointManager) --------------------------------------
 
     def create_checkpoint_ref(self, name: str) -> str:
