@@ -666,3 +666,67 @@ def test_reopen_in_another_process_and_after_reboot(tmp_path: Path) -> None:
     sandbox.cleanup()
     assert overlay_mounts_under(tmp_path) == []
     assert not sandbox.base_path.exists()
+
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    from sandbox_core import _fs_utils
+    from sandbox_core.strategies.overlay import OverlaySandbox
+    record_file, src, root = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    s = OverlaySandbox("res", src, sandbox_root=root, mode="kernel")
+    s.create("plan-crash")
+    Path(s.get_path("a.txt")).write_text("changed")
+    Path(s.get_path("new.txt")).write_text("new")
+    record_file.write_text(json.dumps(s.to_record()))
+    _fs_utils.fault_hook = lambda path: os._exit(9)  # killed after the first swap
+    s.commit()
+    """
+)
+
+
+@pytest.mark.overlay_kernel
+def test_crash_mid_commit_is_recovered_on_reopen(tmp_path: Path) -> None:
+    """The process dies after one path was swapped into the (unmounted) lower dir: reopening
+    repairs the original first, then remounts the untouched upper layer."""
+    src = case11_setup(tmp_path)
+    before = tree(src)
+    record = tmp_path / "record.json"
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(record), str(src), str(tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        check=False,
+    )
+    assert done.returncode == 9, done.stderr
+    assert tree(src) != before  # the crash left a half-applied commit
+    assert overlay_mounts_under(tmp_path) == []  # the lower was unmounted while written
+
+    sandbox = OverlaySandbox.reopen(json.loads(record.read_text()))
+    try:
+        assert tree(src) == before
+        assert overlay_mounts_under(tmp_path) == [os.path.realpath(sandbox.merged_dir)]
+        assert (sandbox.merged_dir / "a.txt").read_text() == "changed"
+        result = sandbox.commit("again")
+        assert result.changed_files == ["a.txt"]
+        assert result.added_files == ["new.txt"]
+        assert (src / "a.txt").read_text() == "changed"
+        assert sorted(os.listdir(src.parent)) == ["record.json", "root", "src"]
+    finally:
+        sandbox.cleanup()
+
+
+@pytest.mark.overlay_kernel
+def test_original_path_with_option_separators_mounts(tmp_path: Path, make: Any) -> None:
+    """``,`` and ``:`` split overlay mount options; the lower layer is reached through a link."""
+    src = tmp_path / "we,ird:dir"
+    src.mkdir()
+    (src / "f").write_text("1")
+    sandbox = make(src, mode="kernel")
+    assert sandbox.create("plan-odd").metadata["overlay_mode"] == "kernel"
+    Path(sandbox.get_path("f")).write_text("2")
+    sandbox.commit()
+    assert (src / "f").read_text() == "2"

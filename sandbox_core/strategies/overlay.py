@@ -2,17 +2,28 @@
 
 Layout under ``<sandbox_root>/overlay/<sandbox_id>/`` (seed 003, "upper, work, and merged
 directories"): ``lower`` (a symlink to the original), ``upper``, ``work``, ``merged`` and
-``commit`` (staging and the pre-commit backup, when it shares the original's filesystem).
+``commit`` (staging and the pre-commit backup; a hidden sibling of the original instead when
+the sandbox root is on another filesystem, so that the backup can be renamed back).
 
 Two modes, recorded in ``context.metadata["overlay_mode"]``:
 
 - ``kernel``: a real OverlayFS mount, original as the lower layer. Nothing ever writes into the
   lower layer while it is mounted (undefined behaviour in OverlayFS): commit reads the changed
-  paths from the upper layer, copies their final state out of the merged view into staging,
-  unmounts, swaps each path into the original, and remounts with an empty upper layer.
-- ``fallback``: ``merged`` is a full copy of the original (copy-on-write); commit compares the
-  trees. Used when the process may not mount (``mode="auto"`` falls back on EPERM, ENODEV, ...;
-  the reason is kept in ``metadata["fallback_reason"]``).
+  paths from the upper layer (whiteouts, opaque and redirected dirs: case 11, case 12), copies
+  their final state out of the merged view into ``commit/stage``, unmounts, applies them with
+  ``_fs_utils.sync_tree`` (per-path rename swaps, journaled, undone on error, recovered after a
+  crash), and remounts with an empty upper layer.
+- ``fallback``: ``merged`` is a full copy of the original (copy-on-write); commit is
+  ``sync_tree(merged, original)``. Used when the process may not mount (``mode="auto"`` falls
+  back on EPERM, ENODEV, ...; the reason is kept in ``metadata["fallback_reason"]``).
+
+Both modes keep the replaced entries in ``commit/backup`` for rollback from COMMITTED
+(``undo_sync``) and report ``CommitResult`` file lists as ``_fs_utils.TreeChanges`` (the same
+path-level lists as ``copy_on_write``: directories included, a type swap is "changed").
+
+Checkpoints (seed 002, "snapshot of the upper layer"): :meth:`OverlaySandbox.
+create_checkpoint_snapshot` / :meth:`OverlaySandbox.restore_checkpoint_snapshot`, called by
+``CheckpointManager`` for the ``overlay_snapshot`` kind.
 
 Options: ``sandbox_root`` (str); ``mode`` = ``"auto"`` (default) | ``"kernel"`` | ``"fallback"``;
 ``redirect_dir`` (str, the OverlayFS mount option, e.g. ``"on"``; default: the kernel's);
@@ -342,13 +353,19 @@ class OverlaySandbox(BaseSandbox):
             shutil.rmtree(self.base_path)
 
     def _on_reopen(self) -> None:
-        """Re-attach after a restart: a mount outlives its process but not a reboot."""
+        """Re-attach after a restart: a mount outlives its process but not a reboot.
+
+        Before remounting, a commit interrupted by a crash (the overlay is unmounted while the
+        original is written) is finished or undone by ``recover_sync``, so the lower directory
+        is consistent before it is mounted again.
+        """
         self._merged_dir = self.base_path / "merged"
         live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)
         if self.overlay_mode != "kernel" or self._status not in live:
             return
         if not kernel.is_overlay_mounted(self._merged_dir):
             try:
+                recover_sync(self._original())
                 kernel.mount_overlay(self._layout())
             except OSError as exc:
                 raise SandboxError(
