@@ -201,10 +201,12 @@ class LayerChange:
 
     ``delete``: the path is gone from the merged view. ``replace``: the merged view's entry
     (file, link, or whole directory subtree) replaces whatever the original has there.
+    ``meta``: a directory present on both sides whose permission bits changed (its children
+    are reported separately).
     """
 
     path: str
-    kind: Literal["delete", "replace"]
+    kind: Literal["delete", "replace", "meta"]
 
 
 def changes_from_upper(upper: Path, lower: Path, namespace: str) -> list[LayerChange]:
@@ -224,10 +226,16 @@ def changes_from_upper(upper: Path, lower: Path, namespace: str) -> list[LayerCh
                 changes.append(LayerChange(child, "delete"))
             elif stat.S_ISDIR(st.st_mode):
                 try:
-                    lower_is_dir = stat.S_ISDIR(os.lstat(lower / child).st_mode)
+                    lower_st: os.stat_result | None = os.lstat(lower / child)
                 except FileNotFoundError:
-                    lower_is_dir = False
-                if lower_is_dir and not replaces_lower_dir(entry.path, namespace):
+                    lower_st = None
+                if (
+                    lower_st is not None
+                    and stat.S_ISDIR(lower_st.st_mode)
+                    and not replaces_lower_dir(entry.path, namespace)
+                ):
+                    if stat.S_IMODE(lower_st.st_mode) != stat.S_IMODE(st.st_mode):
+                        changes.append(LayerChange(child, "meta"))
                     walk(child)
                 else:
                     changes.append(LayerChange(child, "replace"))

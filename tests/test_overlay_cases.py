@@ -730,3 +730,24 @@ def test_original_path_with_option_separators_mounts(tmp_path: Path, make: Any) 
     Path(sandbox.get_path("f")).write_text("2")
     sandbox.commit()
     assert (src / "f").read_text() == "2"
+
+
+@pytest.mark.parametrize("options", [KERNEL, FALLBACK])
+def test_directory_mode_change_is_committed(
+    tmp_path: Path, make: Any, options: dict[str, Any]
+) -> None:
+    """A chmod of a directory kept in place (kernel: a copied-up, non-opaque upper dir)."""
+    src = case11_setup(tmp_path)
+    (src / "d").chmod(0o755)
+    sandbox = make(src, **options)
+    sandbox.create("plan-mode")
+    merged = Path(sandbox.get_path(""))
+    (merged / "d" / "extra").write_text("e")
+    (merged / "d").chmod(0o500)
+    result = sandbox.commit()
+    assert stat.S_IMODE((src / "d").stat().st_mode) == 0o500
+    assert (src / "d" / "extra").read_text() == "e"
+    assert (src / "d" / "oldfile").read_text() == "old\n"
+    assert result.changed_files == ["d"]
+    assert result.added_files == ["d/extra"]
+    (src / "d").chmod(0o755)

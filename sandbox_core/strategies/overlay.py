@@ -40,6 +40,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -533,7 +534,7 @@ def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -
         OSError: a copy failed; the original has not been touched.
     """
     for change in changes:
-        if change.kind == "delete":
+        if change.kind != "replace":
             continue
         source, target = merged / change.path, stage / change.path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -541,6 +542,12 @@ def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -
             shutil.copytree(source, target, symlinks=True, copy_function=kernel.copy_entry)
         else:
             kernel.copy_entry(str(source), str(target))
+    # Directory modes last: a read-only directory must not stop its children being staged.
+    for change in changes:
+        if change.kind == "meta":
+            target = stage / change.path
+            target.mkdir(parents=True, exist_ok=True)
+            target.chmod(stat.S_IMODE((merged / change.path).stat().st_mode))
 
 
 def tree_changes_of(changes: list[LayerChange], original: Path, stage: Path) -> TreeChanges:
@@ -549,10 +556,21 @@ def tree_changes_of(changes: list[LayerChange], original: Path, stage: Path) -> 
     old: dict[str, Entry] = {}
     new: dict[str, Entry] = {}
     for change in changes:
+        if change.kind == "meta":
+            old[change.path] = _require_entry(original / change.path)
+            new[change.path] = _require_entry(stage / change.path)
+            continue
         _collect(original, change.path, old)
         if change.kind == "replace":
             _collect(stage, change.path, new)
     return diff_entries(old, new, old_root=original, new_root=stage)
+
+
+def _require_entry(path: Path) -> Entry:
+    entry = entry_of(path)
+    if entry is None:
+        raise FileNotFoundError(2, "vanished during commit", str(path))
+    return entry
 
 
 def _collect(root: Path, relative: str, into: dict[str, Entry]) -> None:
