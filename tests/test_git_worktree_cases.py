@@ -772,3 +772,23 @@ def test_diff_shows_what_commit_would_carry(repo: Path, root: Path) -> None:
     assert "new file mode 100644" in text
     assert "+++ b/brand_new" in text
     assert (repo / "f").read_text() == "line1\n"  # the original is not touched
+
+
+def test_plan_ids_are_made_safe_for_branch_names(repo: Path, root: Path) -> None:
+    sandbox = make(repo, root, sandbox_id="s1")
+    context = sandbox.create("plan with spaces/../x.lock")
+    branch = context.metadata["branch"]
+    assert branch == "sandbox/plan-with-spaces-x-lock/s1"
+    assert context.plan_id == "plan with spaces/../x.lock"
+    git(repo, "check-ref-format", f"refs/heads/{branch}")
+
+
+@pytest.mark.parametrize("bad_id", ["a/b", "..", "-x", "x.lock", "a b"])
+def test_unsafe_sandbox_ids_are_refused_before_touching_git(
+    repo: Path, root: Path, bad_id: str
+) -> None:
+    sandbox = make(repo, root, sandbox_id=bad_id)
+    with pytest.raises(SandboxCreationError, match="cannot name a git branch"):
+        sandbox.create("p1")
+    assert branches(repo) == {"main"}
+    assert worktree_count(repo) == 1

@@ -68,7 +68,8 @@ def _ref_component(value: str) -> str:
     """``value`` made usable as one ref component (unsafe characters become ``-``)."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value).strip(".-") or "plan"
     cleaned = cleaned.replace("..", "-")
-    return cleaned[:-5] + "-lock" if cleaned.endswith(".lock") else cleaned
+    cleaned = cleaned[:-5] + "-lock" if cleaned.endswith(".lock") else cleaned
+    return re.sub(r"-{2,}", "-", cleaned)
 
 
 def _collisions(paths: list[str], dirty: set[str]) -> list[str]:
