@@ -9,8 +9,10 @@ error of the phase they are in (GitPython errors never leave this module).
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +146,22 @@ def read_gitdir_file(work_tree: str | os.PathLike[str]) -> str | None:
     if not os.path.isabs(target):  # noqa: PTH117 - str path from git's own file
         target = str(Path(work_tree) / target)
     return target
+
+
+@contextmanager
+def repository_lock(common_dir: str) -> Iterator[None]:
+    """Serialise the product's own updates of one repository across threads and processes.
+
+    An exclusive ``flock`` on ``<common_dir>/sandbox-core.lock`` (the common dir, never a linked
+    worktree's ``.git`` file). git's own commands do not take it; they are guarded by git's
+    index and ref locks, which the product's updates also respect.
+
+    Raises:
+        OSError: the lock file cannot be opened.
+    """
+    fd = os.open(str(Path(common_dir) / "sandbox-core.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock

@@ -792,3 +792,36 @@ def test_unsafe_sandbox_ids_are_refused_before_touching_git(
         sandbox.create("p1")
     assert branches(repo) == {"main"}
     assert worktree_count(repo) == 1
+
+
+def test_concurrent_commits_into_one_repository_all_land(repo: Path, root: Path) -> None:
+    import threading
+
+    sandboxes = [make(repo, root) for _ in range(4)]
+    for index, sandbox in enumerate(sandboxes):
+        sandbox.create(f"p{index}")
+        Path(sandbox.get_path(f"file{index}")).write_text(f"{index}\n")
+    errors: list[BaseException] = []
+
+    def commit(sandbox: GitWorktreeSandbox) -> None:
+        try:
+            sandbox.commit()
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(s,)) for s in sandboxes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all(sandbox.commit_landed() for sandbox in sandboxes)
+    assert sorted(git(repo, "ls-files").split()) == [
+        "f",
+        "file0",
+        "file1",
+        "file2",
+        "file3",
+        "other",
+    ]
+    assert git(repo, "status", "--porcelain") == ""

@@ -39,7 +39,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sandbox_core._git import GitCommand, GitFailure, open_repo, read_gitdir_file
+from sandbox_core._git import (
+    GitCommand,
+    GitFailure,
+    open_repo,
+    read_gitdir_file,
+    repository_lock,
+)
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
     SandboxCommitError,
@@ -390,14 +396,15 @@ class GitWorktreeSandbox(BaseSandbox):
         original.run("update-ref", self._tag("committed"), tip)
         base = str(meta["base_commit"])
         added, changed, deleted = self._classify(original, base, tip)
-        for _attempt in range(_CAS_ATTEMPTS):
-            ref, old = self._current_target(original, SandboxCommitError)
-            new, how = self._merge_result(original, base, tip, old, text)
-            original.run("update-ref", self._tag("pre-commit"), old)
-            if new == old or self._apply(original, ref, old, new, SandboxCommitError):
-                break
-        else:
-            raise SandboxCommitError(f"{ref} kept moving during the commit; retry later")
+        with repository_lock(str(meta["git_common_dir"])):
+            for _attempt in range(_CAS_ATTEMPTS):
+                ref, old = self._current_target(original, SandboxCommitError)
+                new, how = self._merge_result(original, base, tip, old, text)
+                original.run("update-ref", self._tag("pre-commit"), old)
+                if new == old or self._apply(original, ref, old, new, SandboxCommitError):
+                    break
+            else:
+                raise SandboxCommitError(f"{ref} kept moving during the commit; retry later")
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
@@ -603,21 +610,26 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxRollbackError(f"sandbox {self.sandbox_id} has no recorded commit")
         original = self._original_git()
         try:
-            pre = original.run("rev-parse", "--verify", f"{self._tag('pre-commit')}^{{commit}}").out
-            merged = last.commit_ref
-            if merged != pre:
-                ref, current = self._current_target(original, SandboxRollbackError)
-                if current != merged:
-                    raise SandboxRollbackError(
-                        f"{ref} moved from {merged} to {current} after sandbox "
-                        f"{self.sandbox_id} was committed; refusing to roll back"
-                    )
-                if not self._apply(original, ref, merged, pre, SandboxRollbackError):
-                    raise SandboxRollbackError(f"{ref} moved during the rollback")
+            with repository_lock(str(self._meta()["git_common_dir"])):
+                self._undo_commit(original, last.commit_ref)
         except GitFailure as exc:
             raise SandboxRollbackError(f"rollback of sandbox {self.sandbox_id}: {exc}") from exc
         if Path(self._require_context().sandbox_path).is_dir():
             self._do_rollback()  # the sandbox itself is clean again, as after an ACTIVE rollback
+
+    def _undo_commit(self, original: GitCommand, merged: str) -> None:
+        """Move the original back from ``merged`` to the pre-commit tag, if it is still there."""
+        pre = original.run("rev-parse", "--verify", f"{self._tag('pre-commit')}^{{commit}}").out
+        if merged == pre:
+            return  # the commit changed nothing in the original
+        ref, current = self._current_target(original, SandboxRollbackError)
+        if current != merged:
+            raise SandboxRollbackError(
+                f"{ref} moved from {merged} to {current} after sandbox "
+                f"{self.sandbox_id} was committed; refusing to roll back"
+            )
+        if not self._apply(original, ref, merged, pre, SandboxRollbackError):
+            raise SandboxRollbackError(f"{ref} moved during the rollback")
 
     # -- cleanup and reopen -----------------------------------------------------------------
 
