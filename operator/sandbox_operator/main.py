@@ -46,7 +46,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = SETTINGS.watch_server_timeout_seconds
+    settings.watching.server_timeout = int(SETTINGS.watch_server_timeout_seconds)
     settings.watching.client_timeout = SETTINGS.watch_client_timeout_seconds
     k8s.load_config()
     _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]

@@ -1,0 +1,314 @@
+"""Helpers shared by the operator's real-API-server tests and BDD steps.
+
+`OperatorProcess` runs ``python -m kopf run --standalone --namespace NS -m sandbox_operator.main``
+as a subprocess against the tier-2 API server, with the local executor, so that tests can kill it
+(SIGKILL) and start a new one. `Cluster` wraps kubectl for one namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO_ROOT / "crds"
+API = "sandbox.cleveragents.io/v1alpha1"
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
+}
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll ``probe`` every 0.25 s until it returns a truthy value; return it.
+
+    Raises:
+        AssertionError: it never did within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` with a test identity; return stdout."""
+    env = {**os.environ, **GIT_ENV}
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
+    )
+    return result.stdout.strip()
+
+
+def make_repo(path: Path, files: Mapping[str, str]) -> Path:
+    """A git repository at ``path`` on branch main with one commit of ``files``."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "base")
+    return path
+
+
+def make_dir(path: Path, files: Mapping[str, str]) -> Path:
+    """A plain directory with ``files``."""
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    return path
+
+
+class Cluster:
+    """kubectl against the tier-2 server, in one namespace."""
+
+    def __init__(self, server: Any, namespace: str) -> None:
+        self.server = server
+        self.namespace = namespace
+        self.operator: OperatorProcess | None = None  # waits fail fast when it died
+
+    @classmethod
+    def fresh(cls, server: Any, prefix: str = "op") -> Cluster:
+        """A new namespace with a unique name (CRDs installed once per server)."""
+        install_crds(server)
+        namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        server.kubectl("create", "namespace", namespace, check=True)
+        return cls(server, namespace)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Any:
+        """kubectl in this namespace."""
+        return self.server.kubectl("-n", self.namespace, *args, input=input, check=check)
+
+    def apply(self, manifest: dict[str, Any]) -> Any:
+        """``kubectl apply`` one manifest; returns the completed process (check=False)."""
+        return self.server.kubectl(
+            "-n", self.namespace, "apply", "-f", "-", input=json.dumps(manifest), check=False
+        )
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        """Apply and require success."""
+        result = self.apply(manifest)
+        assert result.returncode == 0, result.stderr
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        result = self.kubectl("get", kind, name, "-o", "json", check=False)
+        if result.returncode != 0:
+            return None
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
+    def status(self, kind: str, name: str) -> dict[str, Any]:
+        """``.status`` of the object ({} when absent)."""
+        return dict((self.get(kind, name) or {}).get("status") or {})
+
+    def condition(self, kind: str, name: str, type_: str) -> dict[str, Any] | None:
+        """One condition of the object, or None."""
+        for condition in self.status(kind, name).get("conditions") or []:
+            if condition.get("type") == type_:
+                return dict(condition)
+        return None
+
+    def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float = 90.0) -> dict:
+        """Wait until ``.status.phase`` is one of ``phases``; return the status."""
+
+        def probe() -> dict[str, Any] | None:
+            if self.operator is not None:
+                self.operator.assert_alive()
+            status = self.status(kind, name)
+            return status if status.get("phase") in phases else None
+
+        return wait_for(
+            probe,
+            timeout,
+            f"{kind}/{name} phase in {sorted(phases)}",
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Events about the object ``name`` in this namespace."""
+        result = self.kubectl(
+            "get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json"
+        )
+        return list(json.loads(result.stdout).get("items") or [])
+
+    def gone(self, kind: str, name: str) -> bool:
+        """True when the object no longer exists."""
+        return self.get(kind, name) is None
+
+
+_installed: set[str] = set()
+
+
+def install_crds(server: Any) -> None:
+    """Apply ``crds/`` once per server and wait until they are Established."""
+    key = str(server.server_url)
+    if key in _installed:
+        return
+    server.kubectl("apply", "-f", str(CRD_DIR), check=True)
+    for name in ("sandboxes", "checkpoints", "plancommits"):
+        server.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"crd/{name}.sandbox.cleveragents.io",
+            "--timeout=60s",
+            check=True,
+        )
+    _installed.add(key)
+
+
+def sandbox_manifest(
+    name: str,
+    plan_id: str,
+    strategy: str,
+    node_path: Path | str,
+    resource_id: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A Sandbox over ``node_path`` (local executor)."""
+    return {
+        "apiVersion": API,
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {
+            "planId": plan_id,
+            "resourceId": resource_id or name,
+            "strategy": strategy,
+            "source": {"nodePath": str(node_path)},
+            **spec,
+        },
+    }
+
+
+def plancommit_manifest(name: str, plan_id: str, **spec: Any) -> dict[str, Any]:
+    """A PlanCommit of ``plan_id``."""
+    return {
+        "apiVersion": API,
+        "kind": "PlanCommit",
+        "metadata": {"name": name},
+        "spec": {"planId": plan_id, **spec},
+    }
+
+
+def checkpoint_manifest(name: str, sandbox: str, phase: str = "pre_execute") -> dict[str, Any]:
+    """A Checkpoint of Sandbox ``sandbox``."""
+    return {
+        "apiVersion": API,
+        "kind": "Checkpoint",
+        "metadata": {"name": name},
+        "spec": {"sandboxName": sandbox, "phase": phase, "metadata": {"by": "test"}},
+    }
+
+
+class OperatorProcess:
+    """The operator as a subprocess (local executor) watching one namespace."""
+
+    def __init__(
+        self,
+        server: Any,
+        namespace: str,
+        work_dir: Path,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.server = server
+        self.namespace = namespace
+        self.work_dir = work_dir
+        self.extra_env = dict(extra_env or {})
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_paths: list[Path] = []
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment of the operator process."""
+        env = self.server.env()
+        env.update(GIT_ENV)
+        env.update(
+            {
+                "SANDBOX_OPERATOR_EXECUTOR": "local",
+                "SANDBOX_OPERATOR_STATE_DIR": str(self.work_dir / "state"),
+                "SANDBOX_OPERATOR_SANDBOX_ROOT": str(self.work_dir / "sandboxes"),
+                "SANDBOX_OPERATOR_METRICS_PORT": "0",
+                "SANDBOX_OPERATOR_RETRY_DELAY_SECONDS": "1",
+                "SANDBOX_OPERATOR_TTL_CHECK_INTERVAL_SECONDS": "1",
+                "SANDBOX_OPERATOR_WATCH_SERVER_TIMEOUT_SECONDS": "60",
+                "SANDBOX_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS": "70",
+                "PYTHONPATH": os.pathsep.join(
+                    [str(REPO_ROOT / "operator"), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+                ),
+            }
+        )
+        env.update(self.extra_env)
+        env.update(extra or {})
+        return env
+
+    def start(self, extra_env: Mapping[str, str] | None = None) -> OperatorProcess:
+        """Start a new operator process (the previous one must be stopped)."""
+        log = self.work_dir / f"operator-{len(self.log_paths)}.log"
+        self.log_paths.append(log)
+        with open(log, "wb") as handle:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kopf",
+                    "run",
+                    "--standalone",
+                    "--namespace",
+                    self.namespace,
+                    "-m",
+                    "sandbox_operator.main",
+                ],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=self.env(extra_env),
+                cwd=self.work_dir,
+            )
+        return self
+
+    def assert_alive(self) -> None:
+        """Raise AssertionError with the log tail when the process has exited."""
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(
+                f"operator exited with {self.process.returncode}:\n{self.logs()[-4000:]}"
+            )
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """Wait for the process to end by itself (e.g. a fault hook's SIGKILL)."""
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def logs(self) -> str:
+        """All operator logs so far."""
+        return "\n".join(p.read_text(errors="replace") for p in self.log_paths if p.exists())

@@ -1,0 +1,357 @@
+"""Unit tests of the operator's logic modules (no cluster): conditions, settings, models,
+journal <-> status mapping, errors, TTL, status mirroring, blocking and the pod builders."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import kopf
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
+from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
+from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator.errors import classify, to_kopf
+from sandbox_operator.executors.base import SandboxState, SandboxTarget, sandbox_id_for_uid
+from sandbox_operator.executors.pod import (
+    build_scratch_pvc,
+    build_workspace_pod,
+    child_name,
+    core_command,
+    create_command,
+    label_value,
+    parse_output,
+    scratch_size,
+)
+from sandbox_operator.journal import journal_of_status, status_of_journal
+from sandbox_operator.models import PlanCommitAction, SandboxOptions, SandboxPhase, SandboxSource
+from sandbox_operator.plancommit_handlers import blocking_plancommit
+from sandbox_operator.sandbox_handlers import status_of_state, target_from_body, ttl_expired
+from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
+
+UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+# -- conditions (Go's meta.SetStatusCondition) ------------------------------------------------
+
+
+def test_set_condition_keeps_transition_time_when_status_is_unchanged() -> None:
+    first = set_condition([], "Ready", "True", "Active", "ok", 1, now="2026-01-01T00:00:00Z")
+    again = set_condition(
+        first, "Ready", "True", "Active", "still ok", 2, now="2026-01-02T00:00:00Z"
+    )
+    assert again[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert again[0]["message"] == "still ok"
+    assert again[0]["observedGeneration"] == 2
+    assert first[0]["message"] == "ok"  # the input is not modified
+
+
+def test_set_condition_moves_transition_time_when_status_changes() -> None:
+    first = set_condition([], "Ready", "True", "Active", "ok", now="2026-01-01T00:00:00Z")
+    flipped = set_condition(first, "Ready", "False", "Errored", "bad", now="2026-01-03T00:00:00Z")
+    assert flipped[0]["lastTransitionTime"] == "2026-01-03T00:00:00Z"
+    assert flipped[0]["reason"] == "Errored"
+    both = set_condition(flipped, "Degraded", "True", "IOError", "disk")
+    assert [c["type"] for c in both] == ["Ready", "Degraded"]
+    assert find_condition(both, "Degraded")["reason"] == "IOError"
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_settings_read_once_from_the_environment() -> None:
+    settings = Settings.from_env(
+        {
+            "SANDBOX_OPERATOR_EXECUTOR": "pod",
+            "SANDBOX_OPERATOR_ALLOW_PRIVILEGED_OVERLAY": "true",
+            "SANDBOX_OPERATOR_RETRY_DELAY_SECONDS": "2.5",
+            "SANDBOX_OPERATOR_FAULT_FAIL_COMMIT": "a, b",
+        }
+    )
+    assert settings.executor is ExecutorKind.POD
+    assert settings.allow_privileged_overlay is True
+    assert settings.retry_delay_seconds == 2.5
+    assert settings.fault_fail_commit == frozenset({"a", "b"})
+    assert Settings.from_env({}).executor is ExecutorKind.LOCAL
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("EXECUTOR", "vm", "must be 'local' or 'pod'"),
+        ("RETRY_DELAY_SECONDS", "-1", "must be >= 0"),
+        ("RETRY_DELAY_SECONDS", "soon", "must be a number"),
+        ("ALLOW_PRIVILEGED_OVERLAY", "maybe", "must be true or false"),
+    ],
+)
+def test_settings_refuse_malformed_values(name: str, value: str, message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env({f"SANDBOX_OPERATOR_{name}": value})
+
+
+# -- ids, targets, status mirroring -----------------------------------------------------------
+
+
+def test_sandbox_id_is_a_ulid_derived_from_the_object_uid() -> None:
+    first = sandbox_id_for_uid(UID)
+    assert len(first) == 26
+    assert sandbox_id_for_uid(UID) == first  # a retried create meets the same id (case 18)
+
+
+def sandbox_body(**spec: object) -> dict[str, object]:
+    return {
+        "metadata": {"name": "s1", "namespace": "ns", "uid": UID, "generation": 3},
+        "spec": {
+            "planId": "p",
+            "resourceId": "r",
+            "strategy": "git_worktree",
+            "source": {"nodePath": "/repo"},
+            **spec,
+        },
+    }
+
+
+def test_target_from_body_uses_node_path_for_the_local_executor() -> None:
+    target = target_from_body(sandbox_body(), Settings(), None)
+    assert target.original == "/repo"
+    assert target.sandbox_id == sandbox_id_for_uid(UID)
+
+
+def test_a_pvc_source_is_refused_permanently_by_the_local_executor() -> None:
+    body = sandbox_body(source={"persistentVolumeClaim": {"claimName": "data"}})
+    with pytest.raises(kopf.PermanentError, match="needs the pod executor"):
+        target_from_body(body, Settings(), None)
+
+
+def test_status_of_state_mirrors_the_core_with_declared_fields_only() -> None:
+    record = {
+        "strategy": "overlay",
+        "sandbox_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "status": "active",
+        "context": {"sandbox_path": "/sb/merged", "metadata": {"overlay_mode": "fallback"}},
+        "last_commit": None,
+    }
+    status = status_of_state(SandboxState.from_record(record), "local", None, 4)
+    assert status["phase"] == "Active"
+    assert status["strategyMode"] == "fallback"
+    assert status["effectiveStrategy"] == "overlay"
+    assert status["observedGeneration"] == 4
+    assert find_condition(status["conditions"], "Ready")["status"] == "True"
+    declared = {
+        "phase",
+        "sandboxId",
+        "sandboxPath",
+        "workspacePod",
+        "effectiveStrategy",
+        "strategyMode",
+        "executor",
+        "lastCommit",
+        "lastRollbackRequestId",
+        "lastRestoreRequestId",
+        "coreRecord",
+        "conditions",
+        "observedGeneration",
+    }
+    assert set(status) <= declared  # case 15
+
+
+def test_phase_mirrors_every_core_status() -> None:
+    assert {SandboxPhase.from_core(s).value for s in SandboxStatus} == {
+        p.value for p in SandboxPhase
+    }
+
+
+def test_ttl_counts_from_the_terminal_transition() -> None:
+    finished = datetime(2026, 1, 1, tzinfo=UTC)
+    body = {
+        "spec": {"ttlSecondsAfterFinished": 30},
+        "status": {
+            "phase": "Committed",
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ],
+        },
+    }
+    assert not ttl_expired(body, finished + timedelta(seconds=29))
+    assert ttl_expired(body, finished + timedelta(seconds=30))
+    body["status"]["phase"] = "Active"
+    assert not ttl_expired(body, finished + timedelta(days=1))
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_core_and_api_errors_map_to_permanent_or_temporary() -> None:
+    assert isinstance(to_kopf(SandboxCreationError("no source"), 5), kopf.PermanentError)
+    temporary = to_kopf(ApiException(status=503, reason="Unavailable"), 7)
+    assert isinstance(temporary, kopf.TemporaryError)
+    assert temporary.delay == 7
+    assert classify(SandboxCommitError("x", conflicts=["f"])).reason == "Conflict"
+    assert classify(ApiException(status=409, reason="Conflict")).retryable
+
+
+# -- journal <-> PlanCommit status ------------------------------------------------------------
+
+
+def failed_journal() -> JournalState:
+    return JournalState(
+        plan_id="p3",
+        phase=JournalPhase.FAILED,
+        reason=JournalReason.COMMIT_FAILED,
+        steps=[
+            JournalStep(
+                sandbox_id="A",
+                resource_id="ra",
+                strategy="git_worktree",
+                state=StepState.COMPENSATED,
+                result=CommitResult(
+                    sandbox_id="A", success=True, commit_ref="abc", changed_files=["f"]
+                ).to_dict(),
+            ),
+            JournalStep(
+                sandbox_id="B",
+                resource_id="rb",
+                strategy="copy_on_write",
+                state=StepState.FAILED,
+                error="SandboxCommitError: merge conflict in g",
+            ),
+            JournalStep(sandbox_id="C", resource_id="rc", strategy="none", rollbackable=False),
+        ],
+        failed_sandbox_id="B",
+        rolled_back_ids=["A"],
+        finished_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def test_a_failed_journal_becomes_conditions_naming_sandbox_error_and_ids() -> None:
+    names = {"A": "sa", "B": "sb", "C": "sc"}
+    status = status_of_journal(failed_journal(), PlanCommitAction.COMMIT, names, None, 1)
+    assert status["phase"] == "Failed"
+    assert [s["state"] for s in status["sandboxes"]] == ["Compensated", "Failed", "Skipped"]
+    committed = find_condition(status["conditions"], "Committed")
+    assert committed["status"] == "False"
+    assert committed["reason"] == "Conflict"
+    assert "sb (B)" in committed["message"] and "merge conflict in g" in committed["message"]
+    assert "A" in find_condition(status["conditions"], "RolledBack")["message"]
+    assert find_condition(status["conditions"], "RollbackFailed")["status"] == "False"
+    assert status["rolledBackIds"] == ["A"]
+    assert status["failedSandboxId"] == "B"
+    assert status["completedAt"] == "2026-01-01T00:00:00Z"
+    assert [r["success"] for r in status["results"]] == [True, False]
+
+
+def test_status_round_trips_to_the_journal_for_recovery() -> None:
+    running = failed_journal()
+    running.phase = JournalPhase.COMMITTING
+    running.steps[1].state = StepState.COMMITTING
+    status = status_of_journal(running, PlanCommitAction.COMMIT, {}, None, 1)
+    back = journal_of_status("p3", status)
+    assert back is not None
+    assert back.phase is JournalPhase.COMMITTING
+    assert [s.state for s in back.steps] == [
+        StepState.COMPENSATED,
+        StepState.COMMITTING,
+        StepState.PENDING,
+    ]
+    assert back.steps[0].result is not None and back.steps[0].result["commit_ref"] == "abc"
+    assert back.rolled_back_ids == ["A"]
+    assert journal_of_status("p3", {}) is None
+
+
+def test_resaving_a_terminal_journal_keeps_condition_timestamps() -> None:
+    first = status_of_journal(failed_journal(), PlanCommitAction.COMMIT, {}, None, 1)
+    again = status_of_journal(failed_journal(), PlanCommitAction.COMMIT, {}, first["conditions"], 1)
+    assert again["conditions"] == first["conditions"]  # case 22: nothing moves
+
+
+def plancommit(name: str, created: str, plan: str = "p", phase: str | None = None) -> dict:
+    return {
+        "metadata": {"name": name, "uid": name, "creationTimestamp": created},
+        "spec": {"planId": plan},
+        "status": {"phase": phase} if phase else {},
+    }
+
+
+def test_an_older_running_plancommit_of_the_same_plan_blocks() -> None:
+    older = plancommit("a", "2026-01-01T00:00:00Z", phase="Committing")
+    me = plancommit("b", "2026-01-01T00:00:05Z")
+    other_plan = plancommit("c", "2026-01-01T00:00:00Z", plan="q")
+    assert blocking_plancommit(me, [older, me, other_plan]) == "a"
+    assert blocking_plancommit(older, [older, me]) is None
+    done = plancommit("a", "2026-01-01T00:00:00Z", phase="Failed")
+    assert blocking_plancommit(me, [done, me]) is None
+
+
+# -- pod executor builders --------------------------------------------------------------------
+
+
+def pod_target(strategy: str = "git_worktree", **options: str) -> SandboxTarget:
+    return SandboxTarget(
+        name="My_Sandbox",
+        namespace="ns",
+        uid=UID,
+        sandbox_id=sandbox_id_for_uid(UID),
+        plan_id="plan/with spaces",
+        resource_id="r",
+        strategy=strategy,
+        original="/workspace/source/repo",
+        source=SandboxSource.model_validate(
+            {"persistentVolumeClaim": {"claimName": "data", "subPath": "repo"}}
+        ),
+        options=SandboxOptions.model_validate(options),
+    )
+
+
+def test_workspace_pod_is_non_root_with_source_and_scratch_volumes() -> None:
+    pod = build_workspace_pod(pod_target(), Settings(), "sbx-my-sandbox-scratch")
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    container = spec["containers"][0]
+    assert container["command"] == ["sandbox-core", "serve-workspace"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"].get("privileged") is None
+    claims = {
+        v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in spec["volumes"]
+    }
+    assert claims["source"] == "data"
+    assert claims["scratch"] == "sbx-my-sandbox-scratch"
+    assert pod["metadata"]["labels"]["sandbox.cleveragents.io/plan-id"] == "plan-with-spaces"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sandbox-operator"
+
+
+def test_overlay_is_privileged_only_when_allowed() -> None:
+    allowed = Settings(allow_privileged_overlay=True)
+    pod = build_workspace_pod(pod_target("overlay"), allowed, None)
+    assert pod["spec"]["containers"][0]["securityContext"]["privileged"] is True
+    refused = build_workspace_pod(pod_target("overlay"), Settings(), None)
+    assert "privileged" not in refused["spec"]["containers"][0]["securityContext"]
+    command = create_command(pod_target("overlay"), Settings())
+    assert "mode=fallback" in command  # without privilege, the fallback runs
+    assert "mode=fallback" not in create_command(pod_target("overlay"), allowed)
+
+
+def test_scratch_volume_is_sized_per_strategy() -> None:
+    assert scratch_size("copy_on_write", "20Gi", "1Gi") == "20Gi"
+    assert scratch_size("git_worktree", "20Gi", "1Gi") == "1Gi"
+    assert scratch_size("none", None, "1Gi") is None
+    pvc = build_scratch_pvc(pod_target(), "3Gi")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "3Gi"
+    assert pvc["metadata"]["name"] == child_name(pod_target(), "scratch")
+    assert (
+        len(
+            child_name(pod_target().__class__(**{**pod_target().__dict__, "name": "x" * 300}), "ws")
+        )
+        <= 63
+    )
+
+
+def test_core_commands_use_json_and_the_deterministic_id() -> None:
+    assert core_command("status", "ID")[:2] == ["sandbox-core", "--json"]
+    command = create_command(pod_target(), Settings())
+    assert command[command.index("--sandbox-id") + 1] == sandbox_id_for_uid(UID)
+    assert command[-1] == "/workspace/source/repo"
+    assert parse_output(["x"], '{"status": "active"}') == {"status": "active"}
+    with pytest.raises(Exception, match="SandboxCommitError: boom"):
+        parse_output(["x"], '{"error": {"type": "SandboxCommitError", "message": "boom"}}')
+    assert label_value("---") == "x"
