@@ -825,3 +825,22 @@ def test_concurrent_commits_into_one_repository_all_land(repo: Path, root: Path)
         "other",
     ]
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_two_sandboxes_on_one_repository_roll_back_in_lifo_order(repo: Path, root: Path) -> None:
+    """Seed 002 compensation: undoing the last commit first restores the original exactly."""
+    first, second = make(repo, root), make(repo, root)
+    first.create("p")
+    second.create("p")
+    Path(first.get_path("a")).write_text("a\n")
+    Path(second.get_path("b")).write_text("b\n")
+    pre = git(repo, "rev-parse", "HEAD")
+    first.commit()
+    second.commit()
+    second.rollback()
+    assert (repo / "a").read_text() == "a\n"
+    assert not (repo / "b").exists()
+    first.rollback()
+    assert git(repo, "rev-parse", "HEAD") == pre
+    assert not (repo / "a").exists()
+    assert git(repo, "status", "--porcelain") == ""
