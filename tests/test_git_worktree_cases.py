@@ -844,3 +844,34 @@ def test_two_sandboxes_on_one_repository_roll_back_in_lifo_order(repo: Path, roo
     assert git(repo, "rev-parse", "HEAD") == pre
     assert not (repo / "a").exists()
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_commit_interrupted_between_files_and_ref_completes_on_retry(
+    repo: Path, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Crash window: the original's files and index were updated, its branch not yet moved."""
+    sandbox = make(repo, root)
+    sandbox.create("p1")
+    Path(sandbox.get_path("f")).write_text("sandbox\n")
+    Path(sandbox.get_path("n")).write_text("new\n")
+    real_run = GitCommand.run
+
+    def die_before_ref_update(self: GitCommand, *args: str, **kwargs: object) -> object:
+        if args[:1] == ("update-ref",) and "refs/heads/main" in args:  # injected crash
+            raise KeyboardInterrupt
+        return real_run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GitCommand, "run", die_before_ref_update)
+    pre = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.commit()
+    monkeypatch.undo()
+    assert git(repo, "rev-parse", "HEAD") == pre
+    assert (repo / "n").read_text() == "new\n"  # half-applied: files written
+    reopened = GitWorktreeSandbox.reopen(sandbox.to_record())
+    assert reopened.commit_landed() is False
+    result = reopened.commit()
+    assert result.added_files == ["n"]
+    assert git(repo, "rev-parse", "HEAD") == result.commit_ref
+    assert git(repo, "status", "--porcelain") == ""
+    assert reopened.commit_landed() is True

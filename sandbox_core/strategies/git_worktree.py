@@ -491,6 +491,8 @@ class GitWorktreeSandbox(BaseSandbox):
         paths = original.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", old, new)
         overlap = _collisions(paths.nul_fields(), self._local_changes(original, paths.nul_fields()))
         if overlap:
+            overlap = self._not_yet_at(original, new, overlap)
+        if overlap:
             raise self._overlap_error(error, overlap)
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
         if updated.status != 0:  # a local change appeared since the check
@@ -510,6 +512,29 @@ class GitWorktreeSandbox(BaseSandbox):
             return True
         original.run("read-tree", "-m", "-u", new, old)
         return False
+
+    @staticmethod
+    def _not_yet_at(original: GitCommand, commit: str, paths: list[str]) -> list[str]:
+        """Those of ``paths`` whose index entry or file differs from ``commit``.
+
+        A path already equal to ``commit`` in both is the trace of an interrupted earlier
+        attempt (files written, ref not yet moved), not the user's work; the two-tree
+        ``read-tree`` keeps it as it is, so the retried commit completes (crash recovery).
+        """
+        differing: set[str] = set()
+        for cached in ((), ("--cached",)):
+            listed = original.run(
+                "--literal-pathspecs",
+                "diff-index",
+                *cached,
+                "--name-only",
+                "-z",
+                commit,
+                "--",
+                *paths,
+            )
+            differing.update(listed.nul_fields())
+        return [path for path in paths if path in differing]
 
     def _overlap_error(
         self,
