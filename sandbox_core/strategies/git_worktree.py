@@ -29,6 +29,14 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   work elsewhere survives); otherwise :class:`SandboxRollbackError`.
 - ``get_path`` refuses any ``.git`` component, and the product's own git commands address the
   worktree by ``--git-dir``/``--work-tree``, so a rewritten ``.git`` file cannot redirect them.
+- Merge-backs and undos of one repository are serialised by a ``flock`` in its common dir. The
+  original's files are written before its ref moves; a commit interrupted in between completes
+  when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
+  ref moved.
+
+Extras beyond the protocol: ``create_checkpoint_ref`` / ``restore_checkpoint_ref`` /
+``delete_checkpoint_ref`` / ``checkpoint_names`` (CheckpointManager), ``commit_landed`` (saga
+recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
 """
 
 from __future__ import annotations
