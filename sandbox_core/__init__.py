@@ -4,7 +4,10 @@ The public API (seed 002). Everything importable from here is stable; modules wh
 with an underscore are private.
 """
 
+from sandbox_core._fs_utils import backup_directory, compute_diff, safe_restore
 from sandbox_core.base import BaseSandbox
+from sandbox_core.boundary import Resource, ResourceRegistry
+from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
 from sandbox_core.errors import (
     AtomicCommitError,
     SandboxCommitError,
@@ -14,6 +17,8 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
+from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
+from sandbox_core.manager import SandboxManager
 from sandbox_core.paths import resolve_inside
 from sandbox_core.protocol import CommitResult, Sandbox, SandboxContext
 from sandbox_core.status import SandboxStatus
@@ -27,22 +32,34 @@ from sandbox_core.strategies.transaction import TransactionSandbox
 __all__ = [
     "AtomicCommitError",
     "BaseSandbox",
+    "CheckpointManager",
+    "Checkpointable",
+    "CommitJournal",
     "CommitResult",
     "CopyOnWriteSandbox",
+    "FileCommitJournal",
     "GitWorktreeSandbox",
+    "JournalState",
     "NoSandbox",
     "OverlaySandbox",
+    "Resource",
+    "ResourceRegistry",
     "Sandbox",
+    "SandboxCheckpoint",
     "SandboxCommitError",
     "SandboxContext",
     "SandboxCreationError",
     "SandboxError",
     "SandboxFactory",
+    "SandboxManager",
     "SandboxRollbackError",
     "SandboxStateError",
     "SandboxStatus",
     "SandboxStore",
     "SandboxStrategy",
     "TransactionSandbox",
+    "backup_directory",
+    "compute_diff",
     "resolve_inside",
+    "safe_restore",
 ]

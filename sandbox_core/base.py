@@ -285,6 +285,30 @@ class BaseSandbox:
                 raise SandboxError(f"cleanup of sandbox {self._sandbox_id} failed: {exc}") from exc
             self._status = SandboxStatus.CLEANED_UP
 
+    def adopt_landed_commit(self) -> None:
+        """Record a commit that landed although the process died before recording it.
+
+        Crash recovery only (``sandbox_core.saga``, case 20): the original already holds the
+        change, so the sandbox moves to COMMITTED (via ACTIVE) and ``last_commit`` is rebuilt by
+        the strategy's ``_rebuild_landed_commit`` hook where it can, so that compensation can
+        undo it. No-op when already COMMITTED.
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED, ACTIVE or COMMITTED.
+        """
+        with self._lock:
+            if self._status is SandboxStatus.COMMITTED:
+                return
+            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ACTIVE):
+                raise SandboxStateError(
+                    f"cannot adopt a landed commit for sandbox {self._sandbox_id} "
+                    f"in status {self._status.value}"
+                )
+            self._last_commit = self._rebuild_landed_commit() or self._last_commit
+            if self._status is SandboxStatus.CREATED:
+                self._set_status(SandboxStatus.ACTIVE)
+            self._set_status(SandboxStatus.COMMITTED)
+
     # -- persistence ------------------------------------------------------------------------
 
     def to_record(self) -> dict[str, Any]:
@@ -369,6 +393,10 @@ class BaseSandbox:
 
     def _do_cleanup(self) -> None:
         raise NotImplementedError
+
+    def _rebuild_landed_commit(self) -> CommitResult | None:
+        """Rebuild the result of a commit that landed unrecorded; default: unknown (None)."""
+        return None
 
     def _on_reopen(self) -> None:
         """Re-attach process-bound state after :meth:`reopen`; default does nothing."""

@@ -36,7 +36,6 @@ import signal
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import AtomicCommitError, SandboxError
 from sandbox_core.journal import (
     CommitJournal,
@@ -109,18 +108,14 @@ def probe_commit_landed(sandbox: Any) -> bool | None:
 def adopt_landed_commit(sandbox: Any) -> None:
     """Put a sandbox whose commit landed (or may have) into COMMITTED so it can be rolled back.
 
-    Uses the sandbox's own ``adopt_landed_commit()`` when it has one; for a
-    :class:`~sandbox_core.base.BaseSandbox` it sets the status directly (the commit happened,
-    only the record of it was lost).
+    Uses the sandbox's ``adopt_landed_commit()`` (every :class:`~sandbox_core.base.BaseSandbox`
+    has one): the commit happened, only the record of it was lost.
     """
     if sandbox is None or getattr(sandbox, "status", None) is SandboxStatus.COMMITTED:
         return
     adopt = getattr(sandbox, "adopt_landed_commit", None)
     if callable(adopt):
         adopt()
-    elif isinstance(sandbox, BaseSandbox):
-        # BaseSandbox has no public setter for this one recovery-only edge.
-        sandbox._status = SandboxStatus.COMMITTED
 
 
 class PlanCommitSaga:

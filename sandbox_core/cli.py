@@ -1,0 +1,501 @@
+"""``sandbox-core``: the command-line face of sandbox_core.
+
+Every command works on sandboxes persisted in a state directory (``--state-dir``, default
+``$SANDBOX_CORE_STATE_DIR`` or ``~/.local/state/sandbox-core``), so separate invocations — and the
+operator's pod executor, which drives this CLI through the exec API — see the same sandboxes.
+
+Output is human-readable; ``--json`` prints exactly one JSON document on stdout instead.
+Errors print ``{"error": {"type": ..., "message": ...}}`` with ``--json``.
+
+Exit codes:
+    0  success
+    1  a sandbox error (creation, rollback, cleanup, I/O)
+    2  usage error (bad arguments; click's own code)
+    3  not found (unknown sandbox or checkpoint id)
+    4  invalid state for the operation (SandboxStateError)
+    5  commit refused because of conflicts; nothing was changed
+    6  atomic plan commit failed and every committed sandbox was compensated
+    7  atomic plan commit failed and at least one compensation failed
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from sandbox_core import _fs_utils
+from sandbox_core.base import BaseSandbox
+from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.errors import (
+    AtomicCommitError,
+    SandboxCommitError,
+    SandboxError,
+    SandboxStateError,
+)
+from sandbox_core.factory import SandboxFactory, SandboxStrategy
+from sandbox_core.manager import SandboxManager
+from sandbox_core.store import SandboxStore
+
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 3
+EXIT_STATE = 4
+EXIT_CONFLICT = 5
+EXIT_COMPENSATED = 6
+EXIT_COMPENSATION_FAILED = 7
+
+
+class CliState:
+    """Options shared by every command (the click context object)."""
+
+    def __init__(self, json_output: bool, state_dir: str | None, sandbox_root: str | None) -> None:
+        self.json_output = json_output
+        self.store = SandboxStore(state_dir)
+        self.sandbox_root = sandbox_root
+        self.factory = SandboxFactory()
+
+    def emit(self, payload: dict[str, Any], human: str) -> None:
+        """Print ``payload`` as JSON with ``--json``, else the human-readable text."""
+        if self.json_output:
+            click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
+        else:
+            click.echo(human)
+
+    def fail(self, code: int, exc: BaseException, **extra: Any) -> NoReturn:
+        """Report ``exc`` and exit with ``code``."""
+        if self.json_output:
+            error = {"type": type(exc).__name__, "message": str(exc), **extra}
+            click.echo(json.dumps({"error": error}, indent=2, sort_keys=True, default=str))
+        else:
+            click.echo(f"error: {exc}", err=True)
+        sys.exit(code)
+
+    def load(self, sandbox_id: str) -> BaseSandbox:
+        """Re-open a persisted sandbox (exit 3 when unknown)."""
+        try:
+            record = self.store.load(sandbox_id)
+        except SandboxError as exc:
+            self.fail(EXIT_NOT_FOUND, exc)
+        return self.factory.reopen(record)
+
+    def manager(self) -> SandboxManager:
+        """A manager over the state directory, with the plan's sandboxes re-opened lazily."""
+        return SandboxManager(self.factory, cleanup_on_exit=False, store=self.store)
+
+    def checkpoints(self) -> CheckpointManager:
+        """A checkpoint manager persisting into the state directory."""
+        return CheckpointManager(state_dir=self.store.state_dir / "checkpoints")
+
+
+def _describe(sandbox: BaseSandbox) -> dict[str, Any]:
+    record = sandbox.to_record()
+    context = sandbox.context
+    return {
+        "sandbox_id": sandbox.sandbox_id,
+        "strategy": sandbox.strategy,
+        "status": sandbox.status.value,
+        "resource_id": sandbox.resource_id,
+        "original_path": sandbox.original_path,
+        "plan_id": context.plan_id if context else None,
+        "sandbox_path": context.sandbox_path if context else None,
+        "metadata": dict(context.metadata) if context else {},
+        "record": record,
+    }
+
+
+@contextmanager
+def _progress(state: CliState, label: str) -> Iterator[None]:
+    """Show elapsed seconds on stderr while a long step runs (human mode only)."""
+    if state.json_output or not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(0.5):
+            click.echo(f"\r{label} ... {time.monotonic() - started:5.1f}s", err=True, nl=False)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        click.echo(f"\r{label} ... done in {time.monotonic() - started:.1f}s", err=True)
+
+
+def _guard(state: CliState, action: Callable[[], None]) -> None:
+    """Run ``action``, mapping core errors to the documented exit codes."""
+    try:
+        action()
+    except SandboxCommitError as exc:
+        if exc.conflicts:
+            state.fail(EXIT_CONFLICT, exc, conflicts=exc.conflicts)
+        state.fail(EXIT_ERROR, exc)
+    except SandboxStateError as exc:
+        state.fail(EXIT_STATE, exc)
+    except AtomicCommitError as exc:
+        code = EXIT_COMPENSATION_FAILED if exc.failed_rollback_ids else EXIT_COMPENSATED
+        state.fail(
+            code,
+            exc,
+            rolled_back_ids=exc.rolled_back_ids,
+            failed_rollback_ids=exc.failed_rollback_ids,
+        )
+    except (SandboxError, ValueError) as exc:
+        state.fail(EXIT_ERROR, exc)
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--option")
+        options[key] = value
+    return options
+
+
+@click.group()
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON document on stdout.")
+@click.option(
+    "--state-dir",
+    envvar="SANDBOX_CORE_STATE_DIR",
+    type=click.Path(file_okay=False),
+    help="Where sandbox records live (default ~/.local/state/sandbox-core).",
+)
+@click.option(
+    "--sandbox-root",
+    envvar="SANDBOX_CORE_ROOT",
+    type=click.Path(file_okay=False),
+    help="Where sandbox copies, worktrees and overlay layers are made.",
+)
+@click.version_option(package_name="sandbox-operator")
+@click.pass_context
+def main(
+    ctx: click.Context, json_output: bool, state_dir: str | None, sandbox_root: str | None
+) -> None:
+    """Isolated, reviewable, all-or-nothing writes for plan executions."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ctx.obj = CliState(json_output, state_dir, sandbox_root)
+
+
+@main.command()
+@click.option("--plan", "plan_id", required=True, help="Plan id owning the sandbox.")
+@click.option("--resource", "resource_id", required=True, help="Resource id being sandboxed.")
+@click.option(
+    "--strategy",
+    required=True,
+    type=click.Choice([s.value for s in SandboxStrategy]),
+    help="Sandbox strategy.",
+)
+@click.option("--option", "options", multiple=True, help="Strategy option KEY=VALUE (repeatable).")
+@click.option("--sandbox-id", default=None, help="Use this id (a ULID) instead of a new one.")
+@click.argument("original_path")
+@click.pass_obj
+def create(
+    state: CliState,
+    plan_id: str,
+    resource_id: str,
+    strategy: str,
+    options: tuple[str, ...],
+    sandbox_id: str | None,
+    original_path: str,
+) -> None:
+    """Create a sandbox of ORIGINAL_PATH (a directory, a git repository, or a database DSN)."""
+    extra: dict[str, Any] = _parse_options(options)
+    if state.sandbox_root:
+        extra.setdefault("sandbox_root", state.sandbox_root)
+    if sandbox_id:
+        extra["sandbox_id"] = sandbox_id
+
+    def run() -> None:
+        sandbox = state.factory.create(strategy, resource_id, original_path, **extra)
+        with _progress(state, f"creating {strategy} sandbox of {original_path}"):
+            try:
+                sandbox.create(plan_id)
+            finally:
+                state.store.save(sandbox)
+        info = _describe(sandbox)
+        state.emit(info, f"{sandbox.sandbox_id}\t{strategy}\t{info['sandbox_path']}")
+
+    _guard(state, run)
+
+
+@main.command("list")
+@click.option("--plan", "plan_id", default=None, help="Only this plan's sandboxes.")
+@click.pass_obj
+def list_(state: CliState, plan_id: str | None) -> None:
+    """List persisted sandboxes."""
+
+    def run() -> None:
+        sandboxes = [state.factory.reopen(r) for r in state.store.records(plan_id)]
+        rows = [_describe(s) for s in sandboxes]
+        lines = [
+            f"{r['sandbox_id']}\t{r['plan_id']}\t{r['resource_id']}\t{r['strategy']}\t{r['status']}"
+            for r in rows
+        ]
+        state.emit({"sandboxes": rows}, "\n".join(lines) if lines else "no sandboxes")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.pass_obj
+def status(state: CliState, sandbox_id: str) -> None:
+    """Show one sandbox."""
+    sandbox = state.load(sandbox_id)
+    info = _describe(sandbox)
+    state.emit(info, json.dumps({k: v for k, v in info.items() if k != "record"}, indent=2))
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.argument("resource_path")
+@click.pass_obj
+def path(state: CliState, sandbox_id: str, resource_path: str) -> None:
+    """Print the sandbox path of RESOURCE_PATH (activates the sandbox)."""
+    sandbox = state.load(sandbox_id)
+
+    def run() -> None:
+        try:
+            resolved = sandbox.get_path(resource_path)
+        finally:
+            state.store.save(sandbox)
+        state.emit({"sandbox_id": sandbox_id, "path": resolved}, resolved)
+
+    _guard(state, run)
+
+
+def sandbox_diff(sandbox: BaseSandbox) -> str:
+    """Unified diff of the sandbox against its original.
+
+    Uses the strategy's own ``diff()`` when it has one (git_worktree), else compares the trees.
+    """
+    native = getattr(sandbox, "diff", None)
+    if callable(native):
+        return str(native())
+    context = sandbox.context
+    if context is None:
+        raise SandboxStateError(f"sandbox {sandbox.sandbox_id} has not been created")
+    return _fs_utils.compute_diff(context.original_path, context.sandbox_path)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.pass_obj
+def diff(state: CliState, sandbox_id: str) -> None:
+    """Show the unified diff between the sandbox and its original."""
+    sandbox = state.load(sandbox_id)
+
+    def run() -> None:
+        text = sandbox_diff(sandbox)
+        state.emit({"sandbox_id": sandbox_id, "diff": text}, text.rstrip("\n") or "(no changes)")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.option("-m", "--message", default=None, help="Commit message.")
+@click.pass_obj
+def commit(state: CliState, sandbox_id: str, message: str | None) -> None:
+    """Commit one sandbox's changes to its original."""
+    sandbox = state.load(sandbox_id)
+
+    def run() -> None:
+        try:
+            result = sandbox.commit(message)
+        finally:
+            state.store.save(sandbox)
+        state.emit(result.to_dict(), _format_result(result.to_dict()))
+
+    _guard(state, run)
+
+
+def _format_result(result: dict[str, Any]) -> str:
+    lines = [
+        f"sandbox {result['sandbox_id']}: {'committed' if result['success'] else 'FAILED'}"
+        + (f" ({result['commit_ref']})" if result.get("commit_ref") else "")
+    ]
+    for label, key in (("changed", "changed_files"), ("added", "added_files")):
+        if result.get(key):
+            lines.append(f"  {label}: {', '.join(result[key])}")
+    if result.get("deleted_files"):
+        lines.append(f"  deleted: {', '.join(result['deleted_files'])}")
+    if result.get("error"):
+        lines.append(f"  error: {result['error']}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.pass_obj
+def rollback(state: CliState, sandbox_id: str) -> None:
+    """Discard the sandbox's changes (ACTIVE) or undo its commit (COMMITTED)."""
+    sandbox = state.load(sandbox_id)
+
+    def run() -> None:
+        try:
+            sandbox.rollback()
+        finally:
+            state.store.save(sandbox)
+        state.emit(_describe(sandbox), f"sandbox {sandbox_id}: {sandbox.status.value}")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.pass_obj
+def cleanup(state: CliState, sandbox_id: str) -> None:
+    """Remove every artefact of the sandbox and forget it. The original is never touched."""
+    sandbox = state.load(sandbox_id)
+
+    def run() -> None:
+        sandbox.cleanup()
+        state.store.delete(sandbox_id)
+        state.emit({"sandbox_id": sandbox_id, "status": sandbox.status.value}, "cleaned up")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("sandbox_id")
+@click.option("--phase", default="manual", show_default=True, help="Phase label of the checkpoint.")
+@click.option("--meta", "meta", multiple=True, help="Metadata KEY=VALUE (repeatable).")
+@click.pass_obj
+def checkpoint(state: CliState, sandbox_id: str, phase: str, meta: tuple[str, ...]) -> None:
+    """Snapshot the sandbox so it can be restored later."""
+    sandbox = state.load(sandbox_id)
+    plan_id = sandbox.context.plan_id if sandbox.context else ""
+    metadata = _parse_options(meta)
+
+    def run() -> None:
+        created = state.checkpoints().create_checkpoint(sandbox, plan_id, phase, metadata)
+        payload = created.model_dump(mode="json")
+        state.emit(payload, f"{created.checkpoint_id}\t{phase}\t{created.snapshot_path}")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("checkpoint_id")
+@click.pass_obj
+def restore(state: CliState, checkpoint_id: str) -> None:
+    """Restore a sandbox to CHECKPOINT_ID."""
+    manager = state.checkpoints()
+
+    def run() -> None:
+        found = manager.get_checkpoint(checkpoint_id)
+        if found is None:
+            state.fail(EXIT_NOT_FOUND, SandboxError(f"no checkpoint with id {checkpoint_id}"))
+        sandbox = state.load(found.sandbox_id)
+        if not manager.restore(sandbox, found):
+            raise SandboxError(f"restore of checkpoint {checkpoint_id} failed")
+        state.store.save(sandbox)
+        state.emit(
+            {"checkpoint_id": checkpoint_id, "sandbox_id": found.sandbox_id, "restored": True},
+            f"sandbox {found.sandbox_id} restored to checkpoint {checkpoint_id}",
+        )
+
+    _guard(state, run)
+
+
+@main.command("commit-plan")
+@click.argument("plan_id")
+@click.option("-m", "--message", default=None, help="Commit message for every sandbox.")
+@click.pass_obj
+def commit_plan(state: CliState, plan_id: str, message: str | None) -> None:
+    """Atomically commit every sandbox of PLAN_ID: all committed, or all compensated (LIFO)."""
+
+    def run() -> None:
+        manager = state.manager()
+        manager.reopen_plan(plan_id)
+        results = manager.commit_all(plan_id, message=message)
+        payload = {"plan_id": plan_id, "results": [r.to_dict() for r in results]}
+        failed = [r for r in results if not r.success]
+        if failed:
+            meta = failed[0].metadata
+            error = AtomicCommitError(
+                failed[0].error or "atomic commit failed",
+                list(meta.get("rolled_back_ids", [])),
+                list(meta.get("failed_rollback_ids", [])),
+            )
+            code = EXIT_COMPENSATION_FAILED if error.failed_rollback_ids else EXIT_COMPENSATED
+            if not state.json_output:
+                click.echo(f"  rolled back: {', '.join(error.rolled_back_ids) or '(none)'}")
+                if error.failed_rollback_ids:
+                    click.echo(f"  FAILED rollbacks: {', '.join(error.failed_rollback_ids)}")
+            state.fail(
+                code,
+                error,
+                rolled_back_ids=error.rolled_back_ids,
+                failed_rollback_ids=error.failed_rollback_ids,
+                results=payload["results"],
+            )
+        human = "\n".join(_format_result(r.to_dict()) for r in results)
+        state.emit(payload, human or "nothing to commit")
+
+    _guard(state, run)
+
+
+@main.command()
+@click.argument("plan_id")
+@click.pass_obj
+def recover(state: CliState, plan_id: str) -> None:
+    """Finish a plan commit interrupted by a crash (all committed, or all compensated)."""
+
+    def run() -> None:
+        manager = state.manager()
+        manager.reopen_plan(plan_id)
+        journal = manager.recover(plan_id)
+        if journal is None:
+            state.emit({"plan_id": plan_id, "journal": None}, f"plan {plan_id}: no commit journal")
+            return
+        payload = {"plan_id": plan_id, "journal": journal.model_dump(mode="json")}
+        state.emit(payload, f"plan {plan_id}: {journal.phase.value} ({journal.reason.value})")
+
+    _guard(state, run)
+
+
+@main.command("serve-workspace")
+def serve_workspace() -> None:
+    """Idle until SIGTERM: the workspace Pod's main process (the operator execs into it)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    click.echo("sandbox-core workspace ready", err=True)
+    while not stop.wait(3600):
+        pass
+
+
+@main.command()
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the demo builds its repository (default: a new temp dir).",
+)
+@click.option("--source-tree", default=None, help="Real source tree to build the repository from.")
+def demo(workdir: str | None, source_tree: str | None) -> None:
+    """The main job: a real repository, two sandboxes, a diff, an atomic commit, a compensation."""
+    from sandbox_core._demo import run_demo
+
+    sys.exit(run_demo(Path(workdir) if workdir else None, source_tree))
+
+
+if __name__ == "__main__":
+    main()
