@@ -78,3 +78,286 @@ def json_of(data: Any) -> str:
     import json
 
     return json.dumps(data)
+
+
+def write_in_sandbox(status: dict[str, Any], name: str, text: str) -> None:
+    """An actor's write: straight into the sandbox path."""
+    (Path(status["sandboxPath"]) / name).write_text(text)
+
+
+def three_sandbox_plan(cluster: Cluster, tmp_path: Path, plan: str) -> dict[str, Any]:
+    """git_worktree, copy_on_write and overlay Sandboxes of ``plan``, Active, each with a write."""
+    repo = make_repo(tmp_path / "repo", {"f.txt": "r0\n"})
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    layer = make_dir(tmp_path / "layer", {"h.txt": "o0\n"})
+    cluster.create(sandbox_manifest("sa-git", plan, "git_worktree", repo))
+    cluster.create(sandbox_manifest("sb-copy", plan, "copy_on_write", data))
+    cluster.create(sandbox_manifest("sc-overlay", plan, "overlay", layer))
+    out: dict[str, Any] = {"repo": repo, "data": data, "layer": layer}
+    for name, file, text in (
+        ("sa-git", "f.txt", "r1\n"),
+        ("sb-copy", "g.txt", "d1\n"),
+        ("sc-overlay", "h.txt", "o1\n"),
+    ):
+        status = ready(cluster, name)
+        write_in_sandbox(status, file, text)
+        out[name] = status
+    return out
+
+
+def test_plancommit_commits_every_sandbox_of_the_plan(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    operator.start()
+    plan = three_sandbox_plan(cluster, tmp_path, "plan-ok")
+    cluster.create(plancommit_manifest("pc-ok", "plan-ok", message="apply plan-ok"))
+    waited = cluster.kubectl(
+        "wait", "--for=condition=Committed", "pcommit/pc-ok", "--timeout=90s", check=False
+    )
+    assert waited.returncode == 0, (waited.stderr, cluster.status("pcommit", "pc-ok"))
+    status = cluster.status("pcommit", "pc-ok")
+    assert status["phase"] == "Committed"
+    assert [s["state"] for s in status["sandboxes"]] == ["Committed"] * 3
+    assert all(r["success"] for r in status["results"])
+    assert (plan["repo"] / "f.txt").read_text() == "r1\n"
+    assert (plan["data"] / "g.txt").read_text() == "d1\n"
+    assert (plan["layer"] / "h.txt").read_text() == "o1\n"
+    for name in ("sa-git", "sb-copy", "sc-overlay"):
+        sandbox = cluster.status("sandbox", name)
+        assert sandbox["phase"] == "Committed"
+        assert sandbox["lastCommit"]["success"] is True
+        assert sandbox["lastCommit"]["planCommit"] == "pc-ok"
+
+
+def test_plancommit_failure_compensates_and_names_the_ids(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    repo = make_repo(tmp_path / "repo", {"f.txt": "line1\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("a-copy", "plan-bad", "copy_on_write", data))
+    write_in_sandbox(ready(cluster, "a-copy"), "g.txt", "d1\n")
+    cluster.create(sandbox_manifest("b-git", "plan-bad", "git_worktree", repo))
+    write_in_sandbox(ready(cluster, "b-git"), "f.txt", "sandbox\n")
+    (repo / "f.txt").write_text("main\n")  # a conflicting commit on the original (case 03)
+    git(repo, "commit", "-qam", "main moved")
+    head_before = git(repo, "rev-parse", "HEAD")
+    cluster.create(plancommit_manifest("pc-bad", "plan-bad"))
+    status = cluster.wait_phase("pcommit", "pc-bad", {"Failed", "Committed", "RolledBack"})
+    copy_id = cluster.status("sandbox", "a-copy")["sandboxId"]
+    git_id = cluster.status("sandbox", "b-git")["sandboxId"]
+    assert status["phase"] == "Failed"
+    assert status["failedSandboxId"] == git_id
+    assert status["rolledBackIds"] == [copy_id]
+    assert status["failedRollbackIds"] == []
+    committed = cluster.condition("pcommit", "pc-bad", "Committed")
+    assert committed["status"] == "False"
+    assert committed["reason"] in ("Conflict", "SandboxCommitFailed")
+    assert "b-git" in committed["message"] and git_id in committed["message"]
+    rolled = cluster.condition("pcommit", "pc-bad", "RolledBack")
+    assert rolled["status"] == "True" and copy_id in rolled["message"]
+    assert cluster.condition("pcommit", "pc-bad", "RollbackFailed")["status"] == "False"
+    assert [s["state"] for s in status["sandboxes"]] == ["Compensated", "Failed"]
+    assert (data / "g.txt").read_text() == "d0\n"  # compensated
+    assert git(repo, "rev-parse", "HEAD") == head_before  # the original is untouched
+    warnings = [e for e in cluster.events("pc-bad") if e["type"] == "Warning"]
+    assert warnings and copy_id in warnings[0]["message"]
+
+
+def test_terminal_plancommit_is_never_reprocessed_across_restarts(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Case 22: the first sandbox conflicts, nothing to compensate, three restarts change
+    nothing; the sandboxes stay usable and a later PlanCommit succeeds."""
+    repo = make_repo(tmp_path / "repo", {"f.txt": "line1\n"})
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("a-git", "p3", "git_worktree", repo))
+    write_in_sandbox(ready(cluster, "a-git"), "f.txt", "sandbox\n")
+    cluster.create(sandbox_manifest("b-copy", "p3", "copy_on_write", data))
+    write_in_sandbox(ready(cluster, "b-copy"), "g.txt", "d1\n")
+    (repo / "f.txt").write_text("main\n")
+    git(repo, "commit", "-qam", "main")
+    cluster.create(plancommit_manifest("pc3", "p3"))
+    status = cluster.wait_phase("pcommit", "pc3", {"Failed", "Committed", "RolledBack"})
+    assert status["phase"] == "Failed"
+    assert status["rolledBackIds"] == []
+    assert cluster.condition("pcommit", "pc3", "RolledBack")["reason"] == "NothingToRollBack"
+    assert (data / "g.txt").read_text() == "d0\n"
+    events_before = len(cluster.events("pc3"))
+    for _ in range(3):
+        operator.stop()
+        operator.start()
+        wait_for(lambda: "resuming" in operator.logs().lower() or True, 5)
+    import time
+
+    time.sleep(4)  # give a wrongly re-processing operator the time to do it
+    assert cluster.status("pcommit", "pc3") == status
+    assert len(cluster.events("pc3")) == events_before
+    # The sandboxes are still usable: resolve the conflict in A, commit again.
+    a_status = cluster.status("sandbox", "a-git")
+    assert a_status["phase"] == "Active"
+    git(Path(a_status["sandboxPath"]), "merge", "-q", "-X", "theirs", "main")
+    cluster.create(plancommit_manifest("pc3-again", "p3"))
+    again = cluster.wait_phase("pcommit", "pc3-again", {"Failed", "Committed", "RolledBack"})
+    assert again["phase"] == "Committed", again
+    assert (data / "g.txt").read_text() == "d1\n"
+
+
+def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Case 20: SIGKILL right after the first sandbox's commit is journaled; a new operator
+    finishes the PlanCommit (all committed or all compensated), never committing twice."""
+    operator.start()
+    plan = three_sandbox_plan(cluster, tmp_path, "plan-crash")
+    head_before = git(plan["repo"], "rev-parse", "HEAD")
+    operator.stop()
+    operator.start({"SANDBOX_CORE_FAULT": "after_record:1"})
+    cluster.create(plancommit_manifest("pc-crash", "plan-crash"))
+    assert operator.wait_exit(90) != 0  # the fault hook killed it
+    mid = cluster.status("pcommit", "pc-crash")
+    assert mid["phase"] == "Committing"
+    assert [s["state"] for s in mid["sandboxes"]][0] == "Committed"
+    operator.start()
+    final = cluster.wait_phase("pcommit", "pc-crash", {"Committed", "RolledBack", "Failed"})
+    changed = [
+        (plan["repo"] / "f.txt").read_text() == "r1\n",
+        (plan["data"] / "g.txt").read_text() == "d1\n",
+        (plan["layer"] / "h.txt").read_text() == "o1\n",
+    ]
+    assert all(changed) or not any(changed), (changed, final)
+    if final["phase"] == "Committed":
+        assert all(changed)
+    else:
+        assert git(plan["repo"], "rev-parse", "HEAD") == head_before
+        assert final["rolledBackIds"] == [mid["sandboxes"][0]["sandboxId"]]
+        assert cluster.condition("pcommit", "pc-crash", "RolledBack")["status"] == "True"
+    log = git(plan["repo"], "log", "--format=%s", "--all")
+    assert log.count("plan-crash") <= 1  # the git sandbox was merged at most once
+
+
+def test_checkpoint_and_restore_request(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("s-ck", "plan-ck", "copy_on_write", data))
+    status = ready(cluster, "s-ck")
+    write_in_sandbox(status, "g.txt", "checkpointed\n")
+    cluster.create(checkpoint_manifest("c1", "s-ck"))
+    checkpoint = cluster.wait_phase("checkpoint", "c1", {"Ready", "Failed"})
+    assert checkpoint["phase"] == "Ready", checkpoint
+    assert checkpoint["sandboxId"] == status["sandboxId"]
+    assert checkpoint["kind"] == "directory-snapshot"
+    assert Path(checkpoint["snapshotLocation"]).is_dir()
+    write_in_sandbox(status, "g.txt", "later\n")
+    cluster.kubectl(
+        "patch",
+        "sandbox",
+        "s-ck",
+        "--type=merge",
+        "-p",
+        '{"spec":{"restoreRequest":{"id":"r1","checkpointName":"c1"}}}',
+    )
+    wait_for(lambda: cluster.status("sandbox", "s-ck").get("lastRestoreRequestId") == "r1", 60)
+    assert (Path(status["sandboxPath"]) / "g.txt").read_text() == "checkpointed\n"
+    assert cluster.condition("sandbox", "s-ck", "Restored")["status"] == "True"
+    # Rollback request: discard all changes, once per id; the sandbox stays usable.
+    cluster.kubectl(
+        "patch", "sandbox", "s-ck", "--type=merge", "-p", '{"spec":{"rollbackRequest":{"id":"x1"}}}'
+    )
+    wait_for(lambda: cluster.status("sandbox", "s-ck").get("lastRollbackRequestId") == "x1", 60)
+    assert (Path(status["sandboxPath"]) / "g.txt").read_text() == "d0\n"
+    assert cluster.status("sandbox", "s-ck")["phase"] == "Active"
+    # Deleting the Checkpoint removes its snapshot through the finalizer.
+    cluster.kubectl("delete", "checkpoint", "c1", "--timeout=60s")
+    assert not Path(checkpoint["snapshotLocation"]).exists()
+    assert (data / "g.txt").read_text() == "d0\n"
+
+
+def test_deletion_cleans_up_through_the_finalizer(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"f.txt": "base\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("s-del", "plan-del", "git_worktree", repo))
+    status = ready(cluster, "s-del")
+    write_in_sandbox(status, "new.txt", "x\n")
+    assert len(git(repo, "worktree", "list").splitlines()) == 2
+    cluster.kubectl("delete", "sandbox", "s-del", "--timeout=60s")
+    assert cluster.gone("sandbox", "s-del")
+    assert not Path(status["sandboxPath"]).exists()
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert git(repo, "branch", "--list").strip() == "* main"
+    assert (repo / "f.txt").read_text() == "base\n" and not (repo / "new.txt").exists()
+
+
+def test_plancommit_with_cleanup_policy_delete_removes_the_plans_sandboxes(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("s-plan", "plan-gc", "copy_on_write", data))
+    status = ready(cluster, "s-plan")
+    cluster.create(
+        plancommit_manifest("pc-gc", "plan-gc", action="Rollback", cleanupPolicy="Delete")
+    )
+    rolled = cluster.wait_phase("pcommit", "pc-gc", {"RolledBack", "Failed"})
+    assert rolled["phase"] == "RolledBack"
+    assert rolled["rolledBackIds"] == [status["sandboxId"]]
+    cluster.kubectl("delete", "pcommit", "pc-gc", "--timeout=60s")
+    wait_for(lambda: cluster.gone("sandbox", "s-plan"), 60, "plan sandboxes deleted")
+    assert not Path(status["sandboxPath"]).exists()
+    assert (data / "g.txt").read_text() == "d0\n"
+
+
+def test_ttl_deletes_finished_sandboxes(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    cluster.create(
+        sandbox_manifest("s-ttl", "plan-ttl", "copy_on_write", data, ttlSecondsAfterFinished=1)
+    )
+    write_in_sandbox(ready(cluster, "s-ttl"), "g.txt", "d1\n")
+    cluster.create(plancommit_manifest("pc-ttl", "plan-ttl"))
+    cluster.wait_phase("pcommit", "pc-ttl", {"Committed", "Failed"})
+    wait_for(lambda: cluster.gone("sandbox", "s-ttl"), 60, "TTL deletion")
+    assert (data / "g.txt").read_text() == "d1\n"
+
+
+def test_strategy_none_posts_a_warning_event(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    cluster.create(sandbox_manifest("s-none", "plan-none", "none", data))
+    ready(cluster, "s-none")
+    events = wait_for(
+        lambda: [e for e in cluster.events("s-none") if e["reason"] == "NoSandbox"], 30
+    )
+    assert events[0]["type"] == "Warning"
+
+
+def test_a_missing_source_ends_in_a_condition_not_a_retry_loop(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    operator.start()
+    cluster.create(sandbox_manifest("s-missing", "plan-x", "git_worktree", tmp_path / "nope"))
+    status = cluster.wait_phase("sandbox", "s-missing", {"Errored", "Active"})
+    assert status["phase"] == "Errored"
+    ready_condition = cluster.condition("sandbox", "s-missing", "Ready")
+    assert ready_condition["status"] == "False"
+    assert ready_condition["reason"] == "SandboxCreationFailed"
+    assert [e for e in cluster.events("s-missing") if e["type"] == "Warning"]
+
+
+def test_bad_custom_resources_are_refused_at_apply(cluster: Cluster) -> None:
+    bad = sandbox_manifest("s-bad", "plan", "bogus", "/tmp")
+    result = cluster.apply(bad)
+    assert result.returncode != 0
+    assert "spec.strategy" in result.stderr and "Unsupported value" in result.stderr
+    cluster.create(sandbox_manifest("s-imm", "plan", "copy_on_write", "/tmp/x"))
+    changed = cluster.apply(sandbox_manifest("s-imm", "other-plan", "copy_on_write", "/tmp/x"))
+    assert changed.returncode != 0 and "immutable" in changed.stderr.lower()

@@ -8,9 +8,6 @@ from datetime import UTC, datetime, timedelta
 import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
-
-from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
-from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 from sandbox_operator.conditions import find_condition, set_condition
 from sandbox_operator.errors import classify, to_kopf
 from sandbox_operator.executors.base import SandboxState, SandboxTarget, sandbox_id_for_uid
@@ -29,6 +26,9 @@ from sandbox_operator.models import PlanCommitAction, SandboxOptions, SandboxPha
 from sandbox_operator.plancommit_handlers import blocking_plancommit
 from sandbox_operator.sandbox_handlers import status_of_state, target_from_body, ttl_expired
 from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
+
+from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
+from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
