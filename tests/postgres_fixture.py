@@ -51,7 +51,11 @@ def postgres_dsn() -> str:
 
 @pytest.fixture
 def postgres_schema_dsn(postgres_dsn: str) -> Iterator[str]:
-    """DSN confined to a new schema ``t_<hex>``; the schema is dropped after the test."""
+    """DSN confined to a new schema ``t_<hex>``; the schema is dropped after the test.
+
+    Close every connection to it first: request this fixture before the fixture that owns them,
+    or register their cleanup with ``request.addfinalizer`` after requesting it.
+    """
     schema = f"t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
@@ -59,4 +63,6 @@ def postgres_schema_dsn(postgres_dsn: str) -> Iterator[str]:
         yield with_search_path(postgres_dsn, schema)
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            # A transaction a test left open would block the drop forever: fail instead.
+            conn.execute("SET lock_timeout = '20s'")
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
