@@ -83,6 +83,10 @@ class _ReplayError(Exception):
     """A logged statement failed when replayed into a fresh transaction."""
 
 
+class _AlreadyCommittedError(Exception):
+    """The commit marker exists: another process (or a crashed one) committed this sandbox."""
+
+
 class TransactionSandbox(BaseSandbox):
     """Strategy ``transaction_rollback``: writes held in one database transaction until commit.
 
@@ -235,6 +239,11 @@ class TransactionSandbox(BaseSandbox):
                 self._drop_connection()
                 return self._result(recorded, already_committed=True)
             connection = self._open_transaction()
+        except _AlreadyCommittedError:
+            # Committed by another process between the two checks.
+            recorded = self._read_marker()
+            assert recorded is not None  # markers are never deleted by sandbox_core
+            return self._result(recorded, already_committed=True)
         except (DatabaseError, _ReplayError) as exc:
             self._drop_connection()
             raise SandboxCommitError(f"commit of sandbox {self.sandbox_id} failed: {exc}") from exc
@@ -332,6 +341,11 @@ class TransactionSandbox(BaseSandbox):
     def _open_for_statement(self) -> Connection:
         try:
             return self._open_transaction()
+        except _AlreadyCommittedError as exc:
+            raise SandboxStateError(
+                f"sandbox {self.sandbox_id} was already committed (commit marker found); "
+                "call commit() to record the result"
+            ) from exc
         except _ReplayError as exc:
             self._status = SandboxStatus.ERRORED
             raise SandboxError(f"cannot restore sandbox {self.sandbox_id}: {exc}") from exc
@@ -346,6 +360,7 @@ class TransactionSandbox(BaseSandbox):
 
         Raises:
             DatabaseError: the database cannot be reached.
+            _AlreadyCommittedError: the commit marker exists; replaying would apply the log twice.
             _ReplayError: a logged statement fails on replay (the original changed under it).
         """
         if self._connection is not None and not self._connection.broken:
@@ -353,6 +368,7 @@ class TransactionSandbox(BaseSandbox):
         self._drop_connection()
         connection = self._connect()
         try:
+            self._refuse_if_committed(connection)
             connection.execute("BEGIN")
             for index, entry in enumerate(self._read_log(), start=1):
                 try:
@@ -368,6 +384,10 @@ class TransactionSandbox(BaseSandbox):
             raise
         self._connection = connection
         return connection
+
+    def _refuse_if_committed(self, connection: Connection) -> None:
+        if self._read_marker(connection) is not None:
+            raise _AlreadyCommittedError(self.sandbox_id)
 
     def _undo_statement(self, connection: Connection, exc: Exception) -> None:
         """Return the transaction to the state before the failed statement."""
@@ -393,9 +413,10 @@ class TransactionSandbox(BaseSandbox):
 
     # -- commit marker --------------------------------------------------------------------------
 
-    def _read_marker(self) -> dict[str, Any] | None:
-        """The marker row of this sandbox, read over a separate short connection."""
-        connection = self._connect()
+    def _read_marker(self, connection: Connection | None = None) -> dict[str, Any] | None:
+        """The marker row of this sandbox (over a separate short connection unless given)."""
+        own = connection is None
+        connection = connection or self._connect()
         try:
             table = check_identifier(self._bookkeeping_table)
             if not connection.table_exists(table):
@@ -407,7 +428,8 @@ class TransactionSandbox(BaseSandbox):
                 (self.sandbox_id,),
             )
         finally:
-            connection.close()
+            if own:
+                connection.close()
         if not rows:
             return None
         committed_at, statement_count, message = rows[0]
