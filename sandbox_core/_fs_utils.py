@@ -11,7 +11,7 @@ Public, stable API (re-exported by ``sandbox_core``):
 - :func:`compute_changes` / :func:`compute_diff`: what differs between two trees.
 - :func:`sync_tree` makes a target tree equal to a source tree, crash-safe and O(changes);
   :func:`recover_sync` finishes or undoes a sync interrupted by a crash; :func:`undo_sync`
-  reverts a finished sync from the backup it kept.
+  reverts a finished sync from the backup it kept; :func:`lock_tree` serialises committers.
 
 Conventions: paths in results are POSIX paths relative to the tree root, sorted. Symlinks are
 never followed (case 06). File equality uses rsync's quick check: equal size and mtime (ns) mean
@@ -35,7 +35,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -522,6 +522,26 @@ def _staging_dirs(target: str) -> list[str]:
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(target) as it:
         found += [i.path for i in it if i.name.startswith(INNER_STAGING_PREFIX)]
     return sorted(found)
+
+
+@contextlib.contextmanager
+def lock_tree(target: StrPath) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on directory ``target`` for a compare-then-sync sequence.
+
+    Two committers of the same original serialise here, so neither syncs on a comparison the
+    other made stale. The lock lives on the directory itself (no lock file is left beside it)
+    and is released by the kernel if the process dies. :func:`sync_tree` does not take it: the
+    caller holds it around its own comparison and the sync.
+
+    Raises:
+        OSError: ``target`` cannot be opened.
+    """
+    fd = os.open(os.fspath(target), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _ancestors(rel: str) -> Iterable[str]:

@@ -487,3 +487,40 @@ def test_reopen_in_another_process_commits_the_same_sandbox(tmp_path: Path, root
 
 def test_fault_hook_is_unset_by_default() -> None:
     assert fs.fault_hook is None
+
+
+def test_two_sandboxes_committing_the_same_path_concurrently_one_wins(
+    tmp_path: Path, root: Path
+) -> None:
+    import threading
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i in range(300):
+        (src / "sub" / f"f{i}").write_text("base\n")
+    first, second = _sandbox(src, root), _sandbox(src, root)
+    for sandbox, text in ((first, "first\n"), (second, "second\n")):
+        for i in range(300):
+            Path(sandbox.get_path(f"sub/f{i}")).write_text(text)
+    outcomes: dict[str, object] = {}
+
+    def commit(name: str, sandbox: CopyOnWriteSandbox) -> None:
+        try:
+            outcomes[name] = sandbox.commit()
+        except SandboxCommitError as exc:
+            outcomes[name] = exc
+
+    threads = [
+        threading.Thread(target=commit, args=(name, sandbox))
+        for name, sandbox in (("first", first), ("second", second))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors = [o for o in outcomes.values() if isinstance(o, SandboxCommitError)]
+    assert len(errors) == 1
+    assert len(errors[0].conflicts) == 300
+    contents = {(src / "sub" / f"f{i}").read_text() for i in range(300)}
+    assert len(contents) == 1  # one sandbox's version everywhere, never a mix
+    assert _staging_leftovers(tmp_path) == []

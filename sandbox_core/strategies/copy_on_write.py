@@ -35,10 +35,10 @@ from sandbox_core._fs_utils import (
     Entry,
     TreeChanges,
     backup_directory,
-    compute_changes,
     diff_entries,
     entries_differ,
     entry_of,
+    lock_tree,
     recover_sync,
     scan_tree,
     sync_tree,
@@ -133,11 +133,12 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_commit(self, message: str | None) -> CommitResult:
         source = self._source()
-        recover_sync(source)  # a crashed earlier sync must be repaired before comparing
-        changes = self._changes_to_apply(source)
-        if self._backup_dir.exists():
-            shutil.rmtree(self._backup_dir)
-        sync_tree(self.tree_dir, source, changes=changes, backup_dir=self._backup_dir)
+        with lock_tree(source):
+            recover_sync(source)  # a crashed earlier sync must be repaired before comparing
+            changes = self._changes_to_apply(source)
+            if self._backup_dir.exists():
+                shutil.rmtree(self._backup_dir)
+            sync_tree(self.tree_dir, source, changes=changes, backup_dir=self._backup_dir)
         metadata: dict[str, object] = {"strategy": self.strategy}
         if message:
             metadata["message"] = message
@@ -155,7 +156,8 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_rollback_committed(self) -> None:
         if (self._backup_dir / "undo.json").exists():
-            undo_sync(self._backup_dir, self._source())
+            with lock_tree(self._source()):
+                undo_sync(self._backup_dir, self._source())
             shutil.rmtree(self._backup_dir)
         self._reset_tree()
 
@@ -174,9 +176,14 @@ class CopyOnWriteSandbox(BaseSandbox):
         """
         exclude = self._exclude()
         base = self._read_manifest()
-        current = scan_tree(source, exclude=exclude)
+        current = scan_tree(source, exclude=exclude)  # one scan serves both comparisons
         drift = set(diff_entries(base, current).paths)
-        changes = compute_changes(source, self.tree_dir, exclude=exclude)
+        changes = diff_entries(
+            current,
+            scan_tree(self.tree_dir, exclude=exclude),
+            old_root=source,
+            new_root=self.tree_dir,
+        )
         if not drift:
             return changes
         conflicts: list[str] = []
