@@ -431,3 +431,50 @@ def test_case22_first_step_conflict_ends_failed_without_compensation(
     assert retried is not None
     assert retried.attempt == 2
     assert retried.phase is JournalPhase.COMMITTED
+
+
+def test_git_crash_inside_the_commit_window_is_compensated(
+    tmp_path: Path, git_identity: None
+) -> None:
+    """Case 20 on a real repository: the merge landed, nothing recorded it; recovery undoes it.
+
+    ``GitWorktreeSandbox`` rebuilds the lost ``CommitResult`` from its ``committed`` and
+    ``pre-commit`` tags (``adopt_landed_commit``), so compensation can move ``main`` back.
+    """
+    repo = tmp_path / "R"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "f").write_text("r0\n")
+    git(repo, "add", "f")
+    git(repo, "commit", "-qm", "base")
+    pre = git(repo, "rev-parse", "main")
+    directory = tmp_path / "D"
+    directory.mkdir()
+    (directory / "g").write_text("d0\n")
+    args = {
+        "action": "commit_new",
+        "plan_id": "p-git-window",
+        "state_dir": str(tmp_path / "state"),
+        "sandbox_root": str(tmp_path / "sandboxes"),
+        "sandboxes": [
+            {"resource_id": "A", "path": str(repo), "strategy": "git_worktree",
+             "writes": {"f": "r1\n"}},
+            {"resource_id": "B", "path": str(directory), "strategy": "copy_on_write",
+             "writes": {"g": "d1\n"}},
+        ],
+    }
+    crashed = run_child(args, fault="after_commit:1")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert (repo / "f").read_text() == "r1\n", "A's merge landed before the kill"
+
+    recovered = run_child({**args, "action": "recover"})
+    assert recovered.returncode == 0, recovered.stderr
+    state = json.loads(recovered.stdout)
+    assert state["phase"] == "rolled_back"
+    assert state["failed_rollback_ids"] == []
+    assert len(state["rolled_back_ids"]) == 1
+    assert git(repo, "rev-parse", "main") == pre
+    assert (repo / "f").read_text() == "r0\n"
+    assert (directory / "g").read_text() == "d0\n"
+    again = run_child({**args, "action": "recover"})
+    assert json.loads(again.stdout) == state, "a second recovery changes nothing"

@@ -172,6 +172,44 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxError(f"cannot check commit of sandbox {self.sandbox_id}: {exc}") from exc
         return landed.status == 0
 
+    def _rebuild_landed_commit(self) -> CommitResult | None:
+        """Result of a commit that landed but was never recorded (crash recovery, case 20).
+
+        The merged commit is taken to be the target's current tip: if anything moved the target
+        after our merge, the later rollback refuses (``_undo_commit``) rather than guess.
+        """
+        if not self.commit_landed():
+            return None
+        meta = self._meta()
+        original = self._original_git()
+        try:
+            tip = original.run("rev-parse", "--verify", f"{self._tag('committed')}^{{commit}}").out
+            pre = original.run(
+                "rev-parse", "--verify", "-q", f"{self._tag('pre-commit')}^{{commit}}", ok=(0, 1)
+            )
+            target = str(meta["target_ref"] or "HEAD")
+            merged = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
+            added, changed, deleted = self._classify(original, str(meta["base_commit"]), tip)
+        except GitFailure as exc:
+            message = f"cannot rebuild commit of sandbox {self.sandbox_id}: {exc}"
+            raise SandboxError(message) from exc
+        return CommitResult(
+            sandbox_id=self.sandbox_id,
+            success=True,
+            commit_ref=merged,
+            changed_files=changed,
+            added_files=added,
+            deleted_files=deleted,
+            metadata={
+                "strategy": self.strategy,
+                "branch": target,
+                "sandbox_commit": tip,
+                "pre_commit_sha": pre.out if pre.status == 0 else None,
+                "pre_commit_tag": self._tag("pre-commit"),
+                "landed_as": "recovered",
+            },
+        )
+
     def diff(self) -> str:
         """Unified diff (git format, binary files summarised) of the sandbox against its base.
 
