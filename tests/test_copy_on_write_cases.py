@@ -448,11 +448,15 @@ def test_rollback_from_active_resets_copy_and_rebases_on_the_original(
 # -- reopen in another process --------------------------------------------------------------------
 
 
-def test_reopen_in_another_process_commits_the_same_sandbox(tmp_path: Path, root: Path) -> None:
+def test_reopen_in_another_process_commits_the_same_sandbox(
+    tmp_path: Path, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOX_CORE_ROOT", str(root))
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_text("a\n")
-    sandbox = _sandbox(src, root)
+    sandbox = CopyOnWriteSandbox("res-1", str(src))  # default root, from the environment
+    sandbox.create("plan-1")
     Path(sandbox.get_path("new.txt")).write_text("from parent\n")
     record_file = tmp_path / "record.json"
     record_file.write_text(json.dumps(sandbox.to_record()))
@@ -466,9 +470,12 @@ def test_reopen_in_another_process_commits_the_same_sandbox(tmp_path: Path, root
         print(json.dumps(result.to_dict()))
         """
     )
+    # The child has another default sandbox root: the record alone must locate the sandbox.
+    env = {**os.environ, "SANDBOX_CORE_ROOT": str(tmp_path / "elsewhere")}
     proc = subprocess.run(
         [sys.executable, "-c", script, str(record_file)],
         cwd=REPO_ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=True,
@@ -483,6 +490,7 @@ def test_reopen_in_another_process_commits_the_same_sandbox(tmp_path: Path, root
     assert not (src / "new.txt").exists()
     reopened.cleanup()
     assert not reopened.base_dir.exists()
+    assert reopened.base_dir.parent == root / "cow"
 
 
 def test_fault_hook_is_unset_by_default() -> None:

@@ -65,7 +65,13 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     @property
     def base_dir(self) -> Path:
-        """``<sandbox_root>/cow/<sandbox_id>``: every artefact of this sandbox."""
+        """``<sandbox_root>/cow/<sandbox_id>``: every artefact of this sandbox.
+
+        Once created, taken from the context, so a sandbox reopened in a process whose default
+        root differs (another ``$TMPDIR`` or ``$SANDBOX_CORE_ROOT``) still finds its files.
+        """
+        if self._context is not None:
+            return Path(self._context.sandbox_path).parent
         return self.sandbox_root / "cow" / self.sandbox_id
 
     @property
