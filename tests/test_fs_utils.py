@@ -395,3 +395,24 @@ def test_recover_sync_discards_a_sync_that_died_while_staging(sample: Path, tmp_
     assert recover_sync(sample) == ["discarded"]
     assert _snapshot(sample) == old
     assert _leftovers(tmp_path) == []
+
+
+def test_sync_never_follows_links_to_directories(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    _write(outside / "precious.txt", "keep me\n")
+    target, source = tmp_path / "target", tmp_path / "source"
+    target.mkdir()
+    (target / "ext").symlink_to(outside)  # a link to a directory, deleted by the sync
+    _write(target / "d" / "x", "x\n")
+    source.mkdir()
+    (source / "d").symlink_to(outside)  # a directory replaced by a link to a directory
+    changes = sync_tree(source, target, backup_dir=tmp_path / "keep")
+    assert changes == TreeChanges(changed=["d"], deleted=["d/x", "ext"])
+    assert (target / "d").is_symlink()
+    assert not (target / "ext").exists()
+    assert (outside / "precious.txt").read_text() == "keep me\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
+    undo_sync(tmp_path / "keep", target)
+    assert (target / "ext").is_symlink()
+    assert (target / "d" / "x").read_text() == "x\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
