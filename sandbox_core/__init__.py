@@ -15,6 +15,7 @@ from sandbox_core.errors import (
     SandboxError,
     SandboxRollbackError,
     SandboxStateError,
+    SandboxStatementError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
@@ -54,6 +55,7 @@ __all__ = [
     "SandboxManager",
     "SandboxRollbackError",
     "SandboxStateError",
+    "SandboxStatementError",
     "SandboxStatus",
     "SandboxStore",
     "SandboxStrategy",

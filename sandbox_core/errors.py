@@ -38,6 +38,21 @@ class SandboxStateError(SandboxError):
     """The operation is not valid in the sandbox's current lifecycle status."""
 
 
+class SandboxStatementError(SandboxError):
+    """A statement run through ``TransactionSandbox.execute`` failed.
+
+    The failed statement was undone to a savepoint and not logged: the sandbox's transaction
+    holds exactly the statements that succeeded before it, and the sandbox stays usable.
+
+    Attributes:
+        integrity: the database refused it for a constraint (unique, foreign key, not null, check).
+    """
+
+    def __init__(self, message: str, *, integrity: bool = False) -> None:
+        super().__init__(message)
+        self.integrity = integrity
+
+
 class AtomicCommitError(SandboxError):
     """A non-sandbox exception interrupted ``commit_all``; compensation was attempted.
 

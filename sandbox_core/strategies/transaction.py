@@ -49,6 +49,7 @@ from sandbox_core.errors import (
     SandboxCreationError,
     SandboxError,
     SandboxStateError,
+    SandboxStatementError,
 )
 from sandbox_core.protocol import CommitResult, SandboxContext, utc_now
 from sandbox_core.status import SandboxStatus
@@ -62,21 +63,6 @@ _TRANSACTION_KEYWORDS = frozenset(
     {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
 )
 _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/|\()+", re.DOTALL)
-
-
-class SandboxStatementError(SandboxError):
-    """A statement run through :meth:`TransactionSandbox.execute` failed.
-
-    The failed statement was undone to a savepoint and not logged: the sandbox's transaction
-    holds exactly the statements that succeeded before it, and the sandbox stays usable.
-
-    Attributes:
-        integrity: the database refused it for a constraint (unique, foreign key, not null, check).
-    """
-
-    def __init__(self, message: str, *, integrity: bool = False) -> None:
-        super().__init__(message)
-        self.integrity = integrity
 
 
 class _ReplayError(Exception):
