@@ -43,6 +43,9 @@ def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator
     process = OperatorProcess(local_apiserver, cluster.namespace, work)
     cluster.operator = process
     yield process
+    if process.process is not None and process.process.poll() is None:
+        # Let the finalizers remove what the test made (worktrees, copies, overlay mounts).
+        cluster.kubectl("delete", "sandboxes,checkpoints", "--all", "--timeout=60s", check=False)
     process.stop()
     print(process.logs()[-8000:])  # shown by pytest when the test failed
 
@@ -218,7 +221,7 @@ def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
     assert operator.wait_exit(90) != 0  # the fault hook killed it
     mid = cluster.status("pcommit", "pc-crash")
     assert mid["phase"] == "Committing"
-    assert [s["state"] for s in mid["sandboxes"]][0] == "Committed"
+    assert mid["sandboxes"][0]["state"] == "Committed"
     operator.start()
     final = cluster.wait_phase("pcommit", "pc-crash", {"Committed", "RolledBack", "Failed"})
     changed = [

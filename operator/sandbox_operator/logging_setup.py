@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from pythonjsonlogger.json import JsonFormatter
+
+# kopf attaches its OperatorSettings (locks inside: not serialisable) and a skip flag to records.
+_DROPPED_ATTRIBUTES = ("settings", "k8s_skip")
+
+
+class _DropKopfInternals(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in _DROPPED_ATTRIBUTES:
+            record.__dict__.pop(name, None)
+        return True
 
 
 def configure_logging(log_format: str, level: int = logging.INFO) -> None:
@@ -18,8 +29,11 @@ def configure_logging(log_format: str, level: int = logging.INFO) -> None:
             JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+                json_encoder=json.JSONEncoder,
+                json_default=str,
             )
         )
+        handler.addFilter(_DropKopfInternals())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()

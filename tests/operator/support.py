@@ -163,12 +163,14 @@ def install_crds(server: Any) -> None:
         return
     server.kubectl("apply", "-f", str(CRD_DIR), check=True)
     for name in ("sandboxes", "checkpoints", "plancommits"):
-        server.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"crd/{name}.sandbox.cleveragents.io",
-            "--timeout=60s",
-            check=True,
+        crd = f"crd/{name}.sandbox.cleveragents.io"
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        wait_for(
+            lambda crd=crd, jsonpath=jsonpath: (
+                server.kubectl("get", crd, "-o", jsonpath).stdout.strip() == "True"
+            ),
+            60,
+            f"{crd} Established",
         )
     _installed.add(key)
 
