@@ -1,0 +1,3 @@
+module sandbox-operator.local/e2e/pause
+
+go 1.22
