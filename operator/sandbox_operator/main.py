@@ -48,6 +48,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = int(SETTINGS.watch_server_timeout_seconds)
     settings.watching.client_timeout = SETTINGS.watch_client_timeout_seconds
+    # A deleted Sandbox waits for its TTL timer to stop before the finalizer goes; poll often
+    # (kopf's default is 60 s, which would hold every deletion for a minute).
+    settings.background.cancellation_polling = 1.0
     k8s.load_config()
     _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]
     metrics.serve(SETTINGS.metrics_port)

@@ -74,9 +74,10 @@ class Settings:
         exec_timeout_seconds: limit of one ``sandbox-core`` call in a workspace Pod.
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
-        fault_kill_at: test hook, ``<point>:<step index>``; SIGKILLs the operator there.
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor.
+        fault_provision_delay_seconds: test hook, a pause after the local executor made the
+            sandbox and before the handler returns (case 16: delete while create runs).
     """
 
     executor: ExecutorKind = ExecutorKind.LOCAL
@@ -93,9 +94,9 @@ class Settings:
     exec_timeout_seconds: float = 300.0
     scratch_volume_size: str = "1Gi"
     log_format: str = "json"
-    fault_kill_at: str = ""
     fault_fail_commit: frozenset[str] = field(default_factory=frozenset)
     fault_fail_rollback: frozenset[str] = field(default_factory=frozenset)
+    fault_provision_delay_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -139,9 +140,9 @@ class Settings:
             ),
             scratch_volume_size=_text(env, "SCRATCH_VOLUME_SIZE", defaults.scratch_volume_size),
             log_format=log_format,
-            fault_kill_at=_text(env, "FAULT_KILL_AT", ""),
             fault_fail_commit=_id_set(env, "FAULT_FAIL_COMMIT"),
             fault_fail_rollback=_id_set(env, "FAULT_FAIL_ROLLBACK"),
+            fault_provision_delay_seconds=_number(env, "FAULT_PROVISION_DELAY_SECONDS", 0.0),
         )
 
 

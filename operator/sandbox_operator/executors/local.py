@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from datetime import UTC
 from typing import Any
@@ -159,6 +160,9 @@ class LocalExecutor:
                     sandbox.create(target.plan_id)
                 finally:
                     self.store.save(sandbox)
+                if self.settings.fault_provision_delay_seconds:
+                    # Test-only fault injection (case 16): a slow create the user deletes.
+                    time.sleep(self.settings.fault_provision_delay_seconds)
             if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
                 sandbox.activate()
                 self.store.save(sandbox)
