@@ -229,8 +229,10 @@ def parse_output(command: list[str], stdout: str) -> dict[str, Any]:
         raise ExecutorError(
             f"{shlex.join(command)} printed no JSON: {stdout[-500:]!r}", retryable=True
         ) from exc
-    if isinstance(payload, dict) and "error" in payload:
-        error = payload["error"] or {}
+    # The CLI reports a failure as {"error": {"type", "message"}}; a CommitResult's own
+    # "error": null is not one (found by the e2e tier: successful commits read as failures).
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = payload["error"]
         raise ExecutorError(
             f"{error.get('type', 'Error')}: {error.get('message', '')}", retryable=False
         )
