@@ -364,3 +364,36 @@ def test_bad_custom_resources_are_refused_at_apply(cluster: Cluster) -> None:
     cluster.create(sandbox_manifest("s-imm", "plan", "copy_on_write", "/tmp/x"))
     changed = cluster.apply(sandbox_manifest("s-imm", "other-plan", "copy_on_write", "/tmp/x"))
     assert changed.returncode != 0 and "immutable" in changed.stderr.lower()
+
+
+def test_sandbox_deleted_while_its_create_handler_runs(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Case 16: the finalizer is there before on-disk work; deleting mid-create still cleans
+    up, without 404 loops, and the operator is not wedged."""
+    repo = make_repo(tmp_path / "repo", {"f.txt": "base\n"})
+    operator.start({"SANDBOX_OPERATOR_FAULT_PROVISION_DELAY_SECONDS": "4"})
+    cluster.create(sandbox_manifest("s1", "plan-16", "git_worktree", repo))
+    wait_for(
+        lambda: (
+            "sandbox.cleveragents.io/cleanup"
+            in ((cluster.get("sandbox", "s1") or {}).get("metadata", {}).get("finalizers") or [])
+        ),
+        30,
+        "finalizer on s1",
+    )
+    wait_for(lambda: len(git(repo, "worktree", "list").splitlines()) == 2, 30, "worktree made")
+    cluster.kubectl("delete", "sandbox", "s1", "--wait=false")
+    wait_for(lambda: cluster.gone("sandbox", "s1"), 120, "s1 gone")
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert git(repo, "branch", "--list").strip() == "* main"
+    assert not any((operator.work_dir / "sandboxes").rglob("f.txt"))
+    operator.stop()
+    operator.start()
+    cluster.create(
+        sandbox_manifest(
+            "s2", "plan-16", "copy_on_write", make_dir(tmp_path / "small", {"a.txt": "a\n"})
+        )
+    )
+    ready(cluster, "s2")
+    assert operator.logs().count("Traceback") == 0
