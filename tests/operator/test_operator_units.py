@@ -355,3 +355,26 @@ def test_core_commands_use_json_and_the_deterministic_id() -> None:
     with pytest.raises(Exception, match="SandboxCommitError: boom"):
         parse_output(["x"], '{"error": {"type": "SandboxCommitError", "message": "boom"}}')
     assert label_value("---") == "x"
+
+
+def test_a_commit_result_with_a_null_error_is_not_a_cli_failure() -> None:
+    payload = parse_output(["x"], '{"sandbox_id": "S", "success": true, "error": null}')
+    assert payload["success"] is True
+
+
+def test_reconcile_timer_counts_outcomes_and_durations() -> None:
+    from sandbox_operator import metrics
+
+    from prometheus_client import REGISTRY
+
+    def value(outcome: str) -> float:
+        labels = {"kind": "Test", "handler": "h", "outcome": outcome}
+        return REGISTRY.get_sample_value("sandbox_operator_reconciles_total", labels) or 0.0
+
+    ok_before, error_before = value("ok"), value("error")
+    with metrics.reconcile_timer("Test", "h"):
+        pass
+    with pytest.raises(RuntimeError), metrics.reconcile_timer("Test", "h"):
+        raise RuntimeError("boom")
+    assert value("ok") == ok_before + 1
+    assert value("error") == error_before + 1

@@ -316,13 +316,29 @@ class PodExecutor:
             if exc.status != 409:  # 409: made by an earlier attempt (case 18)
                 raise
 
+    def source_size(self, target: SandboxTarget) -> str | None:
+        """Requested storage of the source PVC (copy_on_write scratch is sized like it)."""
+        pvc = target.source.persistent_volume_claim
+        if pvc is None or target.strategy != "copy_on_write":
+            return None
+        claim = self.api.core.read_namespaced_persistent_volume_claim(
+            pvc.claim_name, target.namespace
+        )
+        requests = (
+            claim.spec.resources.requests if claim.spec and claim.spec.resources else None
+        ) or {}
+        size = requests.get("storage")
+        return str(size) if size else None
+
     def ensure_pod(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
         """Create the scratch PVC and workspace Pod when absent; return the Pod name.
 
         Raises:
             ExecutorError: the Pod is not Running yet (retryable).
         """
-        size = scratch_size(target.strategy, None, self.settings.scratch_volume_size)
+        size = scratch_size(
+            target.strategy, self.source_size(target), self.settings.scratch_volume_size
+        )
         claim = None
         if size is not None:
             pvc = build_scratch_pvc(target, size)
