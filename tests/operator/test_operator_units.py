@@ -363,9 +363,8 @@ def test_a_commit_result_with_a_null_error_is_not_a_cli_failure() -> None:
 
 
 def test_reconcile_timer_counts_outcomes_and_durations() -> None:
-    from sandbox_operator import metrics
-
     from prometheus_client import REGISTRY
+    from sandbox_operator import metrics
 
     def value(outcome: str) -> float:
         labels = {"kind": "Test", "handler": "h", "outcome": outcome}
