@@ -7,6 +7,7 @@ restart in the middle of a PlanCommit, and bad custom resources refused at apply
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,8 +193,6 @@ def test_terminal_plancommit_is_never_reprocessed_across_restarts(
         operator.stop()
         operator.start()
         wait_for(lambda: "resuming" in operator.logs().lower() or True, 5)
-    import time
-
     time.sleep(4)  # give a wrongly re-processing operator the time to do it
     assert cluster.status("pcommit", "pc3") == status
     assert len(cluster.events("pc3")) == events_before
@@ -207,21 +206,32 @@ def test_terminal_plancommit_is_never_reprocessed_across_restarts(
     assert (data / "g.txt").read_text() == "d1\n"
 
 
+@pytest.mark.parametrize(
+    ("fault", "journaled"),
+    [
+        ("after_record:1", ["Committed", "Pending", "Pending"]),
+        ("before_commit:2", ["Committed", "Committing", "Pending"]),
+        ("after_commit:2", ["Committed", "Committing", "Pending"]),
+        ("after_record:3", ["Committed", "Committed", "Committed"]),
+    ],
+)
 def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
-    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path, fault: str, journaled: list[str]
 ) -> None:
-    """Case 20: SIGKILL right after the first sandbox's commit is journaled; a new operator
-    finishes the PlanCommit (all committed or all compensated), never committing twice."""
+    """Case 20: the operator is SIGKILLed inside the saga (the core's fault points: before a
+    commit, after it landed but before the journal says so, after the journal says so); a new
+    operator finishes the PlanCommit all committed or all compensated, never committing twice,
+    and a further restart changes nothing."""
     operator.start()
     plan = three_sandbox_plan(cluster, tmp_path, "plan-crash")
     head_before = git(plan["repo"], "rev-parse", "HEAD")
     operator.stop()
-    operator.start({"SANDBOX_CORE_FAULT": "after_record:1"})
+    operator.start({"SANDBOX_CORE_FAULT": fault})
     cluster.create(plancommit_manifest("pc-crash", "plan-crash"))
     assert operator.wait_exit(90) != 0  # the fault hook killed it
     mid = cluster.status("pcommit", "pc-crash")
     assert mid["phase"] == "Committing"
-    assert mid["sandboxes"][0]["state"] == "Committed"
+    assert [step["state"] for step in mid["sandboxes"]] == journaled
     operator.start()
     final = cluster.wait_phase("pcommit", "pc-crash", {"Committed", "RolledBack", "Failed"})
     changed = [
@@ -230,14 +240,22 @@ def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
         (plan["layer"] / "h.txt").read_text() == "o1\n",
     ]
     assert all(changed) or not any(changed), (changed, final)
+    assert final["failedRollbackIds"] == []
     if final["phase"] == "Committed":
         assert all(changed)
+        assert cluster.condition("pcommit", "pc-crash", "Committed")["status"] == "True"
     else:
+        assert final["phase"] == "RolledBack"
         assert git(plan["repo"], "rev-parse", "HEAD") == head_before
-        assert final["rolledBackIds"] == [mid["sandboxes"][0]["sandboxId"]]
+        assert mid["sandboxes"][0]["sandboxId"] in final["rolledBackIds"]
         assert cluster.condition("pcommit", "pc-crash", "RolledBack")["status"] == "True"
+        assert cluster.condition("pcommit", "pc-crash", "Committed")["status"] == "False"
     log = git(plan["repo"], "log", "--format=%s", "--all")
     assert log.count("plan-crash") <= 1  # the git sandbox was merged at most once
+    operator.stop()
+    operator.start()
+    time.sleep(3)  # a wrongly re-processing operator would act now
+    assert cluster.status("pcommit", "pc-crash") == final  # recovery twice changes nothing
 
 
 def test_checkpoint_and_restore_request(

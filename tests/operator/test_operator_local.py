@@ -214,3 +214,35 @@ def test_a_rollback_request_is_served_once_per_id(repo: Path, settings: Settings
     logic.serve_requests(again, repeat)  # same id: nothing happens
     assert repeat == {}
     assert (sandbox_path / "again.txt").exists()
+
+
+def test_checkpoint_is_taken_once_per_uid_and_restores_after_a_restart(
+    repo: Path, settings: Settings
+) -> None:
+    from sandbox_operator.checkpoint_handlers import checkpoint_info_from_body
+
+    executor = LocalExecutor(settings)
+    state = executor.provision(target(repo))
+    sandbox_file = Path(state.sandbox_path) / "f.txt"
+    sandbox_file.write_text("checkpointed\n")
+    first = executor.create_checkpoint(target(repo), "pre_execute", {"by": "t"}, uid="ck-uid")
+    again = executor.create_checkpoint(target(repo), "pre_execute", {"by": "t"}, uid="ck-uid")
+    assert again.checkpoint_id == first.checkpoint_id  # a retry meets its snapshot (case 18)
+    assert first.kind == "git-tag"
+    sandbox_file.write_text("later\n")
+    # A new operator process: only the Checkpoint object's status and the state dir remain.
+    checkpoint_body = {
+        "spec": {"sandboxName": "s1", "phase": "pre_execute", "metadata": {"by": "t"}},
+        "status": {"phase": "Ready", "checkpointId": first.checkpoint_id,
+                   "sandboxId": first.sandbox_id, "snapshotLocation": first.snapshot_location,
+                   "kind": first.kind, "createdAt": first.created_at},
+    }
+    restarted = LocalExecutor(settings)
+    with_record = SandboxTarget(**{**target(repo).__dict__, "core_record": state.record})
+    info = checkpoint_info_from_body(checkpoint_body, with_record)
+    restored = restarted.restore_checkpoint(with_record, info)
+    assert restored.status is SandboxStatus.ACTIVE
+    assert sandbox_file.read_text() == "checkpointed\n"
+    restarted.delete_checkpoint(info)
+    restarted.delete_checkpoint(info)  # idempotent
+    assert LocalExecutor(settings)._checkpoint_manager().get_checkpoint(info.checkpoint_id) is None
