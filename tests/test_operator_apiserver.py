@@ -415,3 +415,28 @@ def test_sandbox_deleted_while_its_create_handler_runs(
     )
     ready(cluster, "s2")
     assert operator.logs().count("Traceback") == 0
+
+
+def test_a_second_plancommit_waits_for_the_running_one(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Issue 3: a second PlanCommit of a plan whose commit is still running waits with
+    Blocked=True (PlanCommitInProgress); it never commits a sandbox a second time."""
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start({"SANDBOX_OPERATOR_FAULT_COMMIT_DELAY_SECONDS": "4"})
+    cluster.create(sandbox_manifest("s-blk", "plan-blk", "copy_on_write", data))
+    write_in_sandbox(ready(cluster, "s-blk"), "g.txt", "d1\n")
+    cluster.create(plancommit_manifest("pc-first", "plan-blk"))
+    cluster.wait_phase("pcommit", "pc-first", {"Committing"}, timeout=30)
+    cluster.create(plancommit_manifest("pc-second", "plan-blk"))
+    blocked = wait_for(lambda: cluster.condition("pcommit", "pc-second", "Blocked"), 30)
+    assert blocked["status"] == "True"
+    assert blocked["reason"] == "PlanCommitInProgress"
+    assert "pc-first" in blocked["message"]
+    first = cluster.wait_phase("pcommit", "pc-first", {"Committed", "Failed", "RolledBack"})
+    assert first["phase"] == "Committed"
+    second = cluster.wait_phase("pcommit", "pc-second", {"Committed", "Failed", "RolledBack"})
+    assert second["phase"] == "Failed"
+    assert cluster.condition("pcommit", "pc-second", "Committed")["reason"] == "NoActiveSandboxes"
+    assert cluster.condition("pcommit", "pc-second", "Blocked")["status"] == "False"
+    assert (data / "g.txt").read_text() == "d1\n"

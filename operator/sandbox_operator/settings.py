@@ -78,6 +78,8 @@ class Settings:
             compensation raises in the local executor.
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
             sandbox and before the handler returns (case 16: delete while create runs).
+        fault_commit_delay_seconds: test hook, a pause before each sandbox commit of the local
+            executor (a PlanCommit that is still running when a second one arrives).
     """
 
     executor: ExecutorKind = ExecutorKind.LOCAL
@@ -97,6 +99,7 @@ class Settings:
     fault_fail_commit: frozenset[str] = field(default_factory=frozenset)
     fault_fail_rollback: frozenset[str] = field(default_factory=frozenset)
     fault_provision_delay_seconds: float = 0.0
+    fault_commit_delay_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -143,6 +146,7 @@ class Settings:
             fault_fail_commit=_id_set(env, "FAULT_FAIL_COMMIT"),
             fault_fail_rollback=_id_set(env, "FAULT_FAIL_ROLLBACK"),
             fault_provision_delay_seconds=_number(env, "FAULT_PROVISION_DELAY_SECONDS", 0.0),
+            fault_commit_delay_seconds=_number(env, "FAULT_COMMIT_DELAY_SECONDS", 0.0),
         )
 
 

@@ -82,6 +82,8 @@ class FaultingSandbox:
 
     def commit(self, message: str | None = None) -> CommitResult:
         """Commit, unless a fault is injected for this resource."""
+        if self._settings.fault_commit_delay_seconds:
+            time.sleep(self._settings.fault_commit_delay_seconds)  # test-only slow commit
         if self.inner.resource_id in self._settings.fault_fail_commit:
             raise FaultInjected(f"injected commit failure for resource {self.inner.resource_id}")
         return self.inner.commit(message)
