@@ -440,3 +440,43 @@ def test_a_second_plancommit_waits_for_the_running_one(
     assert cluster.condition("pcommit", "pc-second", "Committed")["reason"] == "NoActiveSandboxes"
     assert cluster.condition("pcommit", "pc-second", "Blocked")["status"] == "False"
     assert (data / "g.txt").read_text() == "d1\n"
+
+
+def test_a_failed_compensation_is_named_in_rollback_failed(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Case 15's forced rollback failure: C's commit fails, B is compensated, A's compensation
+    fails; the status and conditions name each id (fault hooks: mocks only inject faults)."""
+    dirs = {key: make_dir(tmp_path / key, {"g.txt": "0\n"}) for key in ("a", "b", "c")}
+    operator.start(
+        {
+            "SANDBOX_OPERATOR_FAULT_FAIL_COMMIT": "res-c",
+            "SANDBOX_OPERATOR_FAULT_FAIL_ROLLBACK": "res-a",
+        }
+    )
+    for key in ("a", "b", "c"):
+        cluster.create(
+            sandbox_manifest(f"s-{key}", "plan-rf", "copy_on_write", dirs[key], f"res-{key}")
+        )
+        write_in_sandbox(ready(cluster, f"s-{key}"), "g.txt", "1\n")
+    ids = {key: cluster.status("sandbox", f"s-{key}")["sandboxId"] for key in ("a", "b", "c")}
+    cluster.create(plancommit_manifest("pc-rf", "plan-rf"))
+    status = cluster.wait_phase("pcommit", "pc-rf", {"Failed", "Committed", "RolledBack"})
+    assert status["phase"] == "Failed"
+    assert status["failedSandboxId"] == ids["c"]
+    assert status["rolledBackIds"] == [ids["b"]]
+    assert status["failedRollbackIds"] == [ids["a"]]
+    assert [s["state"] for s in status["sandboxes"]] == [
+        "CompensationFailed",
+        "Compensated",
+        "Failed",
+    ]
+    committed = cluster.condition("pcommit", "pc-rf", "Committed")
+    assert committed["reason"] == "SandboxCommitFailed" and "s-c" in committed["message"]
+    assert "injected commit failure" in committed["message"]
+    failed = cluster.condition("pcommit", "pc-rf", "RollbackFailed")
+    assert failed["status"] == "True" and ids["a"] in failed["message"]
+    assert ids["b"] in cluster.condition("pcommit", "pc-rf", "RolledBack")["message"]
+    assert (dirs["b"] / "g.txt").read_text() == "0\n"  # compensated
+    assert (dirs["a"] / "g.txt").read_text() == "1\n"  # its compensation failed: still committed
+    assert (dirs["c"] / "g.txt").read_text() == "0\n"  # never committed
