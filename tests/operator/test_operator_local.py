@@ -233,9 +233,14 @@ def test_checkpoint_is_taken_once_per_uid_and_restores_after_a_restart(
     # A new operator process: only the Checkpoint object's status and the state dir remain.
     checkpoint_body = {
         "spec": {"sandboxName": "s1", "phase": "pre_execute", "metadata": {"by": "t"}},
-        "status": {"phase": "Ready", "checkpointId": first.checkpoint_id,
-                   "sandboxId": first.sandbox_id, "snapshotLocation": first.snapshot_location,
-                   "kind": first.kind, "createdAt": first.created_at},
+        "status": {
+            "phase": "Ready",
+            "checkpointId": first.checkpoint_id,
+            "sandboxId": first.sandbox_id,
+            "snapshotLocation": first.snapshot_location,
+            "kind": first.kind,
+            "createdAt": first.created_at,
+        },
     }
     restarted = LocalExecutor(settings)
     with_record = SandboxTarget(**{**target(repo).__dict__, "core_record": state.record})
@@ -246,3 +251,23 @@ def test_checkpoint_is_taken_once_per_uid_and_restores_after_a_restart(
     restarted.delete_checkpoint(info)
     restarted.delete_checkpoint(info)  # idempotent
     assert LocalExecutor(settings)._checkpoint_manager().get_checkpoint(info.checkpoint_id) is None
+
+
+def test_a_rollback_request_on_a_committed_sandbox_is_refused_with_a_condition(
+    repo: Path, settings: Settings
+) -> None:
+    executor = LocalExecutor(settings)
+    logic = SandboxLogic(settings, executor, None, lambda *_: None)
+    patch: dict[str, Any] = {}
+    logic.provision(body(repo), patch)
+    (Path(patch["status"]["sandboxPath"]) / "f.txt").write_text("changed\n")
+    handle = executor.open(target(repo))
+    handle.commit("apply")
+    executor.persist(target(repo), handle)
+    requested = {**body(repo, rollbackRequest={"id": "x2"}), "status": patch["status"]}
+    served: dict[str, Any] = {}
+    logic.serve_requests(requested, served)
+    assert served["status"]["lastRollbackRequestId"] == "x2"  # acted on once, not retried
+    condition = [c for c in served["status"]["conditions"] if c["type"] == "RollbackRequested"]
+    assert condition[0]["status"] == "False" and condition[0]["reason"] == "InvalidState"
+    assert (repo / "f.txt").read_text() == "changed\n"  # the commit stays

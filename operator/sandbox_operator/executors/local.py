@@ -24,6 +24,7 @@ from sandbox_core import (
     CommitResult,
     SandboxError,
     SandboxFactory,
+    SandboxStateError,
     SandboxStatus,
     SandboxStore,
 )
@@ -202,6 +203,16 @@ class LocalExecutor:
         """
         with self._lock(target.sandbox_id):
             handle = self.open(target)
+            if handle.status not in (
+                SandboxStatus.CREATED,
+                SandboxStatus.ACTIVE,
+                SandboxStatus.ROLLED_BACK,
+            ):
+                # Undoing one committed sandbox would break its plan's atomic commit.
+                raise SandboxStateError(
+                    f"cannot discard the changes of sandbox {target.sandbox_id} in status "
+                    f"{handle.status.value}"
+                )
             if handle.status is SandboxStatus.CREATED:
                 handle.inner.activate()
             if handle.status is SandboxStatus.ACTIVE:
