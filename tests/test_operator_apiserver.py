@@ -482,3 +482,52 @@ def test_a_failed_compensation_is_named_in_rollback_failed(
     assert (dirs["b"] / "g.txt").read_text() == "0\n"  # compensated
     assert (dirs["a"] / "g.txt").read_text() == "1\n"  # its compensation failed: still committed
     assert (dirs["c"] / "g.txt").read_text() == "0\n"  # never committed
+
+
+def test_a_transaction_sandbox_reads_its_dsn_from_a_secret_and_commits_last(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """source.secretRef (transaction_rollback) and seed 002's order: rollbackable first, the
+    transaction last."""
+    import base64
+    import sqlite3
+
+    from sandbox_core import SandboxFactory
+
+    database = tmp_path / "app.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE notes (body TEXT)")
+    dsn = base64.b64encode(f"sqlite:///{database}".encode()).decode()
+    cluster.create(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "data": {"dsn": dsn}}
+    )
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    operator.start()
+    db_sandbox = {
+        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": "s-db"},
+        "spec": {
+            "planId": "plan-db",
+            "resourceId": "db",
+            "strategy": "transaction_rollback",
+            "source": {"secretRef": {"name": "db"}},
+        },
+    }
+    cluster.create(db_sandbox)
+    cluster.create(sandbox_manifest("s-files", "plan-db", "copy_on_write", data))
+    write_in_sandbox(ready(cluster, "s-files"), "g.txt", "d1\n")
+    record = ready(cluster, "s-db")["coreRecord"]
+    actor = SandboxFactory().reopen(record)  # an actor writing through the sandbox
+    actor.execute("INSERT INTO notes VALUES ('from the plan')")  # type: ignore[attr-defined]
+    actor.close()  # type: ignore[attr-defined]  # the actor's process is done writing
+    with sqlite3.connect(database) as connection:
+        assert connection.execute("SELECT count(*) FROM notes").fetchone() == (0,)
+    cluster.create(plancommit_manifest("pc-db", "plan-db"))
+    status = cluster.wait_phase("pcommit", "pc-db", {"Committed", "Failed", "RolledBack"})
+    assert status["phase"] == "Committed", status
+    assert [s["name"] for s in status["sandboxes"]] == ["s-files", "s-db"]
+    with sqlite3.connect(database) as connection:
+        rows = connection.execute("SELECT body FROM notes").fetchall()
+    assert rows == [("from the plan",)]
+    assert (data / "g.txt").read_text() == "d1\n"
