@@ -8,6 +8,7 @@ restart in the middle of a PlanCommit, and bad custom resources refused at apply
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
+from tests.apiserver.harness import free_port
 from tests.operator.support import (
     Cluster,
     OperatorProcess,
@@ -65,7 +67,8 @@ def test_sandbox_reaches_active_on_a_real_git_repo(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     repo = make_repo(tmp_path / "repo", {"f.txt": "base\n"})
-    operator.start()
+    port = free_port()
+    operator.start({"SANDBOX_OPERATOR_METRICS_PORT": str(port)})
     cluster.create(sandbox_manifest("s1", "plan-a", "git_worktree", repo))
     status = ready(cluster, "s1")
     assert len(status["sandboxId"]) == 26
@@ -77,6 +80,15 @@ def test_sandbox_reaches_active_on_a_real_git_repo(
     body = cluster.get("sandbox", "s1")
     assert "sandbox.cleveragents.io/cleanup" in body["metadata"]["finalizers"]
     assert "kopf" not in json_of(body["status"])  # case 15: no kopf progress in status
+    annotations = body["metadata"].get("annotations") or {}
+    assert not [key for key in annotations if key.startswith("kopf.zalando.org")]
+    assert "sandbox.cleveragents.io/last-handled-configuration" in annotations
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        exposition = response.read().decode()
+    assert (
+        'sandbox_operator_reconciles_total{handler="provision",kind="Sandbox",outcome="ok"} 1.0'
+        in exposition
+    )
     assert "Patching failed with inconsistencies" not in operator.logs()
 
 
