@@ -27,7 +27,7 @@ TERMINAL = {"Committed", "RolledBack", "Failed"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every scenario here needs the API server (the feature's @apiserver tag)."""
     for item in items:
-        if "features/operator" in str(item.fspath):
+        if "features/operator" in str(item.path):
             item.add_marker(pytest.mark.apiserver)
             item.add_marker(pytest.mark.slow)
 
