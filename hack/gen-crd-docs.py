@@ -173,10 +173,10 @@ def render(crds: list[dict[str, Any]]) -> str:
         "     CRDs and run `python hack/gen-crd-docs.py`. -->",
         "",
         "The operator's API: three namespaced kinds in group `sandbox.cleveragents.io`, all in",
-        "the categories `sandboxes` and `sandbox-all`. `kubectl get sandboxes` resolves to the",
-        "Sandbox resource itself, so list all three kinds with `kubectl get sandbox-all` (or",
-        "`kubectl get sbx,ckpt,pcommit`). `kubectl explain <kind>.<field>` shows the same",
-        "descriptions.",
+        "the category `sandbox-all`: list all three kinds with `kubectl get sandbox-all` (or",
+        "`kubectl get sbx,ckpt,pcommit`). There is no category named `sandboxes`: it would make",
+        "`kubectl get sandboxes` print kind-prefixed names. `kubectl explain <kind>.<field>`",
+        "shows the same descriptions.",
         "",
         "Contents: "
         + ", ".join(
