@@ -20,7 +20,6 @@ SANDBOX_PLURAL = "sandboxes"
 CHECKPOINT_PLURAL = "checkpoints"
 PLANCOMMIT_PLURAL = "plancommits"
 FINALIZER = f"{GROUP}/cleanup"
-PLAN_FINALIZER = f"{GROUP}/plan-cleanup"
 PLAN_LABEL = f"{GROUP}/plan-id"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "sandbox-operator"
@@ -88,10 +87,9 @@ class SandboxSource(_Model):
 
 
 class SandboxOptions(_Model):
-    """Strategy options: ``overlayMode`` (auto|kernel|fallback) and git ``baseRef``."""
+    """Strategy options: ``overlayMode`` (auto|kernel|fallback)."""
 
     overlay_mode: str = "auto"
-    base_ref: str | None = None
 
 
 class RollbackRequest(_Model):
