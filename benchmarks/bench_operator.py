@@ -1,0 +1,377 @@
+"""Operator benchmark on the real API server, beside the same core operations called directly.
+
+Run: ``.venv/bin/python benchmarks/bench_operator.py [--sandboxes 100] [--plan-size 10]
+[--rss-sandboxes 1000] [--strategies copy_on_write,git_worktree] [--markdown FILE]``.
+
+Issue 3, "Benchmark". One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
+installs ``crds/`` and runs the operator as a subprocess with the local executor
+(``tests/operator/support.py``), then measures:
+
+(a) N Sandboxes to Active: one ``kubectl apply`` of a multi-document YAML, then one
+    ``kubectl get sbx -o json`` per second until every phase is Active. Anchor: N x
+    ``SandboxFactory.create`` + ``create(plan)`` + ``activate()`` in this process, same strategy
+    on the same kind of source.
+(b) A PlanCommit of a plan with M Active Sandboxes (each over its own source, same edits in
+    each): ``kubectl apply`` of the PlanCommit, then ``kubectl wait --for=condition=Committed``.
+    Anchor: ``SandboxManager.commit_all`` of an M-sandbox plan with the same edits, with a
+    ``SandboxStore`` (file journal), as the operator persists its state too.
+(c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
+    Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
+    in a fresh operator process on its own namespace.
+
+Every process it starts (API server, etcd, operators) is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from sandbox_core import SandboxFactory, SandboxManager, SandboxStore  # noqa: E402
+from tests.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.operator.support import (  # noqa: E402
+    GIT_ENV,
+    Cluster,
+    OperatorProcess,
+    make_dir,
+    make_repo,
+    plancommit_manifest,
+    sandbox_manifest,
+)
+
+SOURCE_FILES = 50
+POLL_SECONDS = 1.0
+# Not the tests' 1 s: the TTL timer is off anyway (no ttlSecondsAfterFinished), keep defaults.
+OPERATOR_ENV = {"SANDBOX_OPERATOR_TTL_CHECK_INTERVAL_SECONDS": "10"}
+
+
+def source_files() -> dict[str, str]:
+    """50 small text files in 5 folders (about 2 KiB each)."""
+    return {
+        f"pkg{i % 5}/file_{i:02d}.txt": "".join(f"line {n} of file {i}\n" for n in range(150))
+        for i in range(SOURCE_FILES)
+    }
+
+
+def make_source(path: Path, strategy: str) -> Path:
+    """A git repository (git_worktree) or a plain directory (other strategies) of 50 files."""
+    if strategy == "git_worktree":
+        return make_repo(path, source_files())
+    path.mkdir(parents=True)
+    return make_dir(path, source_files())
+
+
+def apply_edits(root: Path) -> None:
+    """The plan's edits in one sandbox: 2 files changed, 1 added, 1 deleted."""
+    for rel in ("pkg0/file_00.txt", "pkg1/file_01.txt"):
+        with open(root / rel, "a", encoding="utf-8") as handle:
+            handle.write("edited by the plan\n")
+    (root / "pkg2" / "added.txt").write_text("added by the plan\n")
+    (root / "pkg3" / "file_03.txt").unlink()
+
+
+def edits_landed(original: Path) -> bool:
+    """True when ``apply_edits`` reached the original."""
+    return (
+        (original / "pkg2" / "added.txt").exists()
+        and not (original / "pkg3" / "file_03.txt").exists()
+        and (original / "pkg0" / "file_00.txt").read_text().endswith("edited by the plan\n")
+    )
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (peak) of ``pid`` in KiB, from /proc/<pid>/status."""
+    values: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values
+
+
+class Bench:
+    """The work dir, the API server and the rows of the result table."""
+
+    def __init__(self, server: LocalApiServer, work: Path) -> None:
+        self.server = server
+        self.work = work
+        self.rows: list[tuple[str, str, str, str, str]] = []
+        self.notes: list[str] = []
+
+    def row(self, label: str, ours: float, anchor_label: str, anchor: float) -> None:
+        ratio = ours / anchor if anchor > 0 else float("inf")
+        self.rows.append((label, f"{ours:.2f} s", anchor_label, f"{anchor:.3f} s", f"{ratio:.1f}x"))
+        print(
+            f"{label:<46} {ours:8.2f} s   {anchor_label:<52} {anchor:8.3f} s   ratio {ratio:6.1f}x",
+            flush=True,
+        )
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"  note: {text}", flush=True)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def namespace(self, name: str) -> Cluster:
+        self.server.kubectl("create", "namespace", name, check=True)
+        return Cluster(self.server, name)
+
+    def operator(self, cluster: Cluster, name: str) -> OperatorProcess:
+        work = self.work / name
+        work.mkdir()
+        operator = OperatorProcess(self.server, cluster.namespace, work, extra_env=OPERATOR_ENV)
+        cluster.operator = operator
+        return operator.start()
+
+    @staticmethod
+    def apply_all(cluster: Cluster, manifests: list[dict[str, Any]]) -> None:
+        """One ``kubectl apply`` of a multi-document YAML."""
+        result = cluster.kubectl(
+            "apply", "-f", "-", input=yaml.safe_dump_all(manifests), check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl apply failed: {result.stderr[-2000:]}")
+
+    @staticmethod
+    def wait_all_active(cluster: Cluster, plan_id: str, count: int, timeout: float) -> None:
+        """One ``kubectl get sbx -o json`` per second until ``count`` of the plan are Active."""
+        deadline = time.monotonic() + timeout
+        phases: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            if cluster.operator is not None:
+                cluster.operator.assert_alive()
+            items = json.loads(cluster.kubectl("get", "sbx", "-o", "json").stdout)["items"]
+            mine = [i for i in items if i["spec"]["planId"] == plan_id]
+            phases = {}
+            for item in mine:
+                phase = (item.get("status") or {}).get("phase") or "-"
+                phases[phase] = phases.get(phase, 0) + 1
+            if phases.get("Active", 0) == count:
+                return
+            if phases.get("Errored") or phases.get("Failed"):
+                raise RuntimeError(f"plan {plan_id}: sandboxes failed: {phases}")
+            time.sleep(POLL_SECONDS)
+        raise RuntimeError(f"plan {plan_id}: not all {count} Active after {timeout}s: {phases}")
+
+    def core_factory_kwargs(self, tag: str) -> dict[str, str]:
+        root = self.work / f"core-sandboxes-{tag}"
+        root.mkdir()
+        return {"sandbox_root": str(root)}
+
+    # -- (a) N sandboxes to Active --------------------------------------------------------------
+
+    def bench_to_active(self, cluster: Cluster, strategy: str, count: int) -> None:
+        plan = f"bench-a-{strategy.replace('_', '-')}"
+        source = make_source(self.work / f"a-source-{strategy}", strategy)
+        manifests = [
+            sandbox_manifest(f"{plan}-{i:03d}", plan, strategy, source, resource_id=f"res-{i:03d}")
+            for i in range(count)
+        ]
+
+        def through_operator() -> None:
+            self.apply_all(cluster, manifests)
+            self.wait_all_active(cluster, plan, count, timeout=60 + 3.0 * count)
+
+        ours = timed(through_operator)
+
+        core_source = make_source(self.work / f"a-core-source-{strategy}", strategy)
+        factory = SandboxFactory()
+        options = self.core_factory_kwargs(f"a-{strategy}")
+        made: list[Any] = []
+
+        def in_process() -> None:
+            for i in range(count):
+                sandbox = factory.create(strategy, f"res-{i:03d}", str(core_source), **options)
+                sandbox.create(plan)
+                sandbox.activate()
+                made.append(sandbox)
+
+        anchor = timed(in_process)
+        for sandbox in made:
+            sandbox.cleanup()
+        self.row(
+            f"{count} Sandboxes to Active ({strategy})",
+            ours,
+            f"{count} x factory.create+create+activate ({strategy})",
+            anchor,
+        )
+
+    # -- (b) M-sandbox PlanCommit ---------------------------------------------------------------
+
+    def bench_plancommit(self, cluster: Cluster, strategy: str, size: int) -> None:
+        plan = f"bench-b-{strategy.replace('_', '-')}"
+        sources = [
+            make_source(self.work / f"b-source-{strategy}-{i}", strategy) for i in range(size)
+        ]
+        self.apply_all(
+            cluster,
+            [
+                sandbox_manifest(f"{plan}-{i:02d}", plan, strategy, src, resource_id=f"res-{i:02d}")
+                for i, src in enumerate(sources)
+            ],
+        )
+        self.wait_all_active(cluster, plan, size, timeout=60 + 3.0 * size)
+        for i in range(size):
+            apply_edits(Path(cluster.status("sbx", f"{plan}-{i:02d}")["sandboxPath"]))
+        commit = plancommit_manifest(f"{plan}-commit", plan, message="bench")
+
+        def through_operator() -> None:
+            cluster.create(commit)
+            cluster.kubectl(
+                "wait", "--for=condition=Committed", f"pcommit/{plan}-commit", "--timeout=300s"
+            )
+
+        ours = timed(through_operator)
+        status = cluster.status("pcommit", f"{plan}-commit")
+        if status.get("phase") != "Committed" or not all(edits_landed(s) for s in sources):
+            raise RuntimeError(f"operator PlanCommit did not commit everything: {status}")
+
+        core_sources = [
+            make_source(self.work / f"b-core-source-{strategy}-{i}", strategy) for i in range(size)
+        ]
+        state = self.work / f"b-core-state-{strategy}"
+        manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False, store=SandboxStore(state))
+        options = self.core_factory_kwargs(f"b-{strategy}")
+        for i, src in enumerate(core_sources):
+            sandbox = manager.get_or_create_sandbox(
+                plan, f"res-{i:02d}", str(src), strategy, **options
+            )
+            sandbox.activate()
+            apply_edits(Path(sandbox.context.sandbox_path))
+        results: list[Any] = []
+        anchor = timed(lambda: results.extend(manager.commit_all(plan, message="bench")))
+        if len(results) != size or not all(r.success for r in results):
+            raise RuntimeError(f"core commit_all failed: {results}")
+        if not all(edits_landed(s) for s in core_sources):
+            raise RuntimeError("core commit_all did not reach every original")
+        manager.cleanup_all(plan)
+        self.row(
+            f"PlanCommit of {size} Sandboxes ({strategy})",
+            ours,
+            f"SandboxManager.commit_all, {size} sandboxes ({strategy})",
+            anchor,
+        )
+
+    # -- (c) RSS --------------------------------------------------------------------------------
+
+    def bench_rss(self, count: int) -> None:
+        cluster = self.namespace("bench-rss")
+        operator = self.operator(cluster, "operator-rss")
+        try:
+            time.sleep(8)  # startup: imports, CRD discovery, first (empty) list + watch
+            operator.assert_alive()
+            assert operator.process is not None
+            pid = operator.process.pid
+            idle = rss_kib(pid)
+            source = self.work / "rss-source"
+            source.mkdir()
+            make_dir(source, source_files())
+            manifests = [
+                sandbox_manifest(f"rss-{i:04d}", "bench-rss", "none", source, resource_id=f"r{i}")
+                for i in range(count)
+            ]
+            started = time.perf_counter()
+            self.apply_all(cluster, manifests)
+            self.wait_all_active(cluster, "bench-rss", count, timeout=60 + 1.0 * count)
+            elapsed = time.perf_counter() - started
+            time.sleep(5)  # let the last patches and events settle
+            loaded = rss_kib(pid)
+        finally:
+            operator.stop()
+        mib = 1024.0
+        print(
+            f"operator RSS, 0 Sandboxes: {idle['VmRSS'] / mib:.1f} MiB; "
+            f"{count} Sandboxes (none): {loaded['VmRSS'] / mib:.1f} MiB "
+            f"(peak VmHWM {loaded['VmHWM'] / mib:.1f} MiB; ratio "
+            f"{loaded['VmRSS'] / idle['VmRSS']:.2f}x); {count} to Active in {elapsed:.1f} s",
+            flush=True,
+        )
+        self.rows.append(
+            (
+                f"Operator RSS with {count} Sandboxes (none), VmRSS",
+                f"{loaded['VmRSS'] / mib:.1f} MiB (peak {loaded['VmHWM'] / mib:.1f})",
+                "Operator RSS with 0 Sandboxes (same process, before)",
+                f"{idle['VmRSS'] / mib:.1f} MiB",
+                f"{loaded['VmRSS'] / idle['VmRSS']:.2f}x",
+            )
+        )
+        self.note(f"{count} Sandboxes (none) reached Active {elapsed:.1f} s after the apply began")
+
+    def markdown(self) -> str:
+        lines = [
+            "| Operator (real API server) | Figure | Anchor (core, in-process) | Anchor | Ratio |",
+            "|---|---:|---|---:|---:|",
+        ]
+        lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in self.rows]
+        lines += ["", *[f"- {n}" for n in self.notes]]
+        return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxes", type=int, default=100)
+    parser.add_argument("--plan-size", type=int, default=10)
+    parser.add_argument("--rss-sandboxes", type=int, default=1000)
+    parser.add_argument("--strategies", default="copy_on_write,git_worktree")
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    args = parser.parse_args()
+    os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
+
+    work = Path(tempfile.mkdtemp(prefix="sandbox-bench-operator-"))
+    print(f"work dir: {work}", flush=True)
+    try:
+        with LocalApiServer() as server:
+            server.kubectl("apply", "-f", str(REPO_ROOT / "crds"), check=True)
+            for crd in ("sandboxes", "checkpoints", "plancommits"):
+                server.kubectl(
+                    "wait",
+                    "--for=condition=Established",
+                    f"crd/{crd}.sandbox.cleveragents.io",
+                    "--timeout=60s",
+                    check=True,
+                )
+            bench = Bench(server, work)
+            cluster = bench.namespace("bench")
+            operator = bench.operator(cluster, "operator")
+            try:
+                time.sleep(5)  # operator startup is not part of (a)
+                for strategy in args.strategies.split(","):
+                    bench.bench_to_active(cluster, strategy, args.sandboxes)
+                    bench.bench_plancommit(cluster, strategy, args.plan_size)
+            finally:
+                operator.stop()
+            bench.bench_rss(args.rss_sandboxes)
+    except BaseException:
+        for log in sorted(work.glob("operator*/operator-*.log")):
+            print(f"--- {log} (tail)\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = bench.markdown()
+    print("\n" + table)
+    if args.markdown:
+        args.markdown.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
