@@ -36,6 +36,7 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +96,11 @@ def _kind(st_mode: int) -> str:
 
 
 def entry_of(path: StrPath) -> Entry | None:
-    """The :class:`Entry` of ``path`` (lstat), or ``None`` when nothing is there."""
+    """The :class:`Entry` of ``path`` (lstat), or ``None`` when nothing is there (also when an
+    ancestor is not a directory)."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     kind = _kind(st.st_mode)
     target = os.readlink(path) if kind == "symlink" else None
@@ -226,12 +228,131 @@ def compute_changes(
         OSError: either tree cannot be read.
     """
     excluded = list(exclude)
-    return diff_entries(
-        scan_tree(original, exclude=excluded),
-        scan_tree(modified, exclude=excluded),
-        old_root=original,
-        new_root=modified,
-    )
+    old, new = snapshot_trees(original, modified, exclude=excluded)
+    return compute_changes_at(original, modified, differing_paths(old, new))
+
+
+# -- quick-check snapshots ----------------------------------------------------------------------
+
+_NS = 1_000_000_000
+_GLOB_SPECIALS = "*?[]\\"
+
+
+def _mtime_text(ns: int) -> str:
+    """``st_mtime_ns`` as GNU find's ``%T@`` prints it (seconds, nine digits of ns, then 0)."""
+    return f"{ns // _NS}.{ns % _NS:09d}0"
+
+
+def signature(entry: Entry) -> str:
+    """The quick-check signature of an entry: equal signatures mean "not changed".
+
+    ``"f <mode> <size> <mtime>"`` for files, ``"l <mode> <target>"`` for symlinks,
+    ``"d <mode>"`` for directories (their mtime is ignored) and ``"o <mode>"`` for other kinds;
+    modes in octal, mtime as :func:`_mtime_text`. Two entries with equal signatures never
+    :func:`entries_differ`; unequal signatures may still hold equal content (settled by
+    :func:`compute_changes_at`).
+    """
+    if entry.kind == "file":
+        return f"f {entry.mode:o} {entry.size} {_mtime_text(entry.mtime_ns)}"
+    if entry.kind == "symlink":
+        return f"l {entry.mode:o} {entry.target}"
+    return f"{entry.kind[0]} {entry.mode:o}"
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in text)
+
+
+def _snapshot_with_find(find: str, root: str, exclude: frozenset[str]) -> dict[str, str]:
+    prune: list[str] = ["-path", f"./{INNER_STAGING_PREFIX}*"]
+    for rel in sorted(exclude):
+        prune += ["-o", "-path", "./" + _glob_escape(rel)]
+    proc = subprocess.run(
+        [
+            find, ".", "-mindepth", "1",
+            "(", *prune, ")", "-prune",
+            "-o", "-type", "d", "-printf", "%P\\0d %m\\0",
+            "-o", "-type", "l", "-printf", "%P\\0l %m %l\\0",
+            "-o", "-type", "f", "-printf", "%P\\0f %m %s %T@\\0",
+            "-o", "-printf", "%P\\0o %m\\0",
+        ],
+        cwd=root,
+        capture_output=True,
+        check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        message = os.fsdecode(proc.stderr).strip()
+        raise OSError(errno.EIO, f"find failed: {message}", root)
+    fields = os.fsdecode(proc.stdout).split("\0")
+    fields.pop()  # the text ends with a separator
+    pairs = iter(fields)
+    return dict(zip(pairs, pairs, strict=True))
+
+
+def snapshot_tree(root: StrPath, *, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """Map every path below ``root`` to its :func:`signature`, without following symlinks.
+
+    The same paths as :func:`scan_tree`, in about half its time on large trees: GNU ``find``
+    does the walk and the ``lstat`` calls in C when it is installed (falls back to
+    :func:`scan_tree`). Comparing two snapshots is a set operation (:func:`differing_paths`), so
+    a commit costs one C-speed walk per tree plus O(changes) Python work, like ``rsync``.
+
+    Raises:
+        OSError: ``root`` is missing or a directory in it cannot be read.
+    """
+    root_s = os.fspath(root)
+    if not os.path.isdir(root_s):
+        raise FileNotFoundError(errno.ENOENT, "directory not found", root_s)
+    excluded = frozenset(exclude)
+    find = shutil.which("find")
+    if find is not None:
+        return _snapshot_with_find(find, root_s, excluded)
+    return {rel: signature(entry) for rel, entry in scan_tree(root_s, exclude=excluded).items()}
+
+
+def snapshot_trees(*roots: StrPath, exclude: Iterable[str] = ()) -> list[dict[str, str]]:
+    """:func:`snapshot_tree` of several trees at once, one thread (and ``find``) per tree, as
+    ``rsync`` walks sender and receiver side in two processes.
+
+    Raises:
+        OSError: a tree cannot be read.
+    """
+    excluded = list(exclude)
+    if len(roots) < 2:  # no thread for a single walk
+        return [snapshot_tree(root, exclude=excluded) for root in roots]
+    with ThreadPoolExecutor(max_workers=len(roots)) as pool:
+        futures = [pool.submit(snapshot_tree, root, exclude=excluded) for root in roots]
+        return [future.result() for future in futures]
+
+
+def differing_paths(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    """Paths present in only one snapshot or with different signatures in the two."""
+    return {rel for rel, _ in set(a.items()).symmetric_difference(b.items())}
+
+
+def compute_changes_at(original: StrPath, modified: StrPath, paths: Iterable[str]) -> TreeChanges:
+    """:class:`TreeChanges` from ``original`` to ``modified``, looking only at ``paths``.
+
+    Each path is compared as itself (``lstat`` of both sides, content when the quick check is
+    not enough), not its subtree: pass every path that may differ, e.g. the
+    :func:`differing_paths` of two snapshots. O(len(paths)).
+
+    Raises:
+        OSError: a path cannot be read.
+    """
+    added: list[str] = []
+    changed: list[str] = []
+    deleted: list[str] = []
+    for rel in paths:
+        old_path, new_path = os.path.join(original, rel), os.path.join(modified, rel)
+        old, new = entry_of(old_path), entry_of(new_path)
+        if old is None and new is not None:
+            added.append(rel)
+        elif new is None and old is not None:
+            deleted.append(rel)
+        elif old is not None and new is not None and entries_differ(old, new, old_path, new_path):
+            changed.append(rel)
+    return TreeChanges(sorted(added), sorted(changed), sorted(deleted))
 
 
 # -- unified diff -----------------------------------------------------------------------------

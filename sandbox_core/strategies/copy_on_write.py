@@ -3,8 +3,9 @@
 Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
 
 - ``tree/``: the copy the actor writes to (``get_path`` resolves here);
-- ``manifest.json``: the original as it was at create (type, mode, size, mtime, link target per
-  path), so that commit can tell the sandbox's changes from concurrent changes to the original;
+- ``manifest.json``: the original as it was at create (the quick-check
+  :func:`~sandbox_core._fs_utils.signature` per path: type, mode, size, mtime, link target), so
+  that commit can tell the sandbox's changes from concurrent changes to the original;
 - ``precommit/``: the entries a commit replaced (``tree/`` + ``undo.json``), for rollback from
   COMMITTED;
 - ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
@@ -35,12 +36,14 @@ from sandbox_core._fs_utils import (
     Entry,
     TreeChanges,
     backup_directory,
-    diff_entries,
-    entries_differ,
+    compute_changes_at,
+    differing_paths,
     entry_of,
     lock_tree,
     recover_sync,
-    scan_tree,
+    signature,
+    snapshot_tree,
+    snapshot_trees,
     sync_tree,
     undo_sync,
 )
@@ -119,7 +122,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             backup_directory(source, self.tree_dir)
             git_admin = self._isolate_linked_worktree(source)
             exclude = [".git"] if git_admin else []
-            self._write_manifest(scan_tree(self.tree_dir, exclude=exclude))
+            self._write_manifest(snapshot_tree(self.tree_dir, exclude=exclude))
         except BaseException:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
@@ -176,67 +179,70 @@ class CopyOnWriteSandbox(BaseSandbox):
     def _changes_to_apply(self, source: Path) -> TreeChanges:
         """The sandbox's own changes; raise on paths changed on both sides since create.
 
+        One C-speed walk of each tree (:func:`~sandbox_core._fs_utils.snapshot_tree`), compared
+        with the manifest by set operations; only the differing paths are then looked at (and
+        their content compared when size and mode agree but the mtime moved), as ``rsync`` does.
+
         Raises:
             SandboxCommitError: with ``conflicts`` (sorted relative paths) when a path changed
                 both in the sandbox and in the original.
         """
         exclude = self._exclude()
         base = self._read_manifest()
-        current = scan_tree(source, exclude=exclude)  # one scan serves both comparisons
-        drift = set(diff_entries(base, current).paths)
-        changes = diff_entries(
-            current,
-            scan_tree(self.tree_dir, exclude=exclude),
-            old_root=source,
-            new_root=self.tree_dir,
-        )
+        current, sandbox = snapshot_trees(source, self.tree_dir, exclude=exclude)
+        drift = differing_paths(base, current)
+        touched = differing_paths(base, sandbox)
+        changes = compute_changes_at(source, self.tree_dir, differing_paths(current, sandbox))
         if not drift:
             return changes
-        conflicts: list[str] = []
-
-        def keep(rel: str) -> bool:
-            if rel not in drift:
-                return True
-            if not self._sandbox_touched(rel, base.get(rel)):
-                return False  # only the original changed it: leave the original's version
-            conflicts.append(rel)
-            return False
-
-        filtered = TreeChanges(
-            added=[p for p in changes.added if keep(p)],
-            changed=[p for p in changes.changed if keep(p)],
-            deleted=[p for p in changes.deleted if keep(p)],
-        )
+        # A path the original changed since create: a conflict when the sandbox changed it
+        # too, else the original's version is kept.
+        conflicts = sorted(rel for rel in changes.paths if rel in drift and rel in touched)
         if conflicts:
             raise SandboxCommitError(
                 f"commit of sandbox {self.sandbox_id} refused: {len(conflicts)} path(s) changed "
-                f"in both the sandbox and the original: {', '.join(sorted(conflicts)[:10])}",
-                conflicts=sorted(conflicts),
+                f"in both the sandbox and the original: {', '.join(conflicts[:10])}",
+                conflicts=conflicts,
             )
-        return filtered
-
-    def _sandbox_touched(self, rel: str, base: Entry | None) -> bool:
-        now = entry_of(self.tree_dir / rel)
-        if now is None or base is None:
-            return (now is None) != (base is None)
-        return entries_differ(base, now, None, None)
+        return TreeChanges(
+            added=[p for p in changes.added if p not in drift],
+            changed=[p for p in changes.changed if p not in drift],
+            deleted=[p for p in changes.deleted if p not in drift],
+        )
 
     def _reset_tree(self) -> None:
-        """Make the copy equal to the original again (O(changes)) and re-take the manifest."""
-        exclude = self._exclude()
-        sync_tree(self._source(), self.tree_dir, exclude=exclude)
-        self._write_manifest(scan_tree(self.tree_dir, exclude=exclude))
+        """Make the copy equal to the original again and re-take the manifest.
 
-    def _write_manifest(self, entries: dict[str, Entry]) -> None:
+        One walk of each tree; only differing paths are copied (O(changes)), and the manifest
+        is updated at those paths instead of being re-taken by a third walk.
+        """
+        exclude, source = self._exclude(), self._source()
+        original, copy = snapshot_trees(source, self.tree_dir, exclude=exclude)
+        candidates = differing_paths(original, copy)
+        changes = compute_changes_at(self.tree_dir, source, candidates)
+        if not changes.is_empty:
+            sync_tree(source, self.tree_dir, changes=changes)
+        for rel in candidates:
+            entry = entry_of(self.tree_dir / rel)
+            if entry is None:
+                copy.pop(rel, None)
+            else:
+                copy[rel] = signature(entry)
+        self._write_manifest(copy)
+
+    def _write_manifest(self, signatures: dict[str, str]) -> None:
         tmp = self._manifest_path.with_suffix(".tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({rel: entry.to_json() for rel, entry in entries.items()}, handle)
+            json.dump({"version": 2, "signatures": signatures}, handle)
         tmp.replace(self._manifest_path)
 
-    def _read_manifest(self) -> dict[str, Entry]:
+    def _read_manifest(self) -> dict[str, str]:
+        """Signatures per path; a version-1 manifest (``Entry`` lists) is converted."""
         with open(self._manifest_path, encoding="utf-8") as handle:
             raw = json.load(handle)
-        return {rel: Entry.from_json(value) for rel, value in raw.items()}
+        if raw.get("version") == 2 and isinstance(raw.get("signatures"), dict):
+            return dict(raw["signatures"])
+        return {rel: signature(Entry.from_json(value)) for rel, value in raw.items()}
 
     # -- linked git worktrees (case 05) -----------------------------------------------------
 

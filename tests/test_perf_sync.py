@@ -1,0 +1,133 @@
+"""O(changes) behaviour of commits and rollbacks, asserted by counting operations, not timing.
+
+Issue 2 targets: a commit of a few changed files in a large tree copies only those files and
+walks each tree once; a rollback after commit copies only what the commit changed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from sandbox_core import SandboxFactory
+from sandbox_core import _fs_utils as fs
+
+FILES = 300
+EDITED = ("d0/f0.txt", "d1/f5.txt", "d2/f9.txt")
+
+
+@pytest.fixture
+def big_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "original"
+    for index in range(FILES):
+        path = root / f"d{index % 10}" / f"f{index // 10}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"file {index}\n")
+    os.symlink("d0/f0.txt", root / "link")
+    return root
+
+
+class Counter:
+    """Calls of one wrapped function (the function still runs); ``copy2`` counts every file
+    copied, by ``_fs_utils`` and by the overlay strategy alike."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+
+@pytest.fixture
+def counted() -> Iterator[dict[str, Counter]]:
+    counters = {"copy2": Counter(), "snapshot_tree": Counter(), "scan_tree": Counter()}
+    originals: dict[str, Any] = {
+        "copy2": fs.shutil.copy2,
+        "snapshot_tree": fs.snapshot_tree,
+        "scan_tree": fs.scan_tree,
+    }
+
+    def wrap(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counters[name].calls.append(args)
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    with (
+        mock.patch.object(fs.shutil, "copy2", wrap("copy2")),
+        mock.patch.object(fs, "snapshot_tree", wrap("snapshot_tree")),
+        mock.patch.object(fs, "scan_tree", wrap("scan_tree")),
+    ):
+        yield counters
+
+
+def _edit(root: str | Path) -> None:
+    for rel in EDITED:
+        with open(Path(root) / rel, "a", encoding="utf-8") as handle:
+            handle.write("edited\n")
+
+
+def test_snapshot_with_find_equals_the_python_walk(big_tree: Path) -> None:
+    os.mkfifo(big_tree / "fifo")
+    (big_tree / "d3").chmod(0o1750)
+    (big_tree / ".git").mkdir()
+    (big_tree / ".git" / "HEAD").write_text("ref\n")
+    with mock.patch.object(fs.shutil, "which", return_value=None):
+        by_python = fs.snapshot_tree(big_tree, exclude=[".git"])
+    by_find = fs.snapshot_tree(big_tree, exclude=[".git"])
+    assert by_find == by_python
+    assert by_find["d3"] == "d 1750"
+    assert by_find["link"] == "l 777 d0/f0.txt"
+    assert not any(rel.startswith(".git") for rel in by_find)
+
+
+def test_copy_on_write_commit_copies_only_changed_files_and_walks_each_tree_once(
+    big_tree: Path, tmp_path: Path, counted: dict[str, Counter]
+) -> None:
+    sandbox = SandboxFactory().create(
+        "copy_on_write", "res", str(big_tree), sandbox_root=str(tmp_path / "sb")
+    )
+    sandbox.create("plan")
+    _edit(sandbox.get_path(""))
+    for counter in counted.values():
+        counter.calls.clear()
+
+    result = sandbox.commit()
+
+    assert sorted(result.changed_files) == sorted(EDITED)
+    assert len(counted["copy2"].calls) == len(EDITED)
+    walked = sorted(os.path.basename(os.fspath(args[0])) for args in counted["snapshot_tree"].calls)
+    assert walked == ["original", "tree"]
+    assert counted["scan_tree"].calls == []
+    assert (big_tree / EDITED[0]).read_text() == "file 0\nedited\n"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [("copy_on_write", {})],
+)
+def test_rollback_after_commit_copies_only_what_the_commit_changed(
+    big_tree: Path,
+    tmp_path: Path,
+    counted: dict[str, Counter],
+    strategy: str,
+    options: dict[str, Any],
+) -> None:
+    sandbox = SandboxFactory().create(
+        strategy, "res", str(big_tree), sandbox_root=str(tmp_path / "sb"), **options
+    )
+    sandbox.create("plan")
+    _edit(sandbox.get_path(""))
+    sandbox.commit()
+    counted["copy2"].calls.clear()
+
+    sandbox.rollback()
+
+    # The undo of the original plus the reset of the sandbox copy: both O(changes).
+    assert len(counted["copy2"].calls) <= 2 * len(EDITED)
+    assert (big_tree / EDITED[0]).read_text() == "file 0\n"
+    assert Path(sandbox.get_path(EDITED[0])).read_text() == "file 0\n"
+    assert fs.compute_changes(big_tree, sandbox.get_path("")).is_empty
