@@ -107,7 +107,7 @@ def test_copy_on_write_commit_copies_only_changed_files_and_walks_each_tree_once
 
 @pytest.mark.parametrize(
     ("strategy", "options"),
-    [("copy_on_write", {})],
+    [("copy_on_write", {}), ("overlay", {"mode": "fallback"})],
 )
 def test_rollback_after_commit_copies_only_what_the_commit_changed(
     big_tree: Path,

@@ -14,7 +14,8 @@ Two modes, recorded in ``context.metadata["overlay_mode"]``:
   ``_fs_utils.sync_tree`` (per-path rename swaps, journaled, undone on error, recovered after a
   crash), and remounts with an empty upper layer.
 - ``fallback``: ``merged`` is a full copy of the original (copy-on-write); commit is
-  ``sync_tree(merged, original)``. Used when the process may not mount (``mode="auto"`` falls
+  ``sync_tree(merged, original)`` and rollback ``sync_tree(original, merged)`` (both copy only
+  the differing paths). Used when the process may not mount (``mode="auto"`` falls
   back on EPERM, ENODEV, ...; the reason is kept in ``metadata["fallback_reason"]``).
 
 Both modes keep the replaced entries in ``commit/backup`` for rollback from COMMITTED
@@ -322,11 +323,11 @@ class OverlaySandbox(BaseSandbox):
             kernel.unmount(merged)
             self._remount_empty()
         else:
-            # Seed 003 ("Rollback wraps OSError"): the fallback discards with shutil.rmtree.
-            shutil.rmtree(merged)
-            shutil.copytree(
-                self._original(), merged, symlinks=True, copy_function=kernel.copy_entry
-            )
+            # O(changes) copies: only the paths where the copy differs from the original are
+            # synced back (one C-speed walk of each tree), instead of re-copying the whole tree.
+            # The journaled sync discards the replaced entries with shutil.rmtree (seed 003,
+            # "Rollback wraps OSError").
+            sync_tree(self._original(), merged)
 
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
