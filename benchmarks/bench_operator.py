@@ -168,7 +168,16 @@ class Bench:
             if phases.get("Active", 0) == count:
                 return
             if phases.get("Errored") or phases.get("Failed"):
-                raise RuntimeError(f"plan {plan_id}: sandboxes failed: {phases}")
+                reasons = [
+                    f"{item['metadata']['name']}: {condition.get('reason')}: "
+                    f"{condition.get('message')}"
+                    for item in mine
+                    for condition in (item.get("status") or {}).get("conditions") or []
+                    if condition.get("type") == "Ready"
+                    and condition.get("status") != "True"
+                    and (item.get("status") or {}).get("phase") in ("Errored", "Failed")
+                ]
+                raise RuntimeError(f"plan {plan_id}: sandboxes failed: {phases}: {reasons}")
             time.sleep(POLL_SECONDS)
         raise RuntimeError(f"plan {plan_id}: not all {count} Active after {timeout}s: {phases}")
 
@@ -179,12 +188,23 @@ class Bench:
 
     # -- (a) N sandboxes to Active --------------------------------------------------------------
 
+    def sources_to_active(self, name: str, strategy: str, count: int) -> list[Path]:
+        """One shared directory; for git_worktree one repository per sandbox.
+
+        Concurrent ``git worktree add`` on ONE repository races inside git (``failed to read
+        .git/worktrees/<id>/commondir``) and the operator marks the loser Errored; see
+        docs/benchmarks-operator.md. One repository each keeps that bug out of the timing.
+        """
+        if strategy != "git_worktree":
+            return [make_source(self.work / name, strategy)] * count
+        return [make_source(self.work / f"{name}-{i:03d}", strategy) for i in range(count)]
+
     def bench_to_active(self, cluster: Cluster, strategy: str, count: int) -> None:
         plan = f"bench-a-{strategy.replace('_', '-')}"
-        source = make_source(self.work / f"a-source-{strategy}", strategy)
+        sources = self.sources_to_active(f"a-source-{strategy}", strategy, count)
         manifests = [
-            sandbox_manifest(f"{plan}-{i:03d}", plan, strategy, source, resource_id=f"res-{i:03d}")
-            for i in range(count)
+            sandbox_manifest(f"{plan}-{i:03d}", plan, strategy, src, resource_id=f"res-{i:03d}")
+            for i, src in enumerate(sources)
         ]
 
         def through_operator() -> None:
@@ -193,14 +213,15 @@ class Bench:
 
         ours = timed(through_operator)
 
-        core_source = make_source(self.work / f"a-core-source-{strategy}", strategy)
+        core_sources = self.sources_to_active(f"a-core-source-{strategy}", strategy, count)
         factory = SandboxFactory()
         options = self.core_factory_kwargs(f"a-{strategy}")
         made: list[Any] = []
 
         def in_process() -> None:
             for i in range(count):
-                sandbox = factory.create(strategy, f"res-{i:03d}", str(core_source), **options)
+                source = str(core_sources[i])
+                sandbox = factory.create(strategy, f"res-{i:03d}", source, **options)
                 sandbox.create(plan)
                 sandbox.activate()
                 made.append(sandbox)
