@@ -359,12 +359,18 @@ class PodExecutor:
         Raises:
             ExecutorError: exec failed or the core reported an error.
         """
+        from kubernetes import client as k8s_client
         from kubernetes.stream import stream
 
         pod = target.workspace_pod or child_name(target, "ws")
+        # kubernetes.stream swaps call_api on the ApiClient it is given for the length of the
+        # call. kopf runs handlers in threads, so on the shared client other threads' REST calls
+        # went over WebSocket ("Handshake status 200 OK") and overlapping execs could leave it
+        # swapped for good (found by the e2e tier). Each exec gets its own client.
+        exec_client = k8s_client.ApiClient(self.api.api_client.configuration)
         try:
-            client = stream(
-                self.api.core.connect_get_namespaced_pod_exec,
+            ws = stream(
+                k8s_client.CoreV1Api(exec_client).connect_get_namespaced_pod_exec,
                 pod,
                 target.namespace,
                 container=CONTAINER,
@@ -375,11 +381,13 @@ class PodExecutor:
                 tty=False,
                 _preload_content=False,
             )
-            client.run_forever(timeout=self.settings.exec_timeout_seconds)
-            stdout = client.read_stdout() or ""
-            client.close()
+            ws.run_forever(timeout=self.settings.exec_timeout_seconds)
+            stdout = ws.read_stdout() or ""
+            ws.close()
         except ApiException as exc:
             raise ExecutorError(f"exec in pod {pod} failed: {exc.reason}") from exc
+        finally:
+            exec_client.close()  # type: ignore[no-untyped-call]
         return parse_output(command, stdout)
 
     # -- Executor -----------------------------------------------------------------------------
