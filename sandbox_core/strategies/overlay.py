@@ -480,23 +480,33 @@ class OverlaySandbox(BaseSandbox):
 
 
 def _refuse_external_gitfiles(root: Path) -> None:
-    """Refuse trees whose ``.git`` files point outside the tree (case 05: no shared index)."""
-    pending = [root]
+    """Refuse trees whose ``.git`` files point outside the tree (case 05: no shared index).
+
+    Every directory must be listed (a submodule's ``.git`` file may sit anywhere), but no entry
+    is ``stat``-ed: ``scandir``'s d_type answers "directory?", and paths are plain strings
+    (``Path`` objects per directory cost more than the listing). ``.git`` directories are not
+    entered. Measured: about 10-30 ms on an 11,000-file tree, most of a kernel-mode create.
+    """
+    pending = [os.fspath(root)]
     while pending:
         directory = pending.pop()
         with os.scandir(directory) as entries:
             for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name != ".git":
-                        pending.append(Path(entry.path))
-                elif entry.name == ".git" and entry.is_file(follow_symlinks=False):
-                    gitdir = _gitfile_target(Path(entry.path))
-                    if gitdir is not None and not gitdir.is_relative_to(root):
-                        raise SandboxCreationError(
-                            f"{entry.path} is a git file pointing outside the tree "
-                            f"(gitdir: {gitdir}); git in an overlay sandbox would share that "
-                            "index and refs with the original. Use the git_worktree strategy."
-                        )
+                if entry.name == ".git":
+                    if entry.is_file(follow_symlinks=False):
+                        _check_gitfile(root, Path(entry.path))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+
+
+def _check_gitfile(root: Path, gitfile: Path) -> None:
+    gitdir = _gitfile_target(gitfile)
+    if gitdir is not None and not gitdir.is_relative_to(root):
+        raise SandboxCreationError(
+            f"{gitfile} is a git file pointing outside the tree "
+            f"(gitdir: {gitdir}); git in an overlay sandbox would share that "
+            "index and refs with the original. Use the git_worktree strategy."
+        )
 
 
 def _gitfile_target(gitfile: Path) -> Path | None:
