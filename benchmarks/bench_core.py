@@ -36,6 +36,12 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "bench@sandbox.invalid",
 }
 CHANGED_FILES = 10
+MANY_CHANGED_FILES = 1000
+# Git trusts an index entry only when the file's mtime is older than the index file ("racily
+# clean" otherwise: it re-hashes the file). In real use a commit or checkpoint comes long after
+# create; editing in the same second as create would make git re-hash every file and measure a
+# case that does not happen. So every git-backed measurement waits this long after create.
+RACY_CLEAN_WAIT = 1.1
 
 
 def run(*cmd: str, cwd: Path | None = None) -> None:
@@ -75,6 +81,10 @@ class Bench:
                 :CHANGED_FILES
             ]
         )
+        go_files = sorted(str(p.relative_to(self.tree)) for p in self.tree.rglob("*.go"))
+        self.many_targets = go_files[:: max(1, len(go_files) // MANY_CHANGED_FILES)][
+            :MANY_CHANGED_FILES
+        ]
         self.factory = SandboxFactory()
         self.counter = 0
 
@@ -97,8 +107,8 @@ class Bench:
             **options,
         )
 
-    def edit(self, root: str | Path, marker: str) -> None:
-        for rel in self.targets:
+    def edit(self, root: str | Path, marker: str, targets: list[str] | None = None) -> None:
+        for rel in self.targets if targets is None else targets:
             with open(Path(root) / rel, "a", encoding="utf-8") as handle:
                 handle.write(f"\n// {marker}\n")
 
@@ -177,6 +187,7 @@ class Bench:
             src, dst = self.work / f"rs-src-{i}", self.work / f"rs-dst-{i}"
             run("cp", "-a", str(self.tree), str(src))
             run("cp", "-a", str(self.tree), str(dst))
+            time.sleep(RACY_CLEAN_WAIT)  # same setup as the sandboxes' commits
             self.edit(src, f"rsync {i}")
             samples.append(
                 timed(lambda s=src, d=dst: run("rsync", "-a", "--delete", f"{s}/", f"{d}/"))
@@ -190,6 +201,7 @@ class Bench:
         for i in range(self.repeat):
             path = self.work / f"raw-gc-{i}"
             run("git", "-C", str(self.repo), "worktree", "add", "-q", "-b", f"gc-{i}", str(path))
+            time.sleep(RACY_CLEAN_WAIT)
             self.edit(path, f"raw git {i}")
 
             def commit_and_merge(p: Path = path, n: int = i) -> None:
@@ -215,6 +227,7 @@ class Bench:
             for i in range(self.repeat):
                 sandbox = self.new_sandbox(strategy, original, **options)
                 sandbox.create("bench")
+                time.sleep(RACY_CLEAN_WAIT)
                 self.edit(sandbox.get_path(""), f"{strategy} {i}")
                 commits.append(timed(sandbox.commit))
                 rollbacks.append(timed(sandbox.rollback))
@@ -233,31 +246,52 @@ class Bench:
         run("git", "init", "-q", "-b", "main", cwd=small)
         run("git", "add", "-A", cwd=small)
         run("git", "commit", "-q", "-m", "small", cwd=small)
-        per_repo = {}
-        for label, repo, targets in (
-            ("200-file repo", small, [f"f{i}.go" for i in range(CHANGED_FILES)]),
-            (f"{self.files}-file repo", self.repo, self.targets),
-        ):
-            samples = []
-            for i in range(self.repeat):
-                sandbox = self.new_sandbox("git_worktree", repo)
-                sandbox.create("bench")
-                for rel in targets:
-                    with open(sandbox.get_path(rel), "a", encoding="utf-8") as handle:
-                        handle.write(f"\n// ckpt {i}\n")
-                manager = CheckpointManager()
-                samples.append(
-                    timed(lambda s=sandbox, m=manager: m.create_checkpoint(s, "bench", "pre_apply"))
-                )
-                sandbox.cleanup()
-            per_repo[label] = median(samples)
-        labels = list(per_repo)
+        large = f"{self.files}-file repo"
+        small_10, _ = self._checkpoint(small, [f"f{i}.go" for i in range(CHANGED_FILES)])
+        large_10, snapshot_10 = self._checkpoint(self.repo, self.targets, anchor=True)
+        large_many, snapshot_many = self._checkpoint(self.repo, self.many_targets, anchor=True)
         self.row(
-            f"git checkpoint, {CHANGED_FILES} changed, {labels[1]}",
-            per_repo[labels[1]],
-            f"same on {labels[0]}",
-            per_repo[labels[0]],
+            f"git checkpoint, {CHANGED_FILES} changed, {large}",
+            large_10,
+            "same on 200-file repo",
+            small_10,
         )
+        full_snapshot = "full directory snapshot (cp -a of the worktree)"
+        self.row(
+            f"git checkpoint, {CHANGED_FILES} changed, {large}",
+            large_10,
+            full_snapshot,
+            snapshot_10,
+        )
+        self.row(
+            f"git checkpoint, {len(self.many_targets)} changed, {large}",
+            large_many,
+            full_snapshot,
+            snapshot_many,
+        )
+
+    def _checkpoint(
+        self, repo: Path, targets: list[str], *, anchor: bool = False
+    ) -> tuple[float, float]:
+        """Median checkpoint time after editing ``targets``, and (with ``anchor``) the median
+        time of ``cp -a`` of the same edited worktree (the naive full snapshot)."""
+        samples, copies = [], []
+        for i in range(self.repeat):
+            sandbox = self.new_sandbox("git_worktree", repo)
+            sandbox.create("bench")
+            time.sleep(RACY_CLEAN_WAIT)
+            self.edit(sandbox.get_path(""), f"ckpt {i}", targets)
+            if anchor:
+                dest = self.work / f"snapshot-{i}"
+                worktree = sandbox.get_path("")
+                copies.append(timed(lambda d=dest, w=worktree: run("cp", "-a", w, str(d))))
+                shutil.rmtree(dest)
+            manager = CheckpointManager()
+            samples.append(
+                timed(lambda s=sandbox, m=manager: m.create_checkpoint(s, "bench", "pre_apply"))
+            )
+            sandbox.cleanup()
+        return median(samples), median(copies) if copies else 0.0
 
     def markdown(self) -> str:
         lines = [
