@@ -145,8 +145,14 @@ class Bench:
     @staticmethod
     def apply_all(cluster: Cluster, manifests: list[dict[str, Any]]) -> None:
         """One ``kubectl apply`` of a multi-document YAML."""
-        result = cluster.kubectl(
-            "apply", "-f", "-", input=yaml.safe_dump_all(manifests), check=False
+        result = cluster.server.kubectl(
+            "-n",
+            cluster.namespace,
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(manifests),
+            timeout=1200,  # kubectl's client-side rate limit: 1,000 objects take minutes
         )
         if result.returncode != 0:
             raise RuntimeError(f"kubectl apply failed: {result.stderr[-2000:]}")
@@ -312,6 +318,9 @@ class Bench:
             ]
             started = time.perf_counter()
             self.apply_all(cluster, manifests)
+            self.note(
+                f"kubectl apply of {count} Sandboxes took {time.perf_counter() - started:.1f} s"
+            )
             self.wait_all_active(cluster, "bench-rss", count, timeout=60 + 1.0 * count)
             elapsed = time.perf_counter() - started
             time.sleep(5)  # let the last patches and events settle
