@@ -74,4 +74,5 @@ def test_worktree_sandbox_write_diff_and_commit(
     assert table[0].split() == ["NAME", "PHASE", "READY", "STRATEGY", "PLAN", "AGE"]
     assert table[1].split()[:5] == ["app", "Committed", "False", "git_worktree", "plan-git"]
     table = kube.kubectl("get", "pcommit", "-n", namespace).splitlines()
-    assert table[0].split()[:2] == ["NAME", "PHASE"] and "Committed" in table[1]
+    assert table[0].split() == ["NAME", "PLAN", "ACTION", "PHASE", "COMMITTED", "AGE"]
+    assert table[1].split()[:5] == ["commit-app", "plan-git", "Commit", "Committed", "True"]
