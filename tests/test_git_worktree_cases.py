@@ -875,3 +875,22 @@ def test_commit_interrupted_between_files_and_ref_completes_on_retry(
     assert git(repo, "rev-parse", "HEAD") == result.commit_ref
     assert git(repo, "status", "--porcelain") == ""
     assert reopened.commit_landed() is True
+
+
+def test_parallel_creates_and_cleanups_on_one_repository(repo: Path, root: Path) -> None:
+    """Many sandboxes of one repository created and cleaned up at once (the operator does this).
+
+    git itself races on concurrent ``worktree add`` (".git/worktrees/<id>/commondir" read before
+    it is written); the strategy serialises them per repository.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    sandboxes = [make(repo, root) for _ in range(12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(lambda sandbox: sandbox.create("p-parallel"), sandboxes))
+    assert all(s.status.value == "created" for s in sandboxes)
+    assert worktree_count(repo) == 13
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(lambda sandbox: sandbox.cleanup(), sandboxes))
+    assert worktree_count(repo) == 1
+    assert branches(repo) == {"main"}

@@ -354,16 +354,19 @@ class GitWorktreeSandbox(BaseSandbox):
                 f"sandbox {self.sandbox_id} already exists at {path}"
             ) from None
         branch = ""
-        try:
-            branch = self._free_branch(
-                original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
-            )
-            original.run("worktree", "add", "--quiet", "-b", branch, str(path), base)
-            admin = self._linked_admin_dir(path)
-        except BaseException:
-            # Whatever failed (git, I/O, interrupt), leave no worktree, directory or branch.
-            self._undo_failed_create(original, path, branch, base)
-            raise
+        # Concurrent `git worktree add` on one repository races inside git (".git/worktrees/<id>/
+        # commondir" read before it is written), so adds, like merges, are serialised per repo.
+        with repository_lock(str(common)):
+            try:
+                branch = self._free_branch(
+                    original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
+                )
+                original.run("worktree", "add", "--quiet", "-b", branch, str(path), base)
+                admin = self._linked_admin_dir(path)
+            except BaseException:
+                # Whatever failed (git, I/O, interrupt), leave no worktree, directory or branch.
+                self._undo_failed_create(original, path, branch, base)
+                raise
         return SandboxContext(
             sandbox_id=self.sandbox_id,
             sandbox_path=str(path),
@@ -718,19 +721,24 @@ class GitWorktreeSandbox(BaseSandbox):
         common = str(meta["git_common_dir"])
         original = GitCommand(common, common)
         try:
-            if path.exists():
-                original.run("worktree", "remove", "--force", str(path), ok=(0, 128))
-            if path.exists():
-                shutil.rmtree(path)
-            original.run("worktree", "prune")
-            original.run("update-ref", "-d", f"refs/heads/{meta['branch']}")
-            tags = original.run(
-                "for-each-ref", "--format=%(refname)", f"refs/tags/sandbox/{self.sandbox_id}/"
-            )
-            for tag in tags.out.splitlines():
-                original.run("update-ref", "-d", tag)
+            with repository_lock(common):
+                self._remove_worktree(original, path, str(meta["branch"]))
         except GitFailure as exc:
             raise SandboxError(f"cleanup of sandbox {self.sandbox_id} failed: {exc}") from exc
+
+    def _remove_worktree(self, original: GitCommand, path: Path, branch: str) -> None:
+        """Remove the worktree, its branch and every ``sandbox/<id>/*`` tag (caller holds lock)."""
+        if path.exists():
+            original.run("worktree", "remove", "--force", str(path), ok=(0, 128))
+        if path.exists():
+            shutil.rmtree(path)
+        original.run("worktree", "prune")
+        original.run("update-ref", "-d", f"refs/heads/{branch}")
+        tags = original.run(
+            "for-each-ref", "--format=%(refname)", f"refs/tags/sandbox/{self.sandbox_id}/"
+        )
+        for tag in tags.out.splitlines():
+            original.run("update-ref", "-d", tag)
 
     def _on_reopen(self) -> None:
         """Record what is missing; nothing is created or removed (seed 002, reopen)."""
