@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -49,6 +50,17 @@ def timed_until(check: Callable[[], bool], timeout: float = 300.0) -> float:
     return time.perf_counter() - start
 
 
+def phase_is(
+    status: Callable[[str, str], dict[str, Any]], kind: str, name: str, phase: str
+) -> Callable[[], bool]:
+    """A check that ``status(kind, name)`` has reached ``phase``."""
+
+    def check() -> bool:
+        return status(kind, name).get("phase") == phase
+
+    return check
+
+
 # --- pod executor, on the cluster ----------------------------------------------------------------
 
 
@@ -69,6 +81,10 @@ def cluster_runs(runs: int) -> tuple[list[float], list[float]]:
     kube.kubectl("create", "namespace", namespace)
     sandbox_times: list[float] = []
     commit_times: list[float] = []
+
+    def cluster_status(kind: str, name: str) -> dict[str, Any]:
+        return kube.status(kind, namespace, name)
+
     try:
         claim = {
             "apiVersion": "v1",
@@ -96,11 +112,7 @@ def cluster_runs(runs: int) -> tuple[list[float], list[float]]:
             plan = f"bench-{run}"
             kube.apply(namespace, sandbox_manifest(f"g{run}", plan, "git_worktree", f"r{run}/app"))
             sandbox_times.append(
-                timed_until(
-                    lambda r=run: (
-                        kube.status("sandbox", namespace, f"g{r}").get("phase") == "Active"
-                    )
-                )
+                timed_until(phase_is(cluster_status, "sandbox", f"g{run}", "Active"))
             )
             kube.apply(
                 namespace,
@@ -114,11 +126,7 @@ def cluster_runs(runs: int) -> tuple[list[float], list[float]]:
                 write_in_sandbox(kube, namespace, statuses[name], path, "y\n")
             kube.apply(namespace, plancommit_manifest(f"pc{run}", plan))
             commit_times.append(
-                timed_until(
-                    lambda r=run: (
-                        kube.status("plancommit", namespace, f"pc{r}").get("phase") == "Committed"
-                    )
-                )
+                timed_until(phase_is(cluster_status, "plancommit", f"pc{run}", "Committed"))
             )
     finally:
         for kind in ("plancommits", "sandboxes"):
@@ -160,9 +168,7 @@ def local_runs(runs: int) -> tuple[list[float], list[float]]:
                 plan = f"bench-{run}"
                 cluster.create(support.sandbox_manifest(f"g{run}", plan, "git_worktree", repo))
                 sandbox_times.append(
-                    timed_until(
-                        lambda r=run: cluster.status("sandbox", f"g{r}").get("phase") == "Active"
-                    )
+                    timed_until(phase_is(cluster.status, "sandbox", f"g{run}", "Active"))
                 )
                 cluster.create(support.sandbox_manifest(f"c{run}", plan, "copy_on_write", data))
                 cluster.create(
@@ -179,11 +185,7 @@ def local_runs(runs: int) -> tuple[list[float], list[float]]:
                     (Path(status["sandboxPath"]) / path).write_text("y\n")
                 cluster.create(support.plancommit_manifest(f"pc{run}", plan))
                 commit_times.append(
-                    timed_until(
-                        lambda r=run: (
-                            cluster.status("plancommit", f"pc{r}").get("phase") == "Committed"
-                        )
-                    )
+                    timed_until(phase_is(cluster.status, "plancommit", f"pc{run}", "Committed"))
                 )
         finally:
             operator.stop()
