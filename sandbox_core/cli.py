@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import click
 
 from sandbox_core import _fs_utils
+from sandbox_core._db import redact
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
@@ -44,7 +45,10 @@ from sandbox_core.errors import (
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.manager import SandboxManager
+from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
+
+RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 3
@@ -87,24 +91,43 @@ class CliState:
             self.fail(EXIT_NOT_FOUND, exc)
         return self.factory.reopen(record)
 
+    @contextmanager
+    def locked(self, sandbox_id: str) -> Iterator[BaseSandbox]:
+        """Re-open a sandbox under its plan's cross-process lock, for commands that change it.
+
+        Two invocations acting on one plan (``commit`` beside ``rollback``, two ``commit-plan``)
+        run one after the other, and the second re-reads what the first recorded.
+        """
+        try:
+            record = self.store.load(sandbox_id)
+        except SandboxError as exc:
+            self.fail(EXIT_NOT_FOUND, exc)
+        plan_id = str((record.get("context") or {}).get("plan_id") or f"sandbox:{sandbox_id}")
+        with self.store.plan_lock(plan_id):
+            yield self.load(sandbox_id)
+
     def manager(self) -> SandboxManager:
         """A manager over the state directory, with the plan's sandboxes re-opened lazily."""
         return SandboxManager(self.factory, cleanup_on_exit=False, store=self.store)
 
     def checkpoints(self) -> CheckpointManager:
         """A checkpoint manager persisting into the state directory."""
-        return CheckpointManager(state_dir=self.store.state_dir / "checkpoints")
+        return CheckpointManager(state_dir=self.store.state_dir)
 
 
 def _describe(sandbox: BaseSandbox) -> dict[str, Any]:
     record = sandbox.to_record()
+    # A database DSN may carry a password: never print it (the record file itself is 0600).
+    record["original_path"] = redact(sandbox.original_path)
+    if record.get("context"):
+        record["context"]["original_path"] = redact(sandbox.original_path)
     context = sandbox.context
     return {
         "sandbox_id": sandbox.sandbox_id,
         "strategy": sandbox.strategy,
         "status": sandbox.status.value,
         "resource_id": sandbox.resource_id,
-        "original_path": sandbox.original_path,
+        "original_path": redact(sandbox.original_path),
         "plan_id": context.plan_id if context else None,
         "sandbox_path": context.sandbox_path if context else None,
         "metadata": dict(context.metadata) if context else {},
@@ -153,7 +176,7 @@ def _guard(state: CliState, action: Callable[[], None]) -> None:
             rolled_back_ids=exc.rolled_back_ids,
             failed_rollback_ids=exc.failed_rollback_ids,
         )
-    except (SandboxError, ValueError) as exc:
+    except (SandboxError, ValueError, OSError) as exc:
         state.fail(EXIT_ERROR, exc)
 
 
@@ -222,11 +245,14 @@ def create(
 
     def run() -> None:
         sandbox = state.factory.create(strategy, resource_id, original_path, **extra)
-        with _progress(state, f"creating {strategy} sandbox of {original_path}"):
+        with _progress(state, f"creating {strategy} sandbox of {redact(original_path)}"):
             try:
                 sandbox.create(plan_id)
-            finally:
-                state.store.save(sandbox)
+            except SandboxError:
+                # The strategy already undid its partial work; leave no orphan record either.
+                sandbox.cleanup()
+                raise
+        state.store.save(sandbox)
         info = _describe(sandbox)
         state.emit(info, f"{sandbox.sandbox_id}\t{strategy}\t{info['sandbox_path']}")
 
@@ -267,14 +293,14 @@ def status(state: CliState, sandbox_id: str) -> None:
 @click.pass_obj
 def path(state: CliState, sandbox_id: str, resource_path: str) -> None:
     """Print the sandbox path of RESOURCE_PATH (activates the sandbox)."""
-    sandbox = state.load(sandbox_id)
 
     def run() -> None:
-        try:
-            resolved = sandbox.get_path(resource_path)
-        finally:
-            state.store.save(sandbox)
-        state.emit({"sandbox_id": sandbox_id, "path": resolved}, resolved)
+        with state.locked(sandbox_id) as sandbox:
+            try:
+                resolved = sandbox.get_path(resource_path)
+            finally:
+                state.store.save(sandbox)
+            state.emit({"sandbox_id": sandbox_id, "path": resolved}, resolved)
 
     _guard(state, run)
 
@@ -282,11 +308,19 @@ def path(state: CliState, sandbox_id: str, resource_path: str) -> None:
 def sandbox_diff(sandbox: BaseSandbox) -> str:
     """Unified diff of the sandbox against its original.
 
-    Uses the strategy's own ``diff()`` when it has one (git_worktree), else compares the trees.
+    Uses the strategy's own ``diff()`` when it has one (git_worktree); for a database
+    (transaction_rollback) lists the pending write statements; else compares the trees.
     """
     native = getattr(sandbox, "diff", None)
     if callable(native):
         return str(native())
+    pending = getattr(sandbox, "statements", None)
+    if callable(pending):
+        lines = []
+        for entry in pending():
+            params = f"  -- params: {json.dumps(entry['params'])}" if entry.get("params") else ""
+            lines.append(f"{entry['sql'].rstrip(';')};{params}")
+        return "\n".join(lines) + ("\n" if lines else "")
     context = sandbox.context
     if context is None:
         raise SandboxStateError(f"sandbox {sandbox.sandbox_id} has not been created")
@@ -313,14 +347,14 @@ def diff(state: CliState, sandbox_id: str) -> None:
 @click.pass_obj
 def commit(state: CliState, sandbox_id: str, message: str | None) -> None:
     """Commit one sandbox's changes to its original."""
-    sandbox = state.load(sandbox_id)
 
     def run() -> None:
-        try:
-            result = sandbox.commit(message)
-        finally:
-            state.store.save(sandbox)
-        state.emit(result.to_dict(), _format_result(result.to_dict()))
+        with state.locked(sandbox_id) as sandbox:
+            try:
+                result = sandbox.commit(message)
+            finally:
+                state.store.save(sandbox)
+            state.emit(result.to_dict(), _format_result(result.to_dict()))
 
     _guard(state, run)
 
@@ -345,14 +379,14 @@ def _format_result(result: dict[str, Any]) -> str:
 @click.pass_obj
 def rollback(state: CliState, sandbox_id: str) -> None:
     """Discard the sandbox's changes (ACTIVE) or undo its commit (COMMITTED)."""
-    sandbox = state.load(sandbox_id)
 
     def run() -> None:
-        try:
-            sandbox.rollback()
-        finally:
-            state.store.save(sandbox)
-        state.emit(_describe(sandbox), f"sandbox {sandbox_id}: {sandbox.status.value}")
+        with state.locked(sandbox_id) as sandbox:
+            try:
+                sandbox.rollback()
+            finally:
+                state.store.save(sandbox)
+            state.emit(_describe(sandbox), f"sandbox {sandbox_id}: {sandbox.status.value}")
 
     _guard(state, run)
 
@@ -362,12 +396,12 @@ def rollback(state: CliState, sandbox_id: str) -> None:
 @click.pass_obj
 def cleanup(state: CliState, sandbox_id: str) -> None:
     """Remove every artefact of the sandbox and forget it. The original is never touched."""
-    sandbox = state.load(sandbox_id)
 
     def run() -> None:
-        sandbox.cleanup()
-        state.store.delete(sandbox_id)
-        state.emit({"sandbox_id": sandbox_id, "status": sandbox.status.value}, "cleaned up")
+        with state.locked(sandbox_id) as sandbox:
+            sandbox.cleanup()
+            state.store.delete(sandbox_id)
+            state.emit({"sandbox_id": sandbox_id, "status": sandbox.status.value}, "cleaned up")
 
     _guard(state, run)
 
@@ -379,14 +413,14 @@ def cleanup(state: CliState, sandbox_id: str) -> None:
 @click.pass_obj
 def checkpoint(state: CliState, sandbox_id: str, phase: str, meta: tuple[str, ...]) -> None:
     """Snapshot the sandbox so it can be restored later."""
-    sandbox = state.load(sandbox_id)
-    plan_id = sandbox.context.plan_id if sandbox.context else ""
-    metadata = _parse_options(meta)
 
     def run() -> None:
-        created = state.checkpoints().create_checkpoint(sandbox, plan_id, phase, metadata)
-        payload = created.model_dump(mode="json")
-        state.emit(payload, f"{created.checkpoint_id}\t{phase}\t{created.snapshot_path}")
+        with state.locked(sandbox_id) as sandbox:
+            plan_id = sandbox.context.plan_id if sandbox.context else ""
+            metadata = _parse_options(meta)
+            created = state.checkpoints().create_checkpoint(sandbox, plan_id, phase, metadata)
+            payload = created.model_dump(mode="json")
+            state.emit(payload, f"{created.checkpoint_id}\t{phase}\t{created.snapshot_path}")
 
     _guard(state, run)
 
@@ -402,10 +436,15 @@ def restore(state: CliState, checkpoint_id: str) -> None:
         found = manager.get_checkpoint(checkpoint_id)
         if found is None:
             state.fail(EXIT_NOT_FOUND, SandboxError(f"no checkpoint with id {checkpoint_id}"))
-        sandbox = state.load(found.sandbox_id)
-        if not manager.restore(sandbox, found):
-            raise SandboxError(f"restore of checkpoint {checkpoint_id} failed")
-        state.store.save(sandbox)
+        with state.locked(found.sandbox_id) as sandbox:
+            if sandbox.status not in RESTORABLE:
+                raise SandboxStateError(
+                    f"cannot restore sandbox {sandbox.sandbox_id} in status "
+                    f"{sandbox.status.value}: only created, active or rolled-back sandboxes"
+                )
+            if not manager.restore(sandbox, found):
+                raise SandboxError(f"restore of checkpoint {checkpoint_id} failed")
+            state.store.save(sandbox)
         state.emit(
             {"checkpoint_id": checkpoint_id, "sandbox_id": found.sandbox_id, "restored": True},
             f"sandbox {found.sandbox_id} restored to checkpoint {checkpoint_id}",
@@ -423,8 +462,9 @@ def commit_plan(state: CliState, plan_id: str, message: str | None) -> None:
 
     def run() -> None:
         manager = state.manager()
-        manager.reopen_plan(plan_id)
-        results = manager.commit_all(plan_id, message=message)
+        with state.store.plan_lock(plan_id):
+            manager.reopen_plan(plan_id)  # under the lock: never act on a stale status
+            results = manager.commit_all(plan_id, message=message)
         payload = {"plan_id": plan_id, "results": [r.to_dict() for r in results]}
         failed = [r for r in results if not r.success]
         if failed:
@@ -460,8 +500,9 @@ def recover(state: CliState, plan_id: str) -> None:
 
     def run() -> None:
         manager = state.manager()
-        manager.reopen_plan(plan_id)
-        journal = manager.recover(plan_id)
+        with state.store.plan_lock(plan_id):
+            manager.reopen_plan(plan_id)
+            journal = manager.recover(plan_id)
         if journal is None:
             state.emit({"plan_id": plan_id, "journal": None}, f"plan {plan_id}: no commit journal")
             return
@@ -497,5 +538,21 @@ def demo(workdir: str | None, source_tree: str | None) -> None:
     sys.exit(run_demo(Path(workdir) if workdir else None, source_tree))
 
 
+def run() -> None:
+    """Console entry point: like ``main()``, but usage errors honour ``--json`` too (exit 2)."""
+    try:
+        main.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        if "--json" in sys.argv[1:]:
+            error = {"type": "UsageError", "message": exc.format_message()}
+            click.echo(json.dumps({"error": error}, indent=2, sort_keys=True))
+        else:
+            exc.show()
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -8,9 +8,13 @@ context").
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +102,31 @@ class SandboxStore:
     def delete(self, sandbox_id: str) -> None:
         """Forget ``sandbox_id`` (no error when already gone)."""
         self._path(sandbox_id).unlink(missing_ok=True)
+
+    @contextmanager
+    def plan_lock(self, plan_id: str) -> Iterator[None]:
+        """Hold an exclusive lock on ``plan_id`` across processes sharing this state directory.
+
+        Separate processes (two CLI invocations, a CLI and a recovery) that change sandboxes of
+        one plan take it, then re-read the records, so neither acts on a stale status. It is an
+        ``flock`` on ``<state_dir>/locks/<hash>.lock``: released when the holder exits, even by
+        a crash. Not re-entrant: take it once per process.
+
+        Raises:
+            SandboxError: the lock file cannot be created.
+        """
+        digest = hashlib.sha256(plan_id.encode()).hexdigest()[:32]
+        path = self.state_dir / "locks" / f"plan-{digest}.lock"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SandboxError(f"cannot lock plan {plan_id}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
 
     def _path(self, sandbox_id: str) -> Path:
         if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):

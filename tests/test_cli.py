@@ -146,3 +146,76 @@ def test_demo_passes_on_a_real_source_tree(tmp_path, env):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "demo PASSED" in done.stdout
     assert "rolled back (compensated): ['" in done.stdout
+
+
+def test_usage_errors_are_json_with_json_flag(env):
+    done = subprocess.run([*CLI, "--json", "status"], capture_output=True, text=True, env=env)
+    assert done.returncode == 2
+    assert json.loads(done.stdout)["error"] == {
+        "type": "UsageError",
+        "message": "Missing argument 'SANDBOX_ID'.",
+    }
+
+
+def test_concurrent_plan_commits_commit_once(env, directory, tmp_path):
+    """Two ``commit-plan`` of one plan at once: one commits, the other finds nothing left."""
+    second = tmp_path / "dir2"
+    second.mkdir()
+    (second / "g").write_text("e0\n")
+    ids = [create(env, "pc", "d1", "copy_on_write", directory),
+           create(env, "pc", "d2", "copy_on_write", second)]
+    for sid in ids:
+        Path(cli(env, "path", sid, "g")["path"]).write_text("new\n")
+    runs = [
+        subprocess.Popen([*CLI, "--json", "commit-plan", "pc"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    outputs = [json.loads(run.communicate()[0]) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    committed = sorted(len(out["results"]) for out in outputs)
+    assert committed == [0, 2], outputs
+    assert (directory / "g").read_text() == "new\n"
+    assert (second / "g").read_text() == "new\n"
+    statuses = {s["status"] for s in cli(env, "list", "--plan", "pc")["sandboxes"]}
+    assert statuses == {"committed"}
+
+
+def test_restore_of_a_committed_sandbox_is_a_state_error(env, directory):
+    sid = create(env, "p5", "dir", "copy_on_write", directory)
+    Path(cli(env, "path", sid, "g")["path"]).write_text("x\n")
+    ckpt = cli(env, "checkpoint", sid)["checkpoint_id"]
+    cli(env, "commit", sid)
+    out = cli(env, "restore", ckpt, expect=4)
+    assert "in status committed" in out["error"]["message"]
+
+
+def test_failed_create_leaves_no_record(env, tmp_path):
+    empty = tmp_path / "empty"
+    subprocess.run(["git", "init", "-q", str(empty)], check=True, env=env)
+    out = cli(env, "create", "--plan", "e", "--resource", "r", "--strategy", "git_worktree",
+              str(empty), expect=1)
+    assert "has no commit" in out["error"]["message"]
+    assert cli(env, "list")["sandboxes"] == []
+
+
+def test_transaction_diff_lists_pending_statements_and_hides_passwords(env, tmp_path):
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE items (name TEXT)")
+    sid = create(env, "p6", "db", "transaction_rollback", db)
+    script = (
+        "import sys; from sandbox_core.store import SandboxStore; "
+        "from sandbox_core.factory import SandboxFactory; "
+        "s = SandboxFactory().reopen(SandboxStore().load(sys.argv[1])); "
+        "s.execute('INSERT INTO items VALUES (?)', ['apple']); SandboxStore().save(s)"
+    )
+    subprocess.run([sys.executable, "-c", script, sid], check=True, env=env)
+    text = cli(env, "diff", sid)["diff"]
+    assert text == 'INSERT INTO items VALUES (?);  -- params: ["apple"]\n'
+
+    dsn_out = cli(env, "create", "--plan", "p7", "--resource", "pg", "--strategy",
+                  "transaction_rollback", "postgresql://user:s3cret@127.0.0.1:1/none", expect=1)
+    assert "s3cret" not in json.dumps(dsn_out)
