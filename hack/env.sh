@@ -6,7 +6,7 @@ if [ -x "$_root/hack/postgres.sh" ]; then
   export SANDBOX_TEST_POSTGRES_DSN
 fi
 if [ -x "$_root/hack/build-k8s-binaries.sh" ]; then
-  SANDBOX_K8S_BIN="$("$_root/hack/build-k8s-binaries.sh" | tail -n 1)"
+  SANDBOX_K8S_BIN="$("$_root/hack/build-k8s-binaries.sh" 2>/dev/null | tail -n 1)"
   export SANDBOX_K8S_BIN
   export PATH="$SANDBOX_K8S_BIN:$PATH"
 fi
