@@ -14,7 +14,7 @@ from e2e.conftest import (
     sandbox_manifest,
     write_in_sandbox,
 )
-from e2e.kube import Kube
+from e2e.kube import Kube, wait_until
 
 
 def test_worktree_sandbox_write_diff_and_commit(
@@ -76,3 +76,34 @@ def test_worktree_sandbox_write_diff_and_commit(
     table = kube.kubectl("get", "pcommit", "-n", namespace).splitlines()
     assert table[0].split() == ["NAME", "PLAN", "ACTION", "PHASE", "COMMITTED", "AGE"]
     assert table[1].split()[:5] == ["commit-app", "plan-git", "Commit", "Committed", "True"]
+
+
+def test_deleting_a_sandbox_cleans_up_everything_it_made(
+    kube: Kube, namespace: str, originals: Originals
+) -> None:
+    kube.apply(namespace, sandbox_manifest("gone", "plan-del", "git_worktree", "repos/app"))
+    status = active(kube, namespace, "gone")
+    write_in_sandbox(kube, namespace, status, "f.txt", "never committed\n")
+    selector = "sandbox.cleveragents.io/plan-id=plan-del"
+    claims = kube.names("pvc", namespace, selector)
+    assert claims and kube.names("pods", namespace, selector) == [status["workspacePod"]]
+    volumes = {
+        pv["metadata"]["name"]
+        for pv in kube.json("get", "pv")["items"]
+        if (pv["spec"].get("claimRef") or {}).get("name") in claims
+    }
+    assert volumes
+
+    kube.kubectl("delete", "sbx", "gone", "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_until("the workspace Pod gone", lambda: not kube.names("pods", namespace, selector), 120)
+    wait_until("the scratch claim gone", lambda: not kube.names("pvc", namespace, selector), 60)
+    wait_until(
+        "the scratch volume deleted",
+        lambda: not volumes & {pv["metadata"]["name"] for pv in kube.json("get", "pv")["items"]},
+        60,
+    )
+    assert originals.git("worktree", "list", "--porcelain").count("worktree ") == 1
+    assert originals.git("branch", "--list", "sandbox/*") == ""
+    assert originals.git("tag", "--list", "sandbox/*") == ""
+    assert originals.read("repos/app/f.txt") == "line1\n"  # the original is never touched
+    assert originals.git("status", "--porcelain") == ""
