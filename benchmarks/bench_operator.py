@@ -199,7 +199,7 @@ class Bench:
 
         Concurrent ``git worktree add`` on ONE repository races inside git (``failed to read
         .git/worktrees/<id>/commondir``) and the operator marks the loser Errored; see
-        docs/benchmarks-operator.md. One repository each keeps that bug out of the timing.
+        docs/benchmarks.md. One repository each keeps that bug out of the timing.
         """
         if strategy != "git_worktree":
             return [make_source(self.work / name, strategy)] * count
