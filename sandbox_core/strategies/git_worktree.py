@@ -358,6 +358,9 @@ class GitWorktreeSandbox(BaseSandbox):
         # commondir" read before it is written), so adds, like merges, are serialised per repo.
         with repository_lock(str(common)):
             try:
+                # Forget registrations of worktrees whose directory is gone (a crashed create,
+                # a workspace volume deleted with its Pod) before adding ours.
+                original.run("worktree", "prune")
                 branch = self._free_branch(
                     original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
                 )

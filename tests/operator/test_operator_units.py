@@ -377,3 +377,40 @@ def test_reconcile_timer_counts_outcomes_and_durations() -> None:
         raise RuntimeError("boom")
     assert value("ok") == ok_before + 1
     assert value("error") == error_before + 1
+
+
+def test_pod_cleanup_skips_the_exec_when_the_workspace_pod_is_gone() -> None:
+    """A terminating namespace deletes workspace Pods first: cleanup must not retry forever."""
+    from types import SimpleNamespace
+
+    from kubernetes.client.exceptions import ApiException
+    from sandbox_operator.executors.pod import PodExecutor
+    from sandbox_operator.settings import Settings
+
+    deleted: list[str] = []
+
+    def missing_pod(name: str, namespace: str) -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    core = SimpleNamespace(
+        read_namespaced_pod=missing_pod,
+        delete_namespaced_pod=lambda name, ns: deleted.append(f"pod/{name}"),
+        delete_namespaced_persistent_volume_claim=lambda name, ns: deleted.append(f"pvc/{name}"),
+    )
+    executor = PodExecutor(Settings.from_env({}), SimpleNamespace(core=core))  # type: ignore[arg-type]
+
+    def no_exec(*args: object) -> None:
+        raise AssertionError("exec into a missing pod")
+
+    executor.run = no_exec  # type: ignore[method-assign]
+    target = SimpleNamespace(
+        name="s1",
+        namespace="ns",
+        uid="u1",
+        sandbox_id="01ABC",
+        workspace_pod="",
+        strategy="git_worktree",
+    )
+    executor.cleanup(target)  # type: ignore[arg-type]
+    assert len(deleted) == 2
+    assert deleted[0].startswith("pod/") and deleted[1].startswith("pvc/")

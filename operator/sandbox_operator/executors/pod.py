@@ -15,6 +15,7 @@ The builders are pure functions (unit-tested); the Pod and PVC are adopted by th
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 from typing import Any, cast
@@ -33,6 +34,8 @@ from sandbox_operator.models import (
     ROLLBACKABLE_STRATEGIES,
 )
 from sandbox_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 SOURCE_MOUNT = "/workspace/source"
 SCRATCH_MOUNT = "/workspace/scratch"
@@ -390,6 +393,17 @@ class PodExecutor:
             exec_client.close()  # type: ignore[no-untyped-call]
         return parse_output(command, stdout)
 
+    def _workspace_pod_alive(self, target: SandboxTarget) -> bool:
+        """True when the workspace Pod exists and is not being deleted."""
+        name = target.workspace_pod or child_name(target, "ws")
+        try:
+            pod = self.api.core.read_namespaced_pod(name, target.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return getattr(pod.metadata, "deletion_timestamp", None) is None
+
     # -- Executor -----------------------------------------------------------------------------
 
     def provision(self, target: SandboxTarget) -> SandboxState:
@@ -433,12 +447,27 @@ class PodExecutor:
         return SandboxState.from_record(handle.record, workspace_pod=target.workspace_pod)
 
     def cleanup(self, target: SandboxTarget) -> None:
-        """``cleanup`` in the Pod, then delete the Pod and PVC (owner references would too)."""
-        try:
-            self.run(target, core_command("cleanup", target.sandbox_id))
-        except ExecutorError as exc:
-            if exc.retryable:
-                raise
+        """``cleanup`` in the Pod, then delete the Pod and PVC (owner references would too).
+
+        When the workspace Pod is gone or terminating (its namespace is being deleted, or
+        someone deleted it), there is nothing left to exec into: the scratch volume goes with
+        its PVC, and a git worktree's registration left in the original repository is pruned
+        (``git worktree prune``) by the next git_worktree create on that repository; its branch
+        ``sandbox/<plan>/<id>`` stays (never adopted by a later sandbox). Retrying the exec
+        would only hold the finalizer, and the namespace, forever (found by the e2e tier).
+        """
+        if self._workspace_pod_alive(target):
+            try:
+                self.run(target, core_command("cleanup", target.sandbox_id))
+            except ExecutorError as exc:
+                if exc.retryable:
+                    raise
+        else:
+            logger.warning(
+                "workspace pod of sandbox %s/%s is gone; skipping in-pod cleanup",
+                target.namespace,
+                target.name,
+            )
         for delete, name in (
             (self.api.core.delete_namespaced_pod, child_name(target, "ws")),
             (
