@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test tier that can run on this machine: lint, types, the core (real git, real
-# directories, real OverlayFS, real PostgreSQL) and the real API server tier.
+# directories, real OverlayFS, real PostgreSQL), the real API server tier, and, when no pytest
+# arguments are given, the real-cluster tier (hack/e2e.sh).
 # This is the README's test command; .ci/run calls it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,9 @@ echo "== ruff"
 ruff check .
 echo "== mypy (strict, sandbox_core)"
 mypy
-echo "== pytest"
+echo "== pytest (tiers 1 and 2)"
 python -m pytest -p no:cacheprovider "$@"
+if [ "$#" -eq 0 ]; then
+  echo "== e2e (tier 3: a real single-node cluster)"
+  hack/e2e.sh
+fi
