@@ -11,7 +11,7 @@ source hack/env.sh
 
 echo "== ruff"
 ruff check .
-echo "== mypy (strict, sandbox_core)"
+echo "== mypy (strict: sandbox_core, sandbox_operator)"
 mypy
 echo "== pytest (tiers 1 and 2)"
 python -m pytest -p no:cacheprovider "$@"
