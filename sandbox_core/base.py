@@ -240,7 +240,8 @@ class BaseSandbox:
         Raises:
             SandboxStateError: not ACTIVE/COMMITTED, or COMMITTED on a strategy that cannot
                 undo a commit (``rollbackable`` is False).
-            SandboxRollbackError: the rollback failed (status becomes ERRORED).
+            SandboxRollbackError: the rollback failed (status becomes ERRORED), or was refused
+                before touching anything (``refused``; status unchanged).
         """
         with self._lock:
             if self._status is SandboxStatus.ACTIVE:
@@ -258,6 +259,10 @@ class BaseSandbox:
                 )
             try:
                 action()
+            except SandboxRollbackError as exc:
+                if not exc.refused:
+                    self._status = SandboxStatus.ERRORED
+                raise
             except SandboxError:
                 self._status = SandboxStatus.ERRORED
                 raise

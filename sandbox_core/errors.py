@@ -31,7 +31,16 @@ class SandboxCommitError(SandboxError):
 
 
 class SandboxRollbackError(SandboxError):
-    """Discarding the sandbox's changes (or undoing a commit) failed."""
+    """Discarding the sandbox's changes (or undoing a commit) failed.
+
+    ``refused`` is True when the rollback was refused before anything was touched (for example
+    the original moved on since the commit): the sandbox keeps its status, so the rollback can be
+    retried once the cause is resolved. Otherwise the sandbox becomes ERRORED.
+    """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class SandboxStateError(SandboxError):

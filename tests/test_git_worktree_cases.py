@@ -528,8 +528,10 @@ def test_rollback_committed_refuses_when_the_branch_moved(repo: Path, root: Path
     git(repo, "add", "later")
     git(repo, "commit", "-qm", "user commits after the sandbox")
     after = git(repo, "rev-parse", "HEAD")
-    with pytest.raises(SandboxRollbackError, match="moved from"):
+    with pytest.raises(SandboxRollbackError, match="moved from") as refused:
         sandbox.rollback()
+    assert refused.value.refused is True
+    assert sandbox.status.value == "committed", "refused before touching anything: retryable"
     assert git(repo, "rev-parse", "HEAD") == after
     assert git(repo, "rev-parse", "HEAD~1") == result.commit_ref
     assert (repo / "f").read_text() == "sandbox\n"

@@ -601,7 +601,7 @@ class GitWorktreeSandbox(BaseSandbox):
         )
         if error is SandboxCommitError:
             return SandboxCommitError(text, conflicts=paths)
-        return SandboxRollbackError(text)
+        return SandboxRollbackError(text, refused=True)
 
     def _local_changes(self, original: GitCommand, paths: list[str]) -> set[str]:
         """Paths with uncommitted changes in the original: modified, staged, untracked, ignored.
@@ -703,7 +703,8 @@ class GitWorktreeSandbox(BaseSandbox):
         if current != merged:
             raise SandboxRollbackError(
                 f"{ref} moved from {merged} to {current} after sandbox "
-                f"{self.sandbox_id} was committed; refusing to roll back"
+                f"{self.sandbox_id} was committed; refusing to roll back",
+                refused=True,
             )
         if not self._apply(original, ref, merged, pre, SandboxRollbackError):
             raise SandboxRollbackError(f"{ref} moved during the rollback")
