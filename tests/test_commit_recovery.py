@@ -24,6 +24,7 @@ import pytest
 from sandbox_core import BaseSandbox, CommitResult, SandboxContext, SandboxFactory, SandboxStore
 from sandbox_core.journal import FileCommitJournal, JournalPhase, StepState
 from sandbox_core.manager import SandboxManager, state_dir_journal_path
+from tests.gitrepo import GIT_ENV, git, make_repo
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -159,32 +160,16 @@ def run_child(args: dict[str, Any], fault: str | None = None) -> subprocess.Comp
 # -- fixtures -----------------------------------------------------------------------------------
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 @pytest.fixture
 def git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }.items():
+    for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
 
 
 @pytest.fixture
 def case20(tmp_path: Path, git_identity: None) -> dict[str, Any]:
     """Case 20's setup: repository R (f = r0) and directory D (g = d0)."""
-    repo = tmp_path / "R"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "f").write_text("r0\n")
-    git(repo, "add", "f")
-    git(repo, "commit", "-qm", "base")
+    repo = make_repo(tmp_path / "R", {"f": "r0\n"})
     directory = tmp_path / "D"
     directory.mkdir()
     (directory / "g").write_text("d0\n")
@@ -366,12 +351,7 @@ def test_crash_after_the_last_step_landed_rolls_forward(tmp_path: Path) -> None:
 def test_case22_first_step_conflict_ends_failed_without_compensation(
     tmp_path: Path, git_identity: None
 ) -> None:
-    repo = tmp_path / "R"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "f").write_text("line1\n")
-    git(repo, "add", "f")
-    git(repo, "commit", "-qm", "base")
+    repo = make_repo(tmp_path / "R", {"f": "line1\n"})
     directory = tmp_path / "D"
     directory.mkdir()
     (directory / "g").write_text("d0\n")
@@ -441,12 +421,7 @@ def test_git_crash_inside_the_commit_window_is_compensated(
     ``GitWorktreeSandbox`` rebuilds the lost ``CommitResult`` from its ``committed`` and
     ``pre-commit`` tags (``adopt_landed_commit``), so compensation can move ``main`` back.
     """
-    repo = tmp_path / "R"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "f").write_text("r0\n")
-    git(repo, "add", "f")
-    git(repo, "commit", "-qm", "base")
+    repo = make_repo(tmp_path / "R", {"f": "r0\n"})
     pre = git(repo, "rev-parse", "main")
     directory = tmp_path / "D"
     directory.mkdir()

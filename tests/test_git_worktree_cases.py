@@ -25,21 +25,8 @@ from sandbox_core import (
     SandboxStatus,
 )
 from sandbox_core._git import GitCommand, GitFailure
-
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    """Run git in ``repo`` and return stripped stdout (raises on failure)."""
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    )
-    return done.stdout.rstrip("\n")
+from tests.gitrepo import GIT_ENV as IDENTITY
+from tests.gitrepo import git, make_repo
 
 
 def worktree_count(repo: Path) -> int:
@@ -59,13 +46,7 @@ def git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """``repo`` on branch main with one commit holding ``f`` = "line1"."""
-    path = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
-    (path / "f").write_text("line1\n")
-    (path / "other").write_text("other\n")
-    git(path, "add", "f", "other")
-    git(path, "commit", "-qm", "base")
-    return path
+    return make_repo(tmp_path / "repo", {"f": "line1\n", "other": "other\n"})
 
 
 @pytest.fixture

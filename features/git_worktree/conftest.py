@@ -20,20 +20,8 @@ from sandbox_core import (
     SandboxStatus,
 )
 from sandbox_core._git import GitCommand, GitFailure
-
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    )
-    return done.stdout.rstrip("\n")
+from tests.gitrepo import GIT_ENV as IDENTITY
+from tests.gitrepo import git
 
 
 @pytest.fixture

@@ -18,15 +18,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+# Re-exported: the operator tests, BDD steps and benchmarks import them from here.
+from tests.gitrepo import GIT_ENV as GIT_ENV
+from tests.gitrepo import git as git
+from tests.gitrepo import make_repo as make_repo
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO_ROOT / "crds"
 API = "sandbox.cleveragents.io/v1alpha1"
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "test",
-    "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "test",
-    "GIT_COMMITTER_EMAIL": "test@example.invalid",
-}
 
 T = TypeVar("T")
 
@@ -45,27 +44,6 @@ def wait_for(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "
             return last
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-def git(repo: Path, *args: str) -> str:
-    """Run git in ``repo`` with a test identity; return stdout."""
-    env = {**os.environ, **GIT_ENV}
-    result = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
-    )
-    return result.stdout.strip()
-
-
-def make_repo(path: Path, files: Mapping[str, str]) -> Path:
-    """A git repository at ``path`` on branch main with one commit of ``files``."""
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "base")
-    return path
 
 
 def make_dir(path: Path, files: Mapping[str, str]) -> Path:

@@ -4,8 +4,6 @@ status patch a create handler leaves, and requests acted on once per id."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +16,9 @@ from sandbox_operator.sandbox_handlers import SandboxLogic
 from sandbox_operator.settings import Settings
 
 from sandbox_core import SandboxStatus, SandboxStore
+from tests.gitrepo import GIT_ENV, git, make_repo
 
 UID = "6f1c2a8e-3b7d-4c55-9e0a-2d7b9c41f0aa"
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -34,25 +27,9 @@ def git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **GIT_ENV},
-    ).stdout.strip()
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "f.txt").write_text("base\n")
-    git(path, "add", "f.txt")
-    git(path, "commit", "-qm", "base")
-    return path
+    return make_repo(tmp_path / "repo", {"f.txt": "base\n"})
 
 
 @pytest.fixture

@@ -1,0 +1,49 @@
+"""Real git repositories for tests: the identity CI lacks, a ``git`` runner, a one-commit repo.
+
+Imported as ``tests.gitrepo`` (the repository root is on ``sys.path``; ``tests/`` itself never
+is, so ``tests/operator`` cannot shadow the standard library's ``operator``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
+}
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` with the test identity; stdout without its trailing newline.
+
+    Leading spaces are kept (``git status --porcelain`` starts lines with them).
+
+    Raises:
+        subprocess.CalledProcessError: git failed.
+    """
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **GIT_ENV},
+    )
+    return done.stdout.rstrip("\n")
+
+
+def make_repo(path: Path, files: Mapping[str, str]) -> Path:
+    """A git repository at ``path`` on branch main with one commit ("base") of ``files``."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "base")
+    return path
