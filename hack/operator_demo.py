@@ -13,12 +13,8 @@ Everything it starts is stopped at the end; the work directory is printed.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +25,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from sandbox_core._demo import _build_inputs, _default_source_tree, _git  # noqa: E402
 from tests.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.operator.support import Cluster, OperatorProcess, install_crds  # noqa: E402
 
 NAMESPACE = "sandbox-demo"
 EXAMPLES = ROOT / "examples"
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "sandbox-demo",
-    "GIT_AUTHOR_EMAIL": "demo@sandbox.invalid",
-    "GIT_COMMITTER_NAME": "sandbox-demo",
-    "GIT_COMMITTER_EMAIL": "demo@sandbox.invalid",
-}
 
 
 def say(text: str) -> None:
@@ -45,72 +36,35 @@ def say(text: str) -> None:
 
 
 class Demo:
-    """One API server, one operator process, and the demo's inputs."""
+    """The tier-2 test helpers (`Cluster`, `OperatorProcess`) plus output for a reader."""
 
     def __init__(self, server: LocalApiServer, work: Path) -> None:
-        self.server = server
-        self.work = work
-        self.operator: subprocess.Popen[bytes] | None = None
+        self.cluster = Cluster(server, NAMESPACE)
+        self.operator = OperatorProcess(server, NAMESPACE, work)
+        self.cluster.operator = self.operator  # waits fail fast if the operator died
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [str(self.server.kubectl_path), "--kubeconfig", str(self.server.kubeconfig_path),
-             "-n", NAMESPACE, *args],
-            input=stdin, capture_output=True, text=True, check=False,
-        )
-        if check and done.returncode != 0:
+    def kubectl(self, *args: str) -> str:
+        done = self.cluster.kubectl(*args, check=False)
+        if done.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
-        return done.stdout.strip()
+        return str(done.stdout).strip()
 
     def show(self, *args: str) -> None:
         say(f"$ kubectl {' '.join(args)}")
         say(self.kubectl(*args))
 
     def apply(self, manifest: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
-
-    def start_operator(self) -> None:
-        log = open(self.work / "operator.log", "wb")  # noqa: SIM115 - lives as long as the process
-        env = {
-            **os.environ,
-            **GIT_ENV,
-            "KUBECONFIG": str(self.server.kubeconfig_path),
-            "SANDBOX_OPERATOR_EXECUTOR": "local",
-            "SANDBOX_OPERATOR_STATE_DIR": str(self.work / "operator-state"),
-            "SANDBOX_OPERATOR_SANDBOX_ROOT": str(self.work / "sandboxes"),
-            "SANDBOX_OPERATOR_METRICS_PORT": "0",
-            "SANDBOX_OPERATOR_RETRY_DELAY_SECONDS": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)]),
-        }
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", NAMESPACE,
-             "-m", "sandbox_operator.main"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.work,
-        )
-
-    def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            try:
-                self.operator.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
+        self.cluster.create(manifest)
 
     def wait(self, resource: str, condition: str, timeout: int = 120) -> None:
         say(f"$ kubectl wait --for={condition} {resource} --timeout={timeout}s")
         say(self.kubectl("wait", f"--for={condition}", resource, f"--timeout={timeout}s"))
 
     def status(self, kind: str, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", kind, name, "-o", "json")).get("status") or {})
+        return self.cluster.status(kind, name)
 
-    def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status(kind, name)
-            if status.get("phase") in phases:
-                return status
-            time.sleep(0.5)
-        raise RuntimeError(f"{kind}/{name} did not reach {phases}; see {self.work}/operator.log")
+    def wait_phase(self, kind: str, name: str, phases: set[str]) -> dict[str, Any]:
+        return dict(self.cluster.wait_phase(kind, name, phases, timeout=120))
 
 
 def example(filename: str, paths: dict[str, Path], **overrides: Any) -> dict[str, Any]:
@@ -137,21 +91,18 @@ def run(work: Path) -> int:
 
     say("\n== starting etcd + kube-apiserver on 127.0.0.1")
     with LocalApiServer() as server:
-        demo = Demo(server, work)
-        demo.kubectl("create", "namespace", NAMESPACE, check=False)
-        server.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"), check=True)
-        for crd in ("sandboxes", "checkpoints", "plancommits"):
-            demo.kubectl("wait", "--for=condition=Established",
-                         f"crd/{crd}.sandbox.cleveragents.io", "--timeout=60s")
+        install_crds(server)
+        server.kubectl("create", "namespace", NAMESPACE, check=True)
         say(f"API server {server.server_url} ready; CRDs installed")
-        demo.start_operator()
+        demo = Demo(server, work)
+        demo.operator.start()
         try:
             return demo_flow(demo, paths, target, repo, docs)
         finally:
-            demo.kubectl("delete", "sandboxes,checkpoints,plancommits", "--all",
-                         "--timeout=60s", check=False)
-            demo.stop_operator()
-            say(f"operator log: {work / 'operator.log'}")
+            demo.cluster.kubectl("delete", "sandboxes,checkpoints,plancommits", "--all",
+                                 "--timeout=60s", check=False)
+            demo.operator.stop()
+            say(f"operator log: {demo.operator.log_paths[-1]}")
 
 
 def demo_flow(demo: Demo, paths: dict[str, Path], target: str, repo: Path, docs: Path) -> int:
