@@ -10,12 +10,19 @@ strategy behaves the same at its edges:
 - ``commit``: CREATED/ACTIVE -> COMMITTED. A :class:`SandboxCommitError` carrying ``conflicts``
   leaves the sandbox ACTIVE (nothing was touched, retry after resolving); any other failure ->
   ERRORED.
-- ``rollback``: ACTIVE -> ROLLED_BACK; COMMITTED -> ROLLED_BACK when ``rollbackable``.
+- ``rollback``: ACTIVE -> ROLLED_BACK; COMMITTED -> ROLLED_BACK when ``rollbackable``. A failed
+  rollback of an ACTIVE sandbox -> ERRORED. A failed rollback from COMMITTED (a compensation)
+  leaves the sandbox COMMITTED: the undo is still owed and is retried later (the saga's
+  ``recover``, case 21), so strategies keep ``_do_rollback_committed`` safe to run again.
 - ``cleanup``: any -> CLEANED_UP, idempotent.
+
+Which statuses each operation accepts is asked of :class:`SandboxStatus` (``can_commit``,
+``is_open``, ``can_activate``): the guards live in ``sandbox_core.status`` only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -168,7 +175,7 @@ class BaseSandbox:
         with self._lock:
             if self._status is SandboxStatus.ACTIVE:
                 return
-            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            if not self._status.can_activate:
                 raise SandboxStateError(
                     f"cannot activate sandbox {self._sandbox_id} in status {self._status.value}"
                 )
@@ -186,11 +193,7 @@ class BaseSandbox:
             SandboxStateError: the sandbox is PENDING, COMMITTED, ERRORED or CLEANED_UP.
         """
         with self._lock:
-            if self._status not in (
-                SandboxStatus.CREATED,
-                SandboxStatus.ACTIVE,
-                SandboxStatus.ROLLED_BACK,
-            ):
+            if not self._status.is_open:
                 raise SandboxStateError(
                     f"cannot resolve paths in sandbox {self._sandbox_id} "
                     f"in status {self._status.value}"
@@ -211,7 +214,7 @@ class BaseSandbox:
                 untouched and the sandbox stays ACTIVE; otherwise the status becomes ERRORED.
         """
         with self._lock:
-            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ACTIVE):
+            if not self._status.can_commit:
                 raise SandboxStateError(
                     f"cannot commit sandbox {self._sandbox_id} in status {self._status.value}"
                 )
@@ -240,13 +243,16 @@ class BaseSandbox:
         Raises:
             SandboxStateError: not ACTIVE/COMMITTED, or COMMITTED on a strategy that cannot
                 undo a commit (``rollbackable`` is False).
-            SandboxRollbackError: the rollback failed (status becomes ERRORED), or was refused
-                before touching anything (``refused``; status unchanged).
+            SandboxRollbackError: the rollback failed, or was refused before touching anything
+                (``refused``; status unchanged). A failed rollback of an ACTIVE sandbox makes it
+                ERRORED; one from COMMITTED leaves it COMMITTED so that it can be retried
+                (case 21: a compensation is retried once its cause is gone).
         """
         with self._lock:
+            undoing_commit = self._status is SandboxStatus.COMMITTED
             if self._status is SandboxStatus.ACTIVE:
                 action = self._do_rollback
-            elif self._status is SandboxStatus.COMMITTED:
+            elif undoing_commit:
                 if not self.rollbackable:
                     raise SandboxStateError(
                         f"{self.strategy} sandbox {self._sandbox_id} cannot be rolled back "
@@ -260,14 +266,16 @@ class BaseSandbox:
             try:
                 action()
             except SandboxRollbackError as exc:
-                if not exc.refused:
+                if not (exc.refused or undoing_commit):
                     self._status = SandboxStatus.ERRORED
                 raise
             except SandboxError:
-                self._status = SandboxStatus.ERRORED
+                if not undoing_commit:
+                    self._status = SandboxStatus.ERRORED
                 raise
             except (OSError, ValueError) as exc:
-                self._status = SandboxStatus.ERRORED
+                if not undoing_commit:
+                    self._status = SandboxStatus.ERRORED
                 raise SandboxRollbackError(
                     f"rollback of sandbox {self._sandbox_id} failed: {exc}"
                 ) from exc
@@ -275,6 +283,11 @@ class BaseSandbox:
 
     def cleanup(self) -> None:
         """Remove every artefact of the sandbox; the original is never touched. Idempotent.
+
+        Idempotent also across processes: a sandbox another process already cleaned up (its
+        artefacts gone) cleans up without error. Nothing is left behind: the per-strategy folder
+        under the sandbox root (``cow/``, ``git/``, ``overlay/``, ``txn/``) goes too once it is
+        empty (issue 7, hygiene).
 
         Raises:
             SandboxError: an artefact could not be removed (status unchanged, safe to retry).
@@ -289,6 +302,24 @@ class BaseSandbox:
             except OSError as exc:
                 raise SandboxError(f"cleanup of sandbox {self._sandbox_id} failed: {exc}") from exc
             self._status = SandboxStatus.CLEANED_UP
+            self._prune_layout_dir()
+
+    def _prune_layout_dir(self) -> None:
+        """Remove ``<root>/<kind>/`` once this sandbox's ``<kind>/<id>/`` was its last entry.
+
+        Found from the context's ``sandbox_path`` (the ``<id>`` component), so nothing outside
+        the sandbox's own layout is ever looked at: the ``none`` strategy, whose path is the
+        original, has no such component. ``rmdir`` only removes an empty directory, so a
+        folder another sandbox still uses stays.
+        """
+        if self._context is None:
+            return
+        path = Path(self._context.sandbox_path)
+        own = next((p for p in (path, *path.parents) if p.name == self._sandbox_id), None)
+        if own is None or os.path.lexists(own):
+            return
+        with contextlib.suppress(OSError):  # not empty (other sandboxes), or already gone
+            own.parent.rmdir()
 
     def adopt_landed_commit(self) -> None:
         """Record a commit that landed although the process died before recording it.
@@ -304,7 +335,7 @@ class BaseSandbox:
         with self._lock:
             if self._status is SandboxStatus.COMMITTED:
                 return
-            if self._status not in (SandboxStatus.CREATED, SandboxStatus.ACTIVE):
+            if not self._status.can_commit:
                 raise SandboxStateError(
                     f"cannot adopt a landed commit for sandbox {self._sandbox_id} "
                     f"in status {self._status.value}"

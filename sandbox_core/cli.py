@@ -12,10 +12,12 @@ Exit codes:
     1  a sandbox error (creation, rollback, cleanup, I/O)
     2  usage error (bad arguments; click's own code)
     3  not found (unknown sandbox or checkpoint id)
-    4  invalid state for the operation (SandboxStateError)
+    4  invalid state for the operation (SandboxStateError); also ``commit-plan`` refused because
+       the plan can only be committed in part (PlanRerunRequiredError, case 38)
     5  commit refused because of conflicts; nothing was changed
     6  atomic plan commit failed and every committed sandbox was compensated
-    7  atomic plan commit failed and at least one compensation failed
+    7  atomic plan commit failed and at least one compensation failed (``recover`` retries it;
+       ``recover`` exits 7 too while a compensation still fails, case 21)
 """
 
 from __future__ import annotations
@@ -44,11 +46,8 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
-from sandbox_core.manager import SandboxManager
-from sandbox_core.status import SandboxStatus
+from sandbox_core.manager import SandboxManager, drop_finished_journal
 from sandbox_core.store import SandboxStore
-
-RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 3
@@ -395,13 +394,31 @@ def rollback(state: CliState, sandbox_id: str) -> None:
 @click.argument("sandbox_id")
 @click.pass_obj
 def cleanup(state: CliState, sandbox_id: str) -> None:
-    """Remove every artefact of the sandbox and forget it. The original is never touched."""
+    """Remove every artefact of the sandbox and forget it. The original is never touched.
+
+    Idempotent: an id with no record (already cleaned up) succeeds (exit 0, ``"already": true``).
+    Nothing is left behind: the record, and the plan's finished commit journal once its last
+    sandbox is gone.
+    """
 
     def run() -> None:
+        try:
+            record = state.store.load(sandbox_id)
+        except SandboxError:
+            record = None
+        if record is None:
+            state.store.delete(sandbox_id)  # validates the id (no path traversal)
+            payload = {"sandbox_id": sandbox_id, "status": "cleaned_up", "already": True}
+            state.emit(payload, "already cleaned up")
+            return
         with state.locked(sandbox_id) as sandbox:
             sandbox.cleanup()
             state.store.delete(sandbox_id)
-            state.emit({"sandbox_id": sandbox_id, "status": sandbox.status.value}, "cleaned up")
+            plan_id = sandbox.context.plan_id if sandbox.context else None
+            if plan_id:
+                drop_finished_journal(state.store, plan_id)
+            payload = {"sandbox_id": sandbox_id, "status": sandbox.status.value, "already": False}
+            state.emit(payload, "cleaned up")
 
     _guard(state, run)
 
@@ -437,7 +454,7 @@ def restore(state: CliState, checkpoint_id: str) -> None:
         if found is None:
             state.fail(EXIT_NOT_FOUND, SandboxError(f"no checkpoint with id {checkpoint_id}"))
         with state.locked(found.sandbox_id) as sandbox:
-            if sandbox.status not in RESTORABLE:
+            if not sandbox.status.is_open:
                 raise SandboxStateError(
                     f"cannot restore sandbox {sandbox.sandbox_id} in status "
                     f"{sandbox.status.value}: only created, active or rolled-back sandboxes"
@@ -496,7 +513,11 @@ def commit_plan(state: CliState, plan_id: str, message: str | None) -> None:
 @click.argument("plan_id")
 @click.pass_obj
 def recover(state: CliState, plan_id: str) -> None:
-    """Finish a plan commit interrupted by a crash (all committed, or all compensated)."""
+    """Finish a plan commit interrupted by a crash (all committed, or all compensated).
+
+    Also retries compensations that failed (case 21). Exit 7 while one still fails; run again
+    once its cause is gone. Running it on a finished plan changes nothing.
+    """
 
     def run() -> None:
         manager = state.manager()
@@ -507,6 +528,16 @@ def recover(state: CliState, plan_id: str) -> None:
             state.emit({"plan_id": plan_id, "journal": None}, f"plan {plan_id}: no commit journal")
             return
         payload = {"plan_id": plan_id, "journal": journal.model_dump(mode="json")}
+        if not journal.phase.is_terminal:
+            # Case 21: a compensation failed again; the journal stays open for the next run.
+            error = AtomicCommitError(
+                f"plan {plan_id}: compensation still failing for "
+                f"{', '.join(journal.failed_rollback_ids)}; run recover again once the cause "
+                "is fixed",
+                journal.rolled_back_ids,
+                journal.failed_rollback_ids,
+            )
+            state.fail(EXIT_COMPENSATION_FAILED, error, journal=payload["journal"])
         state.emit(payload, f"plan {plan_id}: {journal.phase.value} ({journal.reason.value})")
 
     _guard(state, run)

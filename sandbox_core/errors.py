@@ -80,3 +80,20 @@ class AtomicCommitError(SandboxError):
         super().__init__(message)
         self.rolled_back_ids: list[str] = list(rolled_back_ids or [])
         self.failed_rollback_ids: list[str] = list(failed_rollback_ids or [])
+
+
+class PlanRerunRequiredError(SandboxStateError):
+    """A plan commit was refused up front because it could only land part of the plan (case 38).
+
+    Some sandboxes of the plan are ROLLED_BACK (a compensation or a rollback discarded their
+    changes) or ERRORED while others could still be committed. Nothing was touched.
+
+    Attributes:
+        plan_id: the plan.
+        sandbox_ids: the sandboxes whose changes were discarded or are in doubt.
+    """
+
+    def __init__(self, message: str, *, plan_id: str, sandbox_ids: list[str]) -> None:
+        super().__init__(message)
+        self.plan_id = plan_id
+        self.sandbox_ids: list[str] = list(sandbox_ids)

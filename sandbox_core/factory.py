@@ -37,6 +37,28 @@ def _builtin_strategies() -> dict[str, type[BaseSandbox]]:
     }
 
 
+def is_rollbackable(strategy: str) -> bool:
+    """Whether a COMMITTED sandbox of built-in ``strategy`` can be rolled back (seed 002).
+
+    The one answer to "which strategies can be rolled back from COMMITTED": the strategy
+    class's own ``rollbackable`` flag (git_worktree, copy_on_write, overlay: yes;
+    transaction_rollback, none: no). Callers that know only a strategy name (the operator's
+    pod executor, its PlanCommit journal) ask here instead of keeping a list.
+
+    Raises:
+        ValueError: ``"Unknown sandbox strategy: <name>"``.
+    """
+    cls = _builtin_strategies().get(str(strategy))
+    if cls is None:
+        raise ValueError(f"Unknown sandbox strategy: {strategy}")
+    return bool(cls.rollbackable)
+
+
+def rollbackable_strategies() -> frozenset[str]:
+    """Names of the built-in strategies that :func:`is_rollbackable`."""
+    return frozenset(name for name, cls in _builtin_strategies().items() if cls.rollbackable)
+
+
 class SandboxFactory:
     """Instantiates sandboxes by strategy name; users add their own with :meth:`register`."""
 

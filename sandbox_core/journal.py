@@ -14,10 +14,13 @@ Phases of one attempt::
     pending -> committing -> committed
                           -> compensating -> failed        (a step failed; compensation ran)
                           -> (crash) ... recovery -> rolled_back | committed | failed
+               compensating (reason CompensationFailed) -> recovery retries -> failed | rolled_back
 
 Terminal phases are ``committed``, ``rolled_back`` (an interrupted attempt was compensated by
 recovery) and ``failed`` (a commit step failed; ``rolled_back_ids`` / ``failed_rollback_ids`` say
-what compensation did). ``reason`` is a CamelCase word fit for a Kubernetes condition.
+what compensation did). An attempt whose compensation failed for a cause that may go away stays
+``compensating`` with reason ``CompensationFailed`` until recovery succeeds (case 21; see
+:mod:`sandbox_core.saga`). ``reason`` is a CamelCase word fit for a Kubernetes condition.
 """
 
 from __future__ import annotations
@@ -107,7 +110,8 @@ class JournalState(BaseModel):
         error: human-readable summary of the failure.
         rolled_back_ids: compensated sandboxes, in the LIFO order compensation ran.
         failed_rollback_ids: sandboxes whose compensation failed (their original may still hold
-            the committed change).
+            the committed change); a retried compensation that succeeds moves its id to
+            ``rolled_back_ids``.
     """
 
     plan_id: str

@@ -37,18 +37,17 @@ from sandbox_core.errors import SandboxError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState, MemoryCommitJournal
 from sandbox_core.protocol import CommitResult
-from sandbox_core.saga import FaultHook, PlanCommitSaga, results_from_journal
+from sandbox_core.saga import (
+    FaultHook,
+    PlanCommitSaga,
+    refuse_partial_plan,
+    results_from_journal,
+)
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 
 logger = logging.getLogger("sandbox_core.manager")
 
-#: Statuses in which ``get_or_create_sandbox`` returns the tracked sandbox (seed 000).
-REUSABLE = frozenset({SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK})
-#: Statuses that ``commit_all`` commits (seed 002, "Atomic Commit", step 1).
-COMMITTABLE = frozenset({SandboxStatus.CREATED, SandboxStatus.ACTIVE})
-#: Statuses that ``cleanup_abandoned`` cleans up (seed 000, "Abandoned sandbox cleanup").
-ABANDONED = frozenset({SandboxStatus.COMMITTED, SandboxStatus.ROLLED_BACK, SandboxStatus.ERRORED})
 
 
 class SandboxManager:
@@ -149,7 +148,7 @@ class SandboxManager:
         require_non_empty("original_path", original_path)
         with self._plan_lock(plan_id):
             existing = self.get_sandbox(plan_id, resource_id)
-            if existing is not None and existing.status in REUSABLE:
+            if existing is not None and existing.status.is_open:
                 return existing
             sandbox = self._factory.create(
                 str(sandbox_strategy), resource_id, original_path, **options
@@ -198,9 +197,11 @@ class SandboxManager:
 
         Runs :class:`~sandbox_core.saga.PlanCommitSaga` against ``journal`` (default: a file
         journal in the store's state dir, or an in-memory one without a store). When the
-        journal holds an unfinished attempt (the process died mid-commit), that attempt is
-        recovered first and its outcome returned; no new attempt starts, so no sandbox is
-        committed twice. Sandboxes already COMMITTED are skipped.
+        journal holds an unfinished attempt (the process died mid-commit, or a compensation is
+        owed: case 21), that attempt is recovered first and its outcome returned; no new attempt
+        starts, so no sandbox is committed twice. Sandboxes already COMMITTED are skipped. A
+        plan with a ROLLED_BACK or ERRORED sandbox beside committable ones is refused up front
+        (case 38: committing the rest would land half the plan).
 
         Returns:
             ``[]`` when nothing is committable; one successful result per sandbox; or one
@@ -209,6 +210,8 @@ class SandboxManager:
 
         Raises:
             ValueError: ``"plan_id cannot be empty"``.
+            PlanRerunRequiredError: the plan can no longer be committed whole (case 38);
+                nothing was touched.
             AtomicCommitError: a non-sandbox exception interrupted the commit (after
                 compensation; ``__cause__`` is the original).
             SandboxError: the journal could not be read or written.
@@ -221,7 +224,9 @@ class SandboxManager:
                 recovered = self.recover(plan_id, journal)
                 assert recovered is not None  # it was loaded just above
                 return results_from_journal(recovered)
-            sandboxes = [sb for sb in self.list_sandboxes(plan_id) if sb.status in COMMITTABLE]
+            tracked = self.list_sandboxes(plan_id)
+            refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
+            sandboxes = [sb for sb in tracked if sb.status.can_commit]
             if not sandboxes:
                 return []
             attempt = previous.attempt + 1 if previous is not None else 1
@@ -232,8 +237,10 @@ class SandboxManager:
         """Finish an interrupted ``commit_all`` of ``plan_id`` (cases 20 and 22).
 
         Sandboxes named in the journal are taken from tracking or reopened from the store.
-        Ends in all-committed or all-compensated (failed compensations named in
-        ``failed_rollback_ids``). Idempotent: a terminal journal is returned unchanged.
+        Ends in all-committed or all-compensated. Compensations that failed earlier are retried
+        (case 21); while one still fails for a cause that may go away, the journal stays open
+        (phase ``compensating``, reason ``CompensationFailed``) and a later call retries again.
+        Idempotent: a terminal journal is returned unchanged.
 
         Returns:
             The journal state, or ``None`` when the plan has no journal.
@@ -275,15 +282,20 @@ class SandboxManager:
     def cleanup_all(self, plan_id: str) -> None:
         """Clean up every sandbox of the plan and stop tracking the plan (failures contained).
 
+        Nothing is left behind (issue 7, hygiene): each sandbox's artefacts and store record go,
+        and so does the plan's finished commit journal once no record of the plan is left. A
+        journal that still owes a compensation is kept (see :func:`drop_finished_journal`).
+
         Raises:
             ValueError: ``"plan_id cannot be empty"``.
         """
         require_non_empty("plan_id", plan_id)
         with self._plan_lock(plan_id):
-            for sandbox in self.list_sandboxes(plan_id):
-                self._cleanup_one(sandbox)
+            cleaned = [self._cleanup_one(sandbox) for sandbox in self.list_sandboxes(plan_id)]
             with self._lock:
                 self._sandboxes.pop(plan_id, None)
+            if all(cleaned):
+                self._forget_journal(plan_id)
 
     def cleanup_abandoned(self) -> int:
         """Clean up COMMITTED, ROLLED_BACK and ERRORED sandboxes of every plan (seed 000).
@@ -299,7 +311,7 @@ class SandboxManager:
                 with self._lock:
                     tracked = dict(self._sandboxes.get(plan_id, {}))
                 for resource_id, sandbox in tracked.items():
-                    if sandbox.status not in ABANDONED or not self._cleanup_one(sandbox):
+                    if not sandbox.status.is_terminal or not self._cleanup_one(sandbox):
                         continue
                     cleaned += 1
                     with self._lock:
@@ -465,6 +477,16 @@ class SandboxManager:
             self._sandboxes.setdefault(plan_id, {})[sandbox.resource_id] = sandbox
         return sandbox
 
+    def _forget_journal(self, plan_id: str) -> None:
+        if self._store is not None:
+            drop_finished_journal(self._store, plan_id)
+            return
+        with self._lock:
+            journal = self._memory_journals.get(plan_id)
+            state = journal.load() if journal is not None else None
+            if state is None or state.phase.is_terminal:
+                self._memory_journals.pop(plan_id, None)
+
     def _require_store(self) -> SandboxStore:
         if self._store is None:
             raise SandboxError("this SandboxManager has no store")
@@ -486,3 +508,36 @@ def _weak_exit_handler(manager: SandboxManager) -> Callable[[], None]:
 def state_dir_journal_path(state_dir: Path, plan_id: str) -> Path:
     """Where the default file journal of ``plan_id`` lives under ``state_dir``."""
     return state_dir / "journals" / f"{quote(plan_id, safe='')}.json"
+
+
+def drop_finished_journal(store: SandboxStore, plan_id: str) -> bool:
+    """Delete the plan's file journal once the plan has no sandbox record left (hygiene).
+
+    A journal that is not terminal (an interrupted attempt, or a compensation still owed) is
+    kept, with a warning: it is the only record of what must still be undone.
+
+    Returns:
+        True when no journal is left for the plan.
+
+    Raises:
+        SandboxError: the journal is unreadable.
+    """
+    if store.records(plan_id):
+        return False
+    journal = FileCommitJournal(state_dir_journal_path(store.state_dir, plan_id))
+    state = journal.load()
+    if state is not None and not state.phase.is_terminal:
+        logger.warning(
+            "plan %s: keeping its commit journal (%s, %s): run recover",
+            plan_id,
+            state.phase.value,
+            state.reason.value,
+        )
+        return False
+    journal.path.unlink(missing_ok=True)
+    return True
+
+
+def _label(sandbox: Any) -> str:
+    """How a sandbox is named in messages: its resource id, else its id."""
+    return str(getattr(sandbox, "resource_id", "") or sandbox.sandbox_id)

@@ -21,11 +21,40 @@ Recovery policy (cases 20 and 22):
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
 
+Failed compensations (case 21), best effort then retry:
+
+- Every compensation is attempted, in LIFO order, even after one of them failed; the failed ones
+  are named in ``failed_rollback_ids`` (their step ``compensation_failed``, with the error).
+- A compensation that failed for a cause that may go away (an I/O error, a refused rollback, a
+  locked file, an injected fault) is *owed*: the attempt stays open, phase ``compensating``
+  with reason ``CompensationFailed`` (not terminal, never reported as committed or rolled
+  back), and the sandbox stays COMMITTED (``BaseSandbox.rollback`` keeps it so), holding what
+  its undo needs. :meth:`PlanCommitSaga.recover` retries every owed compensation; once they all
+  succeed the attempt ends as it would have without the fault (``failed`` / ``CommitFailed``
+  after a failed commit, ``rolled_back`` / ``Interrupted`` after a crash), with
+  ``failed_rollback_ids`` empty and the ids in ``rolled_back_ids``. A further recovery changes
+  nothing. ``commit_all`` on a plan with an open attempt recovers it instead of starting anew.
+- A compensation that can never succeed (the step's strategy cannot undo a commit, the sandbox
+  is gone or in a status that cannot roll back) ends the attempt ``failed`` with reason
+  ``CompensationFailed``, naming it: only a person can repair that original.
+
+All or nothing across retries (case 38): a compensated sandbox is ROLLED_BACK with its changes
+discarded, and a sandbox whose commit failed may be ERRORED. Committing the plan's other
+sandboxes then would land half the plan, so :func:`refuse_partial_plan` refuses a new attempt
+(:class:`~sandbox_core.errors.PlanRerunRequiredError`, nothing touched) while any sandbox of the
+plan is in a status that :attr:`~sandbox_core.status.SandboxStatus.blocks_plan_commit`. The plan
+must be re-run: re-activate those sandboxes (``get_path``/``activate``) and redo their work, or
+clean them up to drop them from the plan. The manager and the operator both ask this function.
+
 Fault injection (tests only): ``fault_hook(point, index, sandbox_id)`` is called at the points
 ``before_commit``, ``after_commit`` (the commit returned, nothing recorded yet),
-``after_persist`` (the sandbox's store record says COMMITTED, the journal does not yet) and
-``after_record`` (the journal says committed), with the 1-based step index. The environment
-variable ``SANDBOX_CORE_FAULT=<point>:<index>`` makes the process SIGKILL itself at that point.
+``after_persist`` (the sandbox's store record says COMMITTED, the journal does not yet),
+``after_record`` (the journal says committed), ``before_compensate`` and ``after_compensate``
+(the rollback returned, nothing recorded yet), with the 1-based step index in commit order.
+The environment variable ``SANDBOX_CORE_FAULT=<point>:<index>`` makes the process SIGKILL
+itself at that point; ``SANDBOX_CORE_FAULT_RAISE=<point>:<index>[,<point>:<index>...]`` raises
+:class:`InjectedFaultError` there instead (meaningful at ``before_commit``: that commit fails,
+and ``before_compensate``: that compensation fails).
 """
 
 from __future__ import annotations
@@ -36,7 +65,12 @@ import signal
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sandbox_core.errors import AtomicCommitError, SandboxError
+from sandbox_core.errors import (
+    AtomicCommitError,
+    PlanRerunRequiredError,
+    SandboxError,
+    SandboxStateError,
+)
 from sandbox_core.journal import (
     CommitJournal,
     JournalPhase,
@@ -51,6 +85,19 @@ from sandbox_core.status import SandboxStatus
 logger = logging.getLogger("sandbox_core.saga")
 
 FAULT_ENV = "SANDBOX_CORE_FAULT"
+FAULT_RAISE_ENV = "SANDBOX_CORE_FAULT_RAISE"
+FAULT_POINTS = (
+    "before_commit",
+    "after_commit",
+    "after_persist",
+    "after_record",
+    "before_compensate",
+    "after_compensate",
+)
+
+
+class InjectedFaultError(SandboxError):
+    """Raised by the ``$SANDBOX_CORE_FAULT_RAISE`` fault hook (tests only)."""
 
 FaultHook = Callable[[str, int, str], None]
 """``(point, step_index, sandbox_id) -> None``; see the module docstring."""
@@ -59,20 +106,61 @@ SandboxResolver = Callable[[JournalStep], Any]
 """Finds the live (or reopened) sandbox of a journal step; returns ``None`` when it cannot."""
 
 
-def env_fault_hook() -> FaultHook | None:
-    """The SIGKILL fault hook described by ``$SANDBOX_CORE_FAULT``, or ``None`` when unset."""
-    spec = os.environ.get(FAULT_ENV, "")
-    point, _, index_text = spec.partition(":")
-    if not point or not index_text.isdigit():
-        return None
-    target = int(index_text)
+def _fault_specs(spec: str) -> set[tuple[str, int]]:
+    found = set()
+    for item in spec.split(","):
+        point, _, index_text = item.strip().partition(":")
+        if point and index_text.isdigit():
+            found.add((point, int(index_text)))
+    return found
 
-    def kill_at(name: str, index: int, sandbox_id: str) -> None:
-        if name == point and index == target:
+
+def env_fault_hook() -> FaultHook | None:
+    """The fault hook described by ``$SANDBOX_CORE_FAULT`` (SIGKILL) and
+    ``$SANDBOX_CORE_FAULT_RAISE`` (raise :class:`InjectedFaultError`), or ``None`` when both
+    are unset. See the module docstring."""
+    kills = _fault_specs(os.environ.get(FAULT_ENV, ""))
+    raises = _fault_specs(os.environ.get(FAULT_RAISE_ENV, ""))
+    if not kills and not raises:
+        return None
+
+    def inject(name: str, index: int, sandbox_id: str) -> None:
+        if (name, index) in kills:
             logger.error("fault injection: SIGKILL at %s of step %d (%s)", name, index, sandbox_id)
             os.kill(os.getpid(), signal.SIGKILL)
+        if (name, index) in raises:
+            raise InjectedFaultError(f"injected fault at {name} of step {index} ({sandbox_id})")
 
-    return kill_at
+    return inject
+
+
+def refuse_partial_plan(plan_id: str, members: Iterable[tuple[str, str, SandboxStatus]]) -> None:
+    """Refuse a plan commit that could only land part of the plan (case 38).
+
+    Args:
+        plan_id: the plan.
+        members: ``(sandbox_id, label, status)`` of every live sandbox of the plan (the label
+            names it for people: a resource id or an object name).
+
+    Raises:
+        PlanRerunRequiredError: a sandbox of the plan is ROLLED_BACK or ERRORED
+            (:attr:`SandboxStatus.blocks_plan_commit`) while another one could be committed.
+            Nothing has been touched.
+    """
+    items = list(members)
+    blocking = [(sid, label, st) for sid, label, st in items if st.blocks_plan_commit]
+    if not blocking or not any(st.can_commit for _, _, st in items):
+        return
+    named = ", ".join(f"{label} ({sid}, {st.value})" for sid, label, st in blocking)
+    raise PlanRerunRequiredError(
+        f"plan {plan_id} must be re-run before it can be committed all or nothing: the changes "
+        f"of {named} were discarded by a rollback or are in doubt after a failure, so "
+        "committing the other sandboxes would land half the plan; nothing was committed. "
+        "Redo their work (a rolled-back sandbox is re-activated by get_path) or clean them up "
+        "to drop them from the plan, then commit again",
+        plan_id=plan_id,
+        sandbox_ids=[sid for sid, _, _ in blocking],
+    )
 
 
 def commit_order(sandboxes: Iterable[Any]) -> list[Any]:
@@ -170,8 +258,8 @@ class PlanCommitSaga:
             step.state = StepState.COMMITTING
             step.started_at = utc_now()
             self._save(state)
-            self._fault("before_commit", index, step.sandbox_id)
             try:
+                self._fault("before_commit", index, step.sandbox_id)
                 result = _commit_one(sandbox, message)
             except SandboxError as exc:
                 self._fail(state, step, sandbox, exc, committed)
@@ -204,8 +292,10 @@ class PlanCommitSaga:
             resolve: finds the sandbox of a step (live, or reopened from the store).
 
         Returns:
-            The journal state after recovery (terminal), or ``None`` when there is no journal.
-            A terminal journal is returned as loaded, without writing.
+            The journal state after recovery, or ``None`` when there is no journal. It is
+            terminal unless a compensation failed again for a cause that may go away (phase
+            ``compensating``, reason ``CompensationFailed``: call again later). A terminal
+            journal is returned as loaded, without writing.
 
         Raises:
             SandboxError: the journal could not be read or written.
@@ -246,18 +336,16 @@ class PlanCommitSaga:
         to_compensate = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
-            if step.state in (StepState.COMMITTED, StepState.COMPENSATING)
+            if step.state in _OWED_STEP_STATES
         ]
-        self._compensate(state, to_compensate, recovering=True)
+        owed = self._compensate(state, to_compensate, recovering=True)
         if state.failed_sandbox_id is not None:
             phase, reason = JournalPhase.FAILED, JournalReason.COMMIT_FAILED
         else:
             phase, reason = JournalPhase.ROLLED_BACK, JournalReason.INTERRUPTED
             if not state.error:
                 state.error = f"commit attempt {state.attempt} was interrupted and compensated"
-        if state.failed_rollback_ids:
-            phase, reason = JournalPhase.FAILED, JournalReason.COMPENSATION_FAILED
-        self._finish(state, phase, reason)
+        self._conclude(state, phase, reason, owed)
         return state
 
     # -- helpers -----------------------------------------------------------------------------
@@ -276,44 +364,89 @@ class PlanCommitSaga:
         step.updated_at = utc_now()
         state.failed_sandbox_id = step.sandbox_id
         self._changed(sandbox)
-        self._compensate(state, committed, recovering=False)
+        owed = self._compensate(state, committed, recovering=False)
         state.error = (
             f"Atomic commit failed: sandbox {step.sandbox_id} (resource {step.resource_id}) "
             f"failed to commit: {exc}; rolled back {state.rolled_back_ids}, "
             f"failed rollbacks {state.failed_rollback_ids}"
         )
-        reason = (
-            JournalReason.COMPENSATION_FAILED
-            if state.failed_rollback_ids
-            else JournalReason.COMMIT_FAILED
-        )
-        self._finish(state, JournalPhase.FAILED, reason)
+        self._conclude(state, JournalPhase.FAILED, JournalReason.COMMIT_FAILED, owed)
         logger.error("%s", state.error)
 
     def _compensate(
         self, state: JournalState, committed: list[tuple[JournalStep, Any]], *, recovering: bool
-    ) -> None:
+    ) -> list[str]:
+        """Compensate ``committed`` in LIFO order, every one even after a failure (case 21).
+
+        A step whose compensation failed before (``compensation_failed``) is retried; when it
+        succeeds now it moves from ``failed_rollback_ids`` to ``rolled_back_ids``.
+
+        Returns:
+            Ids whose compensation failed for a cause that may go away (owed: retry later).
+        """
+        owed: list[str] = []
         if not committed:
-            return
+            return owed
         state.phase = JournalPhase.COMPENSATING
         self._save(state)
+        positions = {step.sandbox_id: index for index, step in enumerate(state.steps, start=1)}
         for step, sandbox in reversed(committed):
+            index = positions[step.sandbox_id]
             step.state = StepState.COMPENSATING
             self._save(state)
             try:
+                self._fault("before_compensate", index, step.sandbox_id)
                 _roll_back_one(step, sandbox, recovering=recovering)
             except Exception as exc:  # every compensation is attempted; failures are named
                 step.state = StepState.COMPENSATION_FAILED
                 step.error = f"{type(exc).__name__}: {exc}"
-                state.failed_rollback_ids.append(step.sandbox_id)
+                if step.sandbox_id not in state.failed_rollback_ids:
+                    state.failed_rollback_ids.append(step.sandbox_id)
+                if _may_succeed_later(step, sandbox, exc):
+                    owed.append(step.sandbox_id)
                 logger.exception("compensation of sandbox %s failed", step.sandbox_id)
             else:
+                self._fault("after_compensate", index, step.sandbox_id)
                 step.state = StepState.COMPENSATED
-                state.rolled_back_ids.append(step.sandbox_id)
+                step.error = None
+                if step.sandbox_id in state.failed_rollback_ids:
+                    state.failed_rollback_ids.remove(step.sandbox_id)
+                if step.sandbox_id not in state.rolled_back_ids:
+                    state.rolled_back_ids.append(step.sandbox_id)
             if sandbox is not None:
                 self._changed(sandbox)
             step.updated_at = utc_now()
             self._save(state)
+        return owed
+
+    def _conclude(
+        self,
+        state: JournalState,
+        phase: JournalPhase,
+        reason: JournalReason,
+        owed: list[str],
+    ) -> None:
+        """End the attempt in ``phase``/``reason``, unless compensations are owed or failed.
+
+        Owed compensations keep the attempt open (``compensating``, ``CompensationFailed``):
+        ``recover`` retries them. Compensations that can never succeed end it ``failed`` with
+        ``CompensationFailed``.
+        """
+        if owed:
+            state.phase = JournalPhase.COMPENSATING
+            state.reason = JournalReason.COMPENSATION_FAILED
+            state.finished_at = None
+            self._save(state)
+            logger.error(
+                "plan %s: compensation of %s failed; the attempt stays open and `recover` "
+                "retries it",
+                state.plan_id,
+                ", ".join(owed),
+            )
+            return
+        if state.failed_rollback_ids:
+            phase, reason = JournalPhase.FAILED, JournalReason.COMPENSATION_FAILED
+        self._finish(state, phase, reason)
 
     def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
         state.phase = phase
@@ -373,7 +506,23 @@ def results_from_journal(state: JournalState) -> list[CommitResult]:
     ]
 
 
-_LIVE_STEP_STATES = frozenset({StepState.COMMITTING, StepState.COMMITTED, StepState.COMPENSATING})
+_OWED_STEP_STATES = frozenset(
+    {StepState.COMMITTED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED}
+)
+_LIVE_STEP_STATES = _OWED_STEP_STATES | {StepState.COMMITTING}
+
+
+def _may_succeed_later(step: JournalStep, sandbox: Any, exc: Exception) -> bool:
+    """Whether a failed compensation is worth retrying (its cause may go away).
+
+    Not when the sandbox is gone, its strategy cannot undo a commit, or its status cannot roll
+    back (a :class:`SandboxStateError` other than a refusal): retrying cannot help.
+    """
+    if sandbox is None or not step.rollbackable:
+        return False
+    if not bool(getattr(sandbox, "rollbackable", True)):
+        return False
+    return not isinstance(exc, SandboxStateError)
 
 
 def _commit_one(sandbox: Any, message: str | None) -> CommitResult:

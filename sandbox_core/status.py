@@ -6,6 +6,13 @@ Two edges the seed's scenarios rely on are added: ``COMMITTED -> ROLLED_BACK`` (
 COMMITTED "where the strategy can"), and ``* -> ERRORED`` from every live state, because an
 unexpected I/O failure in commit or rollback marks the sandbox errored (seed 003, "Commit wraps
 OSError into SandboxCommitError").
+
+The lifecycle guards live here and nowhere else: which statuses may be committed
+(:attr:`SandboxStatus.can_commit`), written to / reused / restored (:attr:`SandboxStatus.is_open`),
+activated (:attr:`SandboxStatus.can_activate`), are finished (:attr:`SandboxStatus.is_terminal`),
+and which break a plan's all-or-nothing commit (:attr:`SandboxStatus.blocks_plan_commit`, case
+38). The base class, the manager, the CLI and the operator ask these properties instead of
+listing statuses themselves.
 """
 
 from __future__ import annotations
@@ -41,12 +48,38 @@ class SandboxStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        """True for states the manager treats as finished (``cleanup_abandoned`` candidates)."""
-        return self in (
-            SandboxStatus.COMMITTED,
-            SandboxStatus.ROLLED_BACK,
-            SandboxStatus.ERRORED,
-        )
+        """COMMITTED, ROLLED_BACK, ERRORED: finished (``cleanup_abandoned`` candidates, TTL)."""
+        return self in _TERMINAL
+
+    @property
+    def can_commit(self) -> bool:
+        """CREATED or ACTIVE: ``commit()`` and ``commit_all`` accept it (seed 002, step 1)."""
+        return self in _COMMITTABLE
+
+    @property
+    def is_open(self) -> bool:
+        """CREATED, ACTIVE or ROLLED_BACK: paths resolve, the manager reuses it, a checkpoint
+        can be taken or restored (seed 000, "A rolled-back sandbox is still usable")."""
+        return self in _OPEN
+
+    @property
+    def can_activate(self) -> bool:
+        """CREATED or ROLLED_BACK: ``activate()`` moves it to ACTIVE."""
+        return self in _ACTIVATABLE
+
+    @property
+    def blocks_plan_commit(self) -> bool:
+        """ROLLED_BACK or ERRORED: its changes were discarded or are in doubt, so committing the
+        plan's other sandboxes would land half the plan (case 38). A plan commit is refused
+        while one of its sandboxes is in such a status."""
+        return self in _BLOCKS_PLAN_COMMIT
+
+
+_TERMINAL = frozenset({SandboxStatus.COMMITTED, SandboxStatus.ROLLED_BACK, SandboxStatus.ERRORED})
+_COMMITTABLE = frozenset({SandboxStatus.CREATED, SandboxStatus.ACTIVE})
+_OPEN = frozenset({SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK})
+_ACTIVATABLE = frozenset({SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK})
+_BLOCKS_PLAN_COMMIT = frozenset({SandboxStatus.ROLLED_BACK, SandboxStatus.ERRORED})
 
 
 _TRANSITIONS: dict[SandboxStatus, frozenset[SandboxStatus]] = {
