@@ -537,7 +537,13 @@ def recover(state: CliState, plan_id: str) -> None:
                 journal.rolled_back_ids,
                 journal.failed_rollback_ids,
             )
-            state.fail(EXIT_COMPENSATION_FAILED, error, journal=payload["journal"])
+            state.fail(
+                EXIT_COMPENSATION_FAILED,
+                error,
+                rolled_back_ids=error.rolled_back_ids,
+                failed_rollback_ids=error.failed_rollback_ids,
+                journal=payload["journal"],
+            )
         state.emit(payload, f"plan {plan_id}: {journal.phase.value} ({journal.reason.value})")
 
     _guard(state, run)

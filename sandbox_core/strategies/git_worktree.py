@@ -700,6 +700,8 @@ class GitWorktreeSandbox(BaseSandbox):
         if merged == pre:
             return  # the commit changed nothing in the original
         ref, current = self._current_target(original, SandboxRollbackError)
+        if current == pre:
+            return  # already undone: a compensation retried after a later step failed (case 21)
         if current != merged:
             raise SandboxRollbackError(
                 f"{ref} moved from {merged} to {current} after sandbox "
