@@ -15,8 +15,11 @@ Recovery policy (cases 20 and 22):
   landed); if that rollback fails the sandbox is named in ``failed_rollback_ids``.
 - Interrupted attempts are rolled **back**, not forward: the user approved one commit of the
   whole plan at one moment; finishing it later, after the originals may have moved on, would
-  apply changes nobody reviewed against the new state. The only roll-forward is when every step
-  is known to have landed (nothing left to do but record it).
+  apply changes nobody reviewed against the new state. Two exceptions roll forward: every step
+  is known to have landed (nothing left to do but record it); or a step that cannot be undone
+  (``transaction_rollback``, ``none``: committed last) has landed, the point of no return, so
+  rolling back would leave it beside undone steps (half a plan, case 38): recovery commits the
+  remaining steps (those too cannot be undone, since they come last).
 - A terminal journal is never touched again: running recovery twice changes nothing.
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
@@ -252,9 +255,21 @@ class PlanCommitSaga:
             steps=[_step_for(sb) for sb in ordered],
         )
         self._save(state)
-        committed: list[tuple[JournalStep, Any]] = []
-        results: list[CommitResult] = []
-        for index, (step, sandbox) in enumerate(zip(state.steps, ordered, strict=True), start=1):
+        return self._commit_steps(state, list(zip(state.steps, ordered, strict=True)), [], message)
+
+    def _commit_steps(
+        self,
+        state: JournalState,
+        pending: list[tuple[JournalStep, Any]],
+        committed: list[tuple[JournalStep, Any]],
+        message: str | None,
+    ) -> list[CommitResult]:
+        """Commit ``pending`` in order after ``committed``; see :meth:`run` for the outcome."""
+        positions = {step.sandbox_id: index for index, step in enumerate(state.steps, start=1)}
+        results = [CommitResult.from_dict(step.result) for step, _ in committed if step.result]
+        committed = list(committed)
+        for step, sandbox in pending:
+            index = positions[step.sandbox_id]
             step.state = StepState.COMMITTING
             step.started_at = utc_now()
             self._save(state)
@@ -333,6 +348,9 @@ class PlanCommitSaga:
         if all_landed and not uncertain and state.phase is JournalPhase.COMMITTING:
             self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
             return state
+        if state.phase is JournalPhase.COMMITTING and _past_point_of_no_return(state):
+            self._roll_forward(state, sandboxes, resolve)
+            return state
         to_compensate = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
@@ -347,6 +365,25 @@ class PlanCommitSaga:
                 state.error = f"commit attempt {state.attempt} was interrupted and compensated"
         self._conclude(state, phase, reason, owed)
         return state
+
+    def _roll_forward(
+        self, state: JournalState, sandboxes: dict[str, Any], resolve: SandboxResolver
+    ) -> None:
+        """Commit the steps still pending after a step that cannot be undone has landed."""
+        logger.warning(
+            "plan %s: a commit that cannot be undone had landed; finishing the attempt",
+            state.plan_id,
+        )
+        committed = [
+            (step, sandboxes.get(step.sandbox_id))
+            for step in state.steps
+            if step.state is StepState.COMMITTED
+        ]
+        pending = [(step, resolve(step)) for step in state.steps if step.state is StepState.PENDING]
+        try:
+            self._commit_steps(state, pending, committed, None)
+        except AtomicCommitError:
+            logger.exception("plan %s: finishing the attempt failed", state.plan_id)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -510,6 +547,16 @@ _OWED_STEP_STATES = frozenset(
     {StepState.COMMITTED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED}
 )
 _LIVE_STEP_STATES = _OWED_STEP_STATES | {StepState.COMMITTING}
+
+
+def _past_point_of_no_return(state: JournalState) -> bool:
+    """Whether a step that cannot be undone (not ``rollbackable``) has committed.
+
+    Seed 002 commits those last, so that they run only when nothing before them can fail any
+    more; once one has landed, rolling the attempt back would leave it committed beside undone
+    steps (half a plan, case 38), so recovery rolls forward instead.
+    """
+    return any(not step.rollbackable and step.state is StepState.COMMITTED for step in state.steps)
 
 
 def _may_succeed_later(step: JournalStep, sandbox: Any, exc: Exception) -> bool:
