@@ -456,11 +456,13 @@ def test_a_second_plancommit_waits_for_the_running_one(
     assert (data / "g.txt").read_text() == "d1\n"
 
 
-def test_a_failed_compensation_is_named_in_rollback_failed(
+def test_a_failed_compensation_is_named_and_retried_until_it_succeeds(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    """Case 15's forced rollback failure: C's commit fails, B is compensated, A's compensation
-    fails; the status and conditions name each id (fault hooks: mocks only inject faults)."""
+    """Case 21 on the real API server: C's commit fails, B is compensated, A's compensation
+    fails (fault hooks: mocks only inject faults). The status and conditions name each id, the
+    PlanCommit is not left Failed but stays RollingBack and is retried with backoff; once the
+    fault is gone (an operator without it), A is rolled back and the plan ends rolled back."""
     dirs = {key: make_dir(tmp_path / key, {"g.txt": "0\n"}) for key in ("a", "b", "c")}
     operator.start(
         {
@@ -475,8 +477,14 @@ def test_a_failed_compensation_is_named_in_rollback_failed(
         write_in_sandbox(ready(cluster, f"s-{key}"), "g.txt", "1\n")
     ids = {key: cluster.status("sandbox", f"s-{key}")["sandboxId"] for key in ("a", "b", "c")}
     cluster.create(plancommit_manifest("pc-rf", "plan-rf"))
-    status = cluster.wait_phase("pcommit", "pc-rf", {"Failed", "Committed", "RolledBack"})
-    assert status["phase"] == "Failed"
+    wait_for(
+        lambda: (cluster.condition("pcommit", "pc-rf", "RollbackFailed") or {}).get("status")
+        == "True",
+        90,
+        "RollbackFailed=True",
+    )
+    status = cluster.status("pcommit", "pc-rf")
+    assert status["phase"] == "RollingBack"  # not terminal: the compensation is owed
     assert status["failedSandboxId"] == ids["c"]
     assert status["rolledBackIds"] == [ids["b"]]
     assert status["failedRollbackIds"] == [ids["a"]]
@@ -486,14 +494,67 @@ def test_a_failed_compensation_is_named_in_rollback_failed(
         "Failed",
     ]
     committed = cluster.condition("pcommit", "pc-rf", "Committed")
+    assert committed["status"] == "False"
     assert committed["reason"] == "SandboxCommitFailed" and "s-c" in committed["message"]
     assert "injected commit failure" in committed["message"]
     failed = cluster.condition("pcommit", "pc-rf", "RollbackFailed")
-    assert failed["status"] == "True" and ids["a"] in failed["message"]
+    assert ids["a"] in failed["message"] and "retrying" in failed["message"]
     assert ids["b"] in cluster.condition("pcommit", "pc-rf", "RolledBack")["message"]
     assert (dirs["b"] / "g.txt").read_text() == "0\n"  # compensated
     assert (dirs["a"] / "g.txt").read_text() == "1\n"  # its compensation failed: still committed
     assert (dirs["c"] / "g.txt").read_text() == "0\n"  # never committed
+    # Retried with backoff while the fault lasts: more than one attempt, still RollingBack.
+    wait_for(lambda: operator.logs().count("rollback failed for sandboxes") >= 2, 30, "a retry")
+    assert cluster.status("pcommit", "pc-rf")["phase"] == "RollingBack"
+    warnings = [e for e in cluster.events("pc-rf") if e["reason"] == "CompensationFailed"]
+    assert warnings and ids["a"] in warnings[0]["message"]
+
+    # The cause is gone: the next retry compensates A and the plan ends rolled back.
+    operator.stop()
+    operator.start()
+    final = cluster.wait_phase("pcommit", "pc-rf", {"Failed", "Committed", "RolledBack"}, 120)
+    assert final["phase"] == "Failed"  # C failed to commit; every committed one undone
+    assert final["failedRollbackIds"] == []
+    assert final["rolledBackIds"] == [ids["b"], ids["a"]]
+    assert [s["state"] for s in final["sandboxes"]] == ["Compensated", "Compensated", "Failed"]
+    assert cluster.condition("pcommit", "pc-rf", "RollbackFailed")["status"] == "False"
+    rolled = cluster.condition("pcommit", "pc-rf", "RolledBack")
+    assert rolled["status"] == "True" and ids["a"] in rolled["message"]
+    for key in ("a", "b", "c"):
+        assert (dirs[key] / "g.txt").read_text() == "0\n"
+    operator.stop()
+    operator.start()
+    time.sleep(3)  # a wrongly re-processing operator would act now
+    assert cluster.status("pcommit", "pc-rf") == final
+
+
+def test_a_new_plancommit_after_a_rolled_back_one_never_commits_half_the_plan(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Case 38 on the real API server: the first PlanCommit fails on B's commit and compensates
+    A (its changes discarded); a second PlanCommit of the plan is refused (PlanRerunRequired),
+    both originals unchanged, instead of committing B alone."""
+    dirs = {key: make_dir(tmp_path / key, {"g.txt": "0\n"}) for key in ("a", "b")}
+    operator.start({"SANDBOX_OPERATOR_FAULT_FAIL_COMMIT": "res-b"})
+    for key in ("a", "b"):
+        cluster.create(
+            sandbox_manifest(f"s-{key}", "plan-38", "copy_on_write", dirs[key], f"res-{key}")
+        )
+        write_in_sandbox(ready(cluster, f"s-{key}"), "g.txt", "1\n")
+    cluster.create(plancommit_manifest("pc-38", "plan-38"))
+    first = cluster.wait_phase("pcommit", "pc-38", {"Failed", "Committed", "RolledBack"})
+    assert first["phase"] == "Failed"
+    assert cluster.status("sandbox", "s-a")["phase"] == "RolledBack"
+    operator.stop()
+    operator.start()  # the fault is gone: only the plan's state can stop a half commit now
+    cluster.create(plancommit_manifest("pc-38-again", "plan-38"))
+    again = cluster.wait_phase("pcommit", "pc-38-again", {"Failed", "Committed", "RolledBack"})
+    assert again["phase"] == "Failed"
+    committed = cluster.condition("pcommit", "pc-38-again", "Committed")
+    assert committed["reason"] == "PlanRerunRequired"
+    assert "s-a" in committed["message"] and "must be re-run" in committed["message"]
+    assert (dirs["a"] / "g.txt").read_text() == "0\n"
+    assert (dirs["b"] / "g.txt").read_text() == "0\n"  # never B without A
 
 
 def test_a_transaction_sandbox_reads_its_dsn_from_a_secret_and_commits_last(

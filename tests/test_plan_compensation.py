@@ -261,7 +261,9 @@ def test_a_compensation_that_can_never_succeed_ends_the_attempt_failed(tmp_path:
     connection.close()
     store = SandboxStore(tmp_path / "state")
     faults = Switch(("before_commit", 2))
-    manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False, store=store, fault_hook=faults)
+    manager = SandboxManager(
+        SandboxFactory(), cleanup_on_exit=False, store=store, fault_hook=faults
+    )
     txn = manager.get_or_create_sandbox(
         "p2", "db", str(database), "transaction_rollback", sandbox_root=str(tmp_path / "sbx")
     )

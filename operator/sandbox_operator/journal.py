@@ -77,9 +77,12 @@ def plancommit_conditions(
 
     Messages name the failed sandbox and its error and the rolled-back / failed ids (issue 3).
     ``lastTransitionTime`` moves only when a status changes (case 22: re-saving changes nothing).
+    An attempt still owing a compensation (case 21: not terminal, ``failedRollbackIds`` set) says
+    so: ``Committed=False``, ``RollbackFailed=True`` with "retrying".
     """
     out = list(conditions or [])
-    if not state.phase.is_terminal:
+    owed = not state.phase.is_terminal and bool(state.failed_rollback_ids)
+    if not state.phase.is_terminal and not owed:
         verb = "committing" if action is PlanCommitAction.COMMIT else "rolling back"
         return set_condition(
             out,
@@ -138,12 +141,13 @@ def plancommit_conditions(
             generation,
         )
     if state.failed_rollback_ids:
+        retrying = "; retrying until it succeeds" if owed else ""
         out = set_condition(
             out,
             "RollbackFailed",
             "True",
             "CompensationFailed",
-            f"rollback failed for sandboxes: {failed_ids}",
+            f"rollback failed for sandboxes: {failed_ids}{retrying}",
             generation,
         )
     else:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from sandbox_core import SandboxStatus
+from sandbox_core.factory import rollbackable_strategies
 
 GROUP = "sandbox.cleveragents.io"
 VERSION = "v1alpha1"
@@ -24,7 +25,8 @@ PLAN_LABEL = f"{GROUP}/plan-id"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "sandbox-operator"
 
-ROLLBACKABLE_STRATEGIES = frozenset({"git_worktree", "copy_on_write", "overlay"})
+# The core's answer (each strategy class's ``rollbackable``); never a list of our own.
+ROLLBACKABLE_STRATEGIES = rollbackable_strategies()
 
 
 class _Model(BaseModel):

@@ -13,6 +13,14 @@ Policies (docs/operator-design.md):
 - A second PlanCommit of a plan waits while an older one is not terminal: condition
   ``Blocked=True`` reason ``PlanCommitInProgress`` and a TemporaryError retry.
 - A plan with no CREATED/ACTIVE Sandbox fails with reason ``NoActiveSandboxes``.
+- All or nothing across retries (case 38): a Sandbox of the plan not provisioned yet makes the
+  PlanCommit wait (``Blocked=True``, reason ``SandboxesNotReady``); one RolledBack or Errored
+  beside committable ones fails it up front with reason ``PlanRerunRequired`` (the core's
+  ``refuse_partial_plan``), nothing touched.
+- A compensation that failed (case 21) keeps the PlanCommit ``RollingBack`` with
+  ``RollbackFailed=True``; the handler retries ``recover`` with exponential backoff
+  (``retry_delay_seconds`` doubling, at most ``MAX_COMPENSATION_RETRY_DELAY_SECONDS``) until it
+  succeeds and the PlanCommit ends as it would have without the fault.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from typing import Any
 import kopf
 
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
+from sandbox_core.errors import PlanRerunRequiredError
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 from sandbox_core.protocol import utc_now
-from sandbox_core.saga import PlanCommitSaga
+from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan
 from sandbox_operator import metrics
 from sandbox_operator.conditions import find_condition, set_condition
 from sandbox_operator.events import EventSink
@@ -36,6 +45,7 @@ from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     PLANCOMMIT_PLURAL,
+    ROLLBACKABLE_STRATEGIES,
     SANDBOX_PLURAL,
     PlanCommitAction,
     PlanCommitPhase,
@@ -45,6 +55,8 @@ from sandbox_operator.sandbox_handlers import is_usable, mirror_to_object, targe
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger("sandbox_operator.plancommit")
+
+MAX_COMPENSATION_RETRY_DELAY_SECONDS = 300.0
 
 
 def _created_key(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -81,6 +93,7 @@ class PlanCommitLogic:
         self.executor = executor
         self.api = api
         self.events = events
+        self._compensation_retries: dict[str, int] = {}  # PlanCommit uid -> retries so far
 
     # -- plan sandboxes -----------------------------------------------------------------------
 
@@ -152,18 +165,48 @@ class PlanCommitLogic:
             if spec.action is PlanCommitAction.COMMIT:
                 metrics.COMPENSATIONS.inc(len(state.rolled_back_ids))
                 metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
+            self._compensation_retries.pop(str(body["metadata"].get("uid")), None)
             self._announce(body, journal, state)
+        elif state is not None and state.failed_rollback_ids:
+            self._retry_compensation(body, state)
 
-    def _block(self, body: Mapping[str, Any], blocker: str) -> None:
+    def _retry_compensation(self, body: Mapping[str, Any], state: JournalState) -> None:
+        """Case 21: a compensation failed; retry ``recover`` later, backing off exponentially.
+
+        Raises:
+            kopf.TemporaryError: always (the retry).
+        """
+        uid = str(body["metadata"].get("uid"))
+        retries = self._compensation_retries.get(uid, 0)
+        self._compensation_retries[uid] = retries + 1
+        delay = min(
+            self.settings.retry_delay_seconds * 2**retries, MAX_COMPENSATION_RETRY_DELAY_SECONDS
+        )
+        message = (
+            f"rollback failed for sandboxes {', '.join(state.failed_rollback_ids)} of plan "
+            f"{state.plan_id}; retrying in {delay:.0f}s"
+        )
+        metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
+        self.events(body, "Warning", "CompensationFailed", message)
+        raise kopf.TemporaryError(message, delay=delay)
+
+    def _block(
+        self,
+        body: Mapping[str, Any],
+        blocker: str,
+        reason: str = "PlanCommitInProgress",
+        message: str | None = None,
+    ) -> None:
         status = dict(body.get("status") or {})
         generation = body["metadata"].get("generation")
-        message = f"waiting for PlanCommit {blocker} of the same plan to finish"
-        if (find_condition(status.get("conditions"), "Blocked") or {}).get("status") != "True":
+        message = message or f"waiting for PlanCommit {blocker} of the same plan to finish"
+        blocked = find_condition(status.get("conditions"), "Blocked") or {}
+        if blocked.get("status") != "True" or blocked.get("reason") != reason:
             conditions = set_condition(
                 status.get("conditions"),
                 "Blocked",
                 "True",
-                "PlanCommitInProgress",
+                reason,
                 message,
                 generation,
             )
@@ -211,6 +254,16 @@ class PlanCommitLogic:
         saga = PlanCommitSaga(journal, on_change=self._on_change(by_id, journal.name))
         if journal.load() is not None:
             return saga.recover(self._resolver(by_id))
+        waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
+        if waiting:
+            message = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
+            self._block(body, "", "SandboxesNotReady", message)
+        try:
+            refuse_partial_plan(
+                spec.plan_id, [(t.sandbox_id, t.name, s.status) for t, s in targets if s]
+            )
+        except PlanRerunRequiredError as exc:
+            return self._fail_up_front(journal, spec, "PlanRerunRequired", str(exc))
         usable = [t for t, s in targets if s is not None and is_usable(s.status)]
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
@@ -243,11 +296,22 @@ class PlanCommitLogic:
             ", ".join(f"{t.name}={s.status.value if s else 'not provisioned'}" for t, s in targets)
             or "none"
         )
+        return self._fail_up_front(
+            journal,
+            spec,
+            "NoActiveSandboxes",
+            f"plan {spec.plan_id} has no Created or Active Sandbox (found: {seen})",
+        )
+
+    def _fail_up_front(
+        self, journal: PlanCommitStatusJournal, spec: PlanCommitSpec, reason: str, message: str
+    ) -> JournalState:
+        """End the PlanCommit ``Failed`` before any sandbox was touched (condition ``reason``)."""
         state = JournalState(
             plan_id=spec.plan_id,
             phase=JournalPhase.FAILED,
             reason=JournalReason.COMMIT_FAILED,
-            error=f"plan {spec.plan_id} has no Created or Active Sandbox (found: {seen})",
+            error=message,
             finished_at=utc_now(),
         )
         journal.save(state)
@@ -255,8 +319,8 @@ class PlanCommitLogic:
             journal.status.get("conditions"),
             "Committed",
             "False",
-            "NoActiveSandboxes",
-            state.error or "",
+            reason,
+            message,
             journal.generation,
         )
         journal.write({"conditions": conditions})
@@ -283,7 +347,7 @@ class PlanCommitLogic:
                         sandbox_id=t.sandbox_id,
                         resource_id=t.resource_id,
                         strategy=t.strategy,
-                        rollbackable=t.strategy in ("git_worktree", "copy_on_write", "overlay"),
+                        rollbackable=t.strategy in ROLLBACKABLE_STRATEGIES,
                     )
                     for t in usable
                 ],

@@ -477,5 +477,5 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
 
 
 def is_usable(status: SandboxStatus) -> bool:
-    """Whether the core status can be committed (seed 002: CREATED or ACTIVE)."""
-    return status in (SandboxStatus.CREATED, SandboxStatus.ACTIVE)
+    """Whether the core status can be committed (seed 002; the core's guard)."""
+    return status.can_commit
