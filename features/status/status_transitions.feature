@@ -70,3 +70,29 @@ Feature: Sandbox status transitions
     And the sandbox is committed again
     Then a SandboxStateError should be raised naming status "committed"
     And the sandbox status should be "committed"
+
+  Scenario Outline: Each lifecycle guard is asked of the status, in one place
+    Given a sandbox status "<status>"
+    Then the guards should say commit "<commit>", open "<open>", activate "<activate>", blocks plan "<blocks>"
+
+    Examples:
+      | status      | commit | open | activate | blocks |
+      | pending     | no     | no   | no       | no     |
+      | created     | yes    | yes  | yes      | no     |
+      | active      | yes    | yes  | no       | no     |
+      | committed   | no     | no   | no       | no     |
+      | rolled_back | no     | yes  | yes      | yes    |
+      | errored     | no     | no   | no       | yes    |
+      | cleaned_up  | no     | no   | no       | no     |
+
+  Scenario: Only git_worktree, copy_on_write and overlay can be rolled back from committed
+    Then the rollbackable strategies should be "copy_on_write, git_worktree, overlay"
+    And every strategy class should agree with the factory on being rollbackable
+
+  Scenario: A failed rollback from committed leaves the sandbox committed, so it can be retried
+    Given a committed "copy_on_write" sandbox whose undo fails once
+    When the sandbox is rolled back expecting a failure
+    Then the sandbox status should be "committed"
+    When the sandbox is rolled back
+    Then the sandbox status should be "rolled_back"
+    And the original should hold its content from before the commit

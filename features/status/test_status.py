@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 from pytest_bdd import given, parsers, scenarios, then, when
 
-from sandbox_core import SandboxFactory, SandboxStateError, SandboxStatus
+from sandbox_core import (
+    SandboxFactory,
+    SandboxRollbackError,
+    SandboxStateError,
+    SandboxStatus,
+    SandboxStrategy,
+)
+from sandbox_core.factory import is_rollbackable, rollbackable_strategies
 
 scenarios("status_transitions.feature")
 
@@ -105,3 +112,78 @@ def then_state_error(ctx: dict[str, Any], status: str) -> None:
 @then(parsers.parse('the sandbox status should be "{status}"'))
 def then_sandbox_status(ctx: dict[str, Any], status: str) -> None:
     assert ctx["sandbox"].status is SandboxStatus(status)
+
+
+def _yes(word: str) -> bool:
+    assert word in ("yes", "no"), word
+    return word == "yes"
+
+
+@then(
+    parsers.parse(
+        'the guards should say commit "{commit}", open "{open_}", activate "{activate}", '
+        'blocks plan "{blocks}"'
+    )
+)
+def then_guards(ctx: dict[str, Any], commit: str, open_: str, activate: str, blocks: str) -> None:
+    status: SandboxStatus = ctx["current"]
+    assert status.can_commit is _yes(commit)
+    assert status.is_open is _yes(open_)
+    assert status.can_activate is _yes(activate)
+    assert status.blocks_plan_commit is _yes(blocks)
+
+
+@then(parsers.parse('the rollbackable strategies should be "{names}"'))
+def then_rollbackable(names: str) -> None:
+    expected = {name.strip() for name in names.split(",")}
+    assert rollbackable_strategies() == expected
+    assert all(is_rollbackable(name) is (name in expected) for name in SandboxStrategy)
+
+
+@then("every strategy class should agree with the factory on being rollbackable")
+def then_classes_agree() -> None:
+    factory = SandboxFactory()
+    for name in factory.strategies:
+        assert factory.strategy_class(name).rollbackable is is_rollbackable(name)
+
+
+@given(parsers.parse('a committed "{strategy}" sandbox whose undo fails once'))
+def given_committed_failing_undo(ctx: dict[str, Any], tmp_path: Path, strategy: str) -> None:
+    original = tmp_path / "orig"
+    original.mkdir()
+    (original / "v").write_text("before\n")
+    sandbox = SandboxFactory().create(
+        strategy, "res-1", str(original), sandbox_root=str(tmp_path / "sbx")
+    )
+    sandbox.create("plan-s2")
+    Path(sandbox.get_path("v")).write_text("after\n")
+    sandbox.commit()
+    assert (original / "v").read_text() == "after\n"
+    real = sandbox._do_rollback_committed
+    calls: list[int] = []
+
+    def fail_once() -> None:  # fault injection: the first undo hits an I/O error
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("injected I/O error")
+        real()
+
+    sandbox._do_rollback_committed = fail_once  # type: ignore[method-assign]
+    ctx.update(sandbox=sandbox, original=original)
+
+
+@when("the sandbox is rolled back expecting a failure")
+def when_rollback_fails(ctx: dict[str, Any]) -> None:
+    with pytest.raises(SandboxRollbackError):
+        ctx["sandbox"].rollback()
+
+
+@when("the sandbox is rolled back")
+def when_rollback(ctx: dict[str, Any]) -> None:
+    ctx["sandbox"].rollback()
+
+
+@then("the original should hold its content from before the commit")
+def then_original_before(ctx: dict[str, Any]) -> None:
+    assert (ctx["original"] / "v").read_text() == "before\n"
+    ctx["sandbox"].cleanup()

@@ -51,8 +51,9 @@ class SandboxPhase(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        """Phases after which ``ttlSecondsAfterFinished`` counts (CRD contract)."""
-        return self in (SandboxPhase.COMMITTED, SandboxPhase.ROLLED_BACK, SandboxPhase.ERRORED)
+        """Phases after which ``ttlSecondsAfterFinished`` counts (CRD contract): the core's
+        terminal statuses (``SandboxStatus.is_terminal``)."""
+        return _PHASE_TO_CORE[self].is_terminal
 
 
 _CORE_TO_PHASE = {
@@ -64,6 +65,7 @@ _CORE_TO_PHASE = {
     SandboxStatus.CLEANED_UP: SandboxPhase.CLEANED_UP,
     SandboxStatus.ERRORED: SandboxPhase.ERRORED,
 }
+_PHASE_TO_CORE = {phase: status for status, phase in _CORE_TO_PHASE.items()}
 
 
 class PvcSource(_Model):

@@ -166,7 +166,7 @@ class LocalExecutor:
                 if self.settings.fault_provision_delay_seconds:
                     # Test-only fault injection (case 16): a slow create the user deletes.
                     time.sleep(self.settings.fault_provision_delay_seconds)
-            if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            if sandbox.status.can_activate:
                 sandbox.activate()
                 self.store.save(sandbox)
             return self._state(sandbox)
@@ -203,11 +203,7 @@ class LocalExecutor:
         """
         with self._lock(target.sandbox_id):
             handle = self.open(target)
-            if handle.status not in (
-                SandboxStatus.CREATED,
-                SandboxStatus.ACTIVE,
-                SandboxStatus.ROLLED_BACK,
-            ):
+            if not handle.status.is_open:
                 # Undoing one committed sandbox would break its plan's atomic commit.
                 raise SandboxStateError(
                     f"cannot discard the changes of sandbox {target.sandbox_id} in status "
@@ -304,7 +300,7 @@ class LocalExecutor:
                     f"{checkpoint.checkpoint_id} failed"
                 )
             sandbox = self.open(target).inner
-            if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            if sandbox.status.can_activate:
                 sandbox.activate()
             self.store.save(sandbox)
             return self._state(sandbox)

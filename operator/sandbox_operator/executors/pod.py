@@ -415,7 +415,7 @@ class PodExecutor:
         if existing is None:
             self.run(target, create_command(target, self.settings))
         handle = self.open(target)
-        if handle.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+        if handle.status.can_activate:
             handle.activate()
         return SandboxState.from_record(handle.record, workspace_pod=pod)
 
