@@ -10,6 +10,7 @@ from sandbox_core.boundary import Resource, ResourceRegistry
 from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
 from sandbox_core.errors import (
     AtomicCommitError,
+    PlanRerunRequiredError,
     SandboxCommitError,
     SandboxCreationError,
     SandboxError,
@@ -43,6 +44,7 @@ __all__ = [
     "JournalState",
     "NoSandbox",
     "OverlaySandbox",
+    "PlanRerunRequiredError",
     "Resource",
     "ResourceRegistry",
     "Sandbox",
