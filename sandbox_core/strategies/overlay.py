@@ -184,6 +184,7 @@ class OverlaySandbox(BaseSandbox):
         base = self.base_path
         for directory in (self.upper_dir, self.work_dir, base / "merged"):
             directory.mkdir(parents=True)
+        self._match_root(self.upper_dir)
         (base / "lower").symlink_to(original, target_is_directory=True)
         metadata: dict[str, Any] = {
             "strategy": self.strategy,
@@ -324,6 +325,7 @@ class OverlaySandbox(BaseSandbox):
         for current, old in kept:
             current.rename(old)
             current.mkdir()
+        self._match_root(self.upper_dir)
         try:
             kernel.mount_overlay(layout)
         except BaseException:
@@ -369,10 +371,16 @@ class OverlaySandbox(BaseSandbox):
             baseline = reset_copy(_read_baseline(manifest), self._original(), merged)
             _write_baseline(manifest, baseline)
 
+    def _match_root(self, upper: Path) -> None:
+        """The merged root shows the upper root's mode, owner and xattrs: give it the
+        original's, so new files get the group a set-gid original gives them (case 10)."""
+        copy_metadata(self._original(), upper)
+
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
             shutil.rmtree(directory)
             directory.mkdir()
+        self._match_root(self.upper_dir)
         kernel.mount_overlay(self._layout())
 
     # -- cleanup and reopen -----------------------------------------------------------------
