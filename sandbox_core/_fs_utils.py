@@ -423,14 +423,16 @@ def differing_paths(a: dict[str, str], b: dict[str, str]) -> set[str]:
 
 def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[str]) -> None:
     """Update a ``stamps=True`` snapshot of ``root`` in place at ``paths`` (their subtrees and
-    parent directories included), after they were changed: O(paths), no walk of the tree."""
+    the entries of their parent directories included), after they were changed: O(paths +
+    their subtrees), no walk of the tree."""
     root_s = os.fspath(root)
-    todo = set(paths)
-    todo.update(anc for rel in list(todo) for anc in _ancestors(rel))
-    for rel in sorted(todo):
-        prefix = rel + "/"
-        for key in [k for k in snapshot if k.startswith(prefix)]:
+    replaced = set(paths)
+    parents = {anc for rel in replaced for anc in _ancestors(rel)} - replaced
+    prefixes = tuple(rel + "/" for rel in replaced)
+    if prefixes:
+        for key in [k for k in snapshot if k.startswith(prefixes)]:
             del snapshot[key]
+    for rel in sorted(replaced | parents):
         path = os.path.join(root_s, rel)
         try:
             st = os.lstat(path)
@@ -438,9 +440,9 @@ def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[st
             snapshot.pop(rel, None)
             continue
         snapshot[rel] = signature(_entry(path, st)) + _stamp(st)
-        if stat.S_ISDIR(st.st_mode):
+        if rel in replaced and stat.S_ISDIR(st.st_mode):
             for sub, sub_path, sub_st in _walk(path, ()):
-                snapshot[prefix + sub] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
+                snapshot[f"{rel}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
 
 
 def link_groups(root: StrPath, *, exclude: Iterable[str] = ()) -> list[list[str]]:

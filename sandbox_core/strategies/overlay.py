@@ -286,25 +286,30 @@ class OverlaySandbox(BaseSandbox):
         )
         stage = area / "stage"
         stage.mkdir()
+        links: LinkMap = {}  # shared by both staging passes: one inode per link group
+        stage_layer_changes(layer_changes, merged, stage, links)
+        changes = tree_changes_of(layer_changes, original, stage)
+        # A name whose hard-link group changed (``ln`` in the sandbox) is a change too; the
+        # merged view and the lower are only read while mounted.
+        replaced = [c.path for c in layer_changes if c.kind == "replace"]
+        changes = _union(changes, compute_changes_at(original, merged, replaced))
         # Names sharing an inode with a changed one are staged too, from the merged view, so
-        # the sync replaces whole hard-link groups (case 34) while the lower is only read.
-        replaced = [c.path for c in layer_changes if c.kind != "meta"]
+        # the sync replaces whole hard-link groups (case 34).
         roots = set(replaced)
+        staged = roots | {c.path for c in layer_changes} | set(changes.paths)
         extra = sorted(
             rel
-            for rel in link_closure(merged, original, replaced) - roots
+            for rel in link_closure(merged, original, changes.paths) - staged
             if not any(anc in roots for anc in _ancestors(rel))
         )
-        layer_changes += [LayerChange(rel, "replace") for rel in extra]
-        stage_layer_changes(layer_changes, merged, stage)
-        changes = tree_changes_of(layer_changes, original, stage)
+        stage_layer_changes([LayerChange(rel, "replace") for rel in extra], merged, stage, links)
         if not changes.is_empty:
             kernel.unmount(merged)
             try:
                 sync_tree(
                     stage,
                     original,
-                    changes=TreeChanges(changes.added, [*changes.changed, *extra], changes.deleted),
+                    changes=_union(changes, TreeChanges(changed=extra)),
                     backup_dir=area / "backup",
                     expand_links=False,
                 )
@@ -587,7 +592,9 @@ def _choose_commit_area(base: Path, original: Path, sandbox_id: str) -> Path:
 # -- staging (kernel mode) ---------------------------------------------------------------------
 
 
-def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -> None:
+def stage_layer_changes(
+    changes: list[LayerChange], merged: Path, stage: Path, links: LinkMap | None = None
+) -> None:
     """Copy each replaced path's final state out of the merged view to the same path in
     ``stage`` (a partial mirror), so the overlay can be unmounted before the original is written.
 
@@ -598,7 +605,7 @@ def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -
     Raises:
         OSError: a copy failed; the original has not been touched.
     """
-    links: LinkMap = {}
+    links = {} if links is None else links
     for change in changes:
         if change.kind != "replace" or not os.path.lexists(merged / change.path):
             continue
@@ -669,3 +676,11 @@ def _read_baseline(path: Path) -> Baseline:
 def _ancestors(rel: str) -> list[str]:
     parts = rel.split("/")
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _union(a: TreeChanges, b: TreeChanges) -> TreeChanges:
+    """Both change sets; a path added or deleted in one and changed in the other stays added or
+    deleted."""
+    added, deleted = set(a.added) | set(b.added), set(a.deleted) | set(b.deleted)
+    changed = (set(a.changed) | set(b.changed)) - added - deleted
+    return TreeChanges(sorted(added), sorted(changed), sorted(deleted))
