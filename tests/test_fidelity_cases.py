@@ -319,3 +319,63 @@ def test_checkpoint_restore_keeps_special_files_links_owners_and_holes(
     assert_same_tree(view, at_checkpoint, "after restore")
     sandbox.commit()
     assert_same_tree(src, at_checkpoint, "original after committing the restored sandbox")
+
+
+# -- regressions found by tests/test_fidelity_property.py ---------------------------------------
+
+
+@strategies
+def test_hard_link_made_in_the_sandbox_to_an_untouched_file_is_committed_as_a_link(
+    tmp_path: Path, make: Make
+) -> None:
+    """Kernel overlay: ``ln a zz`` copies ``a`` up unchanged; the commit must still replace
+    ``a`` so that both names are one inode in the original (the link group changed)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_text("a\n")
+    before = tree_state(src)
+    sandbox = make(src)
+    sandbox.create("plink")
+    os.link(sandbox.get_path("a"), sandbox.get_path("zz"))
+    intended = tree_state(sandbox.get_path(""))
+    sandbox.commit()
+    assert_same_tree(src, intended, "after commit")
+    assert os.lstat(src / "a").st_ino == os.lstat(src / "zz").st_ino
+    sandbox.rollback()
+    assert_same_tree(src, before, "after rollback from COMMITTED")
+
+
+@strategies
+def test_xattr_set_on_a_directory_in_the_sandbox_is_committed(tmp_path: Path, make: Make) -> None:
+    """Kernel overlay: a metadata-only change of a directory is staged once (it failed with
+    EEXIST when the link closure staged the directory a second time)."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "a").write_text("a\n")
+    before = tree_state(src)
+    sandbox = make(src)
+    sandbox.create("pxattr")
+    os.setxattr(sandbox.get_path("d"), "user.k", b"v")
+    sandbox.commit()
+    assert os.getxattr(src / "d", "user.k") == b"v"
+    sandbox.rollback()
+    assert_same_tree(src, before, "after rollback from COMMITTED")
+
+
+def test_zero_block_of_a_sparse_file_may_become_a_hole_never_the_reverse(tmp_path: Path) -> None:
+    """``cp -a`` (copy_on_write create) turns an allocated all-zero block of a sparse file into
+    a hole: same bytes, one block less. The oracle counts zero blocks as holes; data never
+    becomes a hole and a hole never becomes data."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "a", "wb") as handle:
+        handle.truncate(1 << 20)
+        handle.seek(1 << 19)
+        handle.write(b"\0")
+    sandbox = new_sandbox("copy_on_write", src, tmp_path / "root")
+    sandbox.create("pzero")
+    copy = Path(sandbox.get_path("a"))
+    assert copy.read_bytes() == (src / "a").read_bytes()
+    assert os.lstat(copy).st_blocks <= os.lstat(src / "a").st_blocks
+    assert_same_tree(copy.parent, tree_state(src), "sandbox after create")
+    sandbox.cleanup()
