@@ -15,6 +15,14 @@ Public, stable API (re-exported by ``sandbox_core``):
   :func:`recover_sync` finishes or undoes a sync interrupted by a crash; :func:`undo_sync`
   reverts a finished sync from the backup it kept; :func:`lock_tree` serialises committers.
 
+Fidelity (issue 7, docs/fidelity.md): :func:`copy_entry` / :func:`copy_file` /
+:func:`copy_metadata` copy exactly (owner before mode so set-uid/set-gid survive: case 24;
+xattrs and POSIX ACLs; holes; FIFOs, sockets and devices recreated, never read: cases 36, 37;
+hard links within a copy: case 34); :func:`link_groups` / :func:`link_closure` keep hard-link
+groups whole in a sync; :class:`Baseline` / :func:`pending_since` / :func:`reset_copy` /
+:func:`refresh_snapshot` tell a copy's changes (stamped snapshots: ctime, inode, link count)
+from the original's, for copy_on_write and the overlay fallback.
+
 Conventions: paths in results are POSIX paths relative to the tree root, sorted. Symlinks are
 never followed (case 06). File equality uses rsync's quick check: equal size and mtime (ns) mean
 equal; equal size with a different mtime is settled by comparing content
@@ -205,7 +213,9 @@ def read_xattrs(path: StrPath) -> dict[str, bytes]:
     return values
 
 
-def entries_differ(a: Entry, b: Entry, path_a: StrPath | None, path_b: StrPath | None) -> bool:
+def entries_differ(
+    a: Entry, b: Entry, path_a: StrPath | None, path_b: StrPath | None, *, xattrs: bool = True
+) -> bool:
     """True when two entries are different (see module docstring for the rules).
 
     Type, permission bits (set-uid/set-gid/sticky included), owner, group, device number and
@@ -221,7 +231,7 @@ def entries_differ(a: Entry, b: Entry, path_a: StrPath | None, path_b: StrPath |
         return True
     if path_a is None or path_b is None:
         return a.kind == "file" and a.mtime_ns != b.mtime_ns
-    if read_xattrs(path_a) != read_xattrs(path_b):
+    if xattrs and read_xattrs(path_a) != read_xattrs(path_b):
         return True
     if a.kind == "file" and a.mtime_ns != b.mtime_ns:
         return not filecmp.cmp(path_a, path_b, shallow=False)
@@ -265,8 +275,10 @@ def diff_entries(
     *,
     old_root: StrPath | None = None,
     new_root: StrPath | None = None,
+    xattrs: bool = True,
 ) -> TreeChanges:
-    """:class:`TreeChanges` between two scans; roots enable content comparison of files."""
+    """:class:`TreeChanges` between two scans; roots enable content (and, with ``xattrs``,
+    extended attribute) comparison."""
     added = [p for p in new if p not in old]
     deleted = [p for p in old if p not in new]
     changed = [
@@ -278,6 +290,7 @@ def diff_entries(
             entry,
             os.path.join(old_root, p) if old_root is not None else None,
             os.path.join(new_root, p) if new_root is not None else None,
+            xattrs=xattrs,
         )
     ]
     return TreeChanges(sorted(added), sorted(changed), sorted(deleted))
@@ -601,7 +614,8 @@ def compute_diff(original: StrPath, modified: StrPath, *, exclude: Iterable[str]
     excluded = list(exclude)
     old = scan_tree(original, exclude=excluded)
     new = scan_tree(modified, exclude=excluded)
-    changes = diff_entries(old, new, old_root=original, new_root=modified)
+    # A unified diff cannot show an xattr: skip reading them for every path of both trees.
+    changes = diff_entries(old, new, old_root=original, new_root=modified, xattrs=False)
     out: list[str] = []
     for rel in changes.paths:
         a, b = old.get(rel), new.get(rel)

@@ -82,11 +82,17 @@ class Node:
     acl_perm: int | None = None
 
 
+DirSpec = tuple[bytes, int, tuple[int, int]]
+TreeSpec = tuple[list[DirSpec], list[Node]]
+
+
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[list[tuple[bytes, int, tuple[int, int]]], list[Node]]:
-    """Directories (mode, owner) and nodes below the root or one of them."""
+def trees(draw: st.DrawFn) -> TreeSpec:
+    """Directories (mode, owner; ``b""`` is the root) and nodes below the root or one of them."""
     dirs = draw(st.lists(st.sampled_from(DIRS), unique=True, max_size=2))
-    dir_specs = [(d, draw(st.sampled_from(DIR_MODES)), draw(st.sampled_from(OWNERS))) for d in dirs]
+    dir_specs = [
+        (d, draw(st.sampled_from(DIR_MODES)), draw(st.sampled_from(OWNERS))) for d in [b"", *dirs]
+    ]
     nodes: list[Node] = []
     used: set[bytes] = set(dirs)
     for _ in range(draw(st.integers(1, 6))):
@@ -127,12 +133,13 @@ def bind_socket(path: bytes) -> None:
         sock.close()
 
 
-def build(root: bytes, spec: tuple[list[tuple[bytes, int, tuple[int, int]]], list[Node]]) -> None:
+def build(root: bytes, spec: TreeSpec) -> None:
     dir_specs, nodes = spec
     os.mkdir(root)
     for rel, mode, (uid, gid) in dir_specs:
-        path = os.path.join(root, rel)
-        os.mkdir(path)
+        path = os.path.join(root, rel) if rel else root
+        if rel:
+            os.mkdir(path)
         os.chown(path, uid, gid)
         os.chmod(path, mode)
     for node in nodes:
@@ -212,7 +219,11 @@ def apply_edit(root: bytes, edit: Edit) -> None:
     st_target = os.lstat(target) if target else None
     is_file = st_target is not None and stat.S_ISREG(st_target.st_mode)
     is_dir = st_target is not None and stat.S_ISDIR(st_target.st_mode)
-    new_name = os.path.join(root, arg if isinstance(arg, bytes) and arg in NAMES else b"zz")
+    # New names go into the root or a directory (set-gid ones give new entries their group).
+    parents = [root] + [os.path.join(root, rel) for rel in present
+                        if stat.S_ISDIR(os.lstat(os.path.join(root, rel)).st_mode)]  # fmt: skip
+    parent = parents[(index // 7) % len(parents)]
+    new_name = os.path.join(parent, arg if isinstance(arg, bytes) and arg in NAMES else b"zz")
     try:
         if kind in ("write", "append") and is_file and isinstance(arg, bytes):
             with open(target, "ab" if kind == "append" else "r+b") as handle:  # type: ignore[arg-type]
@@ -234,7 +245,7 @@ def apply_edit(root: bytes, edit: Edit) -> None:
         elif kind == "unlink" and target is not None:
             shutil.rmtree(target) if is_dir else os.unlink(target)
         elif kind == "rename" and target is not None and not os.path.lexists(new_name):
-            if not new_name.startswith(target + b"/"):
+            if not new_name.startswith(target + b"/") and new_name != target:
                 os.rename(target, new_name)  # type: ignore[arg-type]
         elif kind == "swap" and target is not None and isinstance(arg, str):
             shutil.rmtree(target) if is_dir else os.unlink(target)
