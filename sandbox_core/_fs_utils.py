@@ -1383,6 +1383,23 @@ class Baseline:
         return cls(*_snapshot_pair(original, copy, exclude))
 
 
+def copy_and_snapshot(src: StrPath, dst: StrPath) -> dict[str, str]:
+    """:func:`backup_directory` of ``src`` to ``dst`` and, in parallel (``find`` beside ``cp``),
+    the quick-check snapshot of ``src`` that a :class:`Baseline` keeps as its original side.
+
+    Taken during the copy: a change to ``src`` meanwhile is then either in the copy and the
+    snapshot (nothing to do), or in neither (the original's own change, kept at commit), or in
+    one of them (read as the original's change: kept, or a conflict if the sandbox changes it).
+
+    Raises:
+        OSError: as :func:`backup_directory` or :func:`snapshot_tree`.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        snapshot = pool.submit(snapshot_tree, src)
+        backup_directory(src, dst)
+        return snapshot.result()
+
+
 def _snapshot_pair(
     original: StrPath, copy: StrPath, exclude: Iterable[str]
 ) -> tuple[dict[str, str], dict[str, str]]:

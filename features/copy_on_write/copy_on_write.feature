@@ -298,7 +298,7 @@ Feature: Copy-on-write directory sandbox lifecycle
 
   Scenario: Create wraps OSError into SandboxCreationError
     Given a cow test directory is initialised
-    And cow "sandbox_core.strategies.copy_on_write.backup_directory" is patched to raise OSError
+    And cow "sandbox_core._fs_utils.backup_directory" is patched to raise OSError
     When a cow sandbox is created for plan "plan-createerr"
     Then a cow SandboxCreationError should be raised with message "injected"
     And the cow sandbox should be in the "errored" state

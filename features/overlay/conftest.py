@@ -159,7 +159,7 @@ def ovl_patch_copytree(ovl: dict[str, Any]) -> None:
     """The seed names the fallback's create-time copy; a kernel mount copies nothing, so this
     scenario forces the userspace fallback in both parametrisations. The copy is now the exact
     ``cp -a`` of ``backup_directory`` (copytree dropped sockets and owners: cases 10, 36)."""
-    ovl["faults"].append("sandbox_core.strategies.overlay.backup_directory")
+    ovl["faults"].append("sandbox_core._fs_utils.backup_directory")
     ovl["mode"] = "fallback"
 
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from sandbox_core._fs_utils import (
     Baseline,
     TreeChanges,
-    backup_directory,
     compute_changes_at,
+    copy_and_snapshot,
     link_closure,
     lock_tree,
     pending_since,
@@ -123,10 +123,9 @@ class CopyOnWriteSandbox(BaseSandbox):
             )
         self.base_dir.mkdir(parents=True)
         try:
-            # The original's snapshot is taken before the copy: a change made meanwhile shows
+            # The original's snapshot is taken beside the copy: a change made meanwhile shows
             # as drift at commit, never as the sandbox's own change.
-            original = snapshot_tree(source)
-            backup_directory(source, self.tree_dir)
+            original = copy_and_snapshot(source, self.tree_dir)
             git_admin = self._isolate_linked_worktree(source)
             exclude = [".git"] if git_admin else []
             if git_admin:

@@ -60,6 +60,7 @@ from sandbox_core._fs_utils import (
     TreeChanges,
     backup_directory,
     compute_changes_at,
+    copy_and_snapshot,
     copy_entry,
     copy_metadata,
     diff_entries,
@@ -220,10 +221,9 @@ class OverlaySandbox(BaseSandbox):
                 "overlay sandbox %s uses the userspace fallback: %s", self.sandbox_id, reason
             )
             # An exact copy (cp -a: owners, special files, links, holes, xattrs); the original's
-            # snapshot first, so a change made during the copy reads as the original's.
-            base_original = snapshot_tree(original)
+            # snapshot beside it, so a change made during the copy reads as the original's.
             (base / "merged").rmdir()
-            backup_directory(original, base / "merged")
+            base_original = copy_and_snapshot(original, base / "merged")
             baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
             _write_baseline(base / _MANIFEST, baseline)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
