@@ -379,3 +379,27 @@ def test_zero_block_of_a_sparse_file_may_become_a_hole_never_the_reverse(tmp_pat
     assert os.lstat(copy).st_blocks <= os.lstat(src / "a").st_blocks
     assert_same_tree(copy.parent, tree_state(src), "sandbox after create")
     sandbox.cleanup()
+
+
+def test_overlay_fallback_commit_keeps_changes_made_to_the_original_since_create(
+    tmp_path: Path,
+) -> None:
+    """The fallback applies only what the sandbox changed, as the kernel mode does (before,
+    its commit made the original equal to the copy, undoing the original's own later edits)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mine").write_text("1\n")
+    (src / "theirs").write_text("1\n")
+    sandbox = new_sandbox("overlay-fallback", src, tmp_path / "root")
+    sandbox.create("pdrift")
+    Path(sandbox.get_path("mine")).write_text("sandbox\n")
+    (src / "theirs").write_text("edited in the original\n")
+    (src / "added").write_text("added in the original\n")
+
+    result = sandbox.commit()
+
+    assert result.changed_files == ["mine"]
+    assert (src / "mine").read_text() == "sandbox\n"
+    assert (src / "theirs").read_text() == "edited in the original\n"
+    assert (src / "added").read_text() == "added in the original\n"
+    sandbox.cleanup()

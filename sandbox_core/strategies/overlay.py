@@ -250,12 +250,8 @@ class OverlaySandbox(BaseSandbox):
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
             pending = pending_since(_read_baseline(self.base_path / _MANIFEST), original, merged)
-            found = compute_changes_at(original, merged, pending.touched)
-            changes = TreeChanges(  # the sandbox's changes; the original's own ones are kept
-                added=[p for p in found.added if p in pending.touched],
-                changed=[p for p in found.changed if p in pending.touched],
-                deleted=[p for p in found.deleted if p in pending.touched],
-            )
+            # Only the paths the sandbox touched: the original's own changes are kept.
+            changes = compute_changes_at(original, merged, pending.touched)
             if not changes.is_empty:
                 sync_tree(merged, original, changes=changes, backup_dir=backup)
         if not changes.is_empty:
