@@ -403,3 +403,51 @@ def test_overlay_fallback_commit_keeps_changes_made_to_the_original_since_create
     assert (src / "theirs").read_text() == "edited in the original\n"
     assert (src / "added").read_text() == "added in the original\n"
     sandbox.cleanup()
+
+
+@strategies
+def test_name_linked_outside_the_tree_is_replaced_not_written_through(
+    tmp_path: Path, make: Make
+) -> None:
+    """docs/fidelity.md: a changed name whose inode also has a name outside the tree gets a
+    new inode (the outside name keeps the old content). Rollback restores the content from a
+    copy of the kept entry (the backup stays usable if the rollback is retried), so the outside
+    link is not rejoined."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "cfg").write_text("v1\n")
+    outside = tmp_path / "outside-cfg"
+    os.link(src / "cfg", outside)
+    sandbox = make(src)
+    sandbox.create("pout")
+    Path(sandbox.get_path("cfg")).write_text("v2\n")
+    sandbox.commit()
+    assert (src / "cfg").read_text() == "v2\n"
+    assert outside.read_text() == "v1\n"
+    sandbox.rollback()
+    assert (src / "cfg").read_text() == "v1\n"
+    assert outside.read_text() == "v1\n"
+    assert os.lstat(src / "cfg").st_ino != os.lstat(outside).st_ino
+
+
+@strategies
+def test_top_directory_keeps_its_own_mode_owner_and_xattrs(tmp_path: Path, make: Make) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    os.chown(src, 1234, 1234)
+    src.chmod(0o2770)
+    os.setxattr(src, "user.top", b"1")
+    (src / "f").write_text("f\n")
+    top = (os.lstat(src).st_mode, os.lstat(src).st_uid, os.lstat(src).st_gid)
+    sandbox = make(src)
+    sandbox.create("ptop")
+    view = Path(sandbox.get_path(""))
+    assert (os.lstat(view).st_mode, os.lstat(view).st_uid, os.lstat(view).st_gid) == top
+    assert os.getxattr(view, "user.top") == b"1"
+    (view / "g").write_text("g\n")
+    sandbox.commit()
+    assert (os.lstat(src).st_mode, os.lstat(src).st_uid, os.lstat(src).st_gid) == top
+    assert owner_of(src / "g") == (0, 1234)
+    sandbox.rollback()
+    assert (os.lstat(src).st_mode, os.lstat(src).st_uid, os.lstat(src).st_gid) == top
+    assert os.getxattr(src, "user.top") == b"1"
