@@ -72,10 +72,11 @@ class Bench:
         self.repo = work / "repo"
         self.tree = work / "tree"
         shutil.copytree(source_tree, self.tree, symlinks=True)
-        shutil.copytree(source_tree, self.repo, symlinks=True)
-        run("git", "init", "-q", "-b", "main", cwd=self.repo)
-        run("git", "add", "-A", cwd=self.repo)
-        run("git", "commit", "-q", "-m", "import", cwd=self.repo)
+        if not directories_only:  # the git rows' repository
+            shutil.copytree(source_tree, self.repo, symlinks=True)
+            run("git", "init", "-q", "-b", "main", cwd=self.repo)
+            run("git", "add", "-A", cwd=self.repo)
+            run("git", "commit", "-q", "-m", "import", cwd=self.repo)
         self.files = sum(1 for p in self.tree.rglob("*") if p.is_file())
         self.targets = (
             sorted(str(p.relative_to(self.tree)) for p in self.tree.rglob("*.go"))[
