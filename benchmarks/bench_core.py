@@ -1,6 +1,7 @@
 """Core benchmark: create, commit, rollback and checkpoint per strategy, beside the raw tools.
 
-Run: ``python benchmarks/bench_core.py [--source-tree DIR] [--repeat N] [--markdown FILE]``.
+Run: ``python benchmarks/bench_core.py [--source-tree DIR] [--repeat N] [--markdown FILE]
+[--only directories]`` (``--only directories``: the copy_on_write and overlay rows alone).
 
 Every figure is the median of ``--repeat`` runs and is printed next to its anchor measured in the
 same run (``git worktree add``, ``cp -a``, ``rsync -a --delete``, ``mount -t overlay``), with the
@@ -61,17 +62,21 @@ def median(samples: list[float]) -> float:
 class Bench:
     """Holds the work dir and the rows of the result table."""
 
-    def __init__(self, work: Path, source_tree: Path, repeat: int) -> None:
+    def __init__(
+        self, work: Path, source_tree: Path, repeat: int, *, directories_only: bool = False
+    ) -> None:
         self.work = work
         self.repeat = repeat
+        self.directories_only = directories_only
         self.rows: list[tuple[str, float, str, float]] = []
         self.repo = work / "repo"
         self.tree = work / "tree"
         shutil.copytree(source_tree, self.tree, symlinks=True)
-        shutil.copytree(source_tree, self.repo, symlinks=True)
-        run("git", "init", "-q", "-b", "main", cwd=self.repo)
-        run("git", "add", "-A", cwd=self.repo)
-        run("git", "commit", "-q", "-m", "import", cwd=self.repo)
+        if not directories_only:  # the git rows' repository
+            shutil.copytree(source_tree, self.repo, symlinks=True)
+            run("git", "init", "-q", "-b", "main", cwd=self.repo)
+            run("git", "add", "-A", cwd=self.repo)
+            run("git", "commit", "-q", "-m", "import", cwd=self.repo)
         self.files = sum(1 for p in self.tree.rglob("*") if p.is_file())
         self.targets = (
             sorted(str(p.relative_to(self.tree)) for p in self.tree.rglob("*.go"))[
@@ -115,6 +120,11 @@ class Bench:
     # -- create -------------------------------------------------------------------------
 
     def bench_create(self) -> None:
+        if not self.directories_only:
+            self._bench_git_create()
+        self._bench_directory_create()
+
+    def _bench_git_create(self) -> None:
         ours, raw = [], []
         for i in range(self.repeat):
             sandbox = self.new_sandbox("git_worktree", self.repo)
@@ -140,6 +150,7 @@ class Bench:
             run("git", "-C", str(self.repo), "branch", "-D", f"raw-{i}")
         self.row("git_worktree create", median(ours), "git worktree add", median(raw))
 
+    def _bench_directory_create(self) -> None:
         ours, raw = [], []
         for i in range(self.repeat):
             sandbox = self.new_sandbox("copy_on_write", self.tree)
@@ -149,6 +160,7 @@ class Bench:
             raw.append(timed(lambda d=dest: run("cp", "-a", str(self.tree), str(d))))
             shutil.rmtree(dest)
         self.row("copy_on_write create", median(ours), "cp -a", median(raw))
+        cp_anchor = median(raw)
 
         for mode in ("kernel", "fallback"):
             ours = []
@@ -157,7 +169,7 @@ class Bench:
                 ours.append(timed(lambda s=sandbox: s.create("bench")))
                 sandbox.cleanup()
             anchor_label, anchor = (
-                self._overlay_anchor() if mode == "kernel" else ("cp -a", self.rows[1][3])
+                self._overlay_anchor() if mode == "kernel" else ("cp -a", cp_anchor)
             )
             self.row(f"overlay ({mode}) create", median(ours), anchor_label, anchor)
 
@@ -215,9 +227,13 @@ class Bench:
 
     def bench_commit_and_rollback(self) -> None:
         rsync = self.rsync_anchor()
-        git_raw = self.git_commit_anchor()
-        cases: list[tuple[str, Path, dict[str, object], str, float]] = [
-            ("git_worktree", self.repo, {}, "git add+commit+merge --ff-only", git_raw),
+        cases: list[tuple[str, Path, dict[str, object], str, float]] = []
+        if not self.directories_only:
+            git_raw = self.git_commit_anchor()
+            cases.append(
+                ("git_worktree", self.repo, {}, "git add+commit+merge --ff-only", git_raw)
+            )
+        cases += [
             ("copy_on_write", self.tree, {}, "rsync -a --delete", rsync),
             ("overlay", self.tree, {"mode": "kernel"}, "rsync -a --delete", rsync),
             ("overlay", self.tree, {"mode": "fallback"}, "rsync -a --delete", rsync),
@@ -314,14 +330,18 @@ def main() -> int:
     parser.add_argument("--source-tree", default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", default=None, help="Write the table to this file too.")
+    parser.add_argument(
+        "--only", choices=["directories"], default=None, help="Only the copy/overlay rows."
+    )
     args = parser.parse_args()
     source = Path(args.source_tree) if args.source_tree else _default_source_tree()
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-", dir="/var/tmp") as tmp:
-        bench = Bench(Path(tmp), source, args.repeat)
+        bench = Bench(Path(tmp), source, args.repeat, directories_only=args.only == "directories")
         print(f"input: {source} ({bench.files} files)", flush=True)
         bench.bench_create()
         bench.bench_commit_and_rollback()
-        bench.bench_checkpoint()
+        if not bench.directories_only:
+            bench.bench_checkpoint()
         table = bench.markdown()
     if args.markdown:
         Path(args.markdown).write_text(table, encoding="utf-8")

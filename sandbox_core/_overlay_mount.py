@@ -9,8 +9,9 @@
 - :func:`changes_from_upper`: the set of changed paths, read from the upper layer without touching
   the lower one: whiteouts are deletions, opaque and redirected directories replace a whole
   subtree, other directories are recursed into (case 11, case 12).
-- :func:`copy_layer`: copy an upper layer with its whiteouts and ``*.overlay.*`` xattrs
-  (checkpoints: "snapshot of the upper layer").
+
+Copies (staging, checkpoints of the upper layer with its whiteouts and ``*.overlay.*`` xattrs)
+use the exact ``_fs_utils.copy_entry``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import ctypes.util
 import errno
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from sandbox_core._fs_utils import read_xattrs
 
 MNT_DETACH = 2
 """umount2 flag: detach now, release when the last user is gone (lazy unmount)."""
@@ -209,10 +211,18 @@ class LayerChange:
     kind: Literal["delete", "replace", "meta"]
 
 
-def changes_from_upper(upper: Path, lower: Path, namespace: str) -> list[LayerChange]:
-    """Changed paths of an overlay, derived from its upper layer (lower is only ``lstat``-ed).
+def _own_meta(path: Path, st: os.stat_result) -> tuple[int, int, int, dict[str, bytes]]:
+    return (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, read_xattrs(path))
 
-    Returns disjoint paths (no entry lies under another), sorted depth-first by name.
+
+def changes_from_upper(
+    upper: Path, lower: Path, namespace: str, merged: Path | None = None
+) -> list[LayerChange]:
+    """Changed paths of an overlay, derived from its upper layer (lower is only read).
+
+    A directory present in both layers is ``meta`` when its mode, owner or (with ``merged``
+    given, compared through the merged view, which hides the overlay's own xattrs) xattrs
+    differ. Returns disjoint paths (no entry lies under another), sorted depth-first by name.
     """
     changes: list[LayerChange] = []
 
@@ -234,7 +244,13 @@ def changes_from_upper(upper: Path, lower: Path, namespace: str) -> list[LayerCh
                     and stat.S_ISDIR(lower_st.st_mode)
                     and not replaces_lower_dir(entry.path, namespace)
                 ):
-                    if stat.S_IMODE(lower_st.st_mode) != stat.S_IMODE(st.st_mode):
+                    view = merged / child if merged is not None else None
+                    upper_meta = _own_meta(view, os.lstat(view)) if view else None
+                    lower_meta = _own_meta(lower / child, lower_st) if view else None
+                    if (
+                        (stat.S_IMODE(lower_st.st_mode), lower_st.st_uid, lower_st.st_gid)
+                        != (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+                    ) or upper_meta != lower_meta:
                         changes.append(LayerChange(child, "meta"))
                     walk(child)
                 else:
@@ -244,37 +260,3 @@ def changes_from_upper(upper: Path, lower: Path, namespace: str) -> list[LayerCh
 
     walk("")
     return changes
-
-
-# -- copying a layer --------------------------------------------------------------------------
-
-
-def copy_entry(source: str, destination: str) -> str:
-    """``copytree`` copy function that also handles special files.
-
-    Regular files go through ``shutil.copy2`` (looked up at call time, so fault injection in
-    tests reaches it); FIFOs and device nodes (overlay whiteouts are 0/0 character devices) are
-    re-created with their metadata and xattrs instead of being opened and read; sockets are
-    skipped (they cannot be copied).
-    """
-    st = os.lstat(source)
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        os.mknod(destination, st.st_mode, st.st_rdev)
-    elif stat.S_ISFIFO(st.st_mode):
-        os.mkfifo(destination, stat.S_IMODE(st.st_mode))
-    elif stat.S_ISSOCK(st.st_mode):
-        return destination
-    else:
-        shutil.copy2(source, destination, follow_symlinks=False)
-        return destination
-    shutil.copystat(source, destination, follow_symlinks=False)
-    return destination
-
-
-def copy_layer(source: Path, destination: Path) -> None:
-    """Copy a directory tree keeping symlinks, special files, modes, times and xattrs.
-
-    Raises:
-        OSError: a copy failed (``shutil.Error`` is an OSError).
-    """
-    shutil.copytree(source, destination, symlinks=True, copy_function=copy_entry)

@@ -33,7 +33,7 @@ def big_tree(tmp_path: Path) -> Path:
 
 
 class Counter:
-    """Calls of one wrapped function (the function still runs); ``copy2`` counts every file
+    """Calls of one wrapped function (the function still runs); ``copy_file`` counts every file
     copied, by ``_fs_utils`` and by the overlay strategy alike."""
 
     def __init__(self) -> None:
@@ -42,9 +42,9 @@ class Counter:
 
 @pytest.fixture
 def counted() -> Iterator[dict[str, Counter]]:
-    counters = {"copy2": Counter(), "snapshot_tree": Counter(), "scan_tree": Counter()}
+    counters = {"copy_file": Counter(), "snapshot_tree": Counter(), "scan_tree": Counter()}
     originals: dict[str, Any] = {
-        "copy2": fs.shutil.copy2,
+        "copy_file": fs.copy_file,
         "snapshot_tree": fs.snapshot_tree,
         "scan_tree": fs.scan_tree,
     }
@@ -57,7 +57,7 @@ def counted() -> Iterator[dict[str, Counter]]:
         return call
 
     with (
-        mock.patch.object(fs.shutil, "copy2", wrap("copy2")),
+        mock.patch.object(fs, "copy_file", wrap("copy_file")),
         mock.patch.object(fs, "snapshot_tree", wrap("snapshot_tree")),
         mock.patch.object(fs, "scan_tree", wrap("scan_tree")),
     ):
@@ -79,8 +79,13 @@ def test_snapshot_with_find_equals_the_python_walk(big_tree: Path) -> None:
         by_python = fs.snapshot_tree(big_tree, exclude=[".git"])
     by_find = fs.snapshot_tree(big_tree, exclude=[".git"])
     assert by_find == by_python
-    assert by_find["d3"] == "d 1750"
-    assert by_find["link"] == "l 777 d0/f0.txt"
+    uid, gid = os.getuid(), os.getgid()
+    assert by_find["d3"] == f"d 1750 {uid} {gid}"
+    assert by_find["link"] == f"l 777 {uid} {gid} d0/f0.txt"
+    assert by_find["fifo"].startswith("p ")
+    stamped = fs.snapshot_tree(big_tree, exclude=[".git"], stamps=True)
+    with mock.patch.object(fs.shutil, "which", return_value=None):
+        assert fs.snapshot_tree(big_tree, exclude=[".git"], stamps=True) == stamped
     assert not any(rel.startswith(".git") for rel in by_find)
 
 
@@ -98,7 +103,7 @@ def test_copy_on_write_commit_copies_only_changed_files_and_walks_each_tree_once
     result = sandbox.commit()
 
     assert sorted(result.changed_files) == sorted(EDITED)
-    assert len(counted["copy2"].calls) == len(EDITED)
+    assert len(counted["copy_file"].calls) == len(EDITED)
     walked = sorted(os.path.basename(os.fspath(args[0])) for args in counted["snapshot_tree"].calls)
     assert walked == ["original", "tree"]
     assert counted["scan_tree"].calls == []
@@ -122,12 +127,12 @@ def test_rollback_after_commit_copies_only_what_the_commit_changed(
     sandbox.create("plan")
     _edit(sandbox.get_path(""))
     sandbox.commit()
-    counted["copy2"].calls.clear()
+    counted["copy_file"].calls.clear()
 
     sandbox.rollback()
 
     # The undo of the original plus the reset of the sandbox copy: both O(changes).
-    assert len(counted["copy2"].calls) <= 2 * len(EDITED)
+    assert len(counted["copy_file"].calls) <= 2 * len(EDITED)
     assert (big_tree / EDITED[0]).read_text() == "file 0\n"
     assert Path(sandbox.get_path(EDITED[0])).read_text() == "file 0\n"
     assert fs.compute_changes(big_tree, sandbox.get_path("")).is_empty

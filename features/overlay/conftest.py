@@ -143,8 +143,9 @@ def ovl_created_and_activated(ovl: dict[str, Any], plan_id: str) -> None:
 
 @given("ovl shutil.copy2 is patched to raise OSError")
 def ovl_patch_copy2(ovl: dict[str, Any]) -> None:
-    """Both modes copy files with shutil.copy2 when staging a commit."""
-    ovl["faults"].append("shutil.copy2")
+    """Both modes stage a commit's files with the exact file copy that replaced shutil.copy2
+    (``_fs_utils.copy_file``: keeps holes; copy2 would fill them), so the fault goes there."""
+    ovl["faults"].append("sandbox_core._fs_utils.copy_file")
 
 
 @given("ovl shutil.rmtree is patched to raise OSError for rollback")
@@ -156,8 +157,9 @@ def ovl_patch_rmtree(ovl: dict[str, Any]) -> None:
 @given("ovl shutil.copytree is patched to raise OSError")
 def ovl_patch_copytree(ovl: dict[str, Any]) -> None:
     """The seed names the fallback's create-time copy; a kernel mount copies nothing, so this
-    scenario forces the userspace fallback in both parametrisations."""
-    ovl["faults"].append("shutil.copytree")
+    scenario forces the userspace fallback in both parametrisations. The copy is now the exact
+    ``cp -a`` of ``backup_directory`` (copytree dropped sockets and owners: cases 10, 36)."""
+    ovl["faults"].append("sandbox_core._fs_utils.backup_directory")
     ovl["mode"] = "fallback"
 
 

@@ -13,10 +13,18 @@ Two modes, recorded in ``context.metadata["overlay_mode"]``:
   their final state out of the merged view into ``commit/stage``, unmounts, applies them with
   ``_fs_utils.sync_tree`` (per-path rename swaps, journaled, undone on error, recovered after a
   crash), and remounts with an empty upper layer.
-- ``fallback``: ``merged`` is a full copy of the original (copy-on-write); commit is
-  ``sync_tree(merged, original)`` and rollback ``sync_tree(original, merged)`` (both copy only
-  the differing paths). Used when the process may not mount (``mode="auto"`` falls
-  back on EPERM, ENODEV, ...; the reason is kept in ``metadata["fallback_reason"]``).
+- ``fallback``: ``merged`` is a full, exact copy of the original (``cp -a``, as
+  ``copy_on_write``), with a :class:`~sandbox_core._fs_utils.Baseline` in ``manifest.json``;
+  commit syncs the paths the sandbox changed (``sync_tree(merged, original)``; paths changed
+  only in the original since create are kept, as the kernel mode keeps lower-layer changes) and
+  rollback syncs the differing paths back (``reset_copy``). Used when the process may not mount
+  (``mode="auto"`` falls back on EPERM, ENODEV, ...; the reason is kept in
+  ``metadata["fallback_reason"]``).
+
+Fidelity (docs/fidelity.md), both modes: content with holes, file types (FIFOs, sockets and
+device nodes are recreated, never read), permission bits with set-uid/set-gid/sticky, owner and
+group, xattrs and POSIX ACLs, hard-link groups and the mtime of untouched files are kept across
+create, commit, rollback from COMMITTED and checkpoint restore.
 
 Both modes keep the replaced entries in ``commit/backup`` for rollback from COMMITTED
 (``undo_sync``) and report ``CommitResult`` file lists as ``_fs_utils.TreeChanges`` (the same
@@ -41,19 +49,28 @@ import dataclasses
 import json
 import os
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 from sandbox_core import _overlay_mount as kernel
 from sandbox_core._fs_utils import (
+    Baseline,
     Entry,
+    LinkMap,
     TreeChanges,
-    compute_changes,
+    backup_directory,
+    compute_changes_at,
+    copy_and_snapshot,
+    copy_entry,
+    copy_metadata,
     diff_entries,
     entry_of,
+    link_closure,
+    pending_since,
     recover_sync,
+    reset_copy,
     scan_tree,
+    snapshot_tree,
     sync_tree,
     undo_sync,
 )
@@ -64,6 +81,7 @@ from sandbox_core.protocol import CommitResult, SandboxContext
 from sandbox_core.status import SandboxStatus
 
 MODES = ("auto", "kernel", "fallback")
+_MANIFEST = "manifest.json"
 _CHECKPOINT_FILE = "overlay-checkpoint.json"
 _SNAPSHOT_STATES = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
@@ -167,6 +185,7 @@ class OverlaySandbox(BaseSandbox):
         base = self.base_path
         for directory in (self.upper_dir, self.work_dir, base / "merged"):
             directory.mkdir(parents=True)
+        self._match_root(self.upper_dir)
         (base / "lower").symlink_to(original, target_is_directory=True)
         metadata: dict[str, Any] = {
             "strategy": self.strategy,
@@ -201,14 +220,12 @@ class OverlaySandbox(BaseSandbox):
             logger.info(
                 "overlay sandbox %s uses the userspace fallback: %s", self.sandbox_id, reason
             )
-            # Seed 003 ("Create wraps OSError"): the fallback's copy is shutil.copytree.
-            shutil.copytree(
-                original,
-                base / "merged",
-                symlinks=True,
-                copy_function=kernel.copy_entry,
-                dirs_exist_ok=True,
-            )
+            # An exact copy (cp -a: owners, special files, links, holes, xattrs); the original's
+            # snapshot beside it, so a change made during the copy reads as the original's.
+            (base / "merged").rmdir()
+            base_original = copy_and_snapshot(original, base / "merged")
+            baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
+            _write_baseline(base / _MANIFEST, baseline)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
         return SandboxContext(
@@ -232,7 +249,9 @@ class OverlaySandbox(BaseSandbox):
             changes = self._commit_kernel(original, merged, area)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
-            changes = compute_changes(original, merged)
+            pending = pending_since(_read_baseline(self.base_path / _MANIFEST), original, merged)
+            # Only the paths the sandbox touched: the original's own changes are kept.
+            changes = compute_changes_at(original, merged, pending.touched)
             if not changes.is_empty:
                 sync_tree(merged, original, changes=changes, backup_dir=backup)
         if not changes.is_empty:
@@ -259,16 +278,37 @@ class OverlaySandbox(BaseSandbox):
         """
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
-            self.upper_dir, original, str(self._meta("xattr_namespace"))
+            self.upper_dir, original, str(self._meta("xattr_namespace")), merged
         )
         stage = area / "stage"
         stage.mkdir()
-        stage_layer_changes(layer_changes, merged, stage)
+        links: LinkMap = {}  # shared by both staging passes: one inode per link group
+        stage_layer_changes(layer_changes, merged, stage, links)
         changes = tree_changes_of(layer_changes, original, stage)
+        # A name whose hard-link group changed (``ln`` in the sandbox) is a change too; the
+        # merged view and the lower are only read while mounted.
+        replaced = [c.path for c in layer_changes if c.kind == "replace"]
+        changes = _union(changes, compute_changes_at(original, merged, replaced))
+        # Names sharing an inode with a changed one are staged too, from the merged view, so
+        # the sync replaces whole hard-link groups (case 34).
+        roots = set(replaced)
+        staged = roots | {c.path for c in layer_changes} | set(changes.paths)
+        extra = sorted(
+            rel
+            for rel in link_closure(merged, original, changes.paths) - staged
+            if not any(anc in roots for anc in _ancestors(rel))
+        )
+        stage_layer_changes([LayerChange(rel, "replace") for rel in extra], merged, stage, links)
         if not changes.is_empty:
             kernel.unmount(merged)
             try:
-                sync_tree(stage, original, changes=changes, backup_dir=area / "backup")
+                sync_tree(
+                    stage,
+                    original,
+                    changes=_union(changes, TreeChanges(changed=extra)),
+                    backup_dir=area / "backup",
+                    expand_links=False,
+                )
             except BaseException:
                 kernel.mount_overlay(self._layout())
                 raise
@@ -286,6 +326,7 @@ class OverlaySandbox(BaseSandbox):
         for current, old in kept:
             current.rename(old)
             current.mkdir()
+        self._match_root(self.upper_dir)
         try:
             kernel.mount_overlay(layout)
         except BaseException:
@@ -327,12 +368,20 @@ class OverlaySandbox(BaseSandbox):
             # synced back (one C-speed walk of each tree), instead of re-copying the whole tree.
             # The journaled sync discards the replaced entries with shutil.rmtree (seed 003,
             # "Rollback wraps OSError").
-            sync_tree(self._original(), merged)
+            manifest = self.base_path / _MANIFEST
+            baseline = reset_copy(_read_baseline(manifest), self._original(), merged)
+            _write_baseline(manifest, baseline)
+
+    def _match_root(self, upper: Path) -> None:
+        """The merged root shows the upper root's mode, owner and xattrs: give it the
+        original's, so new files get the group a set-gid original gives them (case 10)."""
+        copy_metadata(self._original(), upper)
 
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
             shutil.rmtree(directory)
             directory.mkdir()
+        self._match_root(self.upper_dir)
         kernel.mount_overlay(self._layout())
 
     # -- cleanup and reopen -----------------------------------------------------------------
@@ -412,7 +461,10 @@ class OverlaySandbox(BaseSandbox):
             }
             try:
                 target.mkdir(parents=True)
-                kernel.copy_layer(source, target / "layer")
+                if kernel_mode:  # small: an exact Python copy keeps whiteouts and xattrs
+                    copy_entry(source, target / "layer")
+                else:
+                    backup_directory(source, target / "layer")
                 (target / _CHECKPOINT_FILE).write_text(json.dumps(info), encoding="utf-8")
             except OSError as exc:
                 shutil.rmtree(target, ignore_errors=True)
@@ -461,12 +513,14 @@ class OverlaySandbox(BaseSandbox):
             kernel.unmount(merged)
             shutil.rmtree(self.upper_dir)
             shutil.rmtree(self.work_dir)
-            kernel.copy_layer(layer, self.upper_dir)
+            copy_entry(layer, self.upper_dir)
             self.work_dir.mkdir()
             kernel.mount_overlay(self._layout())
         else:
+            # The copy's inodes are all new, so the baseline's stamps no longer match: every
+            # path is compared at the next commit (correct, slower).
             shutil.rmtree(merged)
-            kernel.copy_layer(layer, merged)
+            backup_directory(layer, merged)
 
     def _require_snapshot_state(self, operation: str) -> None:
         if self._status not in _SNAPSHOT_STATES:
@@ -534,31 +588,32 @@ def _choose_commit_area(base: Path, original: Path, sandbox_id: str) -> Path:
 # -- staging (kernel mode) ---------------------------------------------------------------------
 
 
-def stage_layer_changes(changes: list[LayerChange], merged: Path, stage: Path) -> None:
+def stage_layer_changes(
+    changes: list[LayerChange], merged: Path, stage: Path, links: LinkMap | None = None
+) -> None:
     """Copy each replaced path's final state out of the merged view to the same path in
     ``stage`` (a partial mirror), so the overlay can be unmounted before the original is written.
 
-    Files are copied with ``shutil.copy2`` (seed 003, "Commit wraps OSError into
-    SandboxCommitError"); symlinks stay links (case 06).
+    Entries are copied exactly with :func:`~sandbox_core._fs_utils.copy_entry` (owners,
+    set-uid/set-gid, xattrs, holes, special files recreated; symlinks stay links: case 06), one
+    link map for all, so names of one merged inode are staged as one inode (case 34).
 
     Raises:
         OSError: a copy failed; the original has not been touched.
     """
+    links = {} if links is None else links
     for change in changes:
-        if change.kind != "replace":
+        if change.kind != "replace" or not os.path.lexists(merged / change.path):
             continue
-        source, target = merged / change.path, stage / change.path
+        target = stage / change.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir() and not source.is_symlink():
-            shutil.copytree(source, target, symlinks=True, copy_function=kernel.copy_entry)
-        else:
-            kernel.copy_entry(str(source), str(target))
-    # Directory modes last: a read-only directory must not stop its children being staged.
+        copy_entry(merged / change.path, target, links)
+    # Directory metadata last: a read-only directory must not stop its children being staged.
     for change in changes:
         if change.kind == "meta":
             target = stage / change.path
             target.mkdir(parents=True, exist_ok=True)
-            target.chmod(stat.S_IMODE((merged / change.path).stat().st_mode))
+            copy_metadata(merged / change.path, target)
 
 
 def tree_changes_of(changes: list[LayerChange], original: Path, stage: Path) -> TreeChanges:
@@ -598,3 +653,30 @@ def _reset_dir(directory: Path) -> None:
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
+
+
+def _write_baseline(path: Path, baseline: Baseline) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(baseline.to_json()), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_baseline(path: Path) -> Baseline:
+    """The fallback's baseline; missing (a sandbox made by an older version) means unknown."""
+    try:
+        return Baseline.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return Baseline(None, None)
+
+
+def _ancestors(rel: str) -> list[str]:
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _union(a: TreeChanges, b: TreeChanges) -> TreeChanges:
+    """Both change sets; a path added or deleted in one and changed in the other stays added or
+    deleted."""
+    added, deleted = set(a.added) | set(b.added), set(a.deleted) | set(b.deleted)
+    changed = (set(a.changed) | set(b.changed)) - added - deleted
+    return TreeChanges(sorted(added), sorted(changed), sorted(deleted))
