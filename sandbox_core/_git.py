@@ -391,8 +391,9 @@ def open_repo(repo_dir: str | os.PathLike[str]) -> git.Repo:
 def repository_owner(*paths: str | os.PathLike[str]) -> tuple[int, int] | None:
     """(uid, gid) owning ``paths`` when that is not this process's user, else None.
 
-    The first existing path whose owner differs decides. Used for the owner policy (issue 7): a foreign
-    repository is refused unless trusted, and then git runs as its owner when this process is root.
+    The first existing path whose owner differs decides. Used for the owner policy (issue 7):
+    a foreign repository is refused unless trusted, and then git runs as its owner when this
+    process is root.
 
     Raises:
         OSError: a path cannot be inspected.
