@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -229,16 +230,17 @@ def _scan_config(path: Path, names: dict[str, set[str]], seen: set[Path], depth:
                 _scan_config(target, names, seen, depth + 1)
 
 
-def _config_files(git_dir: str, common_dir: str) -> list[Path]:
+def _config_files(git_dir: str, common_dir: str, env: Mapping[str, str]) -> list[Path]:
     """Every configuration file git may read for this repository (before includes)."""
     files: list[Path] = []
-    if not os.environ.get("GIT_CONFIG_NOSYSTEM"):
-        files.append(Path(os.environ.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig"))
-    if os.environ.get("GIT_CONFIG_GLOBAL"):
-        files.append(Path(os.environ["GIT_CONFIG_GLOBAL"]))
+    if not env.get("GIT_CONFIG_NOSYSTEM"):
+        files.append(Path(env.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig"))
+    if env.get("GIT_CONFIG_GLOBAL"):
+        files.append(Path(env["GIT_CONFIG_GLOBAL"]))
     else:
-        xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
-        files += [xdg / "git" / "config", Path("~/.gitconfig").expanduser()]
+        home = Path(env.get("HOME") or "/")
+        xdg = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+        files += [xdg / "git" / "config", home / ".gitconfig"]
     files += [
         Path(common_dir) / "config",
         Path(common_dir) / "config.worktree",
@@ -247,7 +249,9 @@ def _config_files(git_dir: str, common_dir: str) -> list[Path]:
     return files
 
 
-def driver_overrides(git_dir: str, common_dir: str) -> tuple[tuple[str, str], ...]:
+def driver_overrides(
+    git_dir: str, common_dir: str, env: Mapping[str, str] | None = None
+) -> tuple[tuple[str, str], ...]:
     """Command-scope settings that disable every filter/diff/merge driver the config names.
 
     A superset is harmless (a name no attribute uses changes nothing), so ``includeIf``
@@ -255,7 +259,7 @@ def driver_overrides(git_dir: str, common_dir: str) -> tuple[tuple[str, str], ..
     """
     names: dict[str, set[str]] = {section: set() for section in _DRIVER_SECTIONS}
     seen: set[Path] = set()
-    for path in _config_files(git_dir, common_dir):
+    for path in _config_files(git_dir, common_dir, os.environ if env is None else env):
         _scan_config(path, names, seen, 0)
     merge_file = f"{shlex.quote(shutil.which('git') or 'git')} merge-file --marker-size=%L %A %O %B"
     settings: list[tuple[str, str]] = []
@@ -310,10 +314,18 @@ class GitCommand:
         self.work_tree = work_tree
         self.run_as = run_as
         self.trusted = trusted
-        settings = [*PRODUCT_IDENTITY.items(), *HARDENING, *driver_overrides(git_dir, common_dir)]
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_VARIABLES}
+        if run_as is not None:
+            # The owner's own global configuration, not this process's (often unreadable).
+            env.pop("XDG_CONFIG_HOME", None)
+            env["HOME"] = _home_of(run_as.uid)
+        settings = [
+            *PRODUCT_IDENTITY.items(),
+            *HARDENING,
+            *driver_overrides(git_dir, common_dir, env),
+        ]
         if trusted:
             settings.append(("safe.directory", "*"))
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_VARIABLES}
         for key in [k for k in env if k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))]:
             del env[key]
         pinned = {
@@ -374,6 +386,15 @@ class GitCommand:
         if result.status not in tuple(ok):
             raise GitFailure(args, result.status, result.stderr or result.stdout)
         return result
+
+
+def _home_of(uid: int) -> str:
+    """The home directory of ``uid`` when it has one that exists, else ``/``."""
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
+    return home if Path(home).is_dir() else "/"
 
 
 def open_repo(repo_dir: str | os.PathLike[str]) -> git.Repo:
@@ -469,6 +490,9 @@ def repository_lock(common_dir: str) -> Iterator[None]:
     """
     fd = os.open(str(Path(common_dir) / "sandbox-core.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        owner = Path(common_dir).stat()
+        if os.geteuid() == 0 and os.fstat(fd).st_uid != owner.st_uid:
+            os.fchown(fd, owner.st_uid, owner.st_gid)  # the repository's files stay its owner's
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

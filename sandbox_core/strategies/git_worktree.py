@@ -461,6 +461,7 @@ class GitWorktreeSandbox(BaseSandbox):
                     raise SandboxError(
                         f"checkpoint {name!r} of sandbox {self.sandbox_id} not found"
                     )
+                self._adopt_worktree(worktree)
                 # Track every current file first so that read-tree -u removes those the
                 # checkpoint does not have; clean then drops what is left (ignored files).
                 worktree.run("add", "-A")
@@ -921,6 +922,9 @@ class GitWorktreeSandbox(BaseSandbox):
             raise self._overlap_error(error, overlap)
         top = Path(str(self._meta()["original_toplevel"]))
         self._check_writable(original, top, paths, error)
+        lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
+        if lock.exists():  # refuse before writing files that a failed ref move would revert
+            raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
         owners = _Owners(top, paths)
         self._touched = True
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
@@ -955,7 +959,11 @@ class GitWorktreeSandbox(BaseSandbox):
             return True
         original.run("read-tree", "-m", "-u", new, old)
         owners.restore()
-        return False
+        failure = GitFailure(["update-ref", ref], moved.status, moved.stderr)
+        if failure_kind(failure).kind != "other":
+            self._touched = False  # the files were put back
+            raise failure
+        return False  # the ref moved concurrently: the caller retries
 
     def _check_writable(
         self,
@@ -1106,6 +1114,7 @@ class GitWorktreeSandbox(BaseSandbox):
     def _do_rollback(self) -> None:
         worktree = self._worktree_git_or(SandboxRollbackError, "roll back")
         base = str(self._require_context().metadata["base_commit"])
+        self._adopt_worktree(worktree)
         try:
             worktree.run("reset", "-q", "--hard", base)
             worktree.run("clean", "-fdqx")
@@ -1282,6 +1291,23 @@ class GitWorktreeSandbox(BaseSandbox):
             trusted=trusted,
             run_as=run_as,
         )
+
+    def _adopt_worktree(self, worktree: GitCommand) -> None:
+        """Hand files an actor made in the sandbox to the user git runs as (trusted foreign
+        repository, as root only), so that git can remove them on rollback and restore."""
+        run_as = worktree.run_as
+        if run_as is None:
+            return
+        top = Path(self._sandbox_dir())
+        for folder, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = Path(folder) / name
+                try:
+                    info = path.lstat()
+                    if info.st_uid != run_as.uid:
+                        os.lchown(path, run_as.uid, run_as.gid)
+                except OSError as exc:
+                    logger.warning("cannot hand %s to uid %s: %s", path, run_as.uid, exc)
 
     def _live_worktree_git(self, action: str) -> GitCommand:
         if self.status not in (
