@@ -956,6 +956,7 @@ class GitWorktreeSandbox(BaseSandbox):
             ok=(0, 1, 128),
         )
         if moved.status == 0:
+            self._move_submodules(original, top, old, new, paths)
             return True
         original.run("read-tree", "-m", "-u", new, old)
         owners.restore()
@@ -964,6 +965,54 @@ class GitWorktreeSandbox(BaseSandbox):
             self._touched = False  # the files were put back
             raise failure
         return False  # the ref moved concurrently: the caller retries
+
+    def _move_submodules(
+        self, original: GitCommand, top: Path, old: str, new: str, paths: list[str]
+    ) -> None:
+        """Check out the new pinned commit in each populated submodule of the original.
+
+        Only a submodule that is clean at the old pinned commit is moved, detached, as
+        ``git submodule update`` does; any other is left as it is, and ``git status`` shows it
+        as having new commits. Best effort: a failure is logged, never raised, since
+        the superproject's commit has landed.
+        """
+        candidates = [p for p in paths if (top / p / ".git").exists()]
+        if not candidates:
+            return
+        raw = original.run(
+            "--literal-pathspecs",
+            "diff-tree",
+            "-r",
+            "-z",
+            "--no-renames",
+            old,
+            new,
+            "--",
+            *candidates,
+        ).nul_fields()
+        for info, rel in zip(raw[0::2], raw[1::2], strict=True):
+            old_mode, new_mode, old_sha, new_sha = info.lstrip(":").split()[:4]
+            if old_mode != "160000" or new_mode != "160000":
+                continue
+            where = top / rel
+            admin = read_gitdir_file(where) or str(where / ".git")
+            try:
+                common = (Path(admin) / "commondir").read_text(encoding="utf-8").strip()
+                common = str((Path(admin) / common).resolve())
+            except OSError:
+                common = admin
+            sub = GitCommand(
+                admin, common, str(where), trusted=original.trusted, run_as=original.run_as
+            )
+            try:
+                head = sub.run("rev-parse", "HEAD").out
+                dirty = sub.run("--no-optional-locks", "status", "--porcelain", "-uno").out
+                if head != old_sha or dirty:
+                    logger.info("submodule %s is not clean at %s: left as it is", rel, old_sha)
+                    continue
+                sub.run("checkout", "-q", "--detach", new_sha)
+            except GitFailure as exc:
+                logger.warning("submodule %s not moved to %s: %s", rel, new_sha, exc)
 
     def _check_writable(
         self,
