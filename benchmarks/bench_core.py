@@ -1,6 +1,7 @@
 """Core benchmark: create, commit, rollback and checkpoint per strategy, beside the raw tools.
 
-Run: ``python benchmarks/bench_core.py [--source-tree DIR] [--repeat N] [--markdown FILE]``.
+Run: ``python benchmarks/bench_core.py [--source-tree DIR] [--repeat N] [--markdown FILE]
+[--only git]`` (``--only git``: the git_worktree rows only, with their anchors).
 
 Every figure is the median of ``--repeat`` runs and is printed next to its anchor measured in the
 same run (``git worktree add``, ``cp -a``, ``rsync -a --delete``, ``mount -t overlay``), with the
@@ -61,9 +62,10 @@ def median(samples: list[float]) -> float:
 class Bench:
     """Holds the work dir and the rows of the result table."""
 
-    def __init__(self, work: Path, source_tree: Path, repeat: int) -> None:
+    def __init__(self, work: Path, source_tree: Path, repeat: int, only: str = "all") -> None:
         self.work = work
         self.repeat = repeat
+        self.only = only
         self.rows: list[tuple[str, float, str, float]] = []
         self.repo = work / "repo"
         self.tree = work / "tree"
@@ -139,6 +141,8 @@ class Bench:
             run("git", "-C", str(self.repo), "worktree", "remove", "--force", str(path))
             run("git", "-C", str(self.repo), "branch", "-D", f"raw-{i}")
         self.row("git_worktree create", median(ours), "git worktree add", median(raw))
+        if self.only == "git":
+            return
 
         ours, raw = [], []
         for i in range(self.repeat):
@@ -214,7 +218,7 @@ class Bench:
         return median(samples)
 
     def bench_commit_and_rollback(self) -> None:
-        rsync = self.rsync_anchor()
+        rsync = self.rsync_anchor() if self.only != "git" else 0.0
         git_raw = self.git_commit_anchor()
         cases: list[tuple[str, Path, dict[str, object], str, float]] = [
             ("git_worktree", self.repo, {}, "git add+commit+merge --ff-only", git_raw),
@@ -222,6 +226,8 @@ class Bench:
             ("overlay", self.tree, {"mode": "kernel"}, "rsync -a --delete", rsync),
             ("overlay", self.tree, {"mode": "fallback"}, "rsync -a --delete", rsync),
         ]
+        if self.only == "git":
+            cases = cases[:1]
         for strategy, original, options, anchor_label, anchor in cases:
             commits, rollbacks = [], []
             for i in range(self.repeat):
@@ -314,10 +320,13 @@ def main() -> int:
     parser.add_argument("--source-tree", default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", default=None, help="Write the table to this file too.")
+    parser.add_argument(
+        "--only", choices=("all", "git"), default="all", help="git: the git_worktree rows only."
+    )
     args = parser.parse_args()
     source = Path(args.source_tree) if args.source_tree else _default_source_tree()
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-", dir="/var/tmp") as tmp:
-        bench = Bench(Path(tmp), source, args.repeat)
+        bench = Bench(Path(tmp), source, args.repeat, args.only)
         print(f"input: {source} ({bench.files} files)", flush=True)
         bench.bench_create()
         bench.bench_commit_and_rollback()

@@ -630,7 +630,7 @@ class GitWorktreeSandbox(BaseSandbox):
             shutil.rmtree(admin)
             if branch and ours.match(branch):
                 original.run("update-ref", "-d", branch)
-            self._delete_tags(original)
+            self._delete_refs(original)
 
     def _populate_submodules(
         self,
@@ -1135,11 +1135,6 @@ class GitWorktreeSandbox(BaseSandbox):
             {"A": added, "D": deleted}.get(status[0], changed).append(path)
         return sorted(added), sorted(changed), sorted(deleted)
 
-    @staticmethod
-    def _is_ancestor(original: GitCommand, ancestor: str, descendant: str) -> bool:
-        result = original.run("merge-base", "--is-ancestor", ancestor, descendant, ok=(0, 1))
-        return result.status == 0
-
     def _current_target(
         self,
         original: GitCommand,
@@ -1231,9 +1226,6 @@ class GitWorktreeSandbox(BaseSandbox):
             raise _translate(
                 exc, "other", f"cleanup of sandbox {self.sandbox_id} failed", common
             ) from exc
-
-    def _delete_tags(self, original: GitCommand) -> None:
-        self._delete_refs(original)
 
     def _delete_refs(self, original: GitCommand, *refs: str) -> None:
         """Delete ``refs`` and every ``sandbox/<id>/*`` tag in one ref transaction."""
