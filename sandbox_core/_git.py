@@ -261,7 +261,7 @@ def driver_overrides(
     seen: set[Path] = set()
     for path in _config_files(git_dir, common_dir, os.environ if env is None else env):
         _scan_config(path, names, seen, 0)
-    merge_file = f"{shlex.quote(shutil.which('git') or 'git')} merge-file --marker-size=%L %A %O %B"
+    merge_file = f"{shlex.quote(_git_program())} merge-file --marker-size=%L %A %O %B"
     settings: list[tuple[str, str]] = []
     for name in sorted(names["filter"]):
         settings += [(f"filter.{name}.{k}", "") for k in ("clean", "smudge", "process")]
@@ -282,6 +282,16 @@ class RunAs:
 
     uid: int
     gid: int
+
+
+_PROGRAM: list[str] = []
+
+
+def _git_program() -> str:
+    """git's absolute path, looked up once (saves a PATH search per command)."""
+    if not _PROGRAM:
+        _PROGRAM.append(shutil.which("git") or "git")
+    return _PROGRAM[0]
 
 
 class GitCommand:
@@ -367,7 +377,7 @@ class GitCommand:
         Raises:
             GitFailure: git exited with an unexpected status or could not be started.
         """
-        command = ["git", *self._prefix, *args]
+        command = [_git_program(), *self._prefix, *args]
         run_as = self.run_as
         try:
             done = subprocess.run(
