@@ -283,3 +283,31 @@ def test_cli_exit_9_for_an_untrusted_owner_and_the_option_to_trust(
     cli(cli_env, "commit", sid, expect=0)
     assert owners(repo / "f")[:2] == (OWNER, OWNER)
     cli(cli_env, "cleanup", sid, expect=0)
+
+
+def test_checkpoint_restore_blocked_by_a_lock_says_so(tmp_path: Path) -> None:
+    from sandbox_core import CheckpointManager
+
+    repo = make_repo(tmp_path / "repo", {"f": "f\n"})
+    sandbox = GitWorktreeSandbox("r", str(repo), sandbox_root=str(tmp_path / "root"))
+    context = sandbox.create("p")
+    manager = CheckpointManager(state_dir=str(tmp_path / "state"))
+    checkpoint = manager.create_checkpoint(sandbox, "p", "pre")
+    Path(sandbox.get_path("f")).write_text("after the checkpoint\n")
+    lock_file = Path(context.metadata["worktree_admin_dir"]) / "index.lock"
+    lock_file.write_text("")
+    with pytest.raises(SandboxLockedError) as err:
+        manager.rollback_to(checkpoint)
+    assert err.value.lock_path == str(lock_file)
+    assert Path(sandbox.get_path("f")).read_text() == "after the checkpoint\n"
+    lock_file.unlink()
+    assert manager.rollback_to(checkpoint)
+    assert Path(sandbox.get_path("f")).read_text() == "f\n"
+
+
+def test_cli_help_documents_the_exit_codes() -> None:
+    done = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True)
+    text = " ".join(done.stdout.split())
+    assert "8 a leftover lock file blocks it" in text
+    assert "9 permission denied or untrusted owner" in text
+    assert "5 commit refused for conflicts" in text
