@@ -211,3 +211,34 @@ def test_a_file_in_the_way_of_a_new_folder_is_a_conflict(tmp_path: Path, blocker
         sandbox.commit()
     assert err.value.conflicts == ["a/b/c"]
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("change", ["touch", "fsgroup-pass"])
+def test_interrupted_commit_completes_on_retry_despite_stale_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """Crash between files and ref, then a stat-only change, then the retry (recovery)."""
+    from sandbox_core._git import GitCommand
+
+    repo = make_repo(tmp_path / "repo", {"f": "base\n", "g": "other\n"})
+    sandbox = GitWorktreeSandbox("r", str(repo), sandbox_root=str(tmp_path / "root"))
+    sandbox.create("p")
+    Path(sandbox.get_path("f")).write_text("sandbox\n")
+    real_run = GitCommand.run
+
+    def die_before_ref_update(self: GitCommand, *args: str, **kwargs: object) -> object:
+        if args[:1] == ("update-ref",) and "refs/heads/main" in args:  # injected crash
+            raise KeyboardInterrupt
+        return real_run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GitCommand, "run", die_before_ref_update)
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.commit()
+    monkeypatch.undo()
+    time.sleep(1.05)
+    STAT_CHANGES[change](repo)
+    reopened = GitWorktreeSandbox.reopen(sandbox.to_record())
+    result = reopened.commit()
+    assert result.changed_files == ["f"]
+    assert (repo / "f").read_text() == "sandbox\n"
+    assert git(repo, "status", "--porcelain") == ""

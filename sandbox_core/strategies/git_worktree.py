@@ -917,6 +917,8 @@ class GitWorktreeSandbox(BaseSandbox):
             paths = listed.nul_fields()
         overlap = _collisions(paths, self._local_changes(original, paths))
         if overlap:
+            # diff-index trusts stat data: refresh it first (only on this rare path).
+            original.run("update-index", "-q", "--refresh", ok=(0, 1))
             overlap = self._not_yet_at(original, new, overlap)
         if overlap:
             raise self._overlap_error(error, overlap)
