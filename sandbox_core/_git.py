@@ -466,14 +466,15 @@ def registrations_of(common_dir: str | os.PathLike[str], work_tree: Path) -> lis
         entries = list(admin_root.iterdir())
     except OSError:
         return []
-    wanted = str(work_tree / ".git")
+    # git records the real path; compare real paths (the sandbox root may be a symlink).
+    wanted = os.path.realpath(work_tree / ".git")
     found = []
     for entry in entries:
         try:
             target = (entry / "gitdir").read_text(encoding="utf-8").strip()
         except OSError:
             continue
-        if target == wanted:
+        if target and os.path.realpath(target) == wanted:
             found.append(entry)
     return found
 

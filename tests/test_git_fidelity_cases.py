@@ -242,3 +242,20 @@ def test_interrupted_commit_completes_on_retry_despite_stale_stat(
     assert result.changed_files == ["f"]
     assert (repo / "f").read_text() == "sandbox\n"
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_case02_recreate_through_a_symlinked_sandbox_root(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"f": "a\n"})
+    (tmp_path / "real-root").mkdir()
+    (tmp_path / "root").symlink_to(tmp_path / "real-root")
+    root = tmp_path / "root"
+    first = GitWorktreeSandbox("r", str(repo), sandbox_root=str(root), sandbox_id="s2")
+    context = first.create("p")
+    shutil.rmtree(context.sandbox_path)
+    again = GitWorktreeSandbox("r", str(repo), sandbox_root=str(root), sandbox_id="s2")
+    assert again.create("p").metadata["branch"] == context.metadata["branch"]
+    again.cleanup()
+    assert not (repo / ".git" / "worktrees").exists() or not any(
+        (repo / ".git" / "worktrees").iterdir()
+    )
+    assert git(repo, "for-each-ref", "refs/heads/sandbox/") == ""

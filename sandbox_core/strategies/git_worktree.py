@@ -743,9 +743,9 @@ class GitWorktreeSandbox(BaseSandbox):
             admin = Path(sub["admin"])
             linked = admin / "gitdir"
             try:
-                points_here = linked.read_text(encoding="utf-8").strip() == str(
-                    Path(sub["path"]) / ".git"
-                )
+                points_here = os.path.realpath(
+                    linked.read_text(encoding="utf-8").strip()
+                ) == os.path.realpath(Path(sub["path"]) / ".git")
             except OSError:
                 points_here = False
             if points_here:
