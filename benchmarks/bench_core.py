@@ -1,7 +1,8 @@
 """Core benchmark: create, commit, rollback and checkpoint per strategy, beside the raw tools.
 
 Run: ``python benchmarks/bench_core.py [--source-tree DIR] [--repeat N] [--markdown FILE]
-[--only directories]`` (``--only directories``: the copy_on_write and overlay rows alone).
+[--only directories|git]`` (``--only directories``: the copy_on_write and overlay rows alone;
+``--only git``: the git_worktree rows only, with their anchors).
 
 Every figure is the median of ``--repeat`` runs and is printed next to its anchor measured in the
 same run (``git worktree add``, ``cp -a``, ``rsync -a --delete``, ``mount -t overlay``), with the
@@ -62,12 +63,11 @@ def median(samples: list[float]) -> float:
 class Bench:
     """Holds the work dir and the rows of the result table."""
 
-    def __init__(
-        self, work: Path, source_tree: Path, repeat: int, *, directories_only: bool = False
-    ) -> None:
+    def __init__(self, work: Path, source_tree: Path, repeat: int, only: str = "all") -> None:
         self.work = work
         self.repeat = repeat
-        self.directories_only = directories_only
+        self.only = only
+        self.directories_only = only == "directories"
         self.rows: list[tuple[str, float, str, float]] = []
         self.repo = work / "repo"
         self.tree = work / "tree"
@@ -122,7 +122,8 @@ class Bench:
     def bench_create(self) -> None:
         if not self.directories_only:
             self._bench_git_create()
-        self._bench_directory_create()
+        if self.only != "git":
+            self._bench_directory_create()
 
     def _bench_git_create(self) -> None:
         ours, raw = [], []
@@ -226,7 +227,7 @@ class Bench:
         return median(samples)
 
     def bench_commit_and_rollback(self) -> None:
-        rsync = self.rsync_anchor()
+        rsync = self.rsync_anchor() if self.only != "git" else 0.0
         cases: list[tuple[str, Path, dict[str, object], str, float]] = []
         if not self.directories_only:
             git_raw = self.git_commit_anchor()
@@ -238,6 +239,8 @@ class Bench:
             ("overlay", self.tree, {"mode": "kernel"}, "rsync -a --delete", rsync),
             ("overlay", self.tree, {"mode": "fallback"}, "rsync -a --delete", rsync),
         ]
+        if self.only == "git":
+            cases = cases[:1]
         for strategy, original, options, anchor_label, anchor in cases:
             commits, rollbacks = [], []
             for i in range(self.repeat):
@@ -331,12 +334,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", default=None, help="Write the table to this file too.")
     parser.add_argument(
-        "--only", choices=["directories"], default=None, help="Only the copy/overlay rows."
+        "--only",
+        choices=("all", "directories", "git"),
+        default="all",
+        help="directories: the copy/overlay rows; git: the git_worktree rows.",
     )
     args = parser.parse_args()
     source = Path(args.source_tree) if args.source_tree else _default_source_tree()
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-", dir="/var/tmp") as tmp:
-        bench = Bench(Path(tmp), source, args.repeat, directories_only=args.only == "directories")
+        bench = Bench(Path(tmp), source, args.repeat, args.only)
         print(f"input: {source} ({bench.files} files)", flush=True)
         bench.bench_create()
         bench.bench_commit_and_rollback()

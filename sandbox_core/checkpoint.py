@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ulid import ULID
 
 from sandbox_core._fs_utils import backup_directory, safe_restore
-from sandbox_core.errors import SandboxError
+from sandbox_core.errors import SandboxError, SandboxLockedError, SandboxPermissionError
 from sandbox_core.protocol import SandboxContext, utc_now
 from sandbox_core.store import write_json_atomic
 
@@ -206,6 +206,10 @@ class CheckpointManager:
         Returns:
             True when restored; False when the snapshot or the sandbox is missing, the
             checkpoint lacks ``sandbox_path``, or the restore failed (logged).
+
+        Raises:
+            SandboxLockedError, SandboxPermissionError: a native git restore was refused by a
+                leftover lock or for permissions (nothing changed; the caller can say what to do).
         """
         kind = checkpoint.metadata.get(KIND_KEY, KIND_DIRECTORY)
         if kind in (KIND_GIT_REF, KIND_OVERLAY):
@@ -337,6 +341,8 @@ class CheckpointManager:
                 if not checkpoint.snapshot_path or not Path(checkpoint.snapshot_path).is_dir():
                     return False
                 sandbox.restore_checkpoint_snapshot(checkpoint.snapshot_path)
+        except (SandboxLockedError, SandboxPermissionError):
+            raise  # classified: the CLI maps them to their own exit codes
         except (SandboxError, ValueError, OSError, KeyError):
             logger.exception("restore of checkpoint %s failed", checkpoint.checkpoint_id)
             return False

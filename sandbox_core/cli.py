@@ -18,6 +18,8 @@ Exit codes:
     6  atomic plan commit failed and every committed sandbox was compensated
     7  atomic plan commit failed and at least one compensation failed (``recover`` retries it;
        ``recover`` exits 7 too while a compensation still fails, case 21)
+    8  a lock file left by another process (e.g. git's index.lock) blocks it; nothing changed
+    9  permission denied, or the resource's owner is another user not trusted; nothing changed
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from sandbox_core.errors import (
     AtomicCommitError,
     SandboxCommitError,
     SandboxError,
+    SandboxLockedError,
+    SandboxPermissionError,
     SandboxStateError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
@@ -55,6 +59,16 @@ EXIT_STATE = 4
 EXIT_CONFLICT = 5
 EXIT_COMPENSATED = 6
 EXIT_COMPENSATION_FAILED = 7
+EXIT_LOCKED = 8
+EXIT_PERMISSION = 9
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 sandbox error; 2 usage; 3 not found; 4 invalid state; "
+    "5 commit refused for conflicts (nothing changed); 6 commit-plan failed, all compensated; "
+    "7 commit-plan failed and a compensation failed; 8 a leftover lock file blocks it (retry, "
+    "or remove the lock named in the message if no git runs); 9 permission denied or "
+    "untrusted owner (fix access, or --option trust_repository_owner=true)."
+)
 
 
 class CliState:
@@ -161,6 +175,10 @@ def _guard(state: CliState, action: Callable[[], None]) -> None:
     """Run ``action``, mapping core errors to the documented exit codes."""
     try:
         action()
+    except SandboxLockedError as exc:  # before the phase classes it also belongs to
+        state.fail(EXIT_LOCKED, exc, lock_path=exc.lock_path)
+    except SandboxPermissionError as exc:
+        state.fail(EXIT_PERMISSION, exc)
     except SandboxCommitError as exc:
         if exc.conflicts:
             state.fail(EXIT_CONFLICT, exc, conflicts=exc.conflicts)
@@ -189,7 +207,7 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
-@click.group()
+@click.group(epilog=EXIT_CODES_HELP)
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON document on stdout.")
 @click.option(
     "--state-dir",

@@ -97,3 +97,65 @@ class PlanRerunRequiredError(SandboxStateError):
         super().__init__(message)
         self.plan_id = plan_id
         self.sandbox_ids: list[str] = list(sandbox_ids)
+
+
+# -- classified failures (issue 7: a leftover lock, a permission problem and a real conflict are
+# different errors with different CLI exit codes). Each kind is a mixin-free base class; the
+# phase-specific subclasses also derive from the phase's error, so ``except SandboxCommitError``
+# keeps catching every commit failure.
+
+
+class SandboxConflictError(SandboxCommitError):
+    """A real conflict: the sandbox's changes overlap changes made in the original.
+
+    ``conflicts`` is non-empty; the original is untouched and the sandbox stays ACTIVE.
+    What to do: resolve (commit, stash or drop) the overlapping changes, then retry the commit.
+    CLI exit code 5.
+    """
+
+
+class SandboxLockedError(SandboxError):
+    """A lock file left by another process blocks the operation; nothing was changed.
+
+    ``lock_path`` names the lock file (for git: ``index.lock`` or a ref's ``.lock``) when known.
+    What to do: wait for the other git command to finish and retry; if none is running (a crashed
+    git left it), remove ``lock_path`` and retry. CLI exit code 8.
+    """
+
+    lock_path: str | None = None
+
+
+class SandboxPermissionError(SandboxError):
+    """The operating system refused access (permissions, owner, read-only file system), or the
+    resource belongs to another user who was not trusted. Nothing was changed.
+
+    ``path`` names the file or directory when known. What to do: give this process's user write
+    access (owner, group or mode), or trust the owner explicitly (git_worktree option
+    ``trust_repository_owner=true``). CLI exit code 9.
+    """
+
+    path: str | None = None
+
+
+class SandboxCreationLockedError(SandboxCreationError, SandboxLockedError):
+    """Create blocked by a leftover lock (see :class:`SandboxLockedError`)."""
+
+
+class SandboxCommitLockedError(SandboxCommitError, SandboxLockedError):
+    """Commit blocked by a leftover lock; the original is untouched, the sandbox stays ACTIVE."""
+
+
+class SandboxRollbackLockedError(SandboxRollbackError, SandboxLockedError):
+    """Rollback blocked by a leftover lock; refused before touching anything."""
+
+
+class SandboxCreationPermissionError(SandboxCreationError, SandboxPermissionError):
+    """Create refused for permissions or an untrusted owner (:class:`SandboxPermissionError`)."""
+
+
+class SandboxCommitPermissionError(SandboxCommitError, SandboxPermissionError):
+    """Commit refused for permissions; the original is untouched, the sandbox stays ACTIVE."""
+
+
+class SandboxRollbackPermissionError(SandboxRollbackError, SandboxPermissionError):
+    """Rollback refused for permissions before touching anything."""

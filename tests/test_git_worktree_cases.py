@@ -442,19 +442,19 @@ def test_unusable_sources_are_refused_cleanly(
     assert not (tmp_path / "sb" / "git" / sandbox.sandbox_id).exists()
 
 
-def test_gitpython_errors_are_translated(
+def test_process_errors_are_translated(
     repo: Path, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import git as gitpython
+    import sandbox_core._git as git_helper
 
     sandbox = make(repo, root)
     sandbox.create("p1")
     Path(sandbox.get_path("x")).write_text("x\n")
 
     def broken(*_args: object, **_kwargs: object) -> object:  # injected fault
-        raise gitpython.GitCommandNotFound("git", "injected")
+        raise FileNotFoundError("injected: no git")
 
-    monkeypatch.setattr(gitpython.Git, "execute", broken)
+    monkeypatch.setattr(git_helper.subprocess, "run", broken)
     with pytest.raises(SandboxCommitError, match="injected") as err:
         sandbox.commit()
     assert isinstance(err.value.__cause__, GitFailure)  # translated at the boundary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from sandbox_core import (
     SandboxStatus,
 )
 from sandbox_core._git import GitCommand, GitFailure
+from sandbox_core.errors import SandboxCommitLockedError
 from tests.gitrepo import GIT_ENV as IDENTITY
 from tests.gitrepo import git
 
@@ -483,3 +485,36 @@ def context_none(gctx: dict[str, Any]) -> None:
 @then("the git sandbox should be rollbackable")
 def is_rollbackable(gctx: dict[str, Any]) -> None:
     assert _sandbox(gctx).rollbackable is True
+
+
+# -- the repository is the user's (issue 7) ---------------------------------------------------
+
+
+@given(parsers.parse('the git repository has a "{hook}" hook that leaves a marker'))
+def hook_with_marker(gctx: dict[str, Any], hook: str) -> None:
+    marker = gctx["tmp"] / "hook-marker"
+    path = gctx["repo"] / ".git" / "hooks" / hook
+    path.write_text(f"#!/bin/sh\necho {hook} >> {marker}\necho x > generated.txt\nexit 1\n")
+    path.chmod(0o755)
+    gctx["marker"] = marker
+
+
+@when(parsers.parse('the git original file "{name}" is touched a second later'))
+def touch_original(gctx: dict[str, Any], name: str) -> None:
+    time.sleep(1.05)
+    (gctx["repo"] / name).touch()
+
+
+@when(parsers.parse('a git lock file "{name}" is left in the original'))
+def leave_lock(gctx: dict[str, Any], name: str) -> None:
+    (gctx["repo"] / ".git" / name).write_text("")
+
+
+@then("the git hook marker should not exist")
+def no_marker(gctx: dict[str, Any]) -> None:
+    assert not gctx["marker"].exists()
+
+
+@then("a git SandboxCommitLockedError should be raised")
+def locked_error(gctx: dict[str, Any]) -> None:
+    assert isinstance(gctx["error"], SandboxCommitLockedError), gctx["error"]

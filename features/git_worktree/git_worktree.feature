@@ -286,3 +286,41 @@ Feature: Git worktree sandbox lifecycle
     Then the git sandbox should be in the "committed" state
     When the git sandbox is cleaned up
     Then the git sandbox should be in the "cleaned_up" state
+
+  # --- The repository is the user's (issue 7; cases 27, 29) ---
+
+  Scenario Outline: The repository's hooks never run
+    Given a git test repository is initialised
+    And the git repository has a "<hook>" hook that leaves a marker
+    When a git sandbox is created for plan "plan-001"
+    And a git file "new.txt" is created in the sandbox with content "new"
+    And the git sandbox is committed
+    And the git sandbox is rolled back
+    And the git sandbox is cleaned up
+    Then the git hook marker should not exist
+    And the git file "generated.txt" should not exist in the original
+
+    Examples:
+      | hook                  |
+      | post-checkout         |
+      | reference-transaction |
+      | post-index-change     |
+
+  Scenario: A touched original is not a conflict
+    Given a git test repository is initialised
+    When a git sandbox is created for plan "plan-001"
+    And a git file "existing.txt" is created in the sandbox with content "sandbox"
+    And the git original file "existing.txt" is touched a second later
+    And the git sandbox is committed
+    Then the git file "existing.txt" in the original should have content "sandbox"
+    And the git original working tree should be clean
+
+  Scenario: A leftover index lock refuses the commit and keeps the sandbox active
+    Given a git test repository is initialised
+    When a git sandbox is created for plan "plan-001"
+    And a git file "existing.txt" is created in the sandbox with content "sandbox"
+    And a git lock file "index.lock" is left in the original
+    And the git sandbox commit is attempted
+    Then a git SandboxCommitLockedError should be raised
+    And the git sandbox should be in the "active" state
+    And the git file "existing.txt" in the original should have content "original content"

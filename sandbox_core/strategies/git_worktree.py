@@ -29,6 +29,18 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   work elsewhere survives); otherwise :class:`SandboxRollbackError`.
 - ``get_path`` refuses any ``.git`` component, and the product's own git commands address the
   worktree by ``--git-dir``/``--work-tree``, so a rewritten ``.git`` file cannot redirect them.
+- The repository is the user's (issue 7): the product's git commands run no hooks, no
+  fsmonitor, no filter/diff/merge driver and no credential helper (``sandbox_core._git``); a
+  repository owned by another user is refused unless the option ``trust_repository_owner`` is
+  true (then, as root, git runs as the owner); files written back keep the owner, group and
+  permission bits they had (new files take their directory's owner). Stale stat data in the
+  original's index (``touch``, ``chown -R``, an fsGroup pass) is refreshed, never a conflict.
+  Only the product's own worktree registrations are ever removed (never a repository-wide
+  ``git worktree prune``, case 02). Submodules are populated at their pinned commits as linked
+  worktrees of the original's module store (``.git/modules``), offline; commit keeps gitlinks.
+- Failures are classified: a leftover lock (:class:`SandboxLockedError`), a permission problem
+  (:class:`SandboxPermissionError`) and a real conflict (:class:`SandboxConflictError`); a
+  commit refused for any of them leaves the original untouched and the sandbox ACTIVE.
 - Merge-backs and undos of one repository are serialised by a ``flock`` in its common dir. The
   original's files are written before its ref moves; a commit interrupted in between completes
   when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
@@ -42,24 +54,40 @@ recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 from sandbox_core._git import (
     GitCommand,
     GitFailure,
+    RunAs,
+    failure_kind,
+    head_branch,
     open_repo,
     read_gitdir_file,
+    registrations_of,
     repository_lock,
+    repository_owner,
 )
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
     SandboxCommitError,
+    SandboxCommitLockedError,
+    SandboxCommitPermissionError,
+    SandboxConflictError,
     SandboxCreationError,
+    SandboxCreationLockedError,
+    SandboxCreationPermissionError,
     SandboxError,
+    SandboxLockedError,
+    SandboxPermissionError,
     SandboxRollbackError,
+    SandboxRollbackLockedError,
+    SandboxRollbackPermissionError,
     SandboxStateError,
 )
 from sandbox_core.paths import TRAVERSAL_MESSAGE
@@ -71,6 +99,149 @@ logger = logging.getLogger("sandbox_core.git_worktree")
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MAX_BRANCH_SUFFIX = 100
 _CAS_ATTEMPTS = 3
+# Above this many paths a full status scan is cheaper than matching every pathspec.
+_MAX_PATHSPECS = 2000
+
+
+_PHASE_ERRORS: dict[str, tuple[type[SandboxError], type[SandboxError], type[SandboxError]]] = {
+    "create": (SandboxCreationError, SandboxCreationLockedError, SandboxCreationPermissionError),
+    "commit": (SandboxCommitError, SandboxCommitLockedError, SandboxCommitPermissionError),
+    "rollback": (
+        SandboxRollbackError,
+        SandboxRollbackLockedError,
+        SandboxRollbackPermissionError,
+    ),
+    "other": (SandboxError, SandboxLockedError, SandboxPermissionError),
+}
+_NOT_UPTODATE = "not uptodate. Cannot merge."
+
+
+def _truthy(value: object) -> bool:
+    """An option given as a bool or as a CLI string (``true``/``1``/``yes``/``on``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _error(phase: str, kind: str, message: str, *, untouched: bool = True) -> SandboxError:
+    """The ``phase``'s error class for ``kind`` (``lock``, ``permission``, ``other``)."""
+    plain, locked, denied = _PHASE_ERRORS[phase]
+    cls = {"lock": locked, "permission": denied}.get(kind, plain)
+    if phase == "rollback":
+        return cls(message, refused=untouched and kind != "other")  # type: ignore[call-arg]
+    return cls(message)
+
+
+def _translate(
+    failure: GitFailure, phase: str, doing: str, repo: str, *, untouched: bool = True
+) -> SandboxError:
+    """A classified sandbox error for a git failure, with what to do in its message."""
+    kind = failure_kind(failure)
+    outcome = "Nothing was changed." if untouched else "The operation stopped part-way."
+    if kind.kind == "lock":
+        message = (
+            f"{doing}: the git lock file {kind.lock_path} exists: another git command is "
+            f"running in {repo}, or one crashed and left it. Retry when it has finished; if no "
+            f"git process is running, remove {kind.lock_path} and retry. {outcome}"
+        )
+        error = _error(phase, "lock", message, untouched=untouched)
+        error.lock_path = kind.lock_path  # type: ignore[attr-defined]
+        return error
+    if kind.kind == "permission":
+        message = (
+            f"{doing}: permission denied ({failure.stderr}). Give this process (uid "
+            f"{os.geteuid()}) write access to {repo} (owner, group or mode), or trust the "
+            f"repository's owner (option trust_repository_owner=true). {outcome}"
+        )
+        return _error(phase, "permission", message, untouched=untouched)
+    return _error(phase, "other", f"{doing}: {failure}", untouched=False)
+
+
+def _can_write(directory: str, uid: int, gids: set[int]) -> bool:
+    """Whether ``uid`` (with ``gids``) may create and remove entries in ``directory``.
+
+    Mode bits only (no ACLs); root always may, except on a read-only file system.
+    """
+    try:
+        info = Path(directory).stat()
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+    if read_only:
+        return False
+    if uid == 0:
+        return True
+    if info.st_uid == uid:
+        return bool(info.st_mode & stat.S_IWUSR and info.st_mode & stat.S_IXUSR)
+    if info.st_gid in gids:
+        return bool(info.st_mode & stat.S_IWGRP and info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IWOTH and info.st_mode & stat.S_IXOTH)
+
+
+def _existing_ancestor(top: Path, rel: str) -> tuple[Path, list[Path]]:
+    """(deepest existing directory above ``top/rel``, the missing directories below it)."""
+    missing: list[Path] = []
+    current = (top / rel).parent
+    while current != top and not os.path.lexists(current):
+        missing.append(current)
+        current = current.parent
+    return current, missing
+
+
+class _Owners:
+    """Owner, group and permission bits of the paths a merge writes, put back after git wrote.
+
+    git replaces a file by unlink + create, so the new file belongs to whoever runs git, with
+    the umask's mode. Policy (issue 7): a file written back keeps the owner, group and
+    permission bits it had; git's executable bit wins when the commit changes it. A new file or
+    directory takes the owner and group of the directory it is created in.
+    """
+
+    def __init__(self, top: Path, paths: list[str]) -> None:
+        self._top = top
+        self._before: dict[str, os.stat_result] = {}
+        self._parents: dict[str, tuple[os.stat_result, list[Path]]] = {}
+        for rel in paths:
+            try:
+                self._before[rel] = os.lstat(top / rel)
+            except FileNotFoundError:
+                parent, missing = _existing_ancestor(top, rel)
+                try:
+                    self._parents[rel] = (parent.stat(), missing)
+                except OSError:
+                    continue
+            except OSError:
+                continue
+
+    def restore(self) -> None:
+        """Put owners and modes back; failures are logged (a non-root user cannot chown)."""
+        for rel, old in self._before.items():
+            self._fix(self._top / rel, old.st_uid, old.st_gid, old.st_mode)
+        for rel, (parent, missing) in self._parents.items():
+            for created in [*missing, self._top / rel]:
+                self._fix(created, parent.st_uid, parent.st_gid, None)
+
+    @staticmethod
+    def _fix(path: Path, uid: int, gid: int, old_mode: int | None) -> None:
+        try:
+            now = os.lstat(path)
+            if (now.st_uid, now.st_gid) != (uid, gid):
+                os.lchown(path, uid, gid)  # clears set-uid/set-gid: the chmod below restores
+                now = os.lstat(path)
+            if old_mode is None or stat.S_ISLNK(now.st_mode):
+                return
+            if not (stat.S_ISREG(now.st_mode) and stat.S_ISREG(old_mode)):
+                return
+            wanted = stat.S_IMODE(old_mode)
+            executable = 0o111
+            if bool(old_mode & executable) != bool(now.st_mode & executable):
+                wanted = stat.S_IMODE(now.st_mode)  # the commit changed the executable bit
+            if stat.S_IMODE(now.st_mode) != wanted:
+                path.chmod(wanted)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.warning("cannot keep owner/mode of %s: %s", path, exc)
 
 
 def _is_safe_component(value: str) -> bool:
@@ -116,7 +287,9 @@ class GitWorktreeSandbox(BaseSandbox):
         resource_id: id of the sandboxed resource.
         original_path: top level of a git working tree (main checkout or linked worktree) whose
             HEAD has at least one commit.
-        **options: ``sandbox_root`` (str), ``sandbox_id`` (str, letters, digits, ``._-``).
+        **options: ``sandbox_root`` (str), ``sandbox_id`` (str, letters, digits, ``._-``),
+            ``trust_repository_owner`` (bool, or ``"true"`` from the CLI; default false):
+            accept a repository owned by another user.
     """
 
     strategy = "git_worktree"
@@ -125,6 +298,8 @@ class GitWorktreeSandbox(BaseSandbox):
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
         super().__init__(resource_id, original_path, **options)
         self._missing: list[str] = []
+        # Set once the original's files may have been written by the current commit/rollback.
+        self._touched = False
 
     # -- public extras ----------------------------------------------------------------------
 
@@ -225,9 +400,13 @@ class GitWorktreeSandbox(BaseSandbox):
             base = str(self._meta()["base_commit"])
             try:
                 worktree.run("add", "-A")
-                return worktree.run("diff", "--cached", "--no-color", "--no-ext-diff", base).stdout
+                return worktree.run(
+                    "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", base
+                ).stdout
             except GitFailure as exc:
-                raise SandboxError(f"diff of sandbox {self.sandbox_id}: {exc}") from exc
+                raise _translate(
+                    exc, "other", f"diff of sandbox {self.sandbox_id}", self._sandbox_dir()
+                ) from exc
 
     # -- checkpoints (called by the CheckpointManager) --------------------------------------
 
@@ -255,8 +434,11 @@ class GitWorktreeSandbox(BaseSandbox):
                 ).out
                 worktree.run("update-ref", ref, sha)
             except GitFailure as exc:
-                raise SandboxError(
-                    f"checkpoint {name!r} of sandbox {self.sandbox_id}: {exc}"
+                raise _translate(
+                    exc,
+                    "other",
+                    f"checkpoint {name!r} of sandbox {self.sandbox_id}",
+                    self._sandbox_dir(),
                 ) from exc
             return sha
 
@@ -279,13 +461,16 @@ class GitWorktreeSandbox(BaseSandbox):
                     raise SandboxError(
                         f"checkpoint {name!r} of sandbox {self.sandbox_id} not found"
                     )
+                self._adopt_worktree(worktree)
                 # Track every current file first so that read-tree -u removes those the
                 # checkpoint does not have; clean then drops what is left (ignored files).
                 worktree.run("add", "-A")
                 worktree.run("read-tree", "-u", "--reset", found.out)
                 worktree.run("clean", "-fdqx")
             except GitFailure as exc:
-                raise SandboxError(f"restore of checkpoint {name!r}: {exc}") from exc
+                raise _translate(
+                    exc, "other", f"restore of checkpoint {name!r}", self._sandbox_dir()
+                ) from exc
 
     def delete_checkpoint_ref(self, name: str) -> None:
         """Delete the checkpoint tag; idempotent.
@@ -298,7 +483,9 @@ class GitWorktreeSandbox(BaseSandbox):
         try:
             self._original_git().run("update-ref", "-d", ref)
         except GitFailure as exc:
-            raise SandboxError(f"delete of checkpoint {name!r}: {exc}") from exc
+            raise _translate(
+                exc, "other", f"delete of checkpoint {name!r}", self.original_path
+            ) from exc
 
     def checkpoint_names(self) -> list[str]:
         """Names of this sandbox's checkpoints, sorted."""
@@ -306,7 +493,7 @@ class GitWorktreeSandbox(BaseSandbox):
         try:
             refs = self._original_git().run("for-each-ref", "--format=%(refname)", prefix)
         except GitFailure as exc:
-            raise SandboxError(f"cannot list checkpoints: {exc}") from exc
+            raise _translate(exc, "other", "cannot list checkpoints", self.original_path) from exc
         return sorted(line[len(prefix) :] for line in refs.out.splitlines() if line)
 
     # -- create -----------------------------------------------------------------------------
@@ -315,8 +502,11 @@ class GitWorktreeSandbox(BaseSandbox):
         try:
             return self._create_worktree(plan_id)
         except GitFailure as exc:
-            raise SandboxCreationError(
-                f"cannot create git_worktree sandbox for {self.original_path}: {exc.stderr}"
+            raise _translate(
+                exc,
+                "create",
+                f"cannot create git_worktree sandbox for {self.original_path}",
+                self.original_path,
             ) from exc
 
     def _create_worktree(self, plan_id: str) -> SandboxContext:
@@ -338,9 +528,14 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"{self.original_path} is not the top level of a git working tree ({toplevel})"
             )
-        original = GitCommand(str(git_dir), str(common), str(toplevel))
+        trusted, run_as = self._owner_policy(str(toplevel), str(common), "create")
+        original = GitCommand(
+            str(git_dir), str(common), str(toplevel), trusted=trusted, run_as=run_as
+        )
         head = original.run("rev-parse", "HEAD", "--symbolic-full-name", "HEAD", ok=(0, 128))
         if head.status != 0:
+            if failure_kind(GitFailure(["rev-parse"], 128, head.stderr)).kind == "permission":
+                raise GitFailure(["rev-parse", "HEAD"], head.status, head.stderr)
             raise SandboxCreationError(f"{self.original_path} has no commit to start from")
         base, symbolic = head.out.splitlines()[:2]
         path = (self.sandbox_root / "git" / self.sandbox_id).absolute()
@@ -353,22 +548,27 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox {self.sandbox_id} already exists at {path}"
             ) from None
+        if run_as is not None:
+            os.chown(path, run_as.uid, run_as.gid)
         branch = ""
+        submodules: list[dict[str, str]] = []
         # Concurrent `git worktree add` on one repository races inside git (".git/worktrees/<id>/
         # commondir" read before it is written), so adds, like merges, are serialised per repo.
         with repository_lock(str(common)):
             try:
-                # Forget registrations of worktrees whose directory is gone (a crashed create,
-                # a workspace volume deleted with its Pod) before adding ours.
-                original.run("worktree", "prune")
-                branch = self._free_branch(
-                    original, f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
-                )
+                wanted = f"sandbox/{_ref_component(plan_id)}/{self.sandbox_id}"
+                # Only our own registration of this very path may be stale (the directory was
+                # deleted behind our back); other worktrees are never pruned (case 02).
+                self._forget_stale_registration(original, path)
+                branch = self._free_branch(original, wanted)
                 original.run("worktree", "add", "--quiet", "-b", branch, str(path), base)
                 admin = self._linked_admin_dir(path)
+                if (path / ".gitmodules").is_file():
+                    worktree = original.with_work_tree(admin, str(path))
+                    self._populate_submodules(worktree, path, common / "modules", submodules, 0)
             except BaseException:
                 # Whatever failed (git, I/O, interrupt), leave no worktree, directory or branch.
-                self._undo_failed_create(original, path, branch, base)
+                self._undo_failed_create(original, path, branch, base, submodules)
                 raise
         return SandboxContext(
             sandbox_id=self.sandbox_id,
@@ -386,8 +586,104 @@ class GitWorktreeSandbox(BaseSandbox):
                 "git_common_dir": str(common),
                 "original_git_dir": str(git_dir),
                 "worktree_admin_dir": str(Path(admin).resolve()),
+                "submodules": submodules,
             },
         )
+
+    def _owner_policy(self, toplevel: str, common: str, phase: str) -> tuple[bool, RunAs | None]:
+        """(trusted, run git as) for a repository; refuses another user's unless trusted.
+
+        Raises:
+            SandboxPermissionError: (the ``phase``'s subclass) owned by another user, not trusted.
+        """
+        try:
+            owner = repository_owner(common, toplevel)
+        except OSError as exc:
+            raise _error(phase, "permission", f"cannot inspect {toplevel}: {exc}") from exc
+        if owner is None:
+            return False, None
+        if not _truthy(self._options.get("trust_repository_owner")):
+            raise _error(
+                phase,
+                "permission",
+                f"the repository {toplevel} is owned by uid {owner[0]}, not by this process "
+                f"(uid {os.geteuid()}); its configuration and hooks are that user's. Nothing "
+                "was changed. If you trust that user, create the sandbox with the option "
+                "trust_repository_owner=true (CLI: --option trust_repository_owner=true).",
+            )
+        # As root, git runs as the owner so that everything it writes (objects, refs, index,
+        # files) stays the owner's; otherwise only git's ownership check is lifted.
+        run_as = RunAs(*owner) if os.geteuid() == 0 else None
+        return True, run_as
+
+    def _forget_stale_registration(self, original: GitCommand, path: Path) -> None:
+        """Drop a registration of ``path`` left by an earlier sandbox with this id (case 02).
+
+        ``path`` was just created empty, so a registration for it is stale: its admin dir is
+        removed, and so are the branch it was on when that is one of ours
+        (``sandbox/<plan>/<this id>[-N]``) and this id's tags, so nothing stale stays behind.
+        """
+        ours = re.compile(rf"^refs/heads/sandbox/[^/]+/{re.escape(self.sandbox_id)}(-\d+)?$")
+        for admin in registrations_of(original.common_dir, path):
+            branch = head_branch(admin)
+            logger.warning("sandbox %s: removing stale registration %s", self.sandbox_id, admin)
+            shutil.rmtree(admin)
+            if branch and ours.match(branch):
+                original.run("update-ref", "-d", branch)
+            self._delete_refs(original)
+
+    def _populate_submodules(
+        self,
+        worktree: GitCommand,
+        top: Path,
+        store: Path,
+        made: list[dict[str, str]],
+        depth: int,
+    ) -> None:
+        """Check out each submodule at its pinned commit as a linked worktree of its module
+        store (``<common>/modules/<name>``): offline, sharing objects with the original.
+
+        A submodule the original never initialised (no module store, or the pinned commit is
+        not in it) stays an empty directory, as in a fresh clone; its gitlink is kept.
+        """
+        listed = worktree.run(
+            "config",
+            "--file",
+            str(top / ".gitmodules"),
+            "-z",
+            "--get-regexp",
+            r"^submodule\..*\.path$",
+            ok=(0, 1),
+        )
+        names: dict[str, str] = {}
+        for entry in listed.nul_fields():
+            key, _, rel = entry.partition("\n")
+            names[rel] = key[len("submodule.") : -len(".path")]
+        if not names or depth > 8:
+            return
+        stage = worktree.run("--literal-pathspecs", "ls-files", "-s", "-z", "--", *names)
+        for entry in stage.nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, sha = info.split()[:2]
+            module = store / names.get(rel, rel)
+            target = top / rel
+            if mode != "160000" or not (module / "HEAD").is_file() or not target.is_dir():
+                continue
+            module_git = GitCommand(
+                str(module), str(module), trusted=worktree.trusted, run_as=worktree.run_as
+            )
+            found = module_git.run("cat-file", "-e", f"{sha}^{{commit}}", ok=(0, 1, 128))
+            if found.status != 0:
+                logger.warning("submodule %s: commit %s not in %s; left empty", rel, sha, module)
+                continue
+            module_git.run("worktree", "add", "--quiet", "--detach", str(target), sha)
+            admin = read_gitdir_file(target)
+            if admin is None:
+                raise SandboxCreationError(f"git did not link the submodule worktree at {target}")
+            made.append({"path": str(target), "admin": str(Path(admin).resolve())})
+            if (target / ".gitmodules").is_file():
+                nested = module_git.with_work_tree(admin, str(target))
+                self._populate_submodules(nested, target, module / "modules", made, depth + 1)
 
     @staticmethod
     def _linked_admin_dir(path: Path) -> str:
@@ -410,50 +706,109 @@ class GitWorktreeSandbox(BaseSandbox):
                 return candidate
         raise SandboxCreationError(f"no free branch name for {wanted}")
 
-    def _undo_failed_create(self, original: GitCommand, path: Path, branch: str, base: str) -> None:
-        """Remove what a failed ``worktree add`` may have left: worktree, directory, branch.
+    def _undo_failed_create(
+        self,
+        original: GitCommand,
+        path: Path,
+        branch: str,
+        base: str,
+        submodules: list[dict[str, str]],
+    ) -> None:
+        """Remove what a failed create may have left: worktrees, directory, branch.
 
         git 2.39 creates the ``-b`` branch before checking the path (case 01), so the branch is
-        deleted too, but only while it still points at ``base`` (compare-and-delete).
+        deleted too, but only while it still points at ``base`` (compare-and-delete). Only the
+        registrations of our own paths are removed (never a repository-wide prune, case 02).
         """
-        steps: list[tuple[str, ...]] = [
-            ("worktree", "remove", "--force", str(path)),
-            ("worktree", "prune"),
-        ]
+        try:
+            self._remove_registrations(original, path, submodules)
+        except OSError as exc:  # best effort: report, keep undoing the rest
+            logger.warning("undo of failed create %s: %s", self.sandbox_id, exc)
         if branch:
-            steps.append(("update-ref", "-d", f"refs/heads/{branch}", base))
-        for index, args in enumerate(steps):
-            if index == 1:
-                shutil.rmtree(path, ignore_errors=True)
             try:
-                original.run(*args, ok=(0, 1, 128))
-            except GitFailure as exc:  # best effort: report, keep undoing the rest
+                original.run("update-ref", "-d", f"refs/heads/{branch}", base, ok=(0, 1, 128))
+            except GitFailure as exc:
                 logger.warning("undo of failed create %s: %s", self.sandbox_id, exc)
 
+    @staticmethod
+    def _remove_registrations(
+        original: GitCommand, path: Path, submodules: list[dict[str, str]]
+    ) -> None:
+        """Delete our worktree directory and exactly our admin dirs (submodules first).
+
+        What ``git worktree remove --force`` does, for our paths only, and also for a
+        superproject (which git refuses to remove) and for a directory already gone.
+        """
+        for sub in reversed(submodules):
+            admin = Path(sub["admin"])
+            linked = admin / "gitdir"
+            try:
+                points_here = os.path.realpath(
+                    linked.read_text(encoding="utf-8").strip()
+                ) == os.path.realpath(Path(sub["path"]) / ".git")
+            except OSError:
+                points_here = False
+            if points_here:
+                shutil.rmtree(admin, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            shutil.rmtree(path)  # raise what is really in the way
+        for admin in registrations_of(original.common_dir, path):
+            shutil.rmtree(admin)
+
     # -- commit -----------------------------------------------------------------------------
+
+    def commit(self, message: str | None = None) -> CommitResult:
+        """As :meth:`BaseSandbox.commit`; see the module docstring for the merge-back.
+
+        Raises:
+            SandboxConflictError: the changes overlap changes in the original (``conflicts``).
+            SandboxCommitLockedError: a leftover git lock file (``lock_path``) blocks it.
+            SandboxCommitPermissionError: the original cannot be written, or its owner is
+                another user who is not trusted.
+            SandboxCommitError: any other failure (status becomes ERRORED).
+
+        The three refusals above leave the original untouched and the sandbox ACTIVE, so the
+        commit can be retried once the cause is gone.
+        """
+        with self._lock:
+            self._touched = False
+            try:
+                return super().commit(message)
+            except (SandboxLockedError, SandboxPermissionError):
+                if not self._touched and self._status is SandboxStatus.ERRORED:
+                    self._status = SandboxStatus.ACTIVE  # refused before anything changed
+                raise
 
     def _do_commit(self, message: str | None) -> CommitResult:
         try:
             return self._merge_back(message)
         except GitFailure as exc:
-            raise SandboxCommitError(f"commit of sandbox {self.sandbox_id} failed: {exc}") from exc
+            raise _translate(
+                exc,
+                "commit",
+                f"commit of sandbox {self.sandbox_id} failed",
+                self.original_path,
+                untouched=not self._touched,
+            ) from exc
 
     def _merge_back(self, message: str | None) -> CommitResult:
         context = self._require_context()
         meta = context.metadata
         text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
+        original = self._original_git("commit")
         tip = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
-        original = self._original_git()
-        # Written before the merge so that crash recovery can find the commit (commit_landed).
-        original.run("update-ref", self._tag("committed"), tip)
         base = str(meta["base_commit"])
         added, changed, deleted = self._classify(original, base, tip)
+        base_paths = sorted([*added, *changed, *deleted])
         with repository_lock(str(meta["git_common_dir"])):
             for _attempt in range(_CAS_ATTEMPTS):
                 ref, old = self._current_target(original, SandboxCommitError)
                 new, how = self._merge_result(original, base, tip, old, text)
                 original.run("update-ref", self._tag("pre-commit"), old)
-                if new == old or self._apply(original, ref, old, new, SandboxCommitError):
+                # A fast-forward from the base writes exactly the paths the sandbox changed.
+                known = base_paths if (old, new) == (base, tip) else None
+                if new == old or self._apply(original, ref, old, new, SandboxCommitError, known):
                     break
             else:
                 raise SandboxCommitError(f"{ref} kept moving during the commit; retry later")
@@ -477,7 +832,11 @@ class GitWorktreeSandbox(BaseSandbox):
         )
 
     def _snapshot(self, worktree: GitCommand, message: str) -> str:
-        """Stage everything and commit it on the sandbox branch; returns the branch tip."""
+        """Stage everything and commit it on the sandbox branch; returns the branch tip.
+
+        The branch and the ``committed`` tag move in one ref transaction; the tag is written
+        before the merge so that crash recovery can find the commit (:meth:`commit_landed`).
+        """
         worktree.run("add", "-A")
         tree = worktree.run("write-tree").out
         head, head_tree, symbolic = worktree.run(
@@ -488,10 +847,15 @@ class GitWorktreeSandbox(BaseSandbox):
             raise SandboxCommitError(
                 f"sandbox {self.sandbox_id} worktree is on {symbolic!r}, not {branch!r}"
             )
-        if tree == head_tree:
-            return head
-        new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
-        worktree.run("update-ref", "-m", "sandbox-core: snapshot", "HEAD", new, head)
+        new = head
+        updates = []
+        if tree != head_tree:
+            new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
+            updates.append(f"update {branch} {new} {head}\n")
+        updates.append(f"update {self._tag('committed')} {new}\n")
+        worktree.run(
+            "update-ref", "-m", "sandbox-core: snapshot", "--stdin", stdin="".join(updates)
+        )
         return new
 
     def _merge_result(
@@ -500,11 +864,14 @@ class GitWorktreeSandbox(BaseSandbox):
         """(commit the target should point at, how): no-op, fast-forward or merge commit.
 
         Raises:
-            SandboxCommitError: with ``conflicts`` when the merge conflicts (nothing touched).
+            SandboxConflictError: the merge conflicts (nothing touched).
         """
-        if tip == base or self._is_ancestor(original, tip, old):
-            return old, "no-op"  # nothing to land, or it already landed (never commit twice)
-        if self._is_ancestor(original, old, tip):
+        if tip == base:
+            return old, "no-op"
+        common = original.run("merge-base", old, tip, ok=(0, 1)).out
+        if common == tip:
+            return old, "no-op"  # it already landed (never commit twice)
+        if common == old:
             return tip, "fast-forward"
         merged = original.run(
             "merge-tree",
@@ -519,8 +886,10 @@ class GitWorktreeSandbox(BaseSandbox):
         fields = merged.nul_fields()
         if merged.status == 1:
             conflicts = sorted(set(fields[1:]))
-            raise SandboxCommitError(
-                f"sandbox {self.sandbox_id} conflicts with the original in: {', '.join(conflicts)}",
+            raise SandboxConflictError(
+                f"sandbox {self.sandbox_id} conflicts with the original in: "
+                f"{', '.join(conflicts)}; resolve them in {self.original_path} (or discard the "
+                "sandbox's version) and retry",
                 conflicts=conflicts,
             )
         commit = original.run("commit-tree", fields[0], "-p", old, "-p", tip, "-m", message)
@@ -533,22 +902,50 @@ class GitWorktreeSandbox(BaseSandbox):
         old: str,
         new: str,
         error: type[SandboxCommitError] | type[SandboxRollbackError],
+        paths: list[str] | None = None,
     ) -> bool:
         """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
 
-        Only the paths that differ between the two commits are written; uncommitted work on any
-        of them refuses the move with the original untouched. Returns False when the ref moved
-        concurrently (the files are put back first).
+        Only the paths that differ between the two commits are written (``paths`` when the
+        caller knows them); uncommitted work on any of them refuses the move with the original
+        untouched. Stale stat data in the index (content unchanged) is refreshed, never a
+        conflict (case 29). Owners and modes of the written files are kept. Returns False when
+        the ref moved concurrently (the files are put back first).
         """
-        paths = original.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", old, new)
-        overlap = _collisions(paths.nul_fields(), self._local_changes(original, paths.nul_fields()))
+        if paths is None:
+            listed = original.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", old, new)
+            paths = listed.nul_fields()
+        overlap = _collisions(paths, self._local_changes(original, paths))
         if overlap:
+            # diff-index trusts stat data: refresh it first (only on this rare path).
+            original.run("update-index", "-q", "--refresh", ok=(0, 1))
             overlap = self._not_yet_at(original, new, overlap)
         if overlap:
             raise self._overlap_error(error, overlap)
+        top = Path(str(self._meta()["original_toplevel"]))
+        self._check_writable(original, top, paths, error)
+        lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
+        if lock.exists():  # refuse before writing files that a failed ref move would revert
+            raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
+        owners = _Owners(top, paths)
+        self._touched = True
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
-        if updated.status != 0:  # a local change appeared since the check
-            raise self._overlap_error(error, paths.nul_fields(), updated.stderr)
+        if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
+            # The paths were checked clean by content just above: only the index's stat data is
+            # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
+            self._touched = False
+            original.run("update-index", "-q", "--refresh", ok=(0, 1))
+            self._touched = True
+            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+        if updated.status != 0:
+            failure = GitFailure(["read-tree", "-m", "-u", old, new], 128, updated.stderr)
+            kind = failure_kind(failure).kind
+            if kind == "lock" or _NOT_UPTODATE in updated.stderr:
+                self._touched = False  # read-tree checks everything before writing
+            if kind != "other":
+                raise failure
+            raise self._overlap_error(error, paths, updated.stderr)  # a change appeared since
+        owners.restore()
         deref = ["--no-deref"] if ref == "HEAD" else []
         moved = original.run(
             "update-ref",
@@ -561,9 +958,90 @@ class GitWorktreeSandbox(BaseSandbox):
             ok=(0, 1, 128),
         )
         if moved.status == 0:
+            self._move_submodules(original, top, old, new, paths)
             return True
         original.run("read-tree", "-m", "-u", new, old)
-        return False
+        owners.restore()
+        failure = GitFailure(["update-ref", ref], moved.status, moved.stderr)
+        if failure_kind(failure).kind != "other":
+            self._touched = False  # the files were put back
+            raise failure
+        return False  # the ref moved concurrently: the caller retries
+
+    def _move_submodules(
+        self, original: GitCommand, top: Path, old: str, new: str, paths: list[str]
+    ) -> None:
+        """Check out the new pinned commit in each populated submodule of the original.
+
+        Only a submodule that is clean at the old pinned commit is moved, detached, as
+        ``git submodule update`` does; any other is left as it is, and ``git status`` shows it
+        as having new commits. Best effort: a failure is logged, never raised, since
+        the superproject's commit has landed.
+        """
+        candidates = [p for p in paths if (top / p / ".git").exists()]
+        if not candidates:
+            return
+        raw = original.run(
+            "--literal-pathspecs",
+            "diff-tree",
+            "-r",
+            "-z",
+            "--no-renames",
+            old,
+            new,
+            "--",
+            *candidates,
+        ).nul_fields()
+        for info, rel in zip(raw[0::2], raw[1::2], strict=True):
+            old_mode, new_mode, old_sha, new_sha = info.lstrip(":").split()[:4]
+            if old_mode != "160000" or new_mode != "160000":
+                continue
+            where = top / rel
+            admin = read_gitdir_file(where) or str(where / ".git")
+            try:
+                common = (Path(admin) / "commondir").read_text(encoding="utf-8").strip()
+                common = str((Path(admin) / common).resolve())
+            except OSError:
+                common = admin
+            sub = GitCommand(
+                admin, common, str(where), trusted=original.trusted, run_as=original.run_as
+            )
+            try:
+                head = sub.run("rev-parse", "HEAD").out
+                dirty = sub.run("--no-optional-locks", "status", "--porcelain", "-uno").out
+                if head != old_sha or dirty:
+                    logger.info("submodule %s is not clean at %s: left as it is", rel, old_sha)
+                    continue
+                sub.run("checkout", "-q", "--detach", new_sha)
+            except GitFailure as exc:
+                logger.warning("submodule %s not moved to %s: %s", rel, new_sha, exc)
+
+    def _check_writable(
+        self,
+        original: GitCommand,
+        top: Path,
+        paths: list[str],
+        error: type[SandboxCommitError] | type[SandboxRollbackError],
+    ) -> None:
+        """Refuse up front (nothing touched) when git could not write every path it must."""
+        if original.run_as is not None:
+            uid, gids = original.run_as.uid, {original.run_as.gid}
+        else:
+            uid, gids = os.geteuid(), {os.getegid(), *os.getgroups()}
+        folders = {original.git_dir}
+        for rel in paths:
+            folders.add(str(_existing_ancestor(top, rel)[0]))
+        denied = sorted(folder for folder in folders if not _can_write(folder, uid, gids))
+        if denied:
+            phase = "commit" if error is SandboxCommitError else "rollback"
+            raise _error(
+                phase,
+                "permission",
+                f"uid {uid} cannot write {', '.join(denied)} (read-only file system, or owner, "
+                f"group and mode deny it), so sandbox {self.sandbox_id} cannot be applied to "
+                f"{self.original_path}. Nothing was changed. Give that user write access, or "
+                "trust the repository's owner (option trust_repository_owner=true), and retry.",
+            )
 
     @staticmethod
     def _not_yet_at(original: GitCommand, commit: str, paths: list[str]) -> list[str]:
@@ -600,23 +1078,30 @@ class GitWorktreeSandbox(BaseSandbox):
             + (f" ({detail.strip()})" if detail else "")
         )
         if error is SandboxCommitError:
-            return SandboxCommitError(text, conflicts=paths)
+            return SandboxConflictError(text, conflicts=paths)
         return SandboxRollbackError(text, refused=True)
 
     def _local_changes(self, original: GitCommand, paths: list[str]) -> set[str]:
         """Paths with uncommitted changes in the original: modified, staged, untracked, ignored.
 
-        An ignored directory (listed as ``dir/``) counts only through the files of ``paths``
-        that already exist inside it, so a new file in, say, ``build/`` is not a collision.
+        Only ``paths`` are looked at (a pathspec-limited ``status``, which compares content
+        where stat data is stale), plus their parent folders: a file or symlink in the way of
+        a folder counts as a change. An ignored directory (listed as ``dir/``) counts only
+        through the files of ``paths`` that already exist inside it, so a new file in, say,
+        ``build/`` is not a collision.
         """
+        top = Path(str(self._meta()["original_toplevel"]))
+        limit = ["--", *paths] if len(paths) <= _MAX_PATHSPECS else []
         status = original.run(
             "--no-optional-locks",
+            "--literal-pathspecs",
             "status",
             "--porcelain=v1",
             "-z",
             "--untracked-files=all",
             "--ignored=matching",
             "--no-renames",
+            *limit,
         )
         dirty: set[str] = set()
         ignored_dirs: list[str] = []
@@ -627,12 +1112,17 @@ class GitWorktreeSandbox(BaseSandbox):
             elif path:
                 dirty.add(path)
         if ignored_dirs:
-            top = Path(str(self._meta()["original_toplevel"]))
             dirty.update(
                 path
                 for path in paths
                 if any(_blocked_by_ignored_dir(path, folder, top) for folder in ignored_dirs)
             )
+        listed = set(paths)
+        folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+        for folder in folders - listed:
+            where = top / folder
+            if where.is_symlink() or (os.path.lexists(where) and not where.is_dir()):
+                dirty.add(folder)
         return dirty
 
     @staticmethod
@@ -646,11 +1136,6 @@ class GitWorktreeSandbox(BaseSandbox):
         for status, path in zip(fields[0::2], fields[1::2], strict=True):
             {"A": added, "D": deleted}.get(status[0], changed).append(path)
         return sorted(added), sorted(changed), sorted(deleted)
-
-    @staticmethod
-    def _is_ancestor(original: GitCommand, ancestor: str, descendant: str) -> bool:
-        result = original.run("merge-base", "--is-ancestor", ancestor, descendant, ok=(0, 1))
-        return result.status == 0
 
     def _current_target(
         self,
@@ -675,22 +1160,32 @@ class GitWorktreeSandbox(BaseSandbox):
     def _do_rollback(self) -> None:
         worktree = self._worktree_git_or(SandboxRollbackError, "roll back")
         base = str(self._require_context().metadata["base_commit"])
+        self._adopt_worktree(worktree)
         try:
             worktree.run("reset", "-q", "--hard", base)
             worktree.run("clean", "-fdqx")
         except GitFailure as exc:
-            raise SandboxRollbackError(f"rollback of sandbox {self.sandbox_id}: {exc}") from exc
+            raise _translate(
+                exc, "rollback", f"rollback of sandbox {self.sandbox_id}", self._sandbox_dir()
+            ) from exc
 
     def _do_rollback_committed(self) -> None:
         last = self._last_commit
         if last is None or last.commit_ref is None:
             raise SandboxRollbackError(f"sandbox {self.sandbox_id} has no recorded commit")
-        original = self._original_git()
+        original = self._original_git("rollback")
+        self._touched = False
         try:
             with repository_lock(str(self._meta()["git_common_dir"])):
                 self._undo_commit(original, last.commit_ref)
         except GitFailure as exc:
-            raise SandboxRollbackError(f"rollback of sandbox {self.sandbox_id}: {exc}") from exc
+            raise _translate(
+                exc,
+                "rollback",
+                f"rollback of sandbox {self.sandbox_id}",
+                self.original_path,
+                untouched=not self._touched,
+            ) from exc
         if Path(self._require_context().sandbox_path).is_dir():
             self._do_rollback()  # the sandbox itself is clean again, as after an ACTIVE rollback
 
@@ -719,32 +1214,31 @@ class GitWorktreeSandbox(BaseSandbox):
             return  # never created, or the failed create already undid itself
         path = Path(context.sandbox_path)
         meta = context.metadata
-        if not Path(str(meta["git_common_dir"])).is_dir():
+        common = str(meta["git_common_dir"])
+        if not Path(common).is_dir():
             shutil.rmtree(path, ignore_errors=True)  # repository gone: only our directory is left
             return
         # Addressed by the common dir: works even when the original checkout (for example a
         # linked worktree, case 05) has been removed since.
-        common = str(meta["git_common_dir"])
-        original = GitCommand(common, common)
+        trusted, run_as = self._trust("other")
+        original = GitCommand(common, common, trusted=trusted, run_as=run_as)
         try:
             with repository_lock(common):
-                self._remove_worktree(original, path, str(meta["branch"]))
+                self._remove_registrations(original, path, list(meta.get("submodules") or []))
+                self._delete_refs(original, f"refs/heads/{meta['branch']}")
         except GitFailure as exc:
-            raise SandboxError(f"cleanup of sandbox {self.sandbox_id} failed: {exc}") from exc
+            raise _translate(
+                exc, "other", f"cleanup of sandbox {self.sandbox_id} failed", common
+            ) from exc
 
-    def _remove_worktree(self, original: GitCommand, path: Path, branch: str) -> None:
-        """Remove the worktree, its branch and every ``sandbox/<id>/*`` tag (caller holds lock)."""
-        if path.exists():
-            original.run("worktree", "remove", "--force", str(path), ok=(0, 128))
-        if path.exists():
-            shutil.rmtree(path)
-        original.run("worktree", "prune")
-        original.run("update-ref", "-d", f"refs/heads/{branch}")
-        tags = original.run(
-            "for-each-ref", "--format=%(refname)", f"refs/tags/sandbox/{self.sandbox_id}/"
+    def _delete_refs(self, original: GitCommand, *refs: str) -> None:
+        """Delete ``refs`` and every ``sandbox/<id>/*`` tag in one ref transaction."""
+        listed = original.run(
+            "for-each-ref", "--format=%(refname)", f"refs/tags/sandbox/{self.sandbox_id}/", *refs
         )
-        for tag in tags.out.splitlines():
-            original.run("update-ref", "-d", tag)
+        found = [line for line in listed.out.splitlines() if line]
+        if found:
+            original.run("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in found))
 
     def _on_reopen(self) -> None:
         """Record what is missing; nothing is created or removed (seed 002, reopen)."""
@@ -777,6 +1271,8 @@ class GitWorktreeSandbox(BaseSandbox):
             )
             if found.status != 0:
                 missing.append("branch")
+        except SandboxPermissionError as exc:
+            logger.warning("sandbox %s reopened: %s", self.sandbox_id, exc)
         except GitFailure:
             missing.append("branch")
         self._missing = missing
@@ -788,6 +1284,9 @@ class GitWorktreeSandbox(BaseSandbox):
     def _meta(self) -> dict[str, Any]:
         return self._require_context().metadata
 
+    def _sandbox_dir(self) -> str:
+        return self._require_context().sandbox_path
+
     def _tag(self, name: str) -> str:
         return f"refs/tags/sandbox/{self.sandbox_id}/{name}"
 
@@ -796,12 +1295,22 @@ class GitWorktreeSandbox(BaseSandbox):
             raise ValueError(f"invalid checkpoint name: {name!r}")
         return self._tag(f"ckpt/{name}")
 
-    def _original_git(self) -> GitCommand:
+    def _trust(self, phase: str) -> tuple[bool, RunAs | None]:
         meta = self._meta()
+        return self._owner_policy(
+            str(meta["original_toplevel"]), str(meta["git_common_dir"]), phase
+        )
+
+    def _original_git(self, phase: str = "other") -> GitCommand:
+        """Commands for the original checkout (owner policy applied for ``phase``)."""
+        meta = self._meta()
+        trusted, run_as = self._trust(phase)
         return GitCommand(
             str(meta["original_git_dir"]),
             str(meta["git_common_dir"]),
             str(meta["original_toplevel"]),
+            trusted=trusted,
+            run_as=run_as,
         )
 
     def _worktree_git_or(
@@ -818,7 +1327,32 @@ class GitWorktreeSandbox(BaseSandbox):
                 f"cannot {action} sandbox {self.sandbox_id}: its worktree at "
                 f"{context.sandbox_path} is missing or no longer linked to the repository"
             )
-        return GitCommand(admin, str(context.metadata["git_common_dir"]), context.sandbox_path)
+        phase = {SandboxCommitError: "commit", SandboxRollbackError: "rollback"}.get(error, "other")
+        trusted, run_as = self._trust(phase)
+        return GitCommand(
+            admin,
+            str(context.metadata["git_common_dir"]),
+            context.sandbox_path,
+            trusted=trusted,
+            run_as=run_as,
+        )
+
+    def _adopt_worktree(self, worktree: GitCommand) -> None:
+        """Hand files an actor made in the sandbox to the user git runs as (trusted foreign
+        repository, as root only), so that git can remove them on rollback and restore."""
+        run_as = worktree.run_as
+        if run_as is None:
+            return
+        top = Path(self._sandbox_dir())
+        for folder, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = Path(folder) / name
+                try:
+                    info = path.lstat()
+                    if info.st_uid != run_as.uid:
+                        os.lchown(path, run_as.uid, run_as.gid)
+                except OSError as exc:
+                    logger.warning("cannot hand %s to uid %s: %s", path, run_as.uid, exc)
 
     def _live_worktree_git(self, action: str) -> GitCommand:
         if self.status not in (
