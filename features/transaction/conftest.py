@@ -9,6 +9,7 @@ Restart scenarios run ``txn_child.py`` in separate processes that die with their
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pytest_bdd import given, parsers, then, when
 from ulid import ULID
 
 from sandbox_core import _db
+from sandbox_core._dsn import redact, secrets_of
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -92,8 +94,14 @@ def _attempt(world: dict[str, Any], action: Any) -> None:
 
 
 def _child(world: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    # The password goes through libpq's environment, never through process arguments; the
+    # child sees the redacted DSN, as a process reopening a stored record does.
+    env = dict(os.environ)
+    secrets = secrets_of(world["original"])
+    if secrets:
+        env["PGPASSWORD"] = secrets[0]
     spec.update(
-        original=world["original"],
+        original=redact(world["original"]),
         sandbox_root=str(world["root"]),
         state_dir=str(world["state_dir"]),
         placeholder=world["placeholder"],
@@ -104,6 +112,7 @@ def _child(world: dict[str, Any], **spec: Any) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     reply: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -283,7 +292,10 @@ def _child_commit_dies(txn: dict[str, Any]) -> None:
 @when("the txn stored sandbox is reopened here")
 def _reopen_here(txn: dict[str, Any]) -> None:
     record = SandboxStore(txn["state_dir"]).load(txn["sandbox_id"])
-    _track(txn, TransactionSandbox.reopen(record))
+    assert secrets_of(record["original_path"]) == ()  # stored redacted
+    sandbox = _track(txn, TransactionSandbox.reopen(record))
+    if txn["backend"] == "postgresql":
+        sandbox.use_credentials(txn["original"])  # the record keeps no password
 
 
 # -- then ----------------------------------------------------------------------------------------
