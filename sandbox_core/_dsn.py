@@ -41,8 +41,11 @@ _KEY_VALUE = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
 _URL_USERINFO_PASSWORD = re.compile(
     r"^(\s*[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(.*)@", re.DOTALL
 )
-_PASSWORD_FIELD = re.compile(
-    r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#]*)", re.IGNORECASE | re.DOTALL
+# A password field: in a URL query it ends at "&" or "#"; in key=value text at white space,
+# unless it is quoted.
+_URL_PASSWORD_FIELD = re.compile(r"((?:ssl)?password=)([^&#]*)", re.IGNORECASE)
+_KEY_VALUE_PASSWORD_FIELD = re.compile(
+    r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE | re.DOTALL
 )
 
 
@@ -85,8 +88,10 @@ def redact(text: str) -> str:
 
 
 def _mask_lexically(text: str) -> str:
+    if url_scheme(text) is None:
+        return _KEY_VALUE_PASSWORD_FIELD.sub(lambda m: f"{m.group(1)}{MASK}", text)
     masked = _URL_USERINFO_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}@", text, count=1)
-    return _PASSWORD_FIELD.sub(lambda m: f"{m.group(1)}{MASK}", masked)
+    return _URL_PASSWORD_FIELD.sub(lambda m: f"{m.group(1)}{MASK}", masked)
 
 
 def connectable(text: str) -> str:

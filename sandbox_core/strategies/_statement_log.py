@@ -49,11 +49,12 @@ class Outcome:
     @classmethod
     def of(cls, rows: Sequence[tuple[Any, ...]], rowcount: int, last_id: int | None) -> Outcome:
         """The outcome of a statement that returned ``rows`` and changed ``rowcount`` rows."""
-        text = json.dumps(
-            [[_canonical(cell) for cell in row] for row in rows],
-            sort_keys=True,
-            separators=(",", ":"),
+        # Rows compare as a multiset: without ORDER BY a replay may return them in another order.
+        encoded = sorted(
+            json.dumps([_canonical(cell) for cell in row], sort_keys=True, separators=(",", ":"))
+            for row in rows
         )
+        text = "[" + ",".join(encoded) + "]"
         preview = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
         return cls(
             rowcount=int(rowcount),
