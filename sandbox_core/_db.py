@@ -179,6 +179,7 @@ class Connection:
         self.placeholder = "?" if target.backend == "sqlite" else "%s"
         self._sqlite: sqlite3.Connection | None = None
         self._pg: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._rowid_tables: dict[tuple[str, str], bool] = {}
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -292,17 +293,20 @@ class Connection:
             generated = int(db.execute("SELECT last_insert_rowid()").fetchone()[0]) or None
         return Result([tuple(row) for row in rows], db.total_changes - changes, generated)
 
-    @staticmethod
-    def _rowid_is_data(db: sqlite3.Connection, schema: str, table: str) -> bool:
+    def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.
 
         A hidden rowid is not data (SQLite may renumber it, e.g. on VACUUM), so an id generated
         for it is not something an actor can rely on, and it is not compared on replay.
+        Cached per connection (a connection lives for one transaction).
         """
-        keys = db.execute(
-            "SELECT upper(type) FROM pragma_table_info(?, ?) WHERE pk > 0", (table, schema)
-        ).fetchall()
-        return len(keys) == 1 and keys[0][0] == "INTEGER"
+        known = self._rowid_tables.get((schema, table))
+        if known is None:
+            keys = db.execute(
+                "SELECT upper(type) FROM pragma_table_info(?, ?) WHERE pk > 0", (table, schema)
+            ).fetchall()
+            known = self._rowid_tables[(schema, table)] = len(keys) == 1 and keys[0][0] == "INTEGER"
+        return known
 
     def _pg_lastval(self) -> int | None:
         """``lastval()``: the value any sequence (``serial``, identity, ``nextval``) handed out

@@ -491,7 +491,7 @@ class TransactionSandbox(BaseSandbox):
     ) -> tuple[list[tuple[Any, ...]], Outcome]:
         """SQLite: one short transaction that replays the log, runs the statement, rolls back."""
         log = self._log()
-        immediate = logged or bool(log.read())
+        immediate = logged or (log.path.exists() and log.path.stat().st_size > 0)
         connection = self._connect()
         try:
             # IMMEDIATE takes the write lock up front (waiting with the busy timeout), so the
