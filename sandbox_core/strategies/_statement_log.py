@@ -8,10 +8,10 @@ fsynced after the statement succeeded::
                  "preview": "[[7]]"}}
 
 ``outcome`` is what the sandbox saw when it ran the statement (issue 7, case 32): the row count,
-the id the database generated last (``last_insert_rowid()`` / ``lastval()``, when this statement
-changed it), and a digest of the rows it returned (``RETURNING``). A replay that produces another
-outcome did not reproduce the sandbox's transaction. Entries written before outcomes were
-recorded have none and are replayed unchecked.
+the id the database generated for it (``Connection.run``'s ``generated_id``), and a digest of the
+rows it returned (``RETURNING``), compared as a multiset because without ``ORDER BY`` the order is
+not part of the result. A replay that produces another outcome did not reproduce the sandbox's
+transaction. Entries written before outcomes were recorded have none and are replayed unchecked.
 """
 
 from __future__ import annotations
