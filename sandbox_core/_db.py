@@ -11,33 +11,77 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import psycopg
+
+from sandbox_core._dsn import (
+    POSTGRES_SCHEMES,
+    connectable,
+    is_postgres_dsn,
+    redact,
+    scrub,
+    secrets_of,
+    url_scheme,
+)
+
+__all__ = [
+    "Backend",
+    "Connection",
+    "DatabaseError",
+    "DatabaseTarget",
+    "Params",
+    "check_identifier",
+    "parse_target",
+    "redact",
+]
 
 Backend = Literal["sqlite", "postgresql"]
 Params = Sequence[Any] | dict[str, Any] | None
 
-_POSTGRES_SCHEMES = ("postgresql", "postgres")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+# SQLite primary result codes of a lock held by another connection (retryable).
+_SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+# PostgreSQL: lock_not_available (lock_timeout), deadlock_detected, serialization_failure.
+_PG_BUSY_STATES = frozenset({"55P03", "40P01", "40001"})
+# Connection failures that waiting will not cure (wrong credentials, no such database or role).
+_LOGIN_REFUSED = re.compile(
+    r"authentication|password|no pg_hba\.conf entry|does not exist|permission denied",
+    re.IGNORECASE,
+)
 
 
 class DatabaseError(Exception):
-    """A driver error, with the driver's message.
+    """A driver error, with the driver's message (passwords scrubbed).
 
     Attributes:
-        connection_lost: the connection is unusable (server gone, connection killed); the open
-            transaction died with it.
+        connection_lost: the connection is unusable (server gone, connection killed or never
+            made); the open transaction died with it.
         integrity: a constraint was violated (unique, foreign key, not null, check).
+        busy: another connection holds a lock the statement needs (SQLite ``SQLITE_BUSY`` /
+            ``SQLITE_LOCKED``; PostgreSQL lock timeout, deadlock, serialization failure):
+            nothing changed, and trying again later may succeed.
+        permanent: the connection cannot be made by waiting (the server refused the login, no
+            such database or role, the SQLite file is gone).
     """
 
-    def __init__(self, message: str, *, connection_lost: bool = False, integrity: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        connection_lost: bool = False,
+        integrity: bool = False,
+        busy: bool = False,
+        permanent: bool = False,
+    ) -> None:
         super().__init__(message)
         self.connection_lost = connection_lost
         self.integrity = integrity
+        self.busy = busy
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -46,29 +90,37 @@ class DatabaseTarget:
 
     Attributes:
         backend: ``"sqlite"`` or ``"postgresql"``.
-        location: absolute file path (SQLite) or the libpq connection URI (PostgreSQL).
-        display: ``location`` with any password replaced by ``***`` (for logs and metadata).
+        location: absolute file path (SQLite) or the libpq DSN to connect with (PostgreSQL; it
+            may hold the password: never print it, so it is left out of ``repr``).
+        display: the redacted form, for messages, logs and metadata.
+        secrets: the passwords ``location`` carries, scrubbed from driver messages.
     """
 
     backend: Backend
-    location: str
+    location: str = field(repr=False)
     display: str
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 def parse_target(original_path: str) -> DatabaseTarget:
-    """Classify ``original_path``: a SQLite file path, ``sqlite:///abs/path``, or a PostgreSQL URI.
+    """Classify ``original_path``: a SQLite file path, ``sqlite:///abs/path``, or a PostgreSQL
+    DSN (``postgresql://`` / ``postgres://`` URL, or libpq ``key=value`` string).
 
-    Relative SQLite paths are made absolute against the current directory.
+    A redacted DSN (password ``***``) connects without the password, so libpq reads it from
+    ``PGPASSWORD`` / ``PGPASSFILE`` / ``~/.pgpass``. Relative SQLite paths are made absolute
+    against the current directory; an existing file wins over the ``key=value`` reading.
 
     Raises:
         ValueError: unsupported URL scheme, or an in-memory SQLite database (it cannot be shared
             between the sandbox's connections and processes).
     """
     text = original_path.strip()
-    if "://" in text:
-        scheme = text.split("://", 1)[0].lower()
-        if scheme in _POSTGRES_SCHEMES:
-            return DatabaseTarget("postgresql", text, redact(text))
+    scheme = url_scheme(text)
+    if scheme in POSTGRES_SCHEMES or (
+        scheme is None and is_postgres_dsn(text) and not Path(text).exists()
+    ):
+        return DatabaseTarget("postgresql", connectable(text), redact(text), secrets_of(text))
+    if scheme is not None:
         if scheme != "sqlite":
             raise ValueError(f"unsupported database URL scheme {scheme!r}")
         text = text.split("://", 1)[1]
@@ -78,16 +130,6 @@ def parse_target(original_path: str) -> DatabaseTarget:
         raise ValueError("an in-memory SQLite database cannot be sandboxed")
     path = str(Path(text).absolute())
     return DatabaseTarget("sqlite", path, path)
-
-
-def redact(uri: str) -> str:
-    """``uri`` with the password of its user-info part replaced by ``***``."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def check_identifier(name: str) -> str:
@@ -101,10 +143,34 @@ def check_identifier(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Result:
+    """What one statement produced.
+
+    Attributes:
+        rows: the rows it returned (``[]`` without a result, and always for ``many``).
+        rowcount: rows it changed (SQLite: ``total_changes()`` difference, triggers included;
+            PostgreSQL: the driver's row count, ``-1`` when not applicable).
+        generated_id: the id the database generated for it, when asked and when there is one:
+            SQLite ``last_insert_rowid()`` after an insert into a table with an
+            ``INTEGER PRIMARY KEY``; PostgreSQL ``lastval()`` when the statement changed it.
+    """
+
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+    generated_id: int | None = None
+
+
 class Connection:
     """An autocommit connection to the original database; transactions are explicit SQL.
 
     ``placeholder`` is the driver's positional parameter marker (``?`` or ``%s``).
+    ``timeout_seconds`` bounds the connect (PostgreSQL) and each wait for a lock (SQLite busy
+    timeout, PostgreSQL ``lock_timeout``).
+
+    Raises:
+        DatabaseError: the database cannot be reached (``connection_lost``; also ``permanent``
+            when waiting will not help).
     """
 
     def __init__(self, target: DatabaseTarget, *, timeout_seconds: float) -> None:
@@ -113,10 +179,15 @@ class Connection:
         self.placeholder = "?" if target.backend == "sqlite" else "%s"
         self._sqlite: sqlite3.Connection | None = None
         self._pg: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._rowid_tables: dict[tuple[str, str], bool] = {}
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
-                    raise DatabaseError(f"no SQLite database file at {target.location}")
+                    raise DatabaseError(
+                        f"no SQLite database file at {target.location}",
+                        connection_lost=True,
+                        permanent=True,
+                    )
                 uri = f"file:{quote(target.location)}?mode=rw"
                 # isolation_level=None: sqlite3 must not open transactions implicitly.
                 self._sqlite = sqlite3.connect(
@@ -125,13 +196,24 @@ class Connection:
                     isolation_level=None,
                     timeout=timeout_seconds,
                     check_same_thread=False,
+                    # Every statement is prepared afresh, so the authorizer sees each one.
+                    cached_statements=0,
                 )
             else:
                 self._pg = psycopg.connect(
                     target.location, autocommit=True, connect_timeout=max(1, int(timeout_seconds))
                 )
+                # A statement waiting for a row lock gives up (retryably) instead of hanging.
+                self._pg.execute(f"SET lock_timeout = {max(1, int(timeout_seconds * 1000))}")
         except (sqlite3.Error, psycopg.Error) as exc:
-            raise DatabaseError(_message(exc, target), connection_lost=True) from exc
+            self.close()
+            message = _message(exc, target)
+            raise DatabaseError(
+                message,
+                connection_lost=True,
+                busy=_is_busy(exc),
+                permanent=target.backend == "postgresql" and bool(_LOGIN_REFUSED.search(message)),
+            ) from exc
 
     @property
     def broken(self) -> bool:
@@ -140,32 +222,112 @@ class Connection:
             return self._pg.closed or self._pg.broken
         return self._sqlite is None
 
-    def execute(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-        """Run one statement; rows it returns (``[]`` for statements without a result)."""
+    def run(
+        self, sql: str, params: Any = None, *, many: bool = False, capture_id: bool = False
+    ) -> Result:
+        """Run one statement (once per parameter set when ``many``).
+
+        With ``capture_id`` the result also says which id the database generated for the
+        statement (see :class:`Result`); this costs a few more round trips on PostgreSQL.
+
+        Raises:
+            DatabaseError: the statement failed (flags say whether it is retryable).
+        """
         try:
             if self._sqlite is not None:
-                cursor = self._sqlite.execute(sql, params if params is not None else ())
-                rows = cursor.fetchall() if cursor.description else []
-                cursor.close()
-                return [tuple(row) for row in rows]
-            assert self._pg is not None
+                return self._run_sqlite(self._sqlite, sql, params, many, capture_id)
+            if self._pg is None:
+                raise DatabaseError("the connection is closed", connection_lost=True)
+            before = self._pg_lastval() if capture_id else None
             with self._pg.cursor() as pg_cursor:
-                pg_cursor.execute(sql, params)
-                return list(pg_cursor.fetchall()) if pg_cursor.description else []
+                if many:
+                    pg_cursor.executemany(sql, [p if p is not None else () for p in params])
+                    rows: list[tuple[Any, ...]] = []
+                else:
+                    pg_cursor.execute(sql, params)
+                    rows = list(pg_cursor.fetchall()) if pg_cursor.description else []
+                rowcount = pg_cursor.rowcount
+            after = self._pg_lastval() if capture_id else None
+            return Result(rows, rowcount, after if after != before else None)
         except (sqlite3.Error, psycopg.Error) as exc:
             raise self._translate(exc) from exc
 
+    def execute(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        """Run one statement; rows it returns (``[]`` for statements without a result)."""
+        return self.run(sql, params).rows
+
     def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
         """Run one statement once per parameter set."""
+        self.run(sql, list(seq_of_params), many=True)
+
+    def _run_sqlite(
+        self, db: sqlite3.Connection, sql: str, params: Any, many: bool, capture_id: bool
+    ) -> Result:
+        # Tables the statement itself inserts into (not its triggers: last_insert_rowid()
+        # reverts after a trigger), reported by SQLite's authorizer while it prepares it.
+        inserted: set[tuple[str, str]] = set()
+
+        def authorizer(
+            action: int, arg1: str | None, _arg2: str | None, schema: str | None, source: str | None
+        ) -> int:
+            if action == sqlite3.SQLITE_INSERT and arg1 and source is None:
+                inserted.add((schema or "main", arg1))
+            return sqlite3.SQLITE_OK
+
+        changes = db.total_changes
+        if capture_id:
+            db.set_authorizer(authorizer)
         try:
-            if self._sqlite is not None:
-                self._sqlite.executemany(sql, [p if p is not None else () for p in seq_of_params])
-                return
-            assert self._pg is not None
-            with self._pg.cursor() as pg_cursor:
-                pg_cursor.executemany(sql, [p if p is not None else () for p in seq_of_params])
-        except (sqlite3.Error, psycopg.Error) as exc:
-            raise self._translate(exc) from exc
+            if many:
+                cursor = db.executemany(sql, [p if p is not None else () for p in params])
+                rows: list[Any] = []
+            else:
+                cursor = db.execute(sql, params if params is not None else ())
+                rows = cursor.fetchall() if cursor.description else []
+            cursor.close()
+        finally:
+            if capture_id:
+                db.set_authorizer(None)
+        generated = None
+        if any(self._rowid_is_data(db, schema, table) for schema, table in inserted):
+            generated = int(db.execute("SELECT last_insert_rowid()").fetchone()[0]) or None
+        return Result([tuple(row) for row in rows], db.total_changes - changes, generated)
+
+    def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
+        """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.
+
+        A hidden rowid is not data (SQLite may renumber it, e.g. on VACUUM), so an id generated
+        for it is not something an actor can rely on, and it is not compared on replay.
+        Cached per connection (a connection lives for one transaction).
+        """
+        known = self._rowid_tables.get((schema, table))
+        if known is None:
+            keys = db.execute(
+                "SELECT upper(type) FROM pragma_table_info(?, ?) WHERE pk > 0", (table, schema)
+            ).fetchall()
+            known = self._rowid_tables[(schema, table)] = len(keys) == 1 and keys[0][0] == "INTEGER"
+        return known
+
+    def _pg_lastval(self) -> int | None:
+        """``lastval()``: the value any sequence (``serial``, identity, ``nextval``) handed out
+        last in this session, or ``None`` before any.
+
+        Probed under a savepoint, because ``lastval()`` fails (and would abort the transaction)
+        while no sequence has been used yet. Call it inside a transaction.
+        """
+        assert self._pg is not None
+        with self._pg.cursor() as pg_cursor:
+            pg_cursor.execute("SAVEPOINT sandbox_probe")
+            try:
+                pg_cursor.execute("SELECT lastval()")
+                found = pg_cursor.fetchone()
+            except psycopg.Error:
+                if self._pg.broken:
+                    raise
+                pg_cursor.execute("ROLLBACK TO SAVEPOINT sandbox_probe")
+                found = None
+            pg_cursor.execute("RELEASE SAVEPOINT sandbox_probe")
+        return None if found is None or found[0] is None else int(found[0])
 
     def table_exists(self, name: str) -> bool:
         """True when table ``name`` (optionally ``schema.table`` on PostgreSQL) exists."""
@@ -192,13 +354,26 @@ class Connection:
     def _translate(self, exc: Exception) -> DatabaseError:
         integrity = isinstance(exc, sqlite3.IntegrityError | psycopg.IntegrityError)
         return DatabaseError(
-            _message(exc, self.target), connection_lost=self.broken, integrity=integrity
+            _message(exc, self.target),
+            connection_lost=self.broken,
+            integrity=integrity,
+            busy=_is_busy(exc),
         )
 
 
+def _is_busy(exc: Exception) -> bool:
+    """True for a lock held by another connection (retryable; nothing changed)."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None:
+            return (code & 0xFF) in _SQLITE_BUSY_CODES
+        return "locked" in str(exc) or "busy" in str(exc)  # pragma: no cover - SQLite < 3.11 API
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in _PG_BUSY_STATES
+
+
 def _message(exc: Exception, target: DatabaseTarget) -> str:
-    """The driver's message, with the DSN's password never echoed."""
+    """The driver's message, with the DSN and its passwords never echoed."""
     text = str(exc).strip() or type(exc).__name__
     if target.backend == "postgresql" and target.location in text:
         text = text.replace(target.location, target.display)
-    return text
+    return scrub(text, target.secrets)

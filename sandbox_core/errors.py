@@ -159,3 +159,53 @@ class SandboxCommitPermissionError(SandboxCommitError, SandboxPermissionError):
 
 class SandboxRollbackPermissionError(SandboxRollbackError, SandboxPermissionError):
     """Rollback refused for permissions before touching anything."""
+
+
+class SandboxRetryableError(SandboxError):
+    """A temporary failure: nothing changed, the sandbox keeps its status; try again later.
+
+    ``retryable`` is always True, so that callers (the operator's error mapping, the CLI) can
+    tell "not now" from "never" without knowing every subclass.
+    """
+
+    retryable = True
+
+
+class SandboxBusyError(SandboxRetryableError):
+    """The database stayed locked by another connection for the whole bounded wait.
+
+    Raised by ``TransactionSandbox`` after retrying with backoff for ``timeout_seconds``
+    (SQLite ``SQLITE_BUSY`` / ``SQLITE_LOCKED``; PostgreSQL lock timeout or deadlock). The
+    statement or commit did not happen; the sandbox stays ACTIVE (issue 7, case 31).
+    """
+
+
+class SandboxConnectionError(SandboxRetryableError):
+    """The database server cannot be reached (or refused the login).
+
+    Raised by ``TransactionSandbox`` when reconnecting failed for ``timeout_seconds``. The
+    sandbox keeps its status and statement log: the next call reconnects and replays the log.
+    A commit whose outcome could not be checked is settled by the next ``commit()``, which looks
+    for the commit marker first.
+    """
+
+
+class SandboxReplayDivergedError(SandboxCommitError):
+    """Replaying the statement log did not reproduce what the sandbox saw (issue 7, case 32).
+
+    A logged statement failed on replay, or returned other rows, another row count or another
+    generated id (``lastrowid``, a sequence value) than when the sandbox ran it, so applying the
+    log would commit something else than what the actor saw. Nothing was applied: the database
+    is unchanged, and the sandbox stays ACTIVE (roll it back and redo the work).
+    ``TransactionSandbox.execute`` raises it too when it has to replay the log.
+
+    Attributes:
+        statement: 1-based position of the diverging statement in the log.
+        sql: its SQL text.
+        conflicts: ``["statement <n>: <sql>"]`` (so every caller treats it as a conflict).
+    """
+
+    def __init__(self, message: str, *, statement: int, sql: str) -> None:
+        super().__init__(message, conflicts=[f"statement {statement}: {sql}"])
+        self.statement = statement
+        self.sql = sql

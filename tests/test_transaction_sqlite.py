@@ -16,11 +16,12 @@ from sandbox_core import SandboxFactory
 from sandbox_core.errors import (
     SandboxCreationError,
     SandboxError,
+    SandboxReplayDivergedError,
     SandboxRollbackError,
-    SandboxStateError,
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies import transaction
+from sandbox_core.strategies._statement_log import StatementLog
 from sandbox_core.strategies.transaction import (
     STATEMENT_LOG,
     SandboxStatementError,
@@ -115,7 +116,7 @@ def test_log_write_failure_undoes_the_statement(
 ) -> None:
     sandbox = new_sandbox(made, database, tmp_path)
     with (
-        mock.patch.object(TransactionSandbox, "_append_log", side_effect=OSError("disk full")),
+        mock.patch.object(StatementLog, "append", side_effect=OSError("disk full")),
         pytest.raises(SandboxError, match="could not be recorded"),
     ):
         sandbox.execute("INSERT INTO items (name) VALUES ('lost')")
@@ -135,7 +136,7 @@ def test_torn_last_log_line_is_ignored(
     assert sandbox.execute("SELECT name FROM items") == [("kept",)]
 
 
-def test_replay_conflicting_with_the_original_marks_the_sandbox_errored(
+def test_replay_conflicting_with_the_original_is_refused_and_the_sandbox_stays_active(
     made: list[TransactionSandbox], database: str, tmp_path: Path
 ) -> None:
     sandbox = new_sandbox(made, database, tmp_path)
@@ -145,28 +146,21 @@ def test_replay_conflicting_with_the_original_marks_the_sandbox_errored(
     conn.execute("INSERT INTO items (name) VALUES ('dup')")  # someone else wins the unique name
     conn.commit()
     conn.close()
-    with pytest.raises(SandboxError, match="replaying logged statement 1"):
+    # SQLite replays the log for every statement: the conflict shows at once, named.
+    with pytest.raises(SandboxReplayDivergedError, match="statement 1 of 1") as caught:
         sandbox.execute("SELECT 1")
-    assert sandbox.status is SandboxStatus.ERRORED
-    with pytest.raises(SandboxStateError):
+    assert caught.value.statement == 1
+    assert "UNIQUE constraint failed" in str(caught.value)
+    assert sandbox.status is SandboxStatus.ACTIVE
+    with pytest.raises(SandboxReplayDivergedError, match="nothing was committed"):
         sandbox.commit()
-
-
-def test_commit_replay_failure_is_a_commit_error(
-    made: list[TransactionSandbox], database: str, tmp_path: Path
-) -> None:
-    sandbox = new_sandbox(made, database, tmp_path)
-    sandbox.execute("INSERT INTO items (name) VALUES ('dup')")
-    sandbox.close()
-    conn = sqlite3.connect(database)
-    conn.execute("INSERT INTO items (name) VALUES ('dup')")
-    conn.commit()
-    conn.close()
-    with pytest.raises(SandboxError, match="UNIQUE constraint failed") as caught:
-        sandbox.commit()
-    assert type(caught.value).__name__ == "SandboxCommitError"
-    assert sandbox.status is SandboxStatus.ERRORED
+    assert sandbox.status is SandboxStatus.ACTIVE
     assert sandbox.commit_landed() is False
+    assert rows(database) == [("dup", None)]
+    sandbox.rollback()  # start over: the log is discarded
+    sandbox.execute("INSERT INTO items (name) VALUES ('redo')")
+    sandbox.commit()
+    assert rows(database) == [("dup", None), ("redo", None)]
 
 
 def test_rollback_failure_is_translated(
@@ -176,7 +170,7 @@ def test_rollback_failure_is_translated(
     sandbox.execute("INSERT INTO items (name) VALUES ('a')")
     with (
         mock.patch.object(
-            TransactionSandbox, "_write_log_atomically", side_effect=OSError("read-only fs")
+            StatementLog, "replace", side_effect=OSError("read-only fs")
         ),
         pytest.raises(SandboxRollbackError, match="read-only fs"),
     ):

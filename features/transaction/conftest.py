@@ -9,6 +9,7 @@ Restart scenarios run ``txn_child.py`` in separate processes that die with their
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,10 +24,12 @@ from pytest_bdd import given, parsers, then, when
 from ulid import ULID
 
 from sandbox_core import _db
+from sandbox_core._dsn import redact, secrets_of
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
     SandboxError,
+    SandboxReplayDivergedError,
     SandboxStateError,
 )
 from sandbox_core.protocol import Sandbox
@@ -92,8 +95,14 @@ def _attempt(world: dict[str, Any], action: Any) -> None:
 
 
 def _child(world: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    # The password goes through libpq's environment, never through process arguments; the
+    # child sees the redacted DSN, as a process reopening a stored record does.
+    env = dict(os.environ)
+    secrets = secrets_of(world["original"])
+    if secrets:
+        env["PGPASSWORD"] = secrets[0]
     spec.update(
-        original=world["original"],
+        original=redact(world["original"]),
         sandbox_root=str(world["root"]),
         state_dir=str(world["state_dir"]),
         placeholder=world["placeholder"],
@@ -104,6 +113,7 @@ def _child(world: dict[str, Any], **spec: Any) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     reply: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -283,7 +293,10 @@ def _child_commit_dies(txn: dict[str, Any]) -> None:
 @when("the txn stored sandbox is reopened here")
 def _reopen_here(txn: dict[str, Any]) -> None:
     record = SandboxStore(txn["state_dir"]).load(txn["sandbox_id"])
-    _track(txn, TransactionSandbox.reopen(record))
+    assert secrets_of(record["original_path"]) == ()  # stored redacted
+    sandbox = _track(txn, TransactionSandbox.reopen(record))
+    if txn["backend"] == "postgresql":
+        sandbox.use_credentials(txn["original"])  # the record keeps no password
 
 
 # -- then ----------------------------------------------------------------------------------------
@@ -475,3 +488,77 @@ def _context_none(txn: dict[str, Any]) -> None:
 def _protocol(txn: dict[str, Any]) -> None:
     assert isinstance(txn["sandbox"], Sandbox)
     assert txn["sandbox"].rollbackable is False
+
+
+# -- living next to the application (cases 31 and 32) --------------------------------------------
+
+APP_TIMEOUT_SECONDS = 0.5
+
+
+def _app_run(world: dict[str, Any], sql: str, params: tuple[Any, ...] = ()) -> None:
+    """One autocommit statement as the application, giving up after APP_TIMEOUT_SECONDS."""
+    if world["backend"] == "sqlite":
+        conn = sqlite3.connect(world["original"], isolation_level=None, timeout=APP_TIMEOUT_SECONDS)
+        try:
+            conn.execute(sql, params)
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(world["original"], autocommit=True) as pg:
+        pg.execute(f"SET lock_timeout = {int(APP_TIMEOUT_SECONDS * 1000)}")
+        pg.execute(sql.replace("?", "%s"), params)
+
+
+@given(parsers.parse('the txn database journal mode is "{mode}"'))
+def _journal_mode(txn: dict[str, Any], mode: str) -> None:
+    if txn["backend"] != "sqlite":
+        return
+    conn = sqlite3.connect(txn["original"], isolation_level=None)
+    try:
+        assert conn.execute(f"PRAGMA journal_mode={mode}").fetchone()[0] == mode
+    finally:
+        conn.close()
+
+
+@given(parsers.parse('a txn {backend} database with a "parent" table with generated ids'))
+def _parent_database(txn: dict[str, Any], request: pytest.FixtureRequest, backend: str) -> None:
+    _database(txn, request, backend, "seed")
+    column = "id INTEGER PRIMARY KEY" if txn["backend"] == "sqlite" else "id serial PRIMARY KEY"
+    _app_run(txn, f"CREATE TABLE parent ({column}, name TEXT NOT NULL)")
+
+
+@when(parsers.parse('the txn sandbox reads "{table}"'))
+def _sandbox_reads_table(txn: dict[str, Any], table: str) -> None:
+    txn["sandbox"].execute(f"SELECT count(*) FROM {table}")  # noqa: S608 - test table name
+
+
+@when(parsers.parse('the txn application inserts "{name}" without waiting'))
+def _app_inserts(txn: dict[str, Any], name: str) -> None:
+    _app_run(txn, "INSERT INTO items (name) VALUES (?)", (name,))
+
+
+@when(parsers.parse('the txn sandbox inserts parent "{name}" and sees id {expected:d}'))
+def _sandbox_inserts_parent(txn: dict[str, Any], name: str, expected: int) -> None:
+    p = txn["placeholder"]
+    rows = txn["sandbox"].execute(
+        f"INSERT INTO parent (name) VALUES ({p}) RETURNING id",  # noqa: S608 - placeholder
+        (name,),
+    )
+    assert rows == [(expected,)]
+
+
+@when("the txn sandbox is closed")
+def _close(txn: dict[str, Any]) -> None:
+    txn["sandbox"].close()
+
+
+@when(parsers.parse('the txn application inserts parent "{name}"'))
+def _app_inserts_parent(txn: dict[str, Any], name: str) -> None:
+    _app_run(txn, "INSERT INTO parent (name) VALUES (?)", (name,))
+
+
+@then(parsers.parse("a txn SandboxReplayDivergedError should be raised naming statement {n:d}"))
+def _diverged(txn: dict[str, Any], n: int) -> None:
+    assert isinstance(txn["error"], SandboxReplayDivergedError), txn["error"]
+    assert txn["error"].statement == n
+    assert "database is unchanged" in str(txn["error"])

@@ -321,6 +321,51 @@ Feature: Transaction sandbox lifecycle (strategy "transaction_rollback")
       | backend    |
       | PostgreSQL |
 
+  # --- Living next to the application (issue 7: cases 31 and 32) ---
+
+  Scenario Outline: The application writes between the sandbox's statements without waiting
+    Given a txn <backend> database with an empty "items" table
+    And the txn database journal mode is "<mode>"
+    When a txn sandbox is created for plan "plan-001"
+    And the txn sandbox reads "items"
+    And the txn application inserts "app" without waiting
+    And txn row "alpha" is inserted through the sandbox
+    And the txn application inserts "app2" without waiting
+    And txn row "beta" is inserted through the sandbox
+    And the txn sandbox is committed
+    Then the txn original "items" table should hold "alpha,app,app2,beta"
+
+    Examples: embedded
+      | backend | mode   |
+      | SQLite  | wal    |
+      | SQLite  | delete |
+
+    @postgres
+    Examples: server
+      | backend    | mode   |
+      | PostgreSQL | server |
+
+  Scenario Outline: A replay that would change an id the sandbox saw is refused and changes nothing
+    Given a txn <backend> database with a "parent" table with generated ids
+    When a txn sandbox is created for plan "plan-001"
+    And the txn sandbox inserts parent "agent" and sees id 1
+    And the txn sandbox is closed
+    And the txn application inserts parent "app"
+    And the txn sandbox commit is attempted
+    Then a txn SandboxReplayDivergedError should be raised naming statement 1
+    And the txn sandbox should be in the "active" state
+    And the txn original "parent" table should hold "app"
+    And the txn commit should not have landed
+
+    Examples: embedded
+      | backend |
+      | SQLite  |
+
+    @postgres
+    Examples: server
+      | backend    |
+      | PostgreSQL |
+
   # --- Restart: another process takes over ---
 
   Scenario Outline: A sandbox reopened in another process replays its writes and commits them

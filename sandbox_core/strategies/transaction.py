@@ -2,38 +2,56 @@
 
 "Wraps database writes in a transaction. ``commit()`` issues ``COMMIT``; ``rollback()`` issues
 ``ROLLBACK``. Cannot be rolled back after ``COMMIT``." The original is a SQLite file (the embedded
-default; a path or ``sqlite:///abs/path``) or a PostgreSQL server (``postgresql://`` /
-``postgres://`` URI, driven through psycopg 3).
+default; a path or ``sqlite:///abs/path``) or a PostgreSQL server (a ``postgresql://`` /
+``postgres://`` URL or a libpq ``key=value`` DSN, driven through psycopg 3).
 
-Writes go through :meth:`TransactionSandbox.execute` / :meth:`TransactionSandbox.executemany`,
-which run inside the sandbox's open transaction, so reads see the sandbox's own writes and other
-connections see nothing until commit.
+Every write statement that succeeds is appended (fsynced) to
+``<sandbox_root>/txn/<sandbox_id>/statements.jsonl`` together with what it produced (row count,
+generated id, a digest of the rows it returned; ``_statement_log``). The log is the sandbox's
+transaction: commit is replay (when needed) + a marker row + ``COMMIT``, in one transaction.
 
-Surviving a process restart (DESIGN.md: "A sandbox must be re-openable from its persisted
-context"): an open transaction dies with its connection, so every write statement is also
-appended (fsynced) to ``<sandbox_root>/txn/<sandbox_id>/statements.jsonl``. A sandbox reopened
-in another process replays the log into a fresh transaction on first use, which restores its view;
-commit is replay (when needed) + a marker row + ``COMMIT``, all in one transaction.
+Lock policy, per backend (issue 7, case 31):
+
+- SQLite: no transaction is held between statements. Each ``execute`` opens a fresh connection,
+  ``BEGIN IMMEDIATE`` (``BEGIN`` for a read with an empty log), replays the log, runs the
+  statement, records it and rolls back; ``commit`` does the same and ends with ``COMMIT``. So the
+  application is never blocked between the sandbox's statements (in WAL and in rollback-journal
+  mode), a stale snapshot cannot exist, and ``BEGIN IMMEDIATE`` waits for other writers with the
+  busy timeout instead of failing at once on a read-to-write upgrade.
+- PostgreSQL: one transaction is held open between statements (replaying it would consume new
+  sequence values every time). Reads take no locks that block writers; rows the sandbox wrote
+  stay locked until commit, rollback or ``close()``, as in any transaction. ``lock_timeout``
+  bounds each wait for a lock.
+- A lock held by someone else (SQLite busy/locked; PostgreSQL lock timeout, deadlock) is retried
+  with backoff for ``timeout_seconds``, then raised as :class:`SandboxBusyError`: nothing changed
+  and the sandbox keeps its status. It never becomes ERRORED for a lock.
+
+Replay is verified (issue 7, case 32): every replayed statement must produce the outcome the log
+recorded, else nothing is applied and :class:`SandboxReplayDivergedError` names the statement;
+the sandbox stays ACTIVE. A connection the server closed (idle-in-transaction timeout,
+``pg_terminate_backend``, restart) is replaced and replayed transparently; a server that stays
+unreachable for ``timeout_seconds`` is a :class:`SandboxConnectionError` (status kept).
 
 Never applied twice: the marker row ``(sandbox_id, ...)`` goes into the bookkeeping table
 (``sandbox_commits`` unless ``bookkeeping_table=`` says otherwise) in the same transaction as the
 writes. :meth:`TransactionSandbox.commit_landed` reports whether it exists; ``commit()`` looks for
-it first and, when found (a crash after ``COMMIT`` but before the caller saved the new status),
-returns the recorded result instead of applying the statements again.
+it first and, when found, returns the recorded result instead of applying the statements again.
+
+Passwords are never stored (``_dsn``): the record, context and messages hold the redacted DSN; the
+password lives in this process's memory, or comes from libpq's ``PGPASSWORD`` / password file, or
+from :meth:`TransactionSandbox.use_credentials` after a reopen.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
-import os
 import re
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox_core._db import (
     Connection,
@@ -43,34 +61,63 @@ from sandbox_core._db import (
     check_identifier,
     parse_target,
 )
+from sandbox_core._dsn import redact, same_database, secrets_of
 from sandbox_core.base import BaseSandbox, logger
 from sandbox_core.errors import (
+    SandboxBusyError,
     SandboxCommitError,
+    SandboxConnectionError,
     SandboxCreationError,
     SandboxError,
+    SandboxReplayDivergedError,
+    SandboxRetryableError,
     SandboxStateError,
     SandboxStatementError,
 )
 from sandbox_core.protocol import CommitResult, SandboxContext, utc_now
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies._statement_log import LogEntry, Outcome, StatementLog
 
 STATEMENT_LOG = "statements.jsonl"
 DEFAULT_BOOKKEEPING_TABLE = "sandbox_commits"
 DEFAULT_TIMEOUT_SECONDS = 10.0
+FIRST_BACKOFF_SECONDS = 0.05
+MAX_BACKOFF_SECONDS = 1.0
 _SAVEPOINT = "sandbox_statement"
+_MARKER_SAVEPOINT = "sandbox_marker"
 _READ_KEYWORDS = frozenset({"SELECT", "VALUES", "SHOW", "TABLE"})
 _TRANSACTION_KEYWORDS = frozenset(
     {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
 )
 _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/|\()+", re.DOTALL)
+_CREDENTIALS_HINT = (
+    "the sandbox record keeps no password: supply it through PGPASSWORD, a password file "
+    "(PGPASSFILE, ~/.pgpass) or TransactionSandbox.use_credentials()"
+)
 
-
-class _ReplayError(Exception):
-    """A logged statement failed when replayed into a fresh transaction."""
+T = TypeVar("T")
 
 
 class _AlreadyCommittedError(Exception):
     """The commit marker exists: another process (or a crashed one) committed this sandbox."""
+
+
+class _StatementFailedError(Exception):
+    """The database refused a statement for the statement's own reasons (not a lock, not a
+    lost connection)."""
+
+    def __init__(self, error: DatabaseError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _DivergedError(Exception):
+    """A replayed statement did not reproduce its recorded outcome."""
+
+    def __init__(self, index: int, total: int, sql: str, detail: str) -> None:
+        super().__init__(f"statement {index} of {total} ({sql!r}): {detail}")
+        self.index = index
+        self.sql = sql
 
 
 class TransactionSandbox(BaseSandbox):
@@ -78,12 +125,14 @@ class TransactionSandbox(BaseSandbox):
 
     Args:
         resource_id: id of the sandboxed resource.
-        original_path: SQLite file path, ``sqlite:///abs/path``, or a PostgreSQL URI. Prefer a URI
-            without a password (libpq reads ``PGPASSWORD`` / ``~/.pgpass``): the value is
-            persisted in the sandbox record.
+        original_path: SQLite file path, ``sqlite:///abs/path``, or a PostgreSQL DSN (URL or
+            ``key=value``). A password in it is kept in this process's memory only:
+            ``original_path``, the context and :meth:`to_record` hold the redacted DSN
+            (``password=***``), so another process needs ``PGPASSWORD`` / a password file or
+            :meth:`use_credentials`.
         **options: ``sandbox_root`` (str, parent of the scratch dir), ``bookkeeping_table``
-            (str, default ``"sandbox_commits"``), ``timeout_seconds`` (float, connect and SQLite
-            busy timeout, default 10).
+            (str, default ``"sandbox_commits"``), ``timeout_seconds`` (float, default 10: the
+            connect timeout, each wait for a lock, and the budget of retries).
 
     ``get_path`` resolves inside the sandbox's scratch dir (``<sandbox_root>/txn/<sandbox_id>``),
     a private working area for the actor; it never returns the database file, which would bypass
@@ -94,8 +143,11 @@ class TransactionSandbox(BaseSandbox):
     rollbackable = False
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
-        super().__init__(resource_id, original_path, **options)
-        self._connection: Connection | None = None
+        super().__init__(resource_id, redact(str(original_path or "")), **options)
+        # The password-bearing DSN lives in memory only, never in the record.
+        self._dsn: str | None = str(original_path) if secrets_of(str(original_path)) else None
+        self._held: Connection | None = None
+        self._last_outcome: Outcome | None = None
 
     # -- public API beyond the protocol -------------------------------------------------------
 
@@ -105,18 +157,23 @@ class TransactionSandbox(BaseSandbox):
         ``sql`` and ``params`` go to the driver unchanged: ``?`` / ``:name`` placeholders for
         SQLite, ``%s`` / ``%(name)s`` for PostgreSQL. Parameter values must be ``None``, bool,
         int, float, str or bytes (they are recorded in the statement log). Statements other than
-        plain reads (``SELECT`` without ``INTO``, ``VALUES``, ``SHOW``, ``TABLE``) are logged.
+        plain reads (``SELECT`` without ``INTO``, ``VALUES``, ``SHOW``, ``TABLE``) are logged
+        with their outcome.
 
         Returns:
             The rows the statement returned, as tuples (``[]`` when it returns none).
 
         Raises:
-            SandboxStateError: the sandbox is not CREATED, ACTIVE or ROLLED_BACK.
+            SandboxStateError: the sandbox is not CREATED, ACTIVE or ROLLED_BACK, or it was
+                already committed by another process.
             SandboxStatementError: the database refused the statement, it is a transaction
                 control statement (use commit/rollback), or a parameter cannot be logged. The
                 sandbox stays usable.
-            SandboxError: the database is unreachable (retry later), or the sandbox's view could
-                not be restored by replaying its log (status becomes ERRORED).
+            SandboxBusyError: another connection kept the lock for ``timeout_seconds``.
+            SandboxConnectionError: the database stayed unreachable for ``timeout_seconds``.
+            SandboxReplayDivergedError: the log had to be replayed and did not reproduce what
+                the sandbox saw (status stays ACTIVE; roll back to start over).
+            SandboxError: the statement log cannot be read or written.
         """
         return self._run(sql, params, many=False)
 
@@ -128,11 +185,24 @@ class TransactionSandbox(BaseSandbox):
         """
         self._run(sql, list(seq_of_params), many=True)
 
+    @property
+    def last_outcome(self) -> dict[str, Any] | None:
+        """What the last successful :meth:`execute` in this process produced, or ``None``.
+
+        ``{"rowcount": int, "last_id": int | None, "rows": int, ...}``: rows changed (``-1``
+        when not applicable), the id the database generated for it (write statements only:
+        SQLite ``lastrowid`` of a table with an ``INTEGER PRIMARY KEY``, PostgreSQL
+        ``lastval()``), rows returned. The same values are recorded in the log and checked on
+        replay.
+        """
+        return self._last_outcome.to_json() if self._last_outcome else None
+
     def statements(self) -> list[dict[str, Any]]:
         """The logged write statements, oldest first, for review before commit.
 
-        Each entry is ``{"sql": str, "params": list | dict | None, "many": bool}`` (bytes
-        parameters appear as ``{"$bytes": "<base64>"}``).
+        Each entry is ``{"sql": str, "params": list | dict | None, "many": bool,
+        "outcome": {...}}`` (bytes parameters appear as ``{"$bytes": "<base64>"}``; ``outcome``
+        holds ``rowcount``, ``last_id``, ``rows``, ``rows_sha256`` and ``preview``).
 
         Raises:
             SandboxStateError: the sandbox has not been created.
@@ -140,7 +210,7 @@ class TransactionSandbox(BaseSandbox):
         """
         with self._lock:
             try:
-                return self._read_log()
+                return [entry.to_json() for entry in self._log().read()]
             except OSError as exc:
                 raise SandboxError(
                     f"cannot read statement log of {self.sandbox_id}: {exc}"
@@ -154,32 +224,69 @@ class TransactionSandbox(BaseSandbox):
         committed. Uses its own short connection; works in every status.
 
         Raises:
-            SandboxError: the database cannot be reached or queried.
+            SandboxConnectionError: the database stayed unreachable for ``timeout_seconds``.
+            SandboxError: the database cannot be queried.
         """
         with self._lock:
             try:
-                return self._read_marker() is not None
+                return self._retrying(self._read_marker) is not None
             except (DatabaseError, ValueError) as exc:
-                raise SandboxError(
-                    f"cannot check commit of sandbox {self.sandbox_id}: {exc}"
+                raise self._unavailable(
+                    exc, f"cannot check commit of sandbox {self.sandbox_id}"
                 ) from exc
 
     def close(self) -> None:
         """Roll back and close this process's connection; status and statement log are kept.
 
         The next :meth:`execute` or :meth:`commit` (here or in another process, after
-        :meth:`reopen`) replays the log into a fresh transaction. Use it before handing the
-        sandbox to another process: an open SQLite write transaction blocks other writers.
-        Idempotent.
+        :meth:`reopen`) replays the log into a fresh transaction. SQLite holds nothing between
+        statements anyway; on PostgreSQL this releases the rows the sandbox locked. Idempotent.
         """
         with self._lock:
             self._drop_connection()
+
+    def use_credentials(self, dsn: str) -> None:
+        """Give this process the password-bearing DSN of the original (after :meth:`reopen`).
+
+        The record keeps only the redacted DSN; the password given here stays in memory.
+
+        Raises:
+            ValueError: ``dsn`` names another database than this sandbox's original.
+        """
+        with self._lock:
+            if not same_database(dsn, self.original_path):
+                raise ValueError(
+                    f"{redact(dsn)} is not the original of sandbox {self.sandbox_id} "
+                    f"({self.original_path})"
+                )
+            self._drop_connection()
+            self._dsn = dsn if secrets_of(dsn) else None
+
+    def commit(self, message: str | None = None) -> CommitResult:
+        """Commit the logged statements (see :meth:`BaseSandbox.commit`).
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED or ACTIVE.
+            SandboxReplayDivergedError: the replay did not reproduce what the sandbox saw; the
+                database is unchanged and the sandbox stays ACTIVE.
+            SandboxBusyError, SandboxConnectionError: retry later; the sandbox stays ACTIVE (a
+                commit whose outcome was unknown is settled by the marker on the next call).
+            SandboxCommitError: any other failure (status becomes ERRORED).
+        """
+        with self._lock:
+            try:
+                return super().commit(message)
+            except SandboxRetryableError:
+                # Nothing was applied, or the marker settles it next time: stay usable.
+                if self._status is SandboxStatus.ERRORED:
+                    self._status = SandboxStatus.ACTIVE
+                raise
 
     # -- lifecycle hooks ------------------------------------------------------------------------
 
     def _do_create(self, plan_id: str) -> SandboxContext:
         try:
-            target = parse_target(self.original_path)
+            target = self._target()
             table = check_identifier(self._bookkeeping_table)
         except ValueError as exc:
             raise SandboxCreationError(f"cannot create {self.strategy} sandbox: {exc}") from exc
@@ -218,46 +325,27 @@ class TransactionSandbox(BaseSandbox):
         )
 
     def _do_commit(self, message: str | None) -> CommitResult:
+        doing = f"commit of sandbox {self.sandbox_id} failed"
         try:
-            recorded = self._read_marker()
-            if recorded is not None:
-                # COMMIT already landed (an earlier process crashed before saving the status).
-                self._drop_connection()
-                return self._result(recorded, already_committed=True)
-            connection = self._open_transaction()
-        except _AlreadyCommittedError:
-            # Committed by another process between the two checks.
-            recorded = self._read_marker()
-            assert recorded is not None  # markers are never deleted by sandbox_core
-            return self._result(recorded, already_committed=True)
-        except (DatabaseError, _ReplayError) as exc:
+            if self._target().backend == "sqlite":
+                return self._retrying(lambda: self._commit_fresh(message))
+            return self._commit_held(message)
+        except _DivergedError as exc:
+            raise self._diverged(exc, "nothing was committed") from exc
+        except (DatabaseError, ValueError) as exc:
             self._drop_connection()
-            raise SandboxCommitError(f"commit of sandbox {self.sandbox_id} failed: {exc}") from exc
-        marker = {
-            "committed_at": utc_now().isoformat(),
-            "statement_count": len(self._read_log()),
-            "message": message,
-        }
-        try:
-            self._write_marker(connection, marker)
-            connection.execute("COMMIT")
-        except DatabaseError as exc:
+            raise self._unavailable(exc, doing, commit=True) from exc
+        except OSError as exc:
             self._drop_connection()
-            # An error at or after COMMIT (connection lost, or a concurrent commit of the same
-            # sandbox) leaves the outcome to the marker: if it is there, the commit landed.
-            landed = self._marker_after_failure()
-            if landed is not None:
-                return self._result(landed, already_committed=landed != marker)
-            raise SandboxCommitError(f"commit of sandbox {self.sandbox_id} failed: {exc}") from exc
-        self._drop_connection()
-        return self._result(marker, already_committed=False)
+            raise SandboxCommitError(f"{doing}: statement log: {exc}") from exc
 
     def _do_rollback(self) -> None:
         # Discard the log first: after that, no process can bring these statements back.
-        self._write_log_atomically([])
-        if self._connection is not None and not self._connection.broken:
+        self._log().replace([])
+        held = self._held
+        if held is not None and not held.broken:
             try:
-                self._connection.execute("ROLLBACK")
+                held.execute("ROLLBACK")
             except DatabaseError as exc:
                 # The server discards the transaction when the connection closes anyway.
                 logger.warning("ROLLBACK of sandbox %s failed: %s", self.sandbox_id, exc)
@@ -269,18 +357,85 @@ class TransactionSandbox(BaseSandbox):
         if scratch is not None and scratch.exists():
             shutil.rmtree(scratch)
 
-    # -- transaction handling -------------------------------------------------------------------
+    # -- connections and retries ----------------------------------------------------------------
 
     @property
     def _bookkeeping_table(self) -> str:
         return str(self._options.get("bookkeeping_table") or DEFAULT_BOOKKEEPING_TABLE)
 
+    @property
+    def _timeout(self) -> float:
+        return float(self._options.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
+
     def _target(self) -> DatabaseTarget:
-        return parse_target(self.original_path)
+        return parse_target(self._dsn or self.original_path)
 
     def _connect(self, target: DatabaseTarget | None = None) -> Connection:
-        timeout = float(self._options.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
-        return Connection(target or self._target(), timeout_seconds=timeout)
+        return Connection(target or self._target(), timeout_seconds=self._timeout)
+
+    def _retrying(self, action: Callable[[], T]) -> T:
+        """``action()``, retried with backoff for ``timeout_seconds`` while the database is
+        busy or the connection was lost (each retry reconnects and replays).
+
+        Raises:
+            DatabaseError: the last error, once the time is up or it is not retryable.
+        """
+        deadline = time.monotonic() + self._timeout
+        delay = FIRST_BACKOFF_SECONDS
+        while True:
+            try:
+                return action()
+            except DatabaseError as exc:
+                if exc.permanent or not (exc.busy or exc.connection_lost):
+                    raise
+                if exc.connection_lost:
+                    self._drop_connection()
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.info(
+                    "sandbox %s: %s; retrying in %.2fs",
+                    self.sandbox_id,
+                    "database busy" if exc.busy else "connection lost",
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+
+    def _unavailable(
+        self, exc: DatabaseError | ValueError, doing: str, *, commit: bool = False
+    ) -> SandboxError:
+        """The sandbox error for a database error that retrying did not cure."""
+        if isinstance(exc, DatabaseError) and exc.connection_lost:
+            hint = (
+                f"; {_CREDENTIALS_HINT}"
+                if exc.permanent and self._dsn is None and "***" in self.original_path
+                else ""
+            )
+            return SandboxConnectionError(
+                f"{doing}: cannot reach database {self._target().display}: {exc}{hint} "
+                "(the sandbox and its statement log are kept; retry later)"
+            )
+        if isinstance(exc, DatabaseError) and exc.busy:
+            return SandboxBusyError(
+                f"{doing}: database {self._target().display} stayed locked by another "
+                f"connection for {self._timeout:g}s: {exc} (nothing changed; retry later)"
+            )
+        return SandboxCommitError(f"{doing}: {exc}") if commit else SandboxError(f"{doing}: {exc}")
+
+    def _diverged(self, exc: _DivergedError, consequence: str) -> SandboxReplayDivergedError:
+        return SandboxReplayDivergedError(
+            f"replay of sandbox {self.sandbox_id} diverged at {exc}; {consequence} and the "
+            "database is unchanged (roll the sandbox back and redo its work)",
+            statement=exc.index,
+            sql=exc.sql,
+        )
+
+    def _drop_connection(self) -> None:
+        connection, self._held = self._held, None
+        if connection is not None:
+            _finish(connection)
+
+    # -- statements -----------------------------------------------------------------------------
 
     def _run(self, sql: str, params: Any, *, many: bool) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -299,84 +454,129 @@ class TransactionSandbox(BaseSandbox):
                     f"{keyword} is managed by the sandbox: use commit() or rollback()"
                 )
             try:
-                entry = {"sql": sql, "params": _encode(params, many=many), "many": many}
+                entry = LogEntry.make(sql, params, many=many)
             except ValueError as exc:
                 raise SandboxStatementError(str(exc)) from exc
-            connection = self._open_for_statement()
-            self.activate()
+            logged = many or not _is_read_only(keyword, sql)
+            fresh = self._target().backend == "sqlite"
+            statement = self._fresh_statement if fresh else self._held_statement
             try:
-                connection.execute(f"SAVEPOINT {_SAVEPOINT}")
-                rows = _apply(connection, sql, params, many=many)
-            except DatabaseError as exc:
-                self._undo_statement(connection, exc)
+                rows, outcome = self._retrying(lambda: statement(entry, params, logged))
+            except _StatementFailedError as exc:
                 raise SandboxStatementError(
-                    f"statement failed in sandbox {self.sandbox_id}: {exc}",
-                    integrity=exc.integrity,
+                    f"statement failed in sandbox {self.sandbox_id}: {exc.error}",
+                    integrity=exc.error.integrity,
+                ) from exc.error
+            except _AlreadyCommittedError as exc:
+                raise SandboxStateError(
+                    f"sandbox {self.sandbox_id} was already committed (commit marker found); "
+                    "call commit() to record the result"
                 ) from exc
-            try:
-                if many or not _is_read_only(keyword, sql):
-                    self._append_log(entry)
-                connection.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-            except (OSError, DatabaseError) as exc:
-                self._undo_statement(connection, exc)
+            except _DivergedError as exc:
+                raise self._diverged(exc, "the statement did not run") from exc
+            except OSError as exc:
                 raise SandboxError(
-                    f"statement in sandbox {self.sandbox_id} could not be recorded: {exc}"
+                    f"statement in sandbox {self.sandbox_id} could not be recorded in its "
+                    f"statement log: {exc}"
                 ) from exc
+            except DatabaseError as exc:
+                raise self._unavailable(
+                    exc, f"statement in sandbox {self.sandbox_id} did not run"
+                ) from exc
+            self._last_outcome = outcome
             return rows
 
-    def _open_for_statement(self) -> Connection:
+    def _fresh_statement(
+        self, entry: LogEntry, params: Any, logged: bool
+    ) -> tuple[list[tuple[Any, ...]], Outcome]:
+        """SQLite: one short transaction that replays the log, runs the statement, rolls back."""
+        log = self._log()
+        immediate = logged or (log.path.exists() and log.path.stat().st_size > 0)
+        connection = self._connect()
         try:
-            return self._open_transaction()
-        except _AlreadyCommittedError as exc:
-            raise SandboxStateError(
-                f"sandbox {self.sandbox_id} was already committed (commit marker found); "
-                "call commit() to record the result"
-            ) from exc
-        except _ReplayError as exc:
-            self._status = SandboxStatus.ERRORED
-            raise SandboxError(f"cannot restore sandbox {self.sandbox_id}: {exc}") from exc
-        except DatabaseError as exc:
-            raise SandboxError(
-                f"cannot reach database {self._target().display} for sandbox "
-                f"{self.sandbox_id}: {exc}"
-            ) from exc
+            # IMMEDIATE takes the write lock up front (waiting with the busy timeout), so the
+            # transaction never has to upgrade a read snapshot that another writer made stale.
+            connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            self._refuse_if_committed(connection)
+            self._replay(connection, log.read())
+            self.activate()
+            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
+            if logged:
+                log.append(entry.with_outcome(outcome))
+            return rows, outcome
+        finally:
+            _finish(connection)
 
-    def _open_transaction(self) -> Connection:
-        """The live transaction holding every logged statement; replays the log when new.
+    def _held_statement(
+        self, entry: LogEntry, params: Any, logged: bool
+    ) -> tuple[list[tuple[Any, ...]], Outcome]:
+        """PostgreSQL: the statement runs under a savepoint in the held transaction."""
+        connection = self._open_held()
+        self.activate()
+        connection.execute(f"SAVEPOINT {_SAVEPOINT}")
+        try:
+            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
+            if logged:
+                self._log().append(entry.with_outcome(outcome))
+        except BaseException as exc:
+            self._undo_statement(connection, exc)
+            raise
+        try:
+            connection.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        except DatabaseError:
+            # The statement is logged: the next use replays it into a new transaction.
+            self._drop_connection()
+        return rows, outcome
+
+    def _open_held(self) -> Connection:
+        """The live PostgreSQL transaction holding every logged statement; replays when new.
 
         Raises:
-            DatabaseError: the database cannot be reached.
+            DatabaseError: the database cannot be reached or is busy.
             _AlreadyCommittedError: the commit marker exists; replaying would apply the log twice.
-            _ReplayError: a logged statement fails on replay (the original changed under it).
+            _DivergedError: the replay did not reproduce the log's outcomes.
         """
-        if self._connection is not None and not self._connection.broken:
-            return self._connection
+        if self._held is not None and not self._held.broken:
+            return self._held
         self._drop_connection()
         connection = self._connect()
         try:
             self._refuse_if_committed(connection)
             connection.execute("BEGIN")
-            for index, entry in enumerate(self._read_log(), start=1):
-                try:
-                    _apply(connection, entry["sql"], _decode(entry), many=bool(entry["many"]))
-                except DatabaseError as exc:
-                    if exc.connection_lost:
-                        raise
-                    raise _ReplayError(
-                        f"replaying logged statement {index} ({entry['sql']!r}) failed: {exc}"
-                    ) from exc
+            self._replay(connection, self._log().read())
         except BaseException:
             connection.close()
             raise
-        self._connection = connection
+        self._held = connection
         return connection
+
+    def _replay(self, connection: Connection, entries: list[LogEntry]) -> None:
+        """Run the logged statements again, checking each against its recorded outcome.
+
+        Raises:
+            _DivergedError: a statement failed, or produced another outcome.
+            DatabaseError: busy or connection lost (retryable).
+        """
+        total = len(entries)
+        for index, entry in enumerate(entries, start=1):
+            try:
+                _, outcome = _run_statement(
+                    connection, entry.sql, entry.driver_params(), entry.many, True
+                )
+            except _StatementFailedError as exc:
+                raise _DivergedError(
+                    index, total, entry.sql, f"failed on replay: {exc.error}"
+                ) from exc
+            difference = entry.outcome.difference(outcome) if entry.outcome else None
+            if difference is not None:
+                raise _DivergedError(index, total, entry.sql, f"on replay it {difference}")
 
     def _refuse_if_committed(self, connection: Connection) -> None:
         if self._read_marker(connection) is not None:
             raise _AlreadyCommittedError(self.sandbox_id)
 
-    def _undo_statement(self, connection: Connection, exc: Exception) -> None:
-        """Return the transaction to the state before the failed statement."""
+    def _undo_statement(self, connection: Connection, exc: BaseException) -> None:
+        """Return the held transaction to the state before the failed statement."""
         if isinstance(exc, DatabaseError) and exc.connection_lost:
             # The transaction died; the log still has every good statement for the next replay.
             self._drop_connection()
@@ -387,17 +587,94 @@ class TransactionSandbox(BaseSandbox):
         except DatabaseError:
             self._drop_connection()
 
-    def _drop_connection(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        if not connection.broken:
-            # No transaction open, or the server is gone: closing discards it either way.
-            with contextlib.suppress(DatabaseError):
-                connection.execute("ROLLBACK")
-        connection.close()
+    # -- commit ---------------------------------------------------------------------------------
+
+    def _commit_fresh(self, message: str | None) -> CommitResult:
+        """SQLite: replay, marker and COMMIT in one ``BEGIN IMMEDIATE`` transaction."""
+        connection = self._connect()
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            recorded = self._read_marker(connection)
+            if recorded is not None:
+                # COMMIT already landed (an earlier process crashed before saving the status).
+                return self._result(recorded, already_committed=True)
+            entries = self._log().read()
+            self._replay(connection, entries)
+            marker = self._new_marker(message, len(entries))
+            self._write_marker(connection, marker)
+            try:
+                connection.execute("COMMIT")
+            except DatabaseError as exc:
+                if exc.busy:
+                    raise  # the transaction is still open: rolled back below, then retried
+                return self._settle(marker, exc)
+            return self._result(marker, already_committed=False)
+        finally:
+            _finish(connection)
+
+    def _commit_held(self, message: str | None) -> CommitResult:
+        """PostgreSQL: marker and COMMIT in the held transaction (replayed if it died)."""
+        recorded = self._retrying(self._read_marker)
+        if recorded is not None:
+            # COMMIT already landed (an earlier process crashed before saving the status).
+            self._drop_connection()
+            return self._result(recorded, already_committed=True)
+
+        def attempt() -> CommitResult:
+            try:
+                connection = self._open_held()
+            except _AlreadyCommittedError:
+                # Committed by another process (or by our own COMMIT whose reply was lost).
+                found = self._read_marker()
+                assert found is not None  # markers are never deleted by sandbox_core
+                return self._result(found, already_committed=True)
+            marker = self._new_marker(message, len(self._log().read()))
+            try:
+                connection.execute(f"SAVEPOINT {_MARKER_SAVEPOINT}")
+                self._write_marker(connection, marker)
+                connection.execute(f"RELEASE SAVEPOINT {_MARKER_SAVEPOINT}")
+            except DatabaseError as exc:
+                if exc.busy and not exc.connection_lost:
+                    connection.execute(f"ROLLBACK TO SAVEPOINT {_MARKER_SAVEPOINT}")
+                    raise
+                if exc.connection_lost:
+                    raise
+                # For example a concurrent commit of this same sandbox inserted the marker.
+                self._drop_connection()
+                landed = self._read_marker()
+                if landed is not None:
+                    return self._result(landed, already_committed=True)
+                raise
+            try:
+                connection.execute("COMMIT")
+            except DatabaseError as exc:
+                self._drop_connection()
+                return self._settle(marker, exc)
+            self._drop_connection()
+            return self._result(marker, already_committed=False)
+
+        return self._retrying(attempt)
+
+    def _settle(self, marker: dict[str, Any], exc: DatabaseError) -> CommitResult:
+        """After an error at COMMIT, the marker decides whether the commit landed.
+
+        Raises:
+            DatabaseError: ``exc`` when the marker is absent (nothing landed), or the error of
+                reading the marker (outcome unknown: the next ``commit()`` checks first).
+        """
+        landed = self._read_marker()
+        if landed is None:
+            raise exc
+        return self._result(landed, already_committed=landed != marker)
 
     # -- commit marker --------------------------------------------------------------------------
+
+    def _new_marker(self, message: str | None, statement_count: int) -> dict[str, Any]:
+        return {
+            "committed_at": utc_now().isoformat(),
+            "statement_count": statement_count,
+            "message": message,
+        }
 
     def _read_marker(self, connection: Connection | None = None) -> dict[str, Any] | None:
         """The marker row of this sandbox (over a separate short connection unless given)."""
@@ -424,12 +701,6 @@ class TransactionSandbox(BaseSandbox):
             "statement_count": int(statement_count),
             "message": message,
         }
-
-    def _marker_after_failure(self) -> dict[str, Any] | None:
-        try:
-            return self._read_marker()
-        except DatabaseError:
-            return None
 
     def _write_marker(self, connection: Connection, marker: dict[str, Any]) -> None:
         table = check_identifier(self._bookkeeping_table)
@@ -474,50 +745,37 @@ class TransactionSandbox(BaseSandbox):
     def _scratch_dir(self) -> Path | None:
         return Path(self._context.sandbox_path) if self._context else None
 
-    def _log_path(self) -> Path:
-        return Path(self._require_context().sandbox_path) / STATEMENT_LOG
-
-    def _read_log(self) -> list[dict[str, Any]]:
-        path = self._log_path()
-        if not path.exists():
-            return []
-        lines = path.read_text(encoding="utf-8").splitlines()
-        entries = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                # A torn last line is a statement whose process died before execute() returned:
-                # its transaction died too, so it never happened.
-                if number == len(lines):
-                    break
-                raise
-        return entries
-
-    def _append_log(self, entry: dict[str, Any]) -> None:
-        with open(self._log_path(), "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def _write_log_atomically(self, entries: list[dict[str, Any]]) -> None:
-        path = self._log_path()
-        tmp = path.with_name(f".{STATEMENT_LOG}.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
+    def _log(self) -> StatementLog:
+        return StatementLog(Path(self._require_context().sandbox_path) / STATEMENT_LOG)
 
 
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def _apply(connection: Connection, sql: str, params: Any, *, many: bool) -> list[tuple[Any, ...]]:
-    if many:
-        connection.executemany(sql, params)
-        return []
-    return connection.execute(sql, params)
+def _run_statement(
+    connection: Connection, sql: str, params: Any, many: bool, capture: bool
+) -> tuple[list[tuple[Any, ...]], Outcome]:
+    """Run one statement and capture its outcome (the generated id only when ``capture``).
+
+    Raises:
+        _StatementFailedError: the database refused the statement itself.
+        DatabaseError: busy or connection lost (retryable).
+    """
+    try:
+        result = connection.run(sql, params, many=many, capture_id=capture)
+    except DatabaseError as exc:
+        if exc.busy or exc.connection_lost:
+            raise
+        raise _StatementFailedError(exc) from exc
+    return result.rows, Outcome.of(result.rows, result.rowcount, result.generated_id)
+
+
+def _finish(connection: Connection) -> None:
+    """Roll back whatever is open and close; the server discards it on close anyway."""
+    if not connection.broken:
+        with contextlib.suppress(DatabaseError):
+            connection.execute("ROLLBACK")
+    connection.close()
 
 
 def _leading_keyword(sql: str) -> str:
@@ -530,51 +788,3 @@ def _leading_keyword(sql: str) -> str:
 def _is_read_only(keyword: str, sql: str) -> bool:
     """Plain reads need no replay; anything else (including ``SELECT ... INTO``) is logged."""
     return keyword in _READ_KEYWORDS and not re.search(r"\bINTO\b", sql, re.IGNORECASE)
-
-
-def _encode(params: Any, *, many: bool) -> Any:
-    """JSON form of ``params`` for the statement log.
-
-    Raises:
-        ValueError: a value of another type than None, bool, int, float, str, bytes.
-    """
-    if many:
-        return [_encode(p, many=False) for p in params]
-    if params is None:
-        return None
-    if isinstance(params, dict):
-        return {str(k): _encode_value(v) for k, v in params.items()}
-    if isinstance(params, str | bytes):
-        raise ValueError("params must be a sequence or a mapping, not a string")  # noqa: TRY004 - callers map ValueError to SandboxStatementError
-    return [_encode_value(v) for v in params]
-
-
-def _encode_value(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
-    raise ValueError(
-        f"parameter of type {type(value).__name__} cannot be recorded in the statement log "
-        "(use None, bool, int, float, str or bytes)"
-    )
-
-
-def _decode(entry: dict[str, Any]) -> Any:
-    if entry.get("many"):
-        return [_decode_params(p) for p in entry["params"]]
-    return _decode_params(entry.get("params"))
-
-
-def _decode_params(params: Any) -> Any:
-    if params is None:
-        return None
-    if isinstance(params, dict):
-        return {k: _decode_value(v) for k, v in params.items()}
-    return tuple(_decode_value(v) for v in params)
-
-
-def _decode_value(value: Any) -> Any:
-    if isinstance(value, dict) and "$bytes" in value:
-        return base64.b64decode(value["$bytes"])
-    return value
