@@ -81,6 +81,10 @@ for package in (sandbox_core, sandbox_operator):
         names.append(info.name)
 for name in names:
     importlib.import_module(name)
+# The kopf tuning the startup handler applies exists at kopf's floor too.
+import kopf
+from sandbox_operator.main import tune
+tune(kopf.OperatorSettings())
 print(json.dumps({"modules": names, "version": sandbox_operator.__version__}))
 """
 

@@ -55,7 +55,8 @@ def tune(settings: kopf.OperatorSettings) -> None:
     # (kopf's default is 60 s, which would hold every deletion for a minute).
     settings.background.cancellation_polling = 1.0
     # Handlers are synchronous (git, rsync, exec): they run in this many threads at once.
-    settings.execution.max_workers = SETTINGS.max_workers
+    if SETTINGS.max_workers is not None:
+        settings.execution.max_workers = SETTINGS.max_workers
 
 
 @kopf.on.startup(id="configure")

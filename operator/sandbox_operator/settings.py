@@ -78,7 +78,9 @@ class Settings(BaseSettings):
         retry_period_seconds: period of renewals and of a standby's attempts.
         standby_health_port: port answering ``/healthz`` while a replica waits as a standby
             (kopf's own liveness endpoint only starts once it leads); 0 disables it.
-        max_workers: kopf's handler thread pool size (``settings.execution.max_workers``).
+        max_workers: kopf's handler thread pool size (``settings.execution.max_workers``); None
+            keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
+            did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -116,7 +118,7 @@ class Settings(BaseSettings):
     renew_deadline_seconds: Annotated[float, Field(gt=0)] = 10.0
     retry_period_seconds: Annotated[float, Field(gt=0)] = 2.0
     standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    max_workers: Annotated[int, Field(ge=1)] = 20
+    max_workers: Annotated[int, Field(ge=1)] | None = None
     fault_fail_commit: IdSet = frozenset()
     fault_fail_rollback: IdSet = frozenset()
     fault_provision_delay_seconds: Seconds = 0.0

@@ -13,7 +13,8 @@ run is repeatable), answers instead:
   API server never answers with 409, so they get only 429s and 500s;
 
 and ends every watch stream abruptly after a random 0.5-3 s (a dropped connection: no final
-chunk). ``counts`` says what was injected. Use::
+chunk). ``counts`` says what was injected and what was forwarded (by method): with ``rate=0``,
+no watch drops and no first conflict it is a counter of the operator's API round trips. Use::
 
     with ApiFaultProxy(local_apiserver, rate=0.1) as proxy:
         OperatorProcess(proxy, namespace, work)   # proxy.env() points KUBECONFIG at the proxy
@@ -63,11 +64,13 @@ class ApiFaultProxy:
         rate: float = 0.1,
         seed: int = 11,
         drop_watch_after: tuple[float, float] = (0.5, 3.0),
+        first_write_conflicts: bool = True,
     ) -> None:
         self.server = server
         self.rate = rate
         self.random = random.Random(seed)
         self.drop_watch_after = drop_watch_after
+        self.first_write_conflicts = first_write_conflicts
         self.counts: Counter[str] = Counter()
         self.port = free_port()
         self.server_url = f"http://127.0.0.1:{self.port}"
@@ -76,6 +79,7 @@ class ApiFaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._watches: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -126,10 +130,13 @@ class ApiFaultProxy:
             return
 
         async def shutdown() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            # Watches never end by themselves: cancel their handlers before the server waits.
+            for task in list(self._watches):
+                task.cancel()
             if self._session is not None:
                 await self._session.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -146,7 +153,7 @@ class ApiFaultProxy:
     def _fault(self, request: web.Request) -> int | None:
         kopf = request.headers.get("User-Agent", "").startswith("kopf/")
         writes = request.method in _WRITES and not kopf
-        if writes and not self.counts["409"]:
+        if writes and self.first_write_conflicts and not self.counts["409"]:
             return 409  # the operator's first write always meets a conflict: never untested
         if self.random.random() >= self.rate:
             return None
@@ -177,17 +184,25 @@ class ApiFaultProxy:
             if not watch:
                 data = await response.read()
                 self.counts["forwarded"] += 1
+                self.counts[f"forwarded_{request.method}"] += 1
                 return web.Response(status=response.status, body=data, headers=out_headers)
             stream = web.StreamResponse(status=response.status, headers=out_headers)
             await stream.prepare(request)
             self.counts["watch"] += 1
             lifetime = self.random.uniform(*self.drop_watch_after)
+            task = asyncio.current_task()
+            if task is not None:
+                self._watches.add(task)
             try:
                 async with asyncio.timeout(lifetime):
                     async for chunk in response.content.iter_any():
                         await stream.write(chunk)
+            except (aiohttp.ClientError, ConnectionError):
+                return stream  # either side went away (the operator stopped, or we do)
             except TimeoutError:
                 self.counts["watch_dropped"] += 1
                 if request.transport is not None:
                     request.transport.abort()  # no final chunk: the client sees a broken stream
+            finally:
+                self._watches.discard(task)  # type: ignore[arg-type]
             return stream
