@@ -173,3 +173,21 @@ def test_graceful_stop_hands_the_lease_over_at_once(
     print(f"graceful handover: stop {stopped:.2f}s, then lead after {handover:.2f}s")
     assert handover < LEASE_DURATION
     assert _holder(cluster).startswith("replica-b_")
+
+
+def test_a_leader_that_loses_the_lease_stops_at_once(
+    replicas: tuple[Cluster, OperatorProcess, OperatorProcess],
+) -> None:
+    """Fencing: when the Lease names another holder (or cannot be renewed), the leader exits
+    within one renewal period instead of reconciling beside the new holder."""
+    cluster, first, _ = replicas
+    first.start()
+    wait_for(lambda: _leading_at(first), 60, "replica-a leading")
+    cluster.kubectl(
+        "patch", "lease", LEASE, "--type=merge", "-p", '{"spec":{"holderIdentity":"intruder"}}'
+    )
+    began = time.monotonic()
+    assert first.wait_exit(30) == 70
+    assert time.monotonic() - began < RETRY_PERIOD + 5
+    assert "lost the lead" in first.logs()
+    assert _holder(cluster) == "intruder"  # it did not fight for the Lease on its way out
