@@ -4,9 +4,14 @@
 #   operator (default CMD):  kopf run --standalone --all-namespaces -m sandbox_operator.main ...
 #   workspace pod:           sandbox-core serve-workspace   (set as the pod's args)
 # Both run under tini as PID 1, so signals reach the process and git's children are reaped.
+#
+# The base image is pinned by digest (a tag moves; a digest names one build). To move it, resolve
+# the tag's current index digest (`docker buildx imagetools inspect python:3.11-slim`) and replace
+# both FROM lines. The version label comes from pyproject.toml, the one place the version is
+# written: docker build --build-arg VERSION="$(hack/version.sh)" .
 
 # --- build: install the project and its operator extras into a virtualenv -------------------
-FROM python:3.11-slim AS build
+FROM python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7 AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -20,11 +25,13 @@ COPY operator ./operator
 RUN /opt/venv/bin/pip install ".[operator]"
 
 # --- runtime ---------------------------------------------------------------------------------
-FROM python:3.11-slim
+FROM python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
+
+ARG VERSION
 
 LABEL org.opencontainers.image.title="sandbox-operator" \
       org.opencontainers.image.description="Kubernetes operator and workspace image for plan sandboxes" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/cleveragents/sandbox-operator"
 

@@ -15,6 +15,13 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     each): ``kubectl apply`` of the PlanCommit, then ``kubectl wait --for=condition=Committed``.
     Anchor: ``SandboxManager.commit_all`` of an M-sandbox plan with the same edits, with a
     ``SandboxStore`` (file journal), as the operator persists its state too.
+(d) Throughput, ``--throughput`` (issue 11): N Sandboxes to Active through the operator beside
+    the same ``kubectl apply`` into a namespace no operator watches plus the core's own time, with
+    the parts apart: apply (kubectl), handler (the provision handler's summed and mean duration
+    from the operator's own histogram), core (in-process), and the API round trips per object
+    (the operator talks through tests/apiserver/fault_proxy.py with no faults, which counts the
+    requests by method). Run once per ``--max-workers`` value (kopf's handler thread pool: its
+    default is Python's executor default, min(32, CPUs + 4)) for a before/after.
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
@@ -31,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +49,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from sandbox_core import SandboxFactory, SandboxManager, SandboxStore  # noqa: E402
-from tests.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.apiserver.fault_proxy import ApiFaultProxy  # noqa: E402
+from tests.apiserver.harness import LocalApiServer, free_port  # noqa: E402
 from tests.operator.support import (  # noqa: E402
     GIT_ENV,
     Cluster,
@@ -346,6 +355,111 @@ class Bench:
         )
         self.note(f"{count} Sandboxes (none) reached Active {elapsed:.1f} s after the apply began")
 
+    # -- (d) throughput, parts apart ---------------------------------------------------------
+
+    def bench_throughput(self, count: int, max_workers: int) -> dict[str, float]:
+        """N copy_on_write Sandboxes to Active through the operator, with the parts apart."""
+        tag = f"w{max_workers}"
+        source = make_source(self.work / f"d-source-{tag}", "copy_on_write")
+
+        def manifests(plan: str) -> list[dict[str, Any]]:
+            return [
+                sandbox_manifest(f"{plan}-{i:03d}", plan, "copy_on_write", source,
+                                 resource_id=f"res-{i:03d}")
+                for i in range(count)
+            ]  # fmt: skip
+
+        # Apply alone: the same objects into a namespace no operator watches.
+        bare = self.namespace(f"bench-d-bare-{tag}")
+        apply_alone = timed(lambda: self.apply_all(bare, manifests("bare")))
+        # The core alone, in this process.
+        factory = SandboxFactory()
+        options = self.core_factory_kwargs(f"d-{tag}")
+        made: list[Any] = []
+
+        def core() -> None:
+            for i in range(count):
+                sandbox = factory.create("copy_on_write", f"res-{i:03d}", str(source), **options)
+                sandbox.create("core")
+                sandbox.activate()
+                made.append(sandbox)
+
+        core_alone = timed(core)
+        for sandbox in made:
+            sandbox.cleanup()
+        # Through the operator, which talks to the API server through a counting proxy.
+        cluster = self.namespace(f"bench-d-{tag}")
+        port = free_port()
+        work = self.work / f"operator-d-{tag}"
+        work.mkdir()
+        with ApiFaultProxy(
+            self.server, rate=0.0, drop_watch_after=(1e9, 1e9), first_write_conflicts=False
+        ) as proxy:
+            env = {
+                **OPERATOR_ENV,
+                "SANDBOX_OPERATOR_METRICS_PORT": str(port),
+                "SANDBOX_OPERATOR_MAX_WORKERS": str(max_workers),
+            }
+            operator = OperatorProcess(proxy, cluster.namespace, work, extra_env=env)
+            cluster.operator = operator
+            operator.start()
+            try:
+                time.sleep(5)  # startup is not part of the figure
+                before = dict(proxy.counts)
+                plan = "thru"
+                started = time.perf_counter()
+                self.apply_all(cluster, manifests(plan))
+                applied = time.perf_counter() - started
+                self.wait_all_active(cluster, plan, count, timeout=60 + 3.0 * count)
+                total = time.perf_counter() - started
+                time.sleep(2)  # the last patches after Active
+                after = dict(proxy.counts)
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
+                    exposition = response.read().decode()
+            finally:
+                operator.stop()
+        handler_sum = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_sum",
+                              'handler="provision"')  # fmt: skip
+        handler_count = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_count",
+                                'handler="provision"')  # fmt: skip
+        requests = {
+            key.removeprefix("forwarded_"): (after.get(key, 0) - before.get(key, 0)) / count
+            for key in after
+            if key.startswith("forwarded_")
+        }
+        figures = {
+            "max_workers": max_workers,
+            "total_s": total,
+            "apply_in_run_s": applied,
+            "apply_alone_s": apply_alone,
+            "core_alone_s": core_alone,
+            "handler_sum_s": handler_sum,
+            "handler_runs": handler_count,
+            "handler_mean_s": handler_sum / handler_count if handler_count else 0.0,
+            "anchor_s": apply_alone + core_alone,
+            "ratio": total / (apply_alone + core_alone),
+            "requests_per_object": sum(requests.values()),
+            **{f"requests_{method}": value for method, value in sorted(requests.items())},
+        }
+        print(json.dumps(figures), flush=True)
+        self.rows.append(
+            (
+                f"{count} Sandboxes to Active (copy_on_write), kopf max_workers {max_workers}",
+                f"{total:.2f} s",
+                f"kubectl apply alone {apply_alone:.2f} s + core alone {core_alone:.2f} s",
+                f"{apply_alone + core_alone:.2f} s",
+                f"{figures['ratio']:.2f}x",
+            )
+        )
+        self.note(
+            f"max_workers {max_workers}: apply (in the run) {applied:.2f} s; provision handler "
+            f"{handler_count:.0f} runs, {handler_sum:.2f} s summed, "
+            f"{figures['handler_mean_s'] * 1000:.0f} ms mean; core alone {core_alone:.2f} s; "
+            f"API requests per Sandbox {figures['requests_per_object']:.2f} "
+            + ", ".join(f"{m} {v:.2f}" for m, v in sorted(requests.items()))
+        )
+        return figures
+
     def markdown(self) -> str:
         lines = [
             "| Operator (real API server) | Figure | Anchor (core, in-process) | Anchor | Ratio |",
@@ -356,6 +470,14 @@ class Bench:
         return "\n".join(lines) + "\n"
 
 
+def _sample(exposition: str, name: str, label: str) -> float:
+    """The value of the sample ``name{...label...}`` in a Prometheus exposition (0 if absent)."""
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=100)
@@ -363,6 +485,10 @@ def main() -> int:
     parser.add_argument("--rss-sandboxes", type=int, default=1000)
     parser.add_argument("--strategies", default="copy_on_write,git_worktree")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument(
+        "--throughput", action="store_true", help="run only (d), once per --max-workers value"
+    )
+    parser.add_argument("--max-workers", default="6,20", help="kopf thread pools for (d)")
     args = parser.parse_args()
     os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
 
@@ -380,6 +506,13 @@ def main() -> int:
                     check=True,
                 )
             bench = Bench(server, work)
+            if args.throughput:
+                for workers in args.max_workers.split(","):
+                    bench.bench_throughput(args.sandboxes, int(workers))
+                print("\n" + bench.markdown())
+                if args.markdown:
+                    args.markdown.write_text(bench.markdown())
+                return 0
             cluster = bench.namespace("bench")
             operator = bench.operator(cluster, "operator")
             try:

@@ -28,7 +28,7 @@ up() {
     command -v docker >/dev/null || { log "docker is missing"; exit 1; }
     command -v "$KIND" >/dev/null || { log "kind is missing (go install sigs.k8s.io/kind@latest)"; exit 1; }
     log "docker build $IMAGE"
-    docker build -t "$IMAGE" "$REPO"
+    docker build --build-arg VERSION="$("$REPO/hack/version.sh")" -t "$IMAGE" "$REPO"
     if ! "$KIND" get clusters | grep -qx "$NAME"; then
         args=(create cluster --name "$NAME" --config "$HERE/kind-config.yaml" --wait 180s)
         [[ -n "${KIND_NODE_IMAGE:-}" ]] && args+=(--image "$KIND_NODE_IMAGE")

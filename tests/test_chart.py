@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "sandbox-operator"
 CRD_DIR = REPO_ROOT / "crds"
 RUN_AS = 65532
+# pyproject.toml is the one place the version is written (issue 11).
+VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _find_helm() -> Path:
@@ -91,7 +94,8 @@ def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["name"] == "sandbox-operator"
-    assert chart["appVersion"] == "0.1.0"
+    assert chart["appVersion"] == VERSION
+    assert chart["version"] == VERSION
 
 
 def test_chart_crds_equal_top_level_crds() -> None:
@@ -127,7 +131,8 @@ def test_values_schema_closes_every_object() -> None:
     }
     assert string_maps == {
         ".serviceAccount.annotations", ".metrics.service.annotations", ".podAnnotations",
-        ".podLabels", ".nodeSelector",
+        ".podLabels", ".nodeSelector", ".metrics.serviceMonitor.labels",
+        ".metrics.prometheusRule.labels",
     }  # fmt: skip
     # Every key of values.yaml is declared.
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
@@ -172,22 +177,21 @@ def test_rendered_objects_and_labels(helm: Path) -> None:
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-        "Service", "ServiceAccount",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
     ]  # fmt: skip
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "sandbox-operator"
         assert labels["app.kubernetes.io/instance"] == "rel"
-        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/version"] == VERSION
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
 
 
-def test_deployment_is_hardened_single_replica(helm: Path) -> None:
+def test_deployment_is_hardened(helm: Path) -> None:
     objects = _render(helm)
     deployment = _one(objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2  # one active through leader election: tests/test_ha_chart.py
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "rel-sandbox-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -226,7 +230,7 @@ def test_deployment_runs_kopf_with_liveness_and_metrics(helm: Path) -> None:
     assert env["SANDBOX_OPERATOR_POD_NAMESPACE"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
-    assert env["SANDBOX_OPERATOR_WORKSPACE_IMAGE"] == "ghcr.io/cleveragents/sandbox-operator:0.1.0"
+    assert env["SANDBOX_OPERATOR_WORKSPACE_IMAGE"] == f"cleveragents/sandbox-operator:{VERSION}"
     assert env["SANDBOX_OPERATOR_ALLOW_PRIVILEGED_OVERLAY"] == "false"
     assert env["SANDBOX_OPERATOR_METRICS_PORT"] == "9090"
     service = _one(objects, "Service")
@@ -280,7 +284,7 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
 
 def test_watch_namespace_restricts_binding_and_args(helm: Path) -> None:
     objects = _render(helm, "watchNamespace=team-a")
-    binding = _one(objects, "RoleBinding")
+    binding = _one(objects, "RoleBinding", "rel-sandbox-operator")
     assert binding["metadata"]["namespace"] == "team-a"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -289,7 +293,7 @@ def test_watch_namespace_restricts_binding_and_args(helm: Path) -> None:
     }
     assert binding["subjects"][0]["namespace"] == "sandbox-system"
     # Only the discovery rights (CRDs, namespaces) stay cluster-wide.
-    cluster_binding = _one(objects, "ClusterRoleBinding")
+    cluster_binding = _one(objects, "ClusterRoleBinding", "rel-sandbox-operator-discovery")
     assert cluster_binding["roleRef"]["name"] == "rel-sandbox-operator-discovery"
     args = _container(objects)["args"]
     assert "--namespace=team-a" in args
@@ -308,14 +312,14 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         "workspace.image.repository=registry.local/workspace",
         "image.tag=1.2.3",
     )
-    assert sorted(o["kind"] for o in objects) == ["Deployment"]
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "PodDisruptionBudget"]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "existing-sa"
     env = _env(objects)
     assert env["SANDBOX_OPERATOR_METRICS_PORT"] == "0"
     assert env["SANDBOX_OPERATOR_ALLOW_PRIVILEGED_OVERLAY"] == "true"
     assert env["SANDBOX_OPERATOR_WORKSPACE_IMAGE"] == "registry.local/workspace:1.2.3"
-    assert _container(objects)["image"] == "ghcr.io/cleveragents/sandbox-operator:1.2.3"
+    assert _container(objects)["image"] == "cleveragents/sandbox-operator:1.2.3"
     assert {p["name"] for p in _container(objects)["ports"]} == {"health"}
 
 
@@ -372,7 +376,7 @@ def test_helm_install_into_real_apiserver(
     # The API server accepted the hardened pod template as rendered.
     deployment = local_apiserver.kubectl_json("get", "deployment", fullname, "-n", namespace)
     assert isinstance(deployment, dict)
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     # The operator's ServiceAccount may do what it needs, and no more (RBAC evaluated for real).
     subject = f"system:serviceaccount:{namespace}:{fullname}"
     for verb_resource, expected in (

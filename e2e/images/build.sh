@@ -10,7 +10,7 @@
 #
 # Environment:
 #   SANDBOX_E2E_CACHE   cache root (default $HOME/.cache/sandbox-operator/e2e)
-#   DEBIAN_MIRROR       debootstrap mirror (default: the first deb.debian.org-style URI apt uses)
+#   DEBIAN_MIRROR       debootstrap mirror (default: the mirror apt's sources use for the suite)
 #   PYTHON              Python that builds the wheels (default: the repo's .venv/bin/python)
 #
 # Tools and why (docs/testing-tiers.md, "Images"): debootstrap makes the root filesystem,
@@ -45,15 +45,47 @@ die() {
     exit 1
 }
 
+# The Debian mirror this machine's apt already uses for $SUITE: the first enabled "deb" entry of
+# /etc/apt/sources.list and sources.list.d/*.list (one-line format) or *.sources (deb822) whose
+# suites include $SUITE. No mirror is built in (no project file names a package host): with none
+# configured the build stops and says how to give one.
 mirror() {
     if [[ -n "${DEBIAN_MIRROR:-}" ]]; then
         echo "$DEBIAN_MIRROR"
         return
     fi
-    local uri
-    uri="$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
-        grep -oE 'https?://[^ ]+' | head -1 || true)"
-    echo "${uri:-http://deb.debian.org/debian}"
+    local found
+    found="$(SUITE="$SUITE" python3 - <<'PY'
+import glob, os, re
+suite = os.environ["SUITE"]
+def entries():
+    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+        if os.path.isfile(path):
+            for line in open(path, errors="replace"):
+                line = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+                if len(line) >= 3 and line[0] == "deb":
+                    yield "yes", [line[1]], [line[2]]
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        for stanza in re.split(r"\n\s*\n", open(path, errors="replace").read()):
+            fields = {}
+            for line in stanza.splitlines():
+                key, sep, value = line.partition(":")
+                if sep and not line.startswith(("#", " ", "\t")):
+                    fields[key.strip().lower()] = value.split()
+            if "deb" in fields.get("types", []):
+                enabled = (fields.get("enabled") or ["yes"])[0].lower()
+                yield enabled, fields.get("uris", []), fields.get("suites", [])
+for enabled, uris, suites in entries():
+    if enabled in ("yes", "true") and suite in suites:
+        for uri in uris:
+            if re.match(r"https?://", uri):
+                print(uri.rstrip("/"))
+                raise SystemExit(0)
+PY
+)"
+    [[ -n "$found" ]] || die "no Debian mirror for '$SUITE' in /etc/apt/sources.list or \
+/etc/apt/sources.list.d/ (*.list, *.sources); add one there or set DEBIAN_MIRROR=<mirror URL>"
+    echo "$found"
 }
 
 need() {
@@ -244,7 +276,7 @@ build_project() {
         --config.env HOME=/home/sandbox \
         --config.exposedports 8080/tcp --config.exposedports 9090/tcp \
         --config.label org.opencontainers.image.title=sandbox-operator \
-        --config.label org.opencontainers.image.version=0.1.0 \
+        --config.label org.opencontainers.image.version="$("$REPO/hack/version.sh")" \
         --config.entrypoint /usr/bin/tini --config.entrypoint -- \
         --config.cmd kopf --config.cmd run --config.cmd --standalone --config.cmd --all-namespaces \
         --config.cmd -m --config.cmd sandbox_operator.main \

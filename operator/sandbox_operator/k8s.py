@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
 
 from sandbox_operator.models import GROUP, VERSION
 
@@ -22,6 +23,15 @@ def load_config() -> None:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
+    # A throttled (429) or failing (5xx) API server is retried here, honouring Retry-After,
+    # instead of failing a journal write mid-saga (issue 11, the API fault proxy test). The
+    # writes made here are merge patches and creates whose 409 is handled: safe to repeat.
+    defaults = client.Configuration.get_default_copy()
+    defaults.retries = Retry(
+        total=6, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=None, respect_retry_after_header=True, raise_on_status=False,
+    )  # fmt: skip
+    client.Configuration.set_default(defaults)
 
 
 class Api:

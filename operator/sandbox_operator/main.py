@@ -2,10 +2,14 @@
 
 Run: ``kopf run --standalone -A -m sandbox_operator.main`` (or ``--namespace NS``). Handlers
 return nothing (case 15); progress and diff-base live in annotations, never in ``.status``.
+With ``SANDBOX_OPERATOR_LEADER_ELECTION=true`` (the chart's default) the startup handler first
+waits for the leader-election Lease (:mod:`sandbox_operator.leader`): of several replicas only
+the holder ever starts watching (issue 11, "High availability").
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -13,6 +17,7 @@ import kopf
 
 from sandbox_operator import k8s, metrics
 from sandbox_operator.events import kopf_events
+from sandbox_operator.leader import LeaderElector
 from sandbox_operator.logging_setup import configure_logging
 from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
@@ -35,10 +40,8 @@ def runtime() -> Runtime:
     return _RUNTIME[0]
 
 
-@kopf.on.startup(id="configure")
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """All tuning in one place (STYLE.md): storage, finalizer, posting, watching, metrics."""
-    configure_logging(SETTINGS.log_format)
+def tune(settings: kopf.OperatorSettings) -> None:
+    """All kopf tuning in one place (STYLE.md): storage, finalizer, posting, watching, workers."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -51,9 +54,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A deleted Sandbox waits for its TTL timer to stop before the finalizer goes; poll often
     # (kopf's default is 60 s, which would hold every deletion for a minute).
     settings.background.cancellation_polling = 1.0
+    # Handlers are synchronous (git, rsync, exec): they run in this many threads at once.
+    if SETTINGS.max_workers is not None:
+        settings.execution.max_workers = SETTINGS.max_workers
+
+
+@kopf.on.startup(id="configure")
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Tune kopf, serve metrics, wait for the lead (leader election), build the runtime."""
+    configure_logging(SETTINGS.log_format)
+    tune(settings)
     k8s.load_config()
-    _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]
+    # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
     metrics.serve(SETTINGS.metrics_port)
+    if SETTINGS.leader_election:
+        elector = LeaderElector(SETTINGS)
+        try:
+            leading = await asyncio.to_thread(elector.acquire)
+        except asyncio.CancelledError:
+            elector.stop()  # the operator stops while still a standby
+            raise
+        if not leading:
+            raise asyncio.CancelledError
+    _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]
 
 
 # -- Sandbox ------------------------------------------------------------------------------------

@@ -1,17 +1,21 @@
 """One typed settings object, read once from the environment (STYLE.md: "Configuration read once").
 
-Every variable is prefixed ``SANDBOX_OPERATOR_``; units are in the names. The fault hooks at the
-end exist only so that the real-API-server tests can kill the operator or fail a step at a chosen
-point (mocks only to inject faults); they are empty in production.
+pydantic-settings reads every variable prefixed ``SANDBOX_OPERATOR_`` (units are in the names);
+an empty variable means the default. A malformed value raises :class:`SettingsError` naming the
+variable. The fault hooks at the end exist only so that the real-API-server tests can kill the
+operator or fail a step at a chosen point (mocks only to inject faults); they are empty in
+production.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 PREFIX = "SANDBOX_OPERATOR_"
 
@@ -27,38 +31,26 @@ class SettingsError(ValueError):
     """An environment variable holds a value the operator cannot use."""
 
 
-def _text(env: Mapping[str, str], name: str, default: str) -> str:
-    value = env.get(PREFIX + name, "").strip()
-    return value or default
+Seconds = Annotated[float, Field(ge=0)]
+IdSet = Annotated[frozenset[str], NoDecode]
+
+# pydantic's error types, in the words the operator's users read (the variable name is added).
+_MESSAGES = {
+    "enum": "must be 'local' or 'pod'",
+    "literal_error": "must be one of {expected}",
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "bool_parsing": "must be true or false",
+}
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(PREFIX + name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{PREFIX}{name} must be a number, got {raw!r}") from exc
-    if value < 0:
-        raise SettingsError(f"{PREFIX}{name} must be >= 0, got {raw!r}")
-    return value
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(PREFIX + name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{PREFIX}{name} must be true or false, got {raw!r}")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator configuration. Build it with :meth:`from_env`.
+class Settings(BaseSettings):
+    """Operator configuration. Build it with :meth:`from_env`; ``Settings(...)`` takes overrides.
 
     Attributes:
         executor: ``local`` (core in-process) or ``pod`` (workspace Pod per Sandbox).
@@ -66,6 +58,8 @@ class Settings:
         sandbox_root: parent directory of sandbox artefacts (worktrees, copies, upper dirs).
         workspace_image: image of workspace Pods (the one image of the project).
         namespace: namespace the operator watches; empty means all namespaces.
+        pod_namespace: namespace the operator runs in (its leader-election Lease lives there).
+        pod_name: name of the operator's Pod (start of its Lease holder identity).
         allow_privileged_overlay: overlay containers may run privileged (real OverlayFS).
         metrics_port: port of the Prometheus endpoint; 0 disables it.
         retry_delay_seconds: delay of TemporaryError retries (API conflicts, Blocked PlanCommits).
@@ -74,82 +68,105 @@ class Settings:
         exec_timeout_seconds: limit of one ``sandbox-core`` call in a workspace Pod.
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
+        leader_election: only the holder of a ``coordination.k8s.io`` Lease reconciles
+            (several replicas, one active; :mod:`sandbox_operator.leader`).
+        leader_election_lease_name: name of that Lease in ``pod_namespace``.
+        lease_duration_seconds: a standby takes the Lease over when its holder has not renewed
+            it for this long.
+        renew_deadline_seconds: the holder exits when it could not renew for this long (must be
+            below ``lease_duration_seconds``: it stops before anyone else may start).
+        retry_period_seconds: period of renewals and of a standby's attempts.
+        standby_health_port: port answering ``/healthz`` while a replica waits as a standby
+            (kopf's own liveness endpoint only starts once it leads); 0 disables it.
+        max_workers: kopf's handler thread pool size (``settings.execution.max_workers``); None
+            keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
+            did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
-            compensation raises in the local executor.
+            compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
             sandbox and before the handler returns (case 16: delete while create runs).
         fault_commit_delay_seconds: test hook, a pause before each sandbox commit of the local
             executor (a PlanCommit that is still running when a second one arrives).
     """
 
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_ignore_empty=True,
+        frozen=True,
+        extra="ignore",
+    )
+
     executor: ExecutorKind = ExecutorKind.LOCAL
     state_dir: Path = Path("/var/lib/sandbox-operator/state")
     sandbox_root: Path = Path("/var/lib/sandbox-operator/sandboxes")
-    workspace_image: str = "ghcr.io/cleveragents/sandbox-operator:latest"
+    workspace_image: str = "sandbox-operator:latest"
     namespace: str = ""
+    pod_namespace: str = "default"
+    pod_name: str = ""
     allow_privileged_overlay: bool = False
-    metrics_port: int = 9090
-    retry_delay_seconds: float = 5.0
-    ttl_check_interval_seconds: float = 10.0
-    watch_server_timeout_seconds: float = 300.0
-    watch_client_timeout_seconds: float = 330.0
-    exec_timeout_seconds: float = 300.0
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9090
+    retry_delay_seconds: Seconds = 5.0
+    ttl_check_interval_seconds: Seconds = 10.0
+    watch_server_timeout_seconds: Seconds = 300.0
+    watch_client_timeout_seconds: Seconds = 330.0
+    exec_timeout_seconds: Seconds = 300.0
     scratch_volume_size: str = "1Gi"
-    log_format: str = "json"
-    fault_fail_commit: frozenset[str] = field(default_factory=frozenset)
-    fault_fail_rollback: frozenset[str] = field(default_factory=frozenset)
-    fault_provision_delay_seconds: float = 0.0
-    fault_commit_delay_seconds: float = 0.0
+    log_format: Literal["json", "plain"] = "json"
+    leader_election: bool = False
+    leader_election_lease_name: str = "sandbox-operator-leader"
+    lease_duration_seconds: Annotated[float, Field(gt=0)] = 15.0
+    renew_deadline_seconds: Annotated[float, Field(gt=0)] = 10.0
+    retry_period_seconds: Annotated[float, Field(gt=0)] = 2.0
+    standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    max_workers: Annotated[int, Field(ge=1)] | None = None
+    fault_fail_commit: IdSet = frozenset()
+    fault_fail_rollback: IdSet = frozenset()
+    fault_provision_delay_seconds: Seconds = 0.0
+    fault_commit_delay_seconds: Seconds = 0.0
+
+    @field_validator("fault_fail_commit", "fault_fail_rollback", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> Self:
+        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+            raise ValueError(
+                f"{PREFIX}RENEW_DEADLINE_SECONDS must be below {PREFIX}LEASE_DURATION_SECONDS"
+            )
+        return self
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read every setting from ``env`` (default ``os.environ``).
 
         Raises:
-            SettingsError: a value is malformed (unknown executor, negative timeout, ...).
+            SettingsError: a value is malformed (unknown executor, negative timeout, ...); the
+                message names the variable and the value.
         """
-        env = os.environ if env is None else env
-        executor_raw = _text(env, "EXECUTOR", ExecutorKind.LOCAL.value)
+        source = EnvSettingsSource(cls, env_prefix=PREFIX, env_ignore_empty=True)
+        if env is not None:
+            source.env_vars = {key.lower(): value for key, value in env.items() if value}
         try:
-            executor = ExecutorKind(executor_raw)
-        except ValueError as exc:
-            raise SettingsError(
-                f"{PREFIX}EXECUTOR must be 'local' or 'pod', got {executor_raw!r}"
-            ) from exc
-        log_format = _text(env, "LOG_FORMAT", "json")
-        if log_format not in ("json", "plain"):
-            raise SettingsError(f"{PREFIX}LOG_FORMAT must be 'json' or 'plain', got {log_format!r}")
-        defaults = cls()
-        return cls(
-            executor=executor,
-            state_dir=Path(_text(env, "STATE_DIR", str(defaults.state_dir))),
-            sandbox_root=Path(_text(env, "SANDBOX_ROOT", str(defaults.sandbox_root))),
-            workspace_image=_text(env, "WORKSPACE_IMAGE", defaults.workspace_image),
-            namespace=_text(env, "NAMESPACE", ""),
-            allow_privileged_overlay=_flag(env, "ALLOW_PRIVILEGED_OVERLAY", False),
-            metrics_port=int(_number(env, "METRICS_PORT", defaults.metrics_port)),
-            retry_delay_seconds=_number(env, "RETRY_DELAY_SECONDS", defaults.retry_delay_seconds),
-            ttl_check_interval_seconds=_number(
-                env, "TTL_CHECK_INTERVAL_SECONDS", defaults.ttl_check_interval_seconds
-            ),
-            watch_server_timeout_seconds=_number(
-                env, "WATCH_SERVER_TIMEOUT_SECONDS", defaults.watch_server_timeout_seconds
-            ),
-            watch_client_timeout_seconds=_number(
-                env, "WATCH_CLIENT_TIMEOUT_SECONDS", defaults.watch_client_timeout_seconds
-            ),
-            exec_timeout_seconds=_number(
-                env, "EXEC_TIMEOUT_SECONDS", defaults.exec_timeout_seconds
-            ),
-            scratch_volume_size=_text(env, "SCRATCH_VOLUME_SIZE", defaults.scratch_volume_size),
-            log_format=log_format,
-            fault_fail_commit=_id_set(env, "FAULT_FAIL_COMMIT"),
-            fault_fail_rollback=_id_set(env, "FAULT_FAIL_ROLLBACK"),
-            fault_provision_delay_seconds=_number(env, "FAULT_PROVISION_DELAY_SECONDS", 0.0),
-            fault_commit_delay_seconds=_number(env, "FAULT_COMMIT_DELAY_SECONDS", 0.0),
-        )
+            # model_validate, not cls(): the values come from ``env`` only, never os.environ.
+            return cls.model_validate(source())
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc)) from None
 
 
-def _id_set(env: Mapping[str, str], name: str) -> frozenset[str]:
-    raw = env.get(PREFIX + name, "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+def _explain(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = "".join(str(part) for part in error["loc"][:1]).upper()
+        template = _MESSAGES.get(error["type"])
+        ctx = error.get("ctx") or {}
+        if template:
+            text = template.format(**ctx)
+        else:
+            text = str(ctx["error"]) if "error" in ctx else error["msg"]
+        name = f"{PREFIX}{where}" if where else "settings"
+        lines.append(f"{name} {text}, got {error.get('input')!r}" if where else str(text))
+    return "; ".join(lines)

@@ -45,13 +45,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* repo@digest when image.digest is set (a digest names one build), else repo:tag. */}}
 {{- define "sandbox-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+{{- end }}
 
-{{/* Workspace pods use the same image unless told otherwise (one image, two entrypoints). */}}
+{{/* Workspace pods use the same image unless told otherwise (one image, two entrypoints);
+with image.digest and no workspace override they use the same digest. */}}
 {{- define "sandbox-operator.workspaceImage" -}}
 {{- $repo := default .Values.image.repository .Values.workspace.image.repository }}
+{{- if and .Values.image.digest (not .Values.workspace.image.repository) (not .Values.workspace.image.tag) }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
 {{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.workspace.image.tag }}
 {{- printf "%s:%s" $repo $tag }}
+{{- end }}
 {{- end }}
