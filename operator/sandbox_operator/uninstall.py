@@ -107,9 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         k8s.load_config()
-        left = delete_all(
-            k8s.Api().custom, args.namespace, args.timeout_seconds, args.poll_seconds
-        )
+        left = delete_all(k8s.Api().custom, args.namespace, args.timeout_seconds, args.poll_seconds)
     except ApiException as exc:
         logger.exception("API error: %s %s", exc.status, exc.reason)
         return 2
