@@ -248,7 +248,7 @@ def test_pre_delete_hook_fails_when_the_operator_is_down(
     repo = make_repo(tmp_path / "repo", {"f.txt": "x\n"})
     operator.start()
     cluster.create(sandbox_manifest("s1", "plan-19b", "git_worktree", repo))
-    active(cluster, "s1")
+    sandbox_path = Path(active(cluster, "s1")["sandboxPath"])
     operator.stop()
     done = subprocess.run(
         [sys.executable, "-m", "sandbox_operator.uninstall", f"--namespace={cluster.namespace}",
@@ -260,8 +260,11 @@ def test_pre_delete_hook_fails_when_the_operator_is_down(
     body = cluster.get("sandbox", "s1")
     assert body is not None and body["metadata"]["deletionTimestamp"]
     assert "sandbox.cleveragents.io/cleanup" in body["metadata"]["finalizers"]
-    operator.start()  # back: the finalizer runs and the object goes
+    assert (sandbox_path / "f.txt").is_file()  # untouched while the operator is down
+    operator.start()  # back: the finalizer runs and the object goes (case 19, step 1)
     wait_for(lambda: cluster.gone("sbx", "s1"), 60, "s1 finalized after the operator is back")
+    assert not sandbox_path.exists()
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
 
 
 def _token_kubeconfig(server: Any, token: str) -> str:
