@@ -84,7 +84,12 @@ def operator_release(kube: Kube) -> Iterator[Release]:
             [kube.helm_path, "uninstall", RELEASE, "--namespace", namespace, "--wait"], check=False
         )
         kube.kubectl(
-            "delete", "-f", str(CHART / "crds"), "--ignore-not-found", "--wait=true", check=False
+            "delete",
+            "-f",
+            str(CHART / "files" / "crds"),
+            "--ignore-not-found",
+            "--wait=true",
+            check=False,
         )
         kube.kubectl(
             "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", check=False

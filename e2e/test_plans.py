@@ -201,8 +201,6 @@ def test_delete_cleanup_leaves_nothing(kube: Kube, namespace: str, originals: Or
     plan_selector = "sandbox.cleveragents.io/plan-id=plan-gc"
     assert len(kube.names("pods", namespace, plan_selector)) == 3
     assert kube.names("pvc", namespace, plan_selector)
-    kube.apply(namespace, plancommit_manifest("commit-gc", "plan-gc", cleanup="Delete"))
-    assert kube.wait_phase("plancommit", namespace, "commit-gc", TERMINAL)["phase"] == "Committed"
     volumes_before = {
         pv["metadata"]["name"]
         for pv in kube.json("get", "pv")["items"]
@@ -210,6 +208,11 @@ def test_delete_cleanup_leaves_nothing(kube: Kube, namespace: str, originals: Or
         and pv["spec"]["claimRef"]["name"] != "originals"
     }
     assert volumes_before
+    kube.apply(namespace, plancommit_manifest("commit-gc", "plan-gc", cleanup="Delete"))
+    assert kube.wait_phase("plancommit", namespace, "commit-gc", TERMINAL)["phase"] == "Committed"
+    # cleanupPolicy Delete: the Sandboxes go as soon as the commit succeeded (issue 11 §6).
+    wait_until("the plan's Sandboxes gone", lambda: not kube.names("sbx", namespace, ""), 120)
+    assert kube.names("pcommit", namespace, "") == ["commit-gc"]
 
     kube.kubectl("delete", "pcommit", "commit-gc", "-n", namespace, "--wait=true", "--timeout=180s")
     wait_until("the plan's Sandboxes gone", lambda: not kube.names("sbx", namespace, ""), 120)

@@ -78,6 +78,16 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+def _release(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's own objects: without the CRDs and the pre-delete hook's objects."""
+    return [
+        o
+        for o in objects
+        if o["kind"] != "CustomResourceDefinition"
+        and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})
+    ]
+
+
 def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     return container  # type: ignore[no-any-return]
@@ -98,11 +108,17 @@ def test_chart_metadata() -> None:
     assert chart["version"] == VERSION
 
 
+CHART_CRDS = CHART_DIR / "files" / "crds"
+
+
 def test_chart_crds_equal_top_level_crds() -> None:
+    """crds/ is the one source; the chart's copy (read by templates/crds.yaml) never drifts."""
     top = {p.name: p.read_bytes() for p in sorted(CRD_DIR.glob("*.yaml"))}
-    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "crds").glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted(CHART_CRDS.glob("*.yaml"))}
     assert top, "no CRDs in crds/"
-    assert chart == top, "charts/sandbox-operator/crds/ differs from crds/: copy them over"
+    assert chart == top, "charts/sandbox-operator/files/crds/ differs from crds/: copy them over"
+    # Helm's crds/ directory would install once and never upgrade: it must not come back.
+    assert not (CHART_DIR / "crds").exists()
 
 
 def _schema_objects(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -141,8 +157,9 @@ def test_values_schema_closes_every_object() -> None:
 
 def test_chart_readme_explains_crd_upgrades() -> None:
     readme = (CHART_DIR / "README.md").read_text()
-    assert "kubectl apply --server-side -f charts/sandbox-operator/crds/" in readme
+    assert "crds.install" in readme and "helm.sh/resource-policy: keep" in readme
     assert "never upgrades" in readme
+    assert "--take-ownership" in readme  # the one-time step when upgrading from 0.1.0
 
 
 def test_dockerfile_matches_chart() -> None:
@@ -174,7 +191,7 @@ def test_helm_lint_strict(helm: Path) -> None:
 
 def test_rendered_objects_and_labels(helm: Path) -> None:
     objects = _render(helm)
-    kinds = sorted(o["kind"] for o in objects)
+    kinds = sorted(o["kind"] for o in _release(objects))
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
         "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
@@ -283,7 +300,7 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
 
 
 def test_watch_namespace_restricts_binding_and_args(helm: Path) -> None:
-    objects = _render(helm, "watchNamespace=team-a")
+    objects = _release(_render(helm, "watchNamespace=team-a"))
     binding = _one(objects, "RoleBinding", "rel-sandbox-operator")
     assert binding["metadata"]["namespace"] == "team-a"
     assert binding["roleRef"] == {
@@ -312,8 +329,11 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         "workspace.image.repository=registry.local/workspace",
         "image.tag=1.2.3",
     )
-    assert sorted(o["kind"] for o in objects) == ["Deployment", "PodDisruptionBudget"]
+    assert sorted(o["kind"] for o in _release(objects)) == ["Deployment", "PodDisruptionBudget"]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    # The hook then runs as the operator's ServiceAccount (no RBAC objects of its own).
+    hook = _one(objects, "Job")["spec"]["template"]["spec"]
+    assert hook["serviceAccountName"] == "existing-sa"
     assert pod["serviceAccountName"] == "existing-sa"
     env = _env(objects)
     assert env["SANDBOX_OPERATOR_METRICS_PORT"] == "0"
@@ -341,6 +361,74 @@ def test_values_schema_rejects_bad_values(helm: Path, setting: str, message: str
     assert "values don't meet the specifications of the schema" in result.stderr
 
 
+def test_crds_are_templated_from_the_one_source_and_kept_on_uninstall(helm: Path) -> None:
+    """crds.install renders every CRD of crds/ (same spec), labelled and annotated keep."""
+    rendered = {
+        o["metadata"]["name"]: o for o in _render(helm) if o["kind"] == "CustomResourceDefinition"
+    }
+    sources = [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
+    assert set(rendered) == {crd["metadata"]["name"] for crd in sources}
+    for source in sources:
+        crd = rendered[source["metadata"]["name"]]
+        assert crd["spec"] == source["spec"]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
+    unkept = [
+        o for o in _render(helm, "crds.keep=false") if o["kind"] == "CustomResourceDefinition"
+    ]
+    assert unkept and all("annotations" not in o["metadata"] for o in unkept)
+    assert not [
+        o for o in _render(helm, "crds.install=false") if o["kind"] == "CustomResourceDefinition"
+    ]
+
+
+def test_pre_delete_hook_job_and_its_least_privilege_rbac(helm: Path) -> None:
+    """Case 19: a pre-delete Job (operator image, own ServiceAccount) deletes the custom objects
+    and waits for their finalizers; its role may list and delete those three kinds, nothing else."""
+    objects = _render(helm, "uninstall.timeoutSeconds=120")
+    hooks = [o for o in objects if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert {o["kind"] for o in hooks} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+    }
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    job = _one(hooks, "Job")
+    assert int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) > max(
+        int(h["metadata"]["annotations"]["helm.sh/hook-weight"]) for h in hooks if h is not job
+    )  # RBAC first, then the Job
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == _container(objects)["image"]  # the operator image
+    assert container["args"] == [
+        "python", "-m", "sandbox_operator.uninstall", "--namespace=", "--timeout-seconds=120",
+    ]  # fmt: skip
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == _one(hooks, "ServiceAccount")["metadata"]["name"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    (rule,) = _one(hooks, "ClusterRole")["rules"]
+    assert rule == {
+        "apiGroups": ["sandbox.cleveragents.io"],
+        "resources": ["sandboxes", "checkpoints", "plancommits"],
+        "verbs": ["get", "list", "delete"],
+    }
+    scoped = _render(helm, "watchNamespace=team-a")
+    job = _one(scoped, "Job")
+    assert "--namespace=team-a" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    binding = [
+        o for o in scoped if o["kind"] == "RoleBinding" and "pre-delete" in o["metadata"]["name"]
+    ]
+    assert binding and binding[0]["metadata"]["namespace"] == "team-a"
+    assert not [
+        o for o in _render(helm, "uninstall.deleteCustomResources=false") if o["kind"] == "Job"
+    ]
+
+
 # --- real API server ------------------------------------------------------------------------
 
 
@@ -351,9 +439,11 @@ def test_helm_install_into_real_apiserver(
 ) -> None:
     release = f"sbxop-{uuid.uuid4().hex[:6]}"
     namespace = f"{release}-system"
+    # Other tests of the session applied crds/ by hand: --take-ownership adopts them (the
+    # documented step for CRDs that Helm did not create).
     result = _run_helm(
         helm, "install", release, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
-        "--kubeconfig", str(local_apiserver.kubeconfig_path),
+        "--take-ownership", "--kubeconfig", str(local_apiserver.kubeconfig_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "STATUS: deployed" in result.stdout
@@ -392,12 +482,14 @@ def test_helm_install_into_real_apiserver(
             "auth", "can-i", verb, resource, "--as", subject, "-n", "default"
         )
         assert answer.stdout.strip() == expected, f"can-i {verb} {resource}: {answer.stdout}"
+    # No kubelet on this tier: the pre-delete hook Job cannot run, so it is skipped here (its
+    # logic runs against this server in tests/operator/test_deletion_apiserver.py).
     uninstall = _run_helm(
-        helm, "uninstall", release, "--namespace", namespace,
+        helm, "uninstall", release, "--namespace", namespace, "--no-hooks",
         "--kubeconfig", str(local_apiserver.kubeconfig_path),
     )  # fmt: skip
     assert uninstall.returncode == 0, uninstall.stderr
-    # Helm never deletes CRDs from crds/ (chart README).
-    assert (
-        local_apiserver.kubectl("get", "crd", "sandboxes.sandbox.cleveragents.io").returncode == 0
-    )
+    # helm.sh/resource-policy: keep: the CRDs (and so every object) stay (chart README).
+    crd = local_apiserver.kubectl_json("get", "crd", "sandboxes.sandbox.cleveragents.io")
+    assert isinstance(crd, dict)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

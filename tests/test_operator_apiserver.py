@@ -259,7 +259,7 @@ def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
         assert all(changed)
         assert cluster.condition("pcommit", "pc-crash", "Committed")["status"] == "True"
     else:
-        assert final["phase"] == "RolledBack"
+        assert final["phase"] == "Failed"  # a Commit that did not land (issue 11 §6)
         assert git(plan["repo"], "rev-parse", "HEAD") == head_before
         assert mid["sandboxes"][0]["sandboxId"] in final["rolledBackIds"]
         assert cluster.condition("pcommit", "pc-crash", "RolledBack")["status"] == "True"

@@ -15,6 +15,7 @@ import kopf
 
 from sandbox_operator import metrics
 from sandbox_operator.conditions import set_condition
+from sandbox_operator.deletion import CLAIMS, BeingDeletedError, deletion_began
 from sandbox_operator.errors import classify, is_not_found, to_kopf
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import CheckpointInfo, Executor, SandboxTarget
@@ -77,11 +78,14 @@ class CheckpointLogic:
         self.executor = executor
         self.api = api
         self.events = events
+        self.claims = CLAIMS
 
     def _sandbox_target(self, body: Mapping[str, Any]) -> SandboxTarget:
         spec = CheckpointSpec.model_validate(dict(body.get("spec") or {}))
         namespace = str(body["metadata"]["namespace"])
         sandbox = self.api.get(SANDBOX_PLURAL, namespace, spec.sandbox_name)
+        if deletion_began(sandbox):
+            raise BeingDeletedError(f"sandbox {spec.sandbox_name} is being deleted")
         if (sandbox.get("status") or {}).get("phase") in (None, "Pending"):
             raise kopf.TemporaryError(
                 f"sandbox {spec.sandbox_name} is not provisioned yet",
@@ -94,8 +98,9 @@ class CheckpointLogic:
 
         Raises:
             kopf.TemporaryError: the Sandbox is not provisioned yet, or a transient error.
-            kopf.PermanentError: the Sandbox does not exist or the snapshot failed (condition
-                Ready=False and a Warning Event first).
+            kopf.PermanentError: the Sandbox does not exist, is being deleted (case 17: no
+                snapshot of it is taken), or the snapshot failed (condition Ready=False and a
+                Warning Event first).
         """
         spec = CheckpointSpec.model_validate(dict(body.get("spec") or {}))
         generation = body["metadata"].get("generation")
@@ -104,9 +109,11 @@ class CheckpointLogic:
         with metrics.reconcile_timer("Checkpoint", "create"):
             try:
                 target = self._sandbox_target(body)
-                info = self.executor.create_checkpoint(
-                    target, spec.phase, dict(spec.metadata), uid=str(body["metadata"]["uid"])
-                )
+                holder = f"Checkpoint {body['metadata']['namespace']}/{body['metadata']['name']}"
+                with self.claims.holding(target.uid, holder, f"sandbox {spec.sandbox_name}"):
+                    info = self.executor.create_checkpoint(
+                        target, spec.phase, dict(spec.metadata), uid=str(body["metadata"]["uid"])
+                    )
             except kopf.TemporaryError:
                 raise
             except Exception as exc:
@@ -123,7 +130,7 @@ class CheckpointLogic:
                 self.events(
                     body, "Warning", "CheckpointFailed", f"{failure.reason}: {failure.message}"
                 )
-                if is_not_found(exc):
+                if is_not_found(exc) or isinstance(exc, BeingDeletedError):
                     raise kopf.PermanentError(failure.message) from exc
                 raise to_kopf(exc, self.settings.retry_delay_seconds) from exc
         out.update(
@@ -153,7 +160,18 @@ class CheckpointLogic:
         )
 
     def finalize(self, body: Mapping[str, Any]) -> None:
-        """Deletion handler: remove the snapshot (nothing made is fine)."""
+        """Deletion handler: remove the snapshot (nothing made is fine); waits while a restore
+        reads it (case 17, module ``deletion``).
+
+        Raises:
+            kopf.TemporaryError: a restore holds it, or the deletion failed (retried).
+        """
+        holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
+        if holders:
+            raise kopf.TemporaryError(
+                f"snapshot deletion waits: in use by {', '.join(holders)}",
+                delay=self.settings.retry_delay_seconds,
+            )
         status = dict(body.get("status") or {})
         if not status.get("checkpointId"):
             return

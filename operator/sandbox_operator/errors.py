@@ -21,6 +21,7 @@ from sandbox_core import (
     SandboxRollbackError,
     SandboxStateError,
 )
+from sandbox_operator.deletion import BeingDeletedError
 
 
 class ExecutorError(Exception):
@@ -59,6 +60,8 @@ def classify(exc: BaseException) -> Failure:
         return Failure(f"ApiError{status}", f"{exc.reason}: {exc.body}", retryable)
     if isinstance(exc, ExecutorError):
         return Failure("ExecutorError", message, exc.retryable)
+    if isinstance(exc, BeingDeletedError):
+        return Failure("BeingDeleted", message, False)
     if isinstance(exc, SandboxCreationError):
         return Failure("SandboxCreationFailed", message, False)
     if isinstance(exc, SandboxCommitError):

@@ -33,6 +33,22 @@ PHASES = {
     JournalPhase.FAILED: PlanCommitPhase.FAILED,
 }
 JOURNAL_PHASES = {value.value: key for key, value in PHASES.items()}
+
+
+def plancommit_phase(phase: JournalPhase, action: PlanCommitAction) -> PlanCommitPhase:
+    """``PlanCommit.status.phase`` of a journal phase (issue 11 §6, docs/crd-reference.md).
+
+    ``Failed`` means the action did not reach its goal: for ``Commit``, the plan's changes did
+    not land (a commit failed or the attempt was interrupted; the ``RolledBack`` and
+    ``RollbackFailed`` conditions say whether every original is back as it was). ``RolledBack``
+    is only the success of ``action: Rollback``.
+    """
+    mapped = PHASES[phase]
+    if action is PlanCommitAction.COMMIT and mapped is PlanCommitPhase.ROLLED_BACK:
+        return PlanCommitPhase.FAILED
+    return mapped
+
+
 STEP_STATES = {
     StepState.PENDING: "Pending",
     StepState.COMMITTING: "Committing",
@@ -195,7 +211,7 @@ def status_of_journal(
         if step.result or step.state is StepState.FAILED:
             results.append(_result_entry(step, names))
     status: dict[str, Any] = {
-        "phase": PHASES[state.phase].value,
+        "phase": plancommit_phase(state.phase, action).value,
         "sandboxes": steps,
         "results": results,
         "rolledBackIds": list(state.rolled_back_ids),

@@ -83,6 +83,29 @@ class Api:
             raise
         return True
 
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        """The Namespace ``name`` as plain JSON (camelCase), or None when it does not exist.
+
+        Raises:
+            ApiException: any other API error (403 without RBAC on namespaces).
+        """
+        try:
+            found = self.core.read_namespace(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        plain = self.api_client.sanitize_for_serialization(found)  # type: ignore[no-untyped-call]
+        return cast(dict[str, Any], plain)
+
+    def post_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """Create one core/v1 Event (plain JSON body, see ``events.build_event``).
+
+        Raises:
+            ApiException: 403 "being terminated" in a namespace being deleted, and the like.
+        """
+        self.core.create_namespaced_event(namespace, cast(Any, event))
+
     def secret_value(self, namespace: str, name: str, key: str) -> str:
         """Decoded ``data[key]`` of a Secret.
 

@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from sandbox_operator import k8s, metrics
-from sandbox_operator.events import kopf_events
+from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.leader import LeaderElector
 from sandbox_operator.logging_setup import configure_logging
 from sandbox_operator.models import (
@@ -28,11 +28,12 @@ from sandbox_operator.models import (
     VERSION,
 )
 from sandbox_operator.runtime import Runtime, build_runtime
-from sandbox_operator.sandbox_handlers import ttl_expired
+from sandbox_operator.sandbox_handlers import plan_label_patch, ttl_expired
 from sandbox_operator.settings import Settings
 
 SETTINGS = Settings.from_env()
 _RUNTIME: list[Runtime] = []
+_EVENTS: list[EventRecorder] = []
 
 
 def runtime() -> Runtime:
@@ -48,7 +49,10 @@ def tune(settings: kopf.OperatorSettings) -> None:
         prefix=GROUP, key="last-handled-configuration"
     )
     # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
+    # Our Events go through EventRecorder (one post, none in terminating namespaces, case 17);
+    # kopf's own log-derived Events stay off, and are filtered the same way if turned on.
     settings.posting.level = logging.WARNING
+    settings.posting.loggers = False
     settings.watching.server_timeout = int(SETTINGS.watch_server_timeout_seconds)
     settings.watching.client_timeout = SETTINGS.watch_client_timeout_seconds
     # A deleted Sandbox waits for its TTL timer to stop before the finalizer goes; poll often
@@ -76,7 +80,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             raise
         if not leading:
             raise asyncio.CancelledError
-    _RUNTIME[:] = [build_runtime(SETTINGS, k8s.Api(), kopf_events)]
+    api = k8s.Api()
+    gate = NamespaceGate(api.namespace)
+    install_kopf_filter(gate)
+    _EVENTS[:] = [EventRecorder(api.post_event, gate)]
+    _RUNTIME[:] = [build_runtime(SETTINGS, api, _EVENTS[0])]
 
 
 # -- Sandbox ------------------------------------------------------------------------------------
@@ -86,6 +94,14 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def sandbox_provision(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """Provision through the executor and drive the core to ACTIVE."""
     runtime().sandboxes.provision(body, patch)
+
+
+@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, id="plan-label")
+def sandbox_plan_label(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Sandboxes made before the plan-id label existed get it (issue 11 §6)."""
+    labels = plan_label_patch(body)
+    if labels:
+        patch.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
 
 
 @kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, id="requests", field="spec")

@@ -21,13 +21,21 @@ Policies (docs/operator-design.md):
   ``RollbackFailed=True``; the handler retries ``recover`` with exponential backoff
   (``retry_delay_seconds`` doubling, at most ``MAX_COMPENSATION_RETRY_DELAY_SECONDS``) until it
   succeeds and the PlanCommit ends as it would have without the fault.
+- Never acts on a Sandbox whose deletion began (case 17, :mod:`sandbox_operator.deletion`):
+  every Sandbox of the saga is claimed first, so its finalizer waits until the saga ends, and
+  is re-read right before its commit; one being deleted fails its step (the plan is compensated,
+  all or nothing). A PlanCommit whose own deletion began before its saga started does nothing.
+- ``cleanupPolicy: Delete``: the plan's Sandboxes are deleted as soon as the action succeeded
+  (phase Committed, or RolledBack for ``action: Rollback``); after a Failed action they are kept
+  for inspection and deleted when the PlanCommit is deleted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import kopf
@@ -39,6 +47,8 @@ from sandbox_core.protocol import utc_now
 from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan
 from sandbox_operator import metrics
 from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator.deletion import CLAIMS, deletion_began
+from sandbox_operator.errors import is_not_found
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import Executor, SandboxState, SandboxTarget
 from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal
@@ -59,9 +69,35 @@ logger = logging.getLogger("sandbox_operator.plancommit")
 MAX_COMPENSATION_RETRY_DELAY_SECONDS = 300.0
 
 
+class DeletionGuardedHandle:
+    """A saga handle that re-checks its Sandbox object right before committing (case 17).
+
+    ``check`` raises :class:`SandboxError` when the Sandbox's deletion began; the saga then
+    records the step as failed and compensates what landed. Everything else is the wrapped
+    handle's (``wrapped``).
+    """
+
+    def __init__(self, wrapped: Any, check: Callable[[], None]) -> None:
+        self.wrapped = wrapped
+        self._check = check
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def commit(self, message: str | None = None) -> Any:
+        """Refuse a Sandbox being deleted; else the wrapped commit."""
+        self._check()
+        return self.wrapped.commit(message)
+
+
 def _created_key(body: Mapping[str, Any]) -> tuple[str, str]:
     metadata = body["metadata"]
     return (str(metadata.get("creationTimestamp") or ""), str(metadata.get("name")))
+
+
+def spec_action(body: Mapping[str, Any]) -> PlanCommitAction:
+    """``spec.action`` of a PlanCommit body (default Commit)."""
+    return PlanCommitAction((body.get("spec") or {}).get("action") or "Commit")
 
 
 def blocking_plancommit(me: Mapping[str, Any], others: list[dict[str, Any]]) -> str | None:
@@ -94,17 +130,24 @@ class PlanCommitLogic:
         self.api = api
         self.events = events
         self._compensation_retries: dict[str, int] = {}  # PlanCommit uid -> retries so far
+        self.claims = CLAIMS
 
     # -- plan sandboxes -----------------------------------------------------------------------
 
-    def plan_targets(self, namespace: str, plan_id: str) -> list[tuple[SandboxTarget, Any]]:
-        """``(target, state)`` of every live Sandbox of ``plan_id``, oldest first."""
+    def plan_targets(
+        self, namespace: str, plan_id: str, *, deleting: bool = False
+    ) -> list[tuple[SandboxTarget, Any]]:
+        """``(target, state)`` of every live Sandbox of ``plan_id``, oldest first.
+
+        ``deleting`` also returns Sandboxes whose deletion began (recovery compensates them
+        before their finalizer runs; nothing new is committed in recovery).
+        """
         found = []
         items = [
             item
             for item in self.api.list(SANDBOX_PLURAL, namespace)
             if (item.get("spec") or {}).get("planId") == plan_id
-            and not item["metadata"].get("deletionTimestamp")
+            and (deleting or not item["metadata"].get("deletionTimestamp"))
         ]
         for item in sorted(items, key=_created_key):
             try:
@@ -126,15 +169,44 @@ class PlanCommitLogic:
         """
         body = self.api.get(PLANCOMMIT_PLURAL, namespace, name)
         status = dict(body.get("status") or {})
-        if status.get("phase") and PlanCommitPhase(status["phase"]).is_terminal:
-            return  # case 22: never re-processed
         spec = PlanCommitSpec.model_validate(dict(body.get("spec") or {}))
-        generation = body["metadata"].get("generation")
+        if status.get("phase") and PlanCommitPhase(status["phase"]).is_terminal:
+            # case 22: never re-processed; only a Delete cleanup cut short by a crash finishes.
+            self._cleanup_after_success(body, spec, PlanCommitPhase(status["phase"]))
+            return
+        if deletion_began(body) and not status.get("sandboxes"):
+            logger.info("PlanCommit %s/%s deleted before it started: nothing done", namespace, name)
+            return
         blocker = blocking_plancommit(body, self.api.list(PLANCOMMIT_PLURAL, namespace))
         if blocker is not None:
             self._block(body, blocker)
         started = time.monotonic()
-        targets = self.plan_targets(namespace, spec.plan_id)
+        recovering = bool(status.get("sandboxes"))
+        targets = self.plan_targets(namespace, spec.plan_id, deleting=recovering)
+        with self._claimed(targets, f"PlanCommit {namespace}/{name}") as targets:
+            self._run(body, spec, status, targets, started)
+
+    @contextmanager
+    def _claimed(
+        self, targets: list[tuple[SandboxTarget, Any]], holder: str
+    ) -> Iterator[list[tuple[SandboxTarget, Any]]]:
+        """Claim every target for the saga; those being finalized are left out (case 17)."""
+        held = [(t, s) for t, s in targets if self.claims.acquire(t.uid, holder)]
+        try:
+            yield held
+        finally:
+            for target, _ in held:
+                self.claims.release(target.uid, holder)
+
+    def _run(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        status: dict[str, Any],
+        targets: list[tuple[SandboxTarget, Any]],
+        started: float,
+    ) -> None:
+        generation = body["metadata"].get("generation")
         by_id = {t.sandbox_id: t for t, _ in targets}
         names = {t.sandbox_id: t.name for t, _ in targets}
         for raw in status.get("sandboxes") or []:
@@ -167,6 +239,7 @@ class PlanCommitLogic:
                 metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
             self._compensation_retries.pop(str(body["metadata"].get("uid")), None)
             self._announce(body, journal, state)
+            self._cleanup_after_success(body, spec, PlanCommitPhase(journal.status["phase"]))
         elif state is not None and state.failed_rollback_ids:
             self._retry_compensation(body, state)
 
@@ -224,6 +297,7 @@ class PlanCommitLogic:
             target = by_id.get(handle.sandbox_id)
             if target is None:
                 return
+            handle = getattr(handle, "wrapped", handle)
             state = self.executor.persist(target, handle)
             mirror_to_object(
                 self.api, target.namespace, target.name, state, self.executor.kind, plan_commit
@@ -267,7 +341,7 @@ class PlanCommitLogic:
         usable = [t for t, s in targets if s is not None and is_usable(s.status)]
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
-        handles = [self.executor.open(t) for t in usable]
+        handles = [DeletionGuardedHandle(self.executor.open(t), self._guard(t)) for t in usable]
         message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
         try:
             saga.run(spec.plan_id, handles, message=message)
@@ -285,6 +359,25 @@ class PlanCommitLogic:
             if outcome:
                 metrics.SANDBOX_COMMITS.labels(step.strategy, outcome).inc()
         return journal.last_state
+
+    def _guard(self, target: SandboxTarget) -> Callable[[], None]:
+        """Raises SandboxError when ``target``'s object is gone, replaced or being deleted."""
+
+        def check() -> None:
+            try:
+                body: Mapping[str, Any] | None = self.api.get(
+                    SANDBOX_PLURAL, target.namespace, target.name
+                )
+            except Exception as exc:
+                if not is_not_found(exc):
+                    raise
+                body = None
+            if deletion_began(body) or (body or {}).get("metadata", {}).get("uid") != target.uid:
+                raise SandboxError(
+                    f"Sandbox {target.name} is being deleted; its changes were not committed"
+                )
+
+        return check
 
     def _nothing_to_do(
         self,
@@ -411,7 +504,13 @@ class PlanCommitLogic:
             return
         rolled = ", ".join(state.rolled_back_ids) or "none"
         failed = ", ".join(state.failed_rollback_ids) or "none"
-        kind = "Normal" if state.phase is JournalPhase.ROLLED_BACK else "Warning"
+        # A Commit that did not land is a Warning even when fully compensated (phase Failed).
+        rolled_back_on_request = spec_action(body) is PlanCommitAction.ROLLBACK
+        kind = (
+            "Normal"
+            if state.phase is JournalPhase.ROLLED_BACK and rolled_back_on_request
+            else "Warning"
+        )
         reason = str(committed.get("reason") or "CommitFailed")
         self.events(
             body, kind, reason, f"{message}; rolled back: {rolled}; failed rollbacks: {failed}"
@@ -419,22 +518,43 @@ class PlanCommitLogic:
 
     # -- deletion -----------------------------------------------------------------------------
 
+    def _cleanup_after_success(
+        self, body: Mapping[str, Any], spec: PlanCommitSpec, phase: PlanCommitPhase
+    ) -> None:
+        """``cleanupPolicy: Delete`` once the action succeeded (Committed, or RolledBack for
+        ``action: Rollback``): delete the plan's Sandboxes. Idempotent (a crash between the
+        terminal journal write and the deletion is finished by the next run)."""
+        succeeded = phase is PlanCommitPhase.COMMITTED or (
+            phase is PlanCommitPhase.ROLLED_BACK and spec.action is PlanCommitAction.ROLLBACK
+        )
+        if spec.cleanup_policy == "Delete" and succeeded:
+            self._delete_plan_sandboxes(body, spec)
+
     def finalize(self, body: Mapping[str, Any]) -> None:
         """Deletion of a PlanCommit: with ``cleanupPolicy: Delete`` delete the plan's Sandboxes
-        (their own finalizers clean up the artefacts); with ``Retain`` do nothing.
+        that are still there (after a Failed action they were kept for inspection); with
+        ``Retain`` do nothing.
 
         A PlanCommit deleted mid-saga is finalized only after its handler finished the saga
         (kopf runs one object's handlers one at a time), so the journal is never cut short.
         """
         spec = PlanCommitSpec.model_validate(dict(body.get("spec") or {}))
-        if spec.cleanup_policy != "Delete":
-            return
+        if spec.cleanup_policy == "Delete":
+            self._delete_plan_sandboxes(body, spec)
+
+    def _delete_plan_sandboxes(self, body: Mapping[str, Any], spec: PlanCommitSpec) -> None:
+        """Delete every Sandbox of the plan not already being deleted; one Event if any was
+        (their own finalizers clean up the artefacts)."""
         namespace = str(body["metadata"]["namespace"])
         deleted = []
         for item in self.api.list(SANDBOX_PLURAL, namespace):
             same_plan = (item.get("spec") or {}).get("planId") == spec.plan_id
-            if same_plan and self.api.delete(SANDBOX_PLURAL, namespace, item["metadata"]["name"]):
+            if not same_plan or deletion_began(item):
+                continue
+            if self.api.delete(SANDBOX_PLURAL, namespace, item["metadata"]["name"]):
                 deleted.append(item["metadata"]["name"])
+        if not deleted:
+            return
         self.events(
             body,
             "Normal",

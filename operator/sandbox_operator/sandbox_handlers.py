@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
@@ -16,8 +17,9 @@ from typing import Any
 import kopf
 
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator import metrics
+from sandbox_operator import core_record, metrics
 from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator.deletion import CLAIMS, deletion_began
 from sandbox_operator.errors import classify, is_not_found, to_kopf
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import (
@@ -30,6 +32,7 @@ from sandbox_operator.executors.base import (
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
+    PLAN_LABEL,
     SANDBOX_PLURAL,
     SandboxPhase,
     SandboxSpec,
@@ -39,6 +42,7 @@ from sandbox_operator.settings import Settings
 logger = logging.getLogger("sandbox_operator.sandbox")
 
 SOURCE_MOUNT = "/workspace/source"
+LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
@@ -87,6 +91,11 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         raise kopf.PermanentError(f"invalid Sandbox spec: {exc}") from exc
     status = dict(body.get("status") or {})
     sandbox_id = str(status.get("sandboxId") or sandbox_id_for_uid(str(metadata["uid"])))
+    original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
+    try:
+        record = core_record.decode(status.get("coreRecord"), original)
+    except core_record.CoreRecordVersionError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
     return SandboxTarget(
         name=str(metadata["name"]),
         namespace=str(metadata.get("namespace") or "default"),
@@ -95,10 +104,10 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         plan_id=spec.plan_id,
         resource_id=spec.resource_id,
         strategy=spec.strategy,
-        original=resolve_original(spec, str(metadata.get("namespace") or ""), settings, api),
+        original=original,
         source=spec.source,
         options=spec.options,
-        core_record=status.get("coreRecord") or None,
+        core_record=record,
         workspace_pod=str(status.get("workspacePod") or ""),
     )
 
@@ -159,7 +168,7 @@ def status_of_state(
         "strategyMode": state.strategy_mode,
         "executor": executor_kind,
         "workspacePod": state.workspace_pod,
-        "coreRecord": state.record,
+        "coreRecord": core_record.encode(state.record),
         "conditions": conditions,
     }
     if generation is not None:
@@ -167,6 +176,26 @@ def status_of_state(
     if state.last_commit is not None:
         status["lastCommit"] = commit_to_status(state.last_commit, plan_commit)
     return status
+
+
+def plan_label_value(plan_id: str) -> str | None:
+    """``spec.planId`` as the value of label ``sandbox.cleveragents.io/plan-id``, or None when it
+    cannot be one (over 63 characters or other characters than alphanumerics, ``-_.``; the CRD
+    description says so). Issue 11 §6: ``kubectl get sbx -l sandbox.cleveragents.io/plan-id=P``."""
+    if LABEL_VALUE.fullmatch(plan_id):
+        return plan_id
+    return None
+
+
+def plan_label_patch(body: Mapping[str, Any]) -> dict[str, str]:
+    """The label patch a Sandbox needs so that it carries its plan id ({} when it already
+    does or cannot)."""
+    plan_id = str((body.get("spec") or {}).get("planId") or "")
+    value = plan_label_value(plan_id)
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    if value is None or labels.get(PLAN_LABEL) == value:
+        return {}
+    return {PLAN_LABEL: value}
 
 
 def failure_status(
@@ -204,6 +233,7 @@ class SandboxLogic:
         self.executor = executor
         self.api = api
         self.events = events
+        self.claims = CLAIMS
 
     def _fail(
         self,
@@ -234,6 +264,9 @@ class SandboxLogic:
             kopf.PermanentError: the spec can never work (condition and Event set first).
             kopf.TemporaryError: retry later (transient API or I/O trouble).
         """
+        labels = plan_label_patch(body)
+        if labels:
+            patch.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
         try:
             target = target_from_body(body, self.settings, self.api)
         except kopf.PermanentError as exc:
@@ -340,8 +373,10 @@ class SandboxLogic:
         out = patch.setdefault("status", {})
         conditions = out.get("conditions") or (body.get("status") or {}).get("conditions")
         try:
-            checkpoint = self._checkpoint_info(target, checkpoint_name)
-            state = self.executor.restore_checkpoint(target, checkpoint)
+            checkpoint, checkpoint_uid = self._checkpoint_info(target, checkpoint_name)
+            holder = f"Sandbox {target.namespace}/{target.name}"
+            with self.claims.holding(checkpoint_uid, holder, f"checkpoint {checkpoint_name}"):
+                state = self.executor.restore_checkpoint(target, checkpoint)
         except kopf.TemporaryError:
             raise
         except Exception as exc:
@@ -379,12 +414,12 @@ class SandboxLogic:
             f"restore request {request_id}: restored to checkpoint {checkpoint_name}",
         )
 
-    def _checkpoint_info(self, target: SandboxTarget, name: str) -> CheckpointInfo:
-        """The Ready Checkpoint ``name`` of this sandbox.
+    def _checkpoint_info(self, target: SandboxTarget, name: str) -> tuple[CheckpointInfo, str]:
+        """The Ready Checkpoint ``name`` of this sandbox, and its uid.
 
         Raises:
             kopf.TemporaryError: it is not Ready yet.
-            ValueError: it belongs to another Sandbox or failed.
+            ValueError: it belongs to another Sandbox, failed, or is being deleted.
             ApiException: 404 when it does not exist.
         """
         if self.api is None:
@@ -394,6 +429,8 @@ class SandboxLogic:
         body = self.api.get(CHECKPOINT_PLURAL, target.namespace, name)
         if (body.get("spec") or {}).get("sandboxName") != target.name:
             raise ValueError(f"checkpoint {name} belongs to another sandbox")
+        if deletion_began(body):
+            raise ValueError(f"checkpoint {name} is being deleted and cannot be restored")
         phase = (body.get("status") or {}).get("phase")
         if phase == "Failed":
             raise ValueError(f"checkpoint {name} failed and cannot be restored")
@@ -401,16 +438,25 @@ class SandboxLogic:
             raise kopf.TemporaryError(
                 f"checkpoint {name} is not Ready yet", delay=self.settings.retry_delay_seconds
             )
-        return checkpoint_info_from_body(body, target)
+        return checkpoint_info_from_body(body, target), str(body["metadata"]["uid"])
 
     def finalize(self, body: Mapping[str, Any]) -> None:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
-        Works whether or not provisioning finished (case 16): cleanup of nothing is fine.
+        Works whether or not provisioning finished (case 16): cleanup of nothing is fine. Waits
+        while a PlanCommit or Checkpoint holds the sandbox (case 17, module ``deletion``); from
+        then on nothing else acts on it, so no record outlives the object.
 
         Raises:
-            kopf.TemporaryError: cleanup failed; retried (an Event names the error).
+            kopf.TemporaryError: cleanup failed, or the sandbox is still in use; retried (an
+                Event names a failure).
         """
+        holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
+        if holders:
+            raise kopf.TemporaryError(
+                f"cleanup waits: the sandbox is in use by {', '.join(holders)}",
+                delay=self.settings.retry_delay_seconds,
+            )
         try:
             target = target_from_body(body, self.settings, self.api)
         except kopf.PermanentError:
