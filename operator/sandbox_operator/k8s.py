@@ -13,6 +13,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from sandbox_operator import redaction
 from sandbox_operator.models import GROUP, VERSION
 
 
@@ -59,7 +60,7 @@ class Api:
         return cast(
             dict[str, Any],
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": status}
+                GROUP, VERSION, namespace, plural, name, {"status": redaction.scrub(status)}
             ),
         )
 

@@ -16,8 +16,8 @@ from typing import Any
 import kopf
 
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator import metrics
-from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator import metrics, redaction
+from sandbox_operator.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.errors import classify, is_not_found, to_kopf
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import (
@@ -39,13 +39,18 @@ from sandbox_operator.settings import Settings
 logger = logging.getLogger("sandbox_operator.sandbox")
 
 SOURCE_MOUNT = "/workspace/source"
+SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # the workspace Pod's env var holding a secretRef's value
 
 
 def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
     """Where the executor finds the original of ``spec``.
 
-    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); the DSN
-    read from ``secretRef`` (transaction_rollback).
+    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); for
+    ``secretRef`` (transaction_rollback) the DSN read from the Secret with the local executor
+    (registered with :mod:`redaction`, so it never reaches status, Events or logs), and with the
+    pod executor only a reference, ``env:SANDBOX_SOURCE_DSN``: the kubelet puts the Secret's
+    value into the workspace Pod's environment (``secretKeyRef``) and the operator never reads
+    it (issue 8).
 
     Raises:
         kopf.PermanentError: the source does not fit the executor (e.g. a PVC with the local
@@ -53,12 +58,16 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
     """
     source = spec.source
     if source.secret_ref is not None:
+        if settings.executor == "pod":
+            return f"env:{SOURCE_DSN_ENV}"
         if api is None:
             raise kopf.PermanentError("secretRef sources need API access")
         try:
-            return api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
+            value = api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
         except KeyError as exc:
             raise kopf.PermanentError(str(exc)) from exc
+        redaction.register(value)
+        return value
     if source.node_path:
         if settings.executor == "pod":
             raise kopf.PermanentError("source.nodePath needs the local executor")
@@ -147,6 +156,15 @@ def status_of_state(
     phase = SandboxPhase.from_core(state.status)
     ready, reason, message = ready_condition(phase)
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)  # type: ignore[arg-type]
+    conditions = set_finished(
+        conditions,
+        phase.is_terminal,
+        phase.value,
+        f"the sandbox's work ended: {phase.value}"
+        if phase.is_terminal
+        else "the sandbox is in use",
+        generation,
+    )
     if phase is not SandboxPhase.ERRORED and find_condition(conditions, "Degraded"):
         conditions = set_condition(
             conditions, "Degraded", "False", "Healthy", "no errors", generation
@@ -159,7 +177,7 @@ def status_of_state(
         "strategyMode": state.strategy_mode,
         "executor": executor_kind,
         "workspacePod": state.workspace_pod,
-        "coreRecord": state.record,
+        "coreRecord": redaction.redact_record(state.record),
         "conditions": conditions,
     }
     if generation is not None:
@@ -174,6 +192,9 @@ def failure_status(
 ) -> dict[str, Any]:
     """Status patch for a failed operation: Degraded=True (and Ready=False unless retrying)."""
     failure = classify(exc)
+    failure = failure.__class__(
+        failure.reason, redaction.scrub_text(failure.message), failure.retryable
+    )
     conditions = set_condition(
         conditions, "Degraded", "True", failure.reason, failure.message, generation
     )
@@ -218,6 +239,13 @@ class SandboxLogic:
         patch.setdefault("status", {}).update(failure_status(exc, conditions, generation))
         if not failure.retryable and action == "provision":
             patch["status"]["phase"] = SandboxPhase.ERRORED.value
+            patch["status"]["conditions"] = set_finished(
+                patch["status"]["conditions"],
+                True,
+                SandboxPhase.ERRORED.value,
+                f"provisioning failed: {failure.reason}",
+                generation,
+            )
         self.events(
             body,
             "Warning",
