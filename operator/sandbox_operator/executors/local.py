@@ -121,7 +121,13 @@ class LocalExecutor:
         except SandboxError:
             record = target.core_record
             if record and record.get("sandbox_id") == target.sandbox_id:
-                return dict(record)
+                # status.coreRecord holds a redacted DSN (issue 8): the resolved original
+                # (read from the Secret again) is what the core must reconnect with.
+                restored = dict(record)
+                restored["original_path"] = target.original
+                if isinstance(restored.get("context"), dict):
+                    restored["context"] = {**restored["context"], "original_path": target.original}
+                return restored
             return None
 
     def _state(self, sandbox: BaseSandbox) -> SandboxState:
