@@ -25,21 +25,29 @@ from sandbox_operator.executors.base import (
     Executor,
     SandboxState,
     SandboxTarget,
+    WorkspaceNotReady,
     sandbox_id_for_uid,
 )
+from sandbox_operator.executors.pod import pod_is_ready
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
+    GROUP,
     SANDBOX_PLURAL,
+    VERSION,
     SandboxPhase,
     SandboxSpec,
+    WorkspaceSpec,
 )
-from sandbox_operator.settings import Settings
+from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")
 
 SOURCE_MOUNT = "/workspace/source"
 SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # the workspace Pod's env var holding a secretRef's value
+# Where a workspace Pod's readiness is mirrored onto its Sandbox (wakes the Sandbox's handler).
+# Not under sandbox.cleveragents.io/: kopf keeps its progress there and ignores those keys.
+WORKSPACE_ANNOTATION = "workspace.sandbox.cleveragents.io/pod"
 
 
 def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
@@ -109,7 +117,39 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         options=spec.options,
         core_record=status.get("coreRecord") or None,
         workspace_pod=str(status.get("workspacePod") or ""),
+        workspace=spec.workspace.merged_over(workspace_defaults(settings)),
     )
+
+
+def workspace_defaults(settings: Settings) -> WorkspaceSpec:
+    """The chart's ``workspace.*`` defaults (``settings.workspace_defaults``, JSON).
+
+    Raises:
+        kopf.PermanentError: the JSON is not a valid workspace block (a deployment error).
+    """
+    try:
+        return WorkspaceSpec.model_validate_json(settings.workspace_defaults or "{}")
+    except ValueError as exc:
+        raise kopf.PermanentError(f"invalid workspace defaults: {exc}") from exc
+
+
+def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """``(namespace, sandbox name, annotation value)`` for a workspace Pod's watch event.
+
+    The value is ``<pod uid>:<Ready|NotReady|Deleted>``; None for a Pod no Sandbox owns.
+    """
+    pod = event.get("object") or {}
+    metadata = pod.get("metadata") or {}
+    owner = next(
+        (o for o in metadata.get("ownerReferences") or [] if o.get("kind") == "Sandbox"), None
+    )
+    if owner is None:
+        return None
+    if event.get("type") == "DELETED" or metadata.get("deletionTimestamp"):
+        state = "Deleted"
+    else:
+        state = "Ready" if pod_is_ready(pod) else "NotReady"
+    return str(metadata.get("namespace")), str(owner["name"]), f"{metadata.get('uid')}:{state}"
 
 
 def commit_to_status(result: CommitResult, plan_commit: str = "") -> dict[str, Any]:
@@ -141,6 +181,7 @@ def ready_condition(phase: SandboxPhase) -> tuple[str, str, str]:
         SandboxPhase.ROLLED_BACK: "changes were discarded",
         SandboxPhase.CLEANED_UP: "sandbox artefacts were removed",
         SandboxPhase.ERRORED: "the sandbox hit an unrecoverable error",
+        SandboxPhase.SUSPENDED: "suspended: no workspace Pod; the changes are kept",
     }
     return "False", phase.value, messages[phase]
 
@@ -232,6 +273,7 @@ class SandboxLogic:
         patch: MutableMapping[str, Any],
         exc: BaseException,
         action: str,
+        retry: int = 0,
     ) -> kopf.TemporaryError | kopf.PermanentError:
         failure = classify(exc)
         conditions = (body.get("status") or {}).get("conditions")
@@ -252,26 +294,56 @@ class SandboxLogic:
             f"{action.capitalize()}Failed",
             f"{action} failed: {failure.reason}: {failure.message}",
         )
-        logger.warning("sandbox %s: %s failed: %s", body["metadata"]["name"], action, exc)
-        return to_kopf(exc, self.settings.retry_delay_seconds)
+        logger.warning(
+            "sandbox %s: %s failed: %s",
+            body["metadata"]["name"],
+            action,
+            redaction.scrub_text(str(exc)),
+        )
+        error = to_kopf(exc, backoff_seconds(self.settings, retry))
+        error.args = (redaction.scrub_text(str(error)), *error.args[1:])
+        return error
 
-    def provision(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+    def provision(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], retry: int = 0
+    ) -> None:
         """Create handler: provision (idempotently) and drive to ACTIVE, then serve requests.
+
+        A workspace Pod that is still starting is a normal wait, not a failure (issue 8):
+        ``phase: Pending``, ``Ready=False`` reason ``WorkspacePodStarting``, no Warning, no
+        retry; the Pod's own Ready event resumes (:meth:`workspace_pod_changed`). A Sandbox
+        created with ``spec.suspend: true`` starts ``Suspended``.
 
         Raises:
             kopf.PermanentError: the spec can never work (condition and Event set first).
-            kopf.TemporaryError: retry later (transient API or I/O trouble).
+            kopf.TemporaryError: retry later (transient API or I/O trouble), with exponential
+                backoff by ``retry``.
         """
         try:
             target = target_from_body(body, self.settings, self.api)
         except kopf.PermanentError as exc:
             raise self._fail(body, patch, ValueError(str(exc)), "provision") from exc
+        if (body.get("spec") or {}).get("suspend"):
+            self._set_suspended(body, patch)
+            return
+        self._provision(body, patch, target, retry)
+
+    def _provision(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        target: SandboxTarget,
+        retry: int,
+    ) -> None:
         with metrics.reconcile_timer("Sandbox", "provision") as outcome:
             try:
                 state = self.executor.provision(target)
+            except WorkspaceNotReady as waiting:
+                self._set_waiting(body, patch, "WorkspacePodStarting", str(waiting))
+                return
             except Exception as exc:
                 outcome.set("error")
-                raise self._fail(body, patch, exc, "provision") from exc
+                raise self._fail(body, patch, exc, "provision", retry) from exc
         status = status_of_state(
             state,
             self.executor.kind,
@@ -296,6 +368,146 @@ class SandboxLogic:
         merged = dict(body)
         merged["status"] = {**dict(body.get("status") or {}), **patch["status"]}
         self.serve_requests(merged, patch)
+
+    def _set_waiting(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], reason: str, message: str
+    ) -> None:
+        """Ready=False with ``reason`` while the workspace Pod is not serving (no Warning)."""
+        status = dict(body.get("status") or {})
+        generation = body["metadata"].get("generation")
+        out = patch.setdefault("status", {})
+        conditions = set_condition(
+            out.get("conditions") or status.get("conditions"),
+            "Ready",
+            "False",
+            reason,
+            message,
+            generation,
+        )
+        out["conditions"] = set_finished(
+            conditions, False, "", "the sandbox is starting", generation
+        )
+        out["executor"] = self.executor.kind
+        if status.get("phase") in (None, SandboxPhase.SUSPENDED.value):
+            out["phase"] = SandboxPhase.PENDING.value
+
+    def _set_suspended(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+        generation = body["metadata"].get("generation")
+        out = patch.setdefault("status", {})
+        conditions = set_condition(
+            (body.get("status") or {}).get("conditions"),
+            "Ready",
+            "False",
+            "Suspended",
+            "spec.suspend is true: no workspace Pod; every change is kept on the scratch claim",
+            generation,
+        )
+        out["conditions"] = set_finished(
+            conditions, False, "", "the sandbox is suspended", generation
+        )
+        out["phase"] = SandboxPhase.SUSPENDED.value
+        out["executor"] = self.executor.kind
+
+    def workspace_pod_changed(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], value: str, retry: int = 0
+    ) -> None:
+        """The workspace Pod's readiness changed (annotation ``WORKSPACE_ANNOTATION``).
+
+        ``Ready``: provision (re-opens the sandbox from its scratch claim after a recreated
+        Pod) and mirror. ``NotReady``: ``Ready=False`` (reason ``WorkspacePodNotReady``).
+        ``Deleted`` (deleted or evicted): make the Pod again; ``Ready=False`` meanwhile.
+        Nothing happens for a suspended or deleted Sandbox.
+
+        Raises:
+            kopf.TemporaryError: provisioning failed for now; backs off exponentially.
+        """
+        if body["metadata"].get("deletionTimestamp") or (body.get("spec") or {}).get("suspend"):
+            return
+        phase = (body.get("status") or {}).get("phase")
+        if phase in {p.value for p in SandboxPhase if p.is_terminal} | {"CleanedUp"}:
+            return
+        state = value.rpartition(":")[2]
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError:
+            return
+        if state == "Ready":
+            self._provision(body, patch, target, retry)
+        elif state == "NotReady":
+            self._set_waiting(body, patch, "WorkspacePodNotReady", "the workspace Pod is not Ready")
+        elif state == "Deleted":
+            self._set_waiting(
+                body,
+                patch,
+                "WorkspacePodRecreated",
+                "the workspace Pod was deleted or evicted; a new one is starting",
+            )
+            try:
+                self.executor.resume(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "recreate", retry) from exc
+            self.events(body, "Normal", "WorkspacePodRecreated", "the workspace Pod was made again")
+
+    def suspend_changed(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        suspend: bool,
+        retry: int = 0,
+    ) -> None:
+        """``spec.suspend`` changed: delete the Pod (claim kept) or bring it back (issue 8).
+
+        Raises:
+            kopf.TemporaryError: the Pod could not be deleted or made; backs off.
+        """
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        phase = (body.get("status") or {}).get("phase")
+        if phase in {p.value for p in SandboxPhase if p.is_terminal} | {"CleanedUp"}:
+            return
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError:
+            return
+        if suspend:
+            try:
+                self.executor.suspend(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "suspend", retry) from exc
+            self._set_suspended(body, patch)
+            self.events(body, "Normal", "Suspended", "workspace Pod deleted; changes kept")
+            return
+        if phase != SandboxPhase.SUSPENDED.value:
+            return
+        self.events(body, "Normal", "Resumed", "workspace Pod is being made again")
+        self._provision(body, patch, target, retry)
+
+    def workspace_pod_event(self, event: Mapping[str, Any]) -> None:
+        """A workspace Pod's watch event: mirror its readiness onto the owning Sandbox's
+        annotation, only when it changed (that wakes :meth:`workspace_pod_changed`)."""
+        found = pod_event_annotation(event)
+        if found is None or self.api is None:
+            return
+        namespace, name, value = found
+        try:
+            sandbox = self.api.get(SANDBOX_PLURAL, namespace, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return
+            raise
+        annotations = sandbox["metadata"].get("annotations") or {}
+        if annotations.get(WORKSPACE_ANNOTATION) == value:
+            return
+        if value.endswith(":Deleted") and sandbox["metadata"].get("deletionTimestamp"):
+            return
+        self.api.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            SANDBOX_PLURAL,
+            name,
+            {"metadata": {"annotations": {WORKSPACE_ANNOTATION: value}}},
+        )
 
     def serve_requests(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
         """Act on a new ``rollbackRequest`` / ``restoreRequest`` id; old ids are ignored.

@@ -74,6 +74,19 @@ class Settings:
         exec_timeout_seconds: limit of one ``sandbox-core`` call in a workspace Pod.
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
+        agent_key_file: file holding the key workspace-agent tokens are derived from (the chart
+            mounts a Secret of the operator's namespace there; issue 8).
+        agent_port: port of the workspace agent in workspace Pods.
+        operator_namespace: namespace the operator Pod runs in (NetworkPolicy peers).
+        operator_pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit
+            ingress only from Pods with these labels in ``operator_namespace``.
+        network_policy: create a NetworkPolicy per workspace Pod (ingress only from the
+            operator; egress denied except DNS and ``spec.workspace.egress``).
+        workspace_defaults: JSON of a ``spec.workspace`` block, the chart's ``workspace.*``
+            defaults; a Sandbox's own fields win, field by field.
+        retry_backoff_max_seconds: cap of the exponential retry delay (from
+            ``retry_delay_seconds``, doubling per attempt).
+        handler_timeout_seconds: limit of every handler (kopf gives up and reports).
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor.
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -96,6 +109,14 @@ class Settings:
     exec_timeout_seconds: float = 300.0
     scratch_volume_size: str = "1Gi"
     log_format: str = "json"
+    agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
+    agent_port: int = 8471
+    operator_namespace: str = ""
+    operator_pod_labels: str = ""
+    network_policy: bool = True
+    workspace_defaults: str = "{}"
+    retry_backoff_max_seconds: float = 60.0
+    handler_timeout_seconds: float = 600.0
     fault_fail_commit: frozenset[str] = field(default_factory=frozenset)
     fault_fail_rollback: frozenset[str] = field(default_factory=frozenset)
     fault_provision_delay_seconds: float = 0.0
@@ -143,11 +164,32 @@ class Settings:
             ),
             scratch_volume_size=_text(env, "SCRATCH_VOLUME_SIZE", defaults.scratch_volume_size),
             log_format=log_format,
+            agent_key_file=Path(_text(env, "AGENT_KEY_FILE", str(defaults.agent_key_file))),
+            agent_port=int(_number(env, "AGENT_PORT", defaults.agent_port)),
+            operator_namespace=_text(env, "POD_NAMESPACE", ""),
+            operator_pod_labels=_text(env, "POD_LABELS", ""),
+            network_policy=_flag(env, "NETWORK_POLICY", True),
+            workspace_defaults=_text(env, "WORKSPACE_DEFAULTS", "{}"),
+            retry_backoff_max_seconds=_number(
+                env, "RETRY_BACKOFF_MAX_SECONDS", defaults.retry_backoff_max_seconds
+            ),
+            handler_timeout_seconds=_number(
+                env, "HANDLER_TIMEOUT_SECONDS", defaults.handler_timeout_seconds
+            ),
             fault_fail_commit=_id_set(env, "FAULT_FAIL_COMMIT"),
             fault_fail_rollback=_id_set(env, "FAULT_FAIL_ROLLBACK"),
             fault_provision_delay_seconds=_number(env, "FAULT_PROVISION_DELAY_SECONDS", 0.0),
             fault_commit_delay_seconds=_number(env, "FAULT_COMMIT_DELAY_SECONDS", 0.0),
         )
+
+
+def backoff_seconds(settings: Settings, retry: int) -> float:
+    """Delay before retry number ``retry`` (0-based): ``retry_delay_seconds * 2**retry``, capped
+    at ``retry_backoff_max_seconds`` (issue 8: retries back off exponentially)."""
+    base = settings.retry_delay_seconds
+    return float(
+        min(base * (2 ** min(max(retry, 0), 16)), max(base, settings.retry_backoff_max_seconds))
+    )
 
 
 def _id_set(env: Mapping[str, str], name: str) -> frozenset[str]:

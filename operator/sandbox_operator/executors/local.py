@@ -318,3 +318,11 @@ class LocalExecutor:
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
         self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)
+
+    # -- suspend (issue 8) ---------------------------------------------------------------------
+
+    def suspend(self, target: SandboxTarget) -> None:
+        """Nothing runs per sandbox in-process: the record and artefacts simply stay."""
+
+    def resume(self, target: SandboxTarget) -> None:
+        """Nothing to start again; the next provision re-opens the record."""
