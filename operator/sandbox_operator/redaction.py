@@ -60,11 +60,20 @@ def redact_dsn(dsn: str) -> str:
     return _KEYWORD_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)
 
 
+MIN_BARE_PASSWORD = 12
+
+
 def register(secret: str) -> None:
-    """Remember ``secret`` (and the password inside it, if a DSN) so it is scrubbed everywhere."""
-    values = {secret, dsn_password(secret) or ""}
+    """Remember ``secret`` (and the password inside it, if a DSN) so it is scrubbed everywhere.
+
+    The bare password is scrubbed on its own only from :data:`MIN_BARE_PASSWORD` characters: a
+    short one (``sandbox``) would also be an ordinary word of every path and message, and
+    masking it there would garble them; the DSN that carries it is always scrubbed.
+    """
+    password = dsn_password(secret) or ""
+    values = {secret, password if len(password) >= MIN_BARE_PASSWORD else ""}
     with _lock:
-        _secrets.update(v for v in values if len(v) >= 4)  # shorter values are noise, not keys
+        _secrets.update(v for v in values if len(v) >= 4)
 
 
 def known_secrets() -> frozenset[str]:
