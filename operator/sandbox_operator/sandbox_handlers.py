@@ -136,7 +136,8 @@ def workspace_defaults(settings: Settings) -> WorkspaceSpec:
 def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """``(namespace, sandbox name, annotation value)`` for a workspace Pod's watch event.
 
-    The value is ``<pod uid>:<Ready|NotReady|Deleted>``; None for a Pod no Sandbox owns.
+    The value is ``<pod uid>:<Ready|NotReady|Terminating|Failed|Deleted>``; None for a Pod no
+    Sandbox owns.
     """
     pod = event.get("object") or {}
     metadata = pod.get("metadata") or {}
@@ -145,8 +146,13 @@ def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | Non
     )
     if owner is None:
         return None
-    if event.get("type") == "DELETED" or metadata.get("deletionTimestamp"):
-        state = "Deleted"
+    phase = (pod.get("status") or {}).get("phase")
+    if event.get("type") == "DELETED":
+        state = "Deleted"  # gone: a new Pod of the same name can be made now
+    elif metadata.get("deletionTimestamp"):
+        state = "Terminating"
+    elif phase in ("Failed", "Succeeded"):
+        state = "Failed"  # evicted by the kubelet: the object stays until someone deletes it
     else:
         state = "Ready" if pod_is_ready(pod) else "NotReady"
     return str(metadata.get("namespace")), str(owner["name"]), f"{metadata.get('uid')}:{state}"
@@ -415,7 +421,8 @@ class SandboxLogic:
 
         ``Ready``: provision (re-opens the sandbox from its scratch claim after a recreated
         Pod) and mirror. ``NotReady``: ``Ready=False`` (reason ``WorkspacePodNotReady``).
-        ``Deleted`` (deleted or evicted): make the Pod again; ``Ready=False`` meanwhile.
+        ``Terminating``: ``Ready=False``. ``Failed`` (evicted): delete the Pod object.
+        ``Deleted``: make the Pod again; ``Ready=False`` meanwhile.
         Nothing happens for a suspended or deleted Sandbox.
 
         Raises:
@@ -433,8 +440,17 @@ class SandboxLogic:
             return
         if state == "Ready":
             self._provision(body, patch, target, retry)
-        elif state == "NotReady":
-            self._set_waiting(body, patch, "WorkspacePodNotReady", "the workspace Pod is not Ready")
+        elif state in ("NotReady", "Terminating"):
+            self._set_waiting(body, patch, "WorkspacePodNotReady", f"the workspace Pod is {state}")
+        elif state == "Failed":
+            # Evicted (or ended): delete it; its Deleted event then makes a new one.
+            self._set_waiting(
+                body, patch, "WorkspacePodFailed", "the workspace Pod failed or was evicted"
+            )
+            try:
+                self.executor.suspend(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "recreate", retry) from exc
         elif state == "Deleted":
             self._set_waiting(
                 body,

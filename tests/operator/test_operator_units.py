@@ -487,3 +487,35 @@ def test_pod_cleanup_skips_the_agent_when_the_workspace_pod_is_gone() -> None:
     )
     executor.cleanup(target)  # type: ignore[arg-type]
     assert [d.split("/")[0] for d in deleted] == ["pod", "pvc", "secret", "netpol"]
+
+
+def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -> None:
+    from sandbox_operator.sandbox_handlers import pod_event_annotation
+
+    def event(type_: str, phase: str, ready: str, deleting: bool = False) -> dict:
+        metadata = {
+            "namespace": "ns",
+            "uid": "p1",
+            "ownerReferences": [{"kind": "Sandbox", "name": "s1"}],
+        }
+        if deleting:
+            metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        status = {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}
+        return {"type": type_, "object": {"metadata": metadata, "status": status}}
+
+    assert pod_event_annotation(event("ADDED", "Pending", "False")) == ("ns", "s1", "p1:NotReady")
+    assert pod_event_annotation(event("MODIFIED", "Running", "True")) == ("ns", "s1", "p1:Ready")
+    terminating = event("MODIFIED", "Running", "True", deleting=True)
+    assert pod_event_annotation(terminating) == ("ns", "s1", "p1:Terminating")
+    assert pod_event_annotation(event("MODIFIED", "Failed", "False"))[2] == "p1:Failed"
+    assert pod_event_annotation(event("DELETED", "Running", "True"))[2] == "p1:Deleted"
+    orphan = event("ADDED", "Running", "True")
+    orphan["object"]["metadata"]["ownerReferences"] = []
+    assert pod_event_annotation(orphan) is None
+
+
+def test_retries_back_off_exponentially_with_a_cap() -> None:
+    from sandbox_operator.settings import backoff_seconds
+
+    settings = Settings(retry_delay_seconds=2, retry_backoff_max_seconds=30)
+    assert [backoff_seconds(settings, n) for n in range(6)] == [2, 4, 8, 16, 30, 30]
