@@ -12,7 +12,9 @@ Security:
 - A DSN arrives as a reference, ``env:NAME`` (the kubelet filled ``NAME`` from the Sandbox's
   Secret through ``secretKeyRef``); every reply shows the reference, never the value.
 
-Idempotency: a changing request (POST, PUT, DELETE) carries ``X-Request-Id``. Its reply is
+Idempotency: a changing request (POST, PUT, DELETE) carries ``X-Request-Id``; every reply
+describing a sandbox has its ``revision`` (a counter of the agent's changes to it), which callers
+put into their ids. Its reply is
 stored under the state directory before it is sent, so the same id sent again - a retry after a
 lost reply or an operator restart - gets the stored reply and does nothing twice (header
 ``X-Idempotent-Replay: true``). Requests run one at a time (one worker thread): the agent
@@ -152,6 +154,24 @@ class Operations:
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def _revision_path(self, sandbox_id: str) -> Path:
+        return self.config.state_dir / "revisions" / sandbox_id
+
+    def revision(self, sandbox_id: str) -> int:
+        """How many times the agent changed this sandbox (0 when never). Callers put it into
+        their request ids, so one logical call is deduplicated while a new one after any
+        change is a new request."""
+        try:
+            return int(self._revision_path(sandbox_id).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _save(self, sandbox: BaseSandbox) -> None:
+        self.store.save(sandbox)
+        path = self._revision_path(sandbox.sandbox_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(self.revision(sandbox.sandbox_id) + 1))
+
     def load(self, sandbox_id: str) -> BaseSandbox:
         """Re-open a stored sandbox.
 
@@ -180,6 +200,7 @@ class Operations:
             "sandbox_path": context.sandbox_path if context else None,
             "metadata": dict(context.metadata) if context else {},
             "record": record,
+            "revision": self.revision(sandbox.sandbox_id),
         }
 
     # -- operations ---------------------------------------------------------------------------
@@ -206,14 +227,14 @@ class Operations:
             self.resolve(str(body["original"])),
             **options,
         )
-        self.store.save(sandbox)
+        self._save(sandbox)
         try:
             sandbox.create(str(body["plan_id"]))
         except SandboxError:
             sandbox.cleanup()
             self.store.delete(sandbox.sandbox_id)
             raise
-        self.store.save(sandbox)
+        self._save(sandbox)
         return self.describe(sandbox)
 
     def status(self, sandbox_id: str) -> dict[str, Any]:
@@ -225,7 +246,7 @@ class Operations:
         sandbox = self.load(sandbox_id)
         if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
             sandbox.activate()
-            self.store.save(sandbox)
+            self._save(sandbox)
         return self.describe(sandbox)
 
     def path(self, sandbox_id: str, rel: str) -> Path:
@@ -234,7 +255,7 @@ class Operations:
         try:
             return Path(sandbox.get_path(rel))
         finally:
-            self.store.save(sandbox)
+            self._save(sandbox)
 
     def read(self, sandbox_id: str, rel: str) -> dict[str, Any]:
         """``{"path", "content_b64"}`` of a file in the sandbox."""
@@ -274,7 +295,7 @@ class Operations:
         try:
             result = sandbox.commit(body.get("message"))
         finally:
-            self.store.save(sandbox)
+            self._save(sandbox)
         return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
 
     def rollback(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +309,7 @@ class Operations:
             if body.get("reactivate") and sandbox.status is SandboxStatus.ROLLED_BACK:
                 sandbox.activate()
         finally:
-            self.store.save(sandbox)
+            self._save(sandbox)
         return self.describe(sandbox)
 
     def checkpoint(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -304,7 +325,7 @@ class Operations:
         created = self.checkpoints.create_checkpoint(
             sandbox, plan_id, str(body.get("phase") or "manual"), metadata
         )
-        self.store.save(sandbox)
+        self._save(sandbox)
         return created.model_dump(mode="json")
 
     def restore(self, checkpoint_id: str) -> dict[str, Any]:
@@ -321,7 +342,7 @@ class Operations:
             raise SandboxError(f"restore of checkpoint {checkpoint_id} failed")
         if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
             sandbox.activate()
-        self.store.save(sandbox)
+        self._save(sandbox)
         return self.describe(sandbox)
 
     def cleanup(self, sandbox_id: str) -> dict[str, Any]:
@@ -332,6 +353,7 @@ class Operations:
             return {"sandbox_id": sandbox_id, "status": "cleaned_up"}
         sandbox.cleanup()
         self.store.delete(sandbox_id)
+        self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
 
 

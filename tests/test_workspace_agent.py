@@ -155,8 +155,10 @@ def test_a_retried_commit_with_the_same_request_id_commits_once_even_after_a_res
     client = agent.client()
     sid = f"/v1/sandboxes/{SANDBOX_ID}"
     client.call("PUT", f"{sid}/files", b"one\n", query={"path": "f.txt"}, request_id="w-1")
-    rid = request_id("commit", SANDBOX_ID, "m", "active")
+    before = client.call("GET", sid)["revision"]
+    rid = request_id("commit", SANDBOX_ID, "m", before)
     first = client.call("POST", f"{sid}/commit", {"message": "m"}, request_id=rid)
+    assert first["sandbox"]["revision"] > before  # a later call gets a new id from it
     commits = git(repo, "rev-list", "--count", "HEAD")
     agent.stop()  # the agent restarts too (the Pod's container restarted); the journal is on disk
     agent.start()

@@ -331,19 +331,21 @@ def create_body(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
     }
 
 
-def _state_key(record: dict[str, Any]) -> str:
-    """What a changing call depends on: the status and last commit the operator saw."""
-    last = record.get("last_commit") or {}
-    return f"{record.get('status')}:{last.get('timestamp', '')}"
+def _state_key(reply: dict[str, Any]) -> str:
+    """What a changing call depends on: the sandbox revision and status the operator saw (the
+    agent counts its changes per sandbox), so a retry of one call has the same request id and
+    any later call, even from an equal-looking state, a new one."""
+    record = reply.get("record") or {}
+    return f"{reply.get('revision', 0)}:{record.get('status')}"
 
 
 class RemoteSandbox:
     """A sandbox behind a workspace agent, shaped like the core's ``Sandbox`` for the saga."""
 
-    def __init__(self, executor: PodExecutor, target: SandboxTarget, record: dict[str, Any]):
+    def __init__(self, executor: PodExecutor, target: SandboxTarget, reply: dict[str, Any]):
         self._executor = executor
         self._target = target
-        self.record = record
+        self.reply = reply
         self.resource_id = target.resource_id
         self.strategy = target.strategy
         self.context = None
@@ -352,6 +354,11 @@ class RemoteSandbox:
     def sandbox_id(self) -> str:
         """The core sandbox id."""
         return self._target.sandbox_id
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The core record as last reported by the agent."""
+        return dict(self.reply.get("record") or {})
 
     @property
     def status(self) -> SandboxStatus:
@@ -367,11 +374,11 @@ class RemoteSandbox:
         return f"/v1/sandboxes/{self.sandbox_id}{suffix}"
 
     def _refresh(self) -> None:
-        self.record = self._executor.call(self._target, "GET", self._path())["record"]
+        self.reply = self._executor.call(self._target, "GET", self._path())
 
     def commit(self, message: str | None = None) -> CommitResult:
         """``POST .../commit``; the request id repeats for the same commit from the same state."""
-        rid = request_id("commit", self.sandbox_id, message or "", _state_key(self.record))
+        rid = request_id("commit", self.sandbox_id, message or "", _state_key(self.reply))
         try:
             payload = self._executor.call(
                 self._target, "POST", self._path("/commit"), {"message": message}, request_id=rid
@@ -379,22 +386,22 @@ class RemoteSandbox:
         except ExecutorError:
             self._refresh()
             raise
-        self.record = payload["sandbox"]["record"]
+        self.reply = payload["sandbox"]
         return CommitResult.from_dict(payload["result"])
 
     def rollback(self) -> None:
         """``POST .../rollback`` (no re-activation: the saga's compensation)."""
-        rid = request_id("rollback", self.sandbox_id, _state_key(self.record))
-        payload = self._executor.call(
+        rid = request_id("rollback", self.sandbox_id, _state_key(self.reply))
+        self.reply = self._executor.call(
             self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
         )
-        self.record = payload["record"]
 
     def activate(self) -> None:
         """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
-        rid = request_id("activate", self.sandbox_id, _state_key(self.record))
-        payload = self._executor.call(self._target, "POST", self._path("/activate"), request_id=rid)
-        self.record = payload["record"]
+        rid = request_id("activate", self.sandbox_id, _state_key(self.reply))
+        self.reply = self._executor.call(
+            self._target, "POST", self._path("/activate"), request_id=rid
+        )
 
 
 class PodExecutor:
@@ -419,9 +426,7 @@ class PodExecutor:
             elif kind == "Secret":
                 self.api.core.create_namespaced_secret(namespace, cast(Any, manifest))
             elif kind == "NetworkPolicy":
-                self._networking().create_namespaced_network_policy(
-                    namespace, cast(Any, manifest)
-                )
+                self._networking().create_namespaced_network_policy(namespace, cast(Any, manifest))
             else:
                 self.api.core.create_namespaced_persistent_volume_claim(
                     namespace, cast(Any, manifest)
@@ -529,14 +534,16 @@ class PodExecutor:
         owner = self.api.get("sandboxes", target.namespace, target.name)
         pod = self.ensure_children(target, owner)
         target = replace(target, workspace_pod=pod)
-        created = self.call(
+        self.call(
             target,
             "POST",
             "/v1/sandboxes",
             create_body(target, self.settings),
             request_id=request_id("create", target.uid),
         )
-        handle = RemoteSandbox(self, target, created["record"])
+        # The create reply may be a replay from long ago (a re-made Pod on the same claim):
+        # read the current state.
+        handle = self.open(target)
         if handle.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
             handle.activate()
         return SandboxState.from_record(handle.record, workspace_pod=pod)
@@ -552,7 +559,11 @@ class PodExecutor:
     def open(self, target: SandboxTarget) -> RemoteSandbox:
         """A saga handle (status fetched now)."""
         payload = self.call(target, "GET", f"/v1/sandboxes/{target.sandbox_id}")
-        return RemoteSandbox(self, target, payload["record"])
+        return RemoteSandbox(self, target, payload)
+
+    def revision(self, target: SandboxTarget) -> int:
+        """The agent's change counter of ``target``'s sandbox (part of request ids)."""
+        return int(self.open(target).reply.get("revision") or 0)
 
     def persist(self, target: SandboxTarget, handle: Any) -> SandboxState:
         """The agent saves after every call; return the handle's last state."""
@@ -570,7 +581,7 @@ class PodExecutor:
                 f"cannot discard the changes of sandbox {target.sandbox_id} in status "
                 f"{handle.status.value}"
             )
-        rid = request_id("discard", target.sandbox_id, reactivate, _state_key(handle.record))
+        rid = request_id("discard", target.sandbox_id, reactivate, _state_key(handle.reply))
         payload = self.call(
             target,
             "POST",
@@ -645,7 +656,9 @@ class PodExecutor:
             "POST",
             f"/v1/sandboxes/{target.sandbox_id}/checkpoints",
             {"phase": phase, "metadata": values},
-            request_id=request_id("checkpoint", target.sandbox_id, uid or phase),
+            request_id=request_id(
+                "checkpoint", target.sandbox_id, uid or phase, self.revision(target)
+            ),
         )
         kinds = {
             "git_ref": "git-tag",
@@ -668,7 +681,9 @@ class PodExecutor:
             target,
             "POST",
             f"/v1/checkpoints/{checkpoint.checkpoint_id}/restore",
-            request_id=request_id("restore", checkpoint.checkpoint_id, target.sandbox_id),
+            request_id=request_id(
+                "restore", checkpoint.checkpoint_id, target.sandbox_id, self.revision(target)
+            ),
         )
         return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
