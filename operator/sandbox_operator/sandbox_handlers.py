@@ -441,7 +441,9 @@ class SandboxLogic:
         if state == "Ready":
             self._provision(body, patch, target, retry)
         elif state in ("NotReady", "Terminating"):
-            self._set_waiting(body, patch, "WorkspacePodNotReady", f"the workspace Pod is {state}")
+            starting = phase in (None, SandboxPhase.PENDING.value) and state == "NotReady"
+            reason = "WorkspacePodStarting" if starting else "WorkspacePodNotReady"
+            self._set_waiting(body, patch, reason, f"the workspace Pod is {state}")
         elif state == "Failed":
             # Evicted (or ended): delete it; its Deleted event then makes a new one.
             self._set_waiting(
