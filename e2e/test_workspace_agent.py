@@ -33,9 +33,9 @@ CALL = (
     "    req.add_header('Authorization', 'Bearer ' + token)\n"
     "try:\n"
     "    with urllib.request.urlopen(req, timeout=10) as r:\n"
-    "        print(r.status, r.read().decode()[:2000])\n"
+    "        print(r.status, r.read().decode())\n"
     "except urllib.error.HTTPError as e:\n"
-    "    print(e.code, e.read().decode()[:2000])\n"
+    "    print(e.code, e.read().decode())\n"
 )
 
 
