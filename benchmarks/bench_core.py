@@ -72,7 +72,7 @@ class Bench:
         self.repo = work / "repo"
         self.tree = work / "tree"
         shutil.copytree(source_tree, self.tree, symlinks=True)
-        if not directories_only:  # the git rows' repository
+        if not self.directories_only:  # the git rows' repository
             shutil.copytree(source_tree, self.repo, symlinks=True)
             run("git", "init", "-q", "-b", "main", cwd=self.repo)
             run("git", "add", "-A", cwd=self.repo)

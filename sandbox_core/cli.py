@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 import threading
 import time
@@ -568,14 +567,34 @@ def recover(state: CliState, plan_id: str) -> None:
 
 
 @main.command("serve-workspace")
-def serve_workspace() -> None:
-    """Idle until SIGTERM: the workspace Pod's main process (the operator execs into it)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    click.echo("sandbox-core workspace ready", err=True)
-    while not stop.wait(3600):
-        pass
+@click.option(
+    "--port", type=int, default=None, help="Listen port (default $SANDBOX_AGENT_PORT or 8471)."
+)
+@click.option("--host", default=None, help="Listen address (default 0.0.0.0).")
+@click.option(
+    "--token-file",
+    default=None,
+    help="File holding the bearer token (default $SANDBOX_AGENT_TOKEN_FILE).",
+)
+@click.pass_obj
+def serve_workspace(
+    state: CliState, port: int | None, host: str | None, token_file: str | None
+) -> None:
+    """The workspace Pod's main process: the workspace agent (HTTP, token-authenticated)."""
+    from dataclasses import replace
+
+    from sandbox_core.agent import AgentConfig, serve  # aiohttp only in the agent process
+
+    config = AgentConfig.from_env()
+    config = replace(
+        config,
+        state_dir=Path(state.store.state_dir),
+        sandbox_root=Path(state.sandbox_root or config.sandbox_root),
+        port=port or config.port,
+        host=host or config.host,
+        token_file=Path(token_file) if token_file else config.token_file,
+    )
+    serve(config)
 
 
 @main.command()

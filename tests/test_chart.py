@@ -139,7 +139,8 @@ def test_values_schema_closes_every_object() -> None:
         if node.get("additionalProperties") is not False
         and node.get("additionalProperties") != {"type": "string"}
     ]
-    assert open_objects == []
+    # A Pod affinity is passed to workspace Pods as is (the API server validates it).
+    assert open_objects == [".workspace.affinity"]
     string_maps = {
         path
         for path, node in _schema_objects(schema)
@@ -148,7 +149,7 @@ def test_values_schema_closes_every_object() -> None:
     assert string_maps == {
         ".serviceAccount.annotations", ".metrics.service.annotations", ".podAnnotations",
         ".podLabels", ".nodeSelector", ".metrics.serviceMonitor.labels",
-        ".metrics.prometheusRule.labels",
+        ".metrics.prometheusRule.labels", ".workspace.nodeSelector",
     }  # fmt: skip
     # Every key of values.yaml is declared.
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
@@ -194,7 +195,7 @@ def test_rendered_objects_and_labels(helm: Path) -> None:
     kinds = sorted(o["kind"] for o in _release(objects))
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-        "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
     ]  # fmt: skip
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -289,10 +290,13 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
         assert {"get", "patch", "update"} == verbs(group, f"{plural}/status")
         assert verbs(group, f"{plural}/finalizers") == {"update"}
     assert {"create", "delete", "get", "list", "watch"} <= verbs("", "pods")
-    assert "create" in verbs("", "pods/exec")
+    # Issue 8: no exec into Pods, and no reading of Secrets (the kubelet hands the DSN to the
+    # workspace Pod; the agent key is mounted into the operator's own Pod).
+    assert not verbs("", "pods/exec")
     assert verbs("", "pods/log") == {"get"}
     assert {"create", "delete", "get"} <= verbs("", "persistentvolumeclaims")
-    assert verbs("", "secrets") == {"get"}
+    assert verbs("", "secrets") == {"create", "delete"}
+    assert verbs("networking.k8s.io", "networkpolicies") == {"get", "create", "delete"}
     assert verbs("", "events") == {"create", "patch"}
     assert {"list", "watch"} <= verbs("apiextensions.k8s.io", "customresourcedefinitions")
     assert {"list", "watch"} <= verbs("", "namespaces")
@@ -329,7 +333,9 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         "workspace.image.repository=registry.local/workspace",
         "image.tag=1.2.3",
     )
-    assert sorted(o["kind"] for o in _release(objects)) == ["Deployment", "PodDisruptionBudget"]
+    assert sorted(o["kind"] for o in _release(objects)) == [
+        "Deployment", "PodDisruptionBudget", "Secret",  # Secret: the agent key
+    ]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     # The hook then runs as the operator's ServiceAccount (no RBAC objects of its own).
     hook = _one(objects, "Job")["spec"]["template"]["spec"]
@@ -447,7 +453,7 @@ def test_helm_install_into_real_apiserver(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "STATUS: deployed" in result.stdout
-    assert "kubectl wait --for=condition=Committed" in result.stdout  # NOTES.txt
+    assert "kubectl wait --for=condition=Finished" in result.stdout  # NOTES.txt
     fullname = f"{release}-sandbox-operator"
     for args in (
         ("get", "deployment", fullname, "-n", namespace),
@@ -471,17 +477,22 @@ def test_helm_install_into_real_apiserver(
     subject = f"system:serviceaccount:{namespace}:{fullname}"
     for verb_resource, expected in (
         (("patch", "sandboxes.sandbox.cleveragents.io/status"), "yes"),
-        (("create", "pods/exec"), "yes"),
-        (("get", "secrets"), "yes"),
+        # kubectl reads "pods/exec" as pod "exec": the subresource needs --subresource.
+        (("create", "pods", "--subresource=exec"), "no"),
+        (("get", "secrets"), "no"),
         (("list", "secrets"), "no"),
+        (("watch", "secrets"), "no"),
+        (("create", "secrets"), "yes"),
+        (("create", "networkpolicies.networking.k8s.io"), "yes"),
         (("delete", "namespaces"), "no"),
         (("create", "sandboxes.sandbox.cleveragents.io"), "no"),
     ):
-        verb, resource = verb_resource
+        verb, resource, *extra = verb_resource
         answer = local_apiserver.kubectl(
-            "auth", "can-i", verb, resource, "--as", subject, "-n", "default"
+            "auth", "can-i", verb, resource, *extra, "--as", subject, "-n", "default"
         )
-        assert answer.stdout.strip() == expected, f"can-i {verb} {resource}: {answer.stdout}"
+        listing = local_apiserver.kubectl("auth", "can-i", "--list", "--as", subject).stdout
+        assert answer.stdout.strip() == expected, f"can-i {verb} {resource}: {listing}"
     # No kubelet on this tier: the pre-delete hook Job cannot run, so it is skipped here (its
     # logic runs against this server in tests/operator/test_deletion_apiserver.py).
     uninstall = _run_helm(

@@ -266,7 +266,10 @@ def test_status_declares_every_operator_field(kind: str) -> None:
     status = _at(kind, "status")
     assert set(status["properties"]) == EXPECTED_STATUS_FIELDS[kind]
     preserving = [p for p, n in _walk(_root(kind)) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert preserving == (["status.coreRecord"] if kind == "Sandbox" else [])
+    # spec.workspace.affinity is a Pod affinity, passed to the Pod as is (the API server
+    # validates it when the operator creates the Pod).
+    expected = ["spec.workspace.affinity", "status.coreRecord"] if kind == "Sandbox" else []
+    assert preserving == expected
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
@@ -294,6 +297,7 @@ def test_plancommit_status_enums() -> None:
     ]  # fmt: skip
     assert _at("Sandbox", "status.phase")["enum"] == [
         "Pending", "Created", "Active", "Committed", "RolledBack", "CleanedUp", "Errored",
+        "Suspended",
     ]  # fmt: skip
     assert _at("Checkpoint", "status.phase")["enum"] == ["Pending", "Ready", "Failed"]
 

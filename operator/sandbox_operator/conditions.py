@@ -72,3 +72,23 @@ def is_true(conditions: Sequence[dict[str, Any]] | None, type_: str) -> bool:
     """True when condition ``type_`` exists with status ``"True"``."""
     found = find_condition(conditions, type_)
     return found is not None and found.get("status") == "True"
+
+
+FINISHED = "Finished"
+"""The terminal condition (issue 8): True once the work ended, whatever the outcome, so that one
+``kubectl wait --for=condition=Finished`` returns on success and on failure alike. The reason
+names the outcome (``Committed``, ``RolledBack``, ``Failed``, ``Errored``...)."""
+
+
+def set_finished(
+    conditions: Sequence[dict[str, Any]] | None,
+    finished: bool,
+    reason: str,
+    message: str,
+    observed_generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """Set the :data:`FINISHED` condition: True with the outcome as ``reason`` once terminal,
+    else False with reason ``InProgress``."""
+    if finished:
+        return set_condition(conditions, FINISHED, "True", reason, message, observed_generation)
+    return set_condition(conditions, FINISHED, "False", "InProgress", message, observed_generation)

@@ -20,7 +20,7 @@ from sandbox_core.journal import (
     JournalStep,
     StepState,
 )
-from sandbox_operator.conditions import set_condition
+from sandbox_operator.conditions import set_condition, set_finished
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import PLANCOMMIT_PLURAL, PlanCommitAction, PlanCommitPhase
 
@@ -89,13 +89,33 @@ def plancommit_conditions(
     conditions: list[dict[str, Any]] | None,
     generation: int | None,
 ) -> list[dict[str, Any]]:
-    """The ``Committed`` / ``RolledBack`` / ``RollbackFailed`` conditions of ``state``.
+    """The ``Committed`` / ``RolledBack`` / ``RollbackFailed`` / ``Finished`` conditions.
+
+    ``Finished`` (issue 8) is True once ``state`` is terminal, whatever the outcome.
 
     Messages name the failed sandbox and its error and the rolled-back / failed ids (issue 3).
     ``lastTransitionTime`` moves only when a status changes (case 22: re-saving changes nothing).
     An attempt still owing a compensation (case 21: not terminal, ``failedRollbackIds`` set) says
     so: ``Committed=False``, ``RollbackFailed=True`` with "retrying".
     """
+    out = _plancommit_conditions(state, action, names, conditions, generation)
+    outcome = PHASES[state.phase].value
+    return set_finished(
+        out,
+        state.phase.is_terminal,
+        outcome,
+        f"the PlanCommit ended: {outcome}" if state.phase.is_terminal else "the work is running",
+        generation,
+    )
+
+
+def _plancommit_conditions(
+    state: JournalState,
+    action: PlanCommitAction,
+    names: Mapping[str, str],
+    conditions: list[dict[str, Any]] | None,
+    generation: int | None,
+) -> list[dict[str, Any]]:
     out = list(conditions or [])
     owed = not state.phase.is_terminal and bool(state.failed_rollback_ids)
     if not state.phase.is_terminal and not owed:

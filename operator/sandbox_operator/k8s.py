@@ -14,6 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
+from sandbox_operator import redaction
 from sandbox_operator.models import GROUP, VERSION
 
 
@@ -69,7 +70,7 @@ class Api:
         return cast(
             dict[str, Any],
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": status}
+                GROUP, VERSION, namespace, plural, name, {"status": redaction.scrub(status)}
             ),
         )
 

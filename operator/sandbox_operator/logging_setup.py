@@ -7,6 +7,8 @@ import logging
 
 from pythonjsonlogger.json import JsonFormatter
 
+from sandbox_operator.redaction import ScrubFilter
+
 # kopf attaches its OperatorSettings (locks inside: not serialisable) and a skip flag to records.
 _DROPPED_ATTRIBUTES = ("settings", "k8s_skip")
 
@@ -36,6 +38,11 @@ def configure_logging(log_format: str, level: int = logging.INFO) -> None:
         handler.addFilter(_DropKopfInternals())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.addFilter(ScrubFilter())  # issue 8: no secret in any log line
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # kopf turns its per-object log records into Events through its own handler on this logger.
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, ScrubFilter) for f in objects.filters):
+        objects.addFilter(ScrubFilter())

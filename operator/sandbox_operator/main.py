@@ -17,6 +17,7 @@ import kopf
 
 from sandbox_operator import k8s, metrics
 from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
+from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
 from sandbox_operator.leader import LeaderElector
 from sandbox_operator.logging_setup import configure_logging
 from sandbox_operator.models import (
@@ -28,7 +29,7 @@ from sandbox_operator.models import (
     VERSION,
 )
 from sandbox_operator.runtime import Runtime, build_runtime
-from sandbox_operator.sandbox_handlers import plan_label_patch, ttl_expired
+from sandbox_operator.sandbox_handlers import WORKSPACE_ANNOTATION, plan_label_patch, ttl_expired
 from sandbox_operator.settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -90,13 +91,16 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 # -- Sandbox ------------------------------------------------------------------------------------
 
 
-@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, id="provision")
-def sandbox_provision(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+TIMEOUT = SETTINGS.handler_timeout_seconds  # every handler has one (issue 8)
+
+
+@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, id="provision", timeout=TIMEOUT)
+def sandbox_provision(body: kopf.Body, patch: kopf.Patch, retry: int, **_: Any) -> None:
     """Provision through the executor and drive the core to ACTIVE."""
-    runtime().sandboxes.provision(body, patch)
+    runtime().sandboxes.provision(body, patch, retry)
 
 
-@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, id="plan-label")
+@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, id="plan-label", timeout=TIMEOUT)
 def sandbox_plan_label(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """Sandboxes made before the plan-id label existed get it (issue 11 §6)."""
     labels = plan_label_patch(body)
@@ -104,13 +108,41 @@ def sandbox_plan_label(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         patch.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
 
 
-@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, id="requests", field="spec")
+@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, id="requests", field="spec", timeout=TIMEOUT)
 def sandbox_requests(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """Serve a new rollbackRequest / restoreRequest id."""
     runtime().sandboxes.serve_requests(body, patch)
 
 
-@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, id="cleanup")
+@kopf.on.field(
+    GROUP,
+    VERSION,
+    SANDBOX_PLURAL,
+    id="workspace-pod",
+    field=("metadata", "annotations", WORKSPACE_ANNOTATION),
+    timeout=TIMEOUT,
+)
+def sandbox_workspace_pod(
+    body: kopf.Body, patch: kopf.Patch, new: Any, retry: int, **_: Any
+) -> None:
+    """The workspace Pod became Ready / not Ready / was deleted: provision, mirror, recreate."""
+    if new:
+        runtime().sandboxes.workspace_pod_changed(body, patch, str(new), retry)
+
+
+@kopf.on.field(GROUP, VERSION, SANDBOX_PLURAL, id="suspend", field="spec.suspend", timeout=TIMEOUT)
+def sandbox_suspend(body: kopf.Body, patch: kopf.Patch, new: Any, retry: int, **_: Any) -> None:
+    """spec.suspend: delete the workspace Pod (claim kept) or bring it back."""
+    runtime().sandboxes.suspend_changed(body, patch, bool(new), retry)
+
+
+@kopf.on.event("", "v1", "pods", labels={COMPONENT_LABEL: WORKSPACE_COMPONENT})
+def workspace_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+    """Workspace Pods are watched: their readiness wakes the Sandbox (no fixed sleep)."""
+    runtime().sandboxes.workspace_pod_event(event)
+
+
+@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, id="cleanup", timeout=TIMEOUT)
 def sandbox_cleanup(body: kopf.Body, **_: Any) -> None:
     """Finalizer: remove everything the sandbox made; never the original."""
     runtime().sandboxes.finalize(body)
@@ -133,13 +165,13 @@ def sandbox_ttl(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> 
 # -- Checkpoint ---------------------------------------------------------------------------------
 
 
-@kopf.on.create(GROUP, VERSION, CHECKPOINT_PLURAL, id="snapshot")
+@kopf.on.create(GROUP, VERSION, CHECKPOINT_PLURAL, id="snapshot", timeout=TIMEOUT)
 def checkpoint_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """Take the snapshot."""
     runtime().checkpoints.create(body, patch)
 
 
-@kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot")
+@kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot", timeout=TIMEOUT)
 def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
     """Finalizer: delete the snapshot."""
     runtime().checkpoints.finalize(body)
@@ -148,13 +180,13 @@ def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
 # -- PlanCommit ---------------------------------------------------------------------------------
 
 
-@kopf.on.create(GROUP, VERSION, PLANCOMMIT_PLURAL, id="saga")
+@kopf.on.create(GROUP, VERSION, PLANCOMMIT_PLURAL, id="saga", timeout=TIMEOUT)
 def plancommit_saga(namespace: str | None, name: str, **_: Any) -> None:
     """Run (or, after a restart, resume) the plan's atomic commit / rollback."""
     runtime().plancommits.reconcile(str(namespace), name)
 
 
-@kopf.on.delete(GROUP, VERSION, PLANCOMMIT_PLURAL, id="plan-cleanup")
+@kopf.on.delete(GROUP, VERSION, PLANCOMMIT_PLURAL, id="plan-cleanup", timeout=TIMEOUT)
 def plancommit_delete(body: kopf.Body, **_: Any) -> None:
     """Finalizer: with cleanupPolicy Delete, delete the plan's Sandboxes."""
     runtime().plancommits.finalize(body)

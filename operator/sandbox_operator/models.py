@@ -43,6 +43,7 @@ class SandboxPhase(StrEnum):
     ROLLED_BACK = "RolledBack"
     CLEANED_UP = "CleanedUp"
     ERRORED = "Errored"
+    SUSPENDED = "Suspended"  # spec.suspend: no workspace Pod, the scratch claim kept (issue 8)
 
     @classmethod
     def from_core(cls, status: SandboxStatus | str) -> SandboxPhase:
@@ -109,6 +110,61 @@ class RestoreRequest(_Model):
     checkpoint_name: str
 
 
+class PortSpec(_Model):
+    """One port of an egress rule."""
+
+    port: int
+    protocol: str = "TCP"
+
+
+class EgressRule(_Model):
+    """Allow egress from the workspace Pod to ``cidr`` (on ``ports``; all ports when empty)."""
+
+    cidr: str
+    ports: list[PortSpec] = Field(default_factory=list)
+
+
+class ScratchSpec(_Model):
+    """The scratch PersistentVolumeClaim: storage class and size (empty: chart defaults)."""
+
+    storage_class_name: str | None = None
+    size: str | None = None
+
+
+class WorkspaceSpec(_Model):
+    """``Sandbox.spec.workspace``: how the workspace Pod is shaped (pod executor; issue 8).
+
+    Every field is optional; an unset one takes the chart's ``workspace.*`` default
+    (:meth:`merged_over`). Kubernetes-shaped fields (resources, tolerations, affinity...) are
+    passed to the Pod as given.
+    """
+
+    resources: dict[str, Any] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    affinity: dict[str, Any] | None = None
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    image_pull_secrets: list[dict[str, str]] | None = None
+    scratch: ScratchSpec | None = None
+    egress: list[EgressRule] | None = None
+
+    def merged_over(self, defaults: WorkspaceSpec) -> WorkspaceSpec:
+        """This block with every unset field (and scratch sub-field) taken from ``defaults``."""
+        values = {
+            name: getattr(self, name)
+            if getattr(self, name) is not None
+            else getattr(defaults, name)
+            for name in type(self).model_fields
+        }
+        mine, base = self.scratch or ScratchSpec(), defaults.scratch or ScratchSpec()
+        values["scratch"] = ScratchSpec(
+            storage_class_name=mine.storage_class_name or base.storage_class_name,
+            size=mine.size or base.size,
+        )
+        return WorkspaceSpec(**values)
+
+
 class SandboxSpec(_Model):
     """``Sandbox.spec``."""
 
@@ -120,6 +176,8 @@ class SandboxSpec(_Model):
     ttl_seconds_after_finished: int | None = None
     rollback_request: RollbackRequest | None = None
     restore_request: RestoreRequest | None = None
+    workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    suspend: bool = False
 
     @property
     def rollbackable(self) -> bool:

@@ -50,13 +50,20 @@ from sandbox_operator.conditions import find_condition, set_condition
 from sandbox_operator.deletion import CLAIMS, deletion_began
 from sandbox_operator.errors import is_not_found
 from sandbox_operator.events import EventSink
-from sandbox_operator.executors.base import Executor, SandboxState, SandboxTarget
+from sandbox_operator.executors.base import (
+    Executor,
+    SandboxState,
+    SandboxTarget,
+    WorkspaceNotReady,
+)
 from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
+    GROUP,
     PLANCOMMIT_PLURAL,
     ROLLBACKABLE_STRATEGIES,
     SANDBOX_PLURAL,
+    VERSION,
     PlanCommitAction,
     PlanCommitPhase,
     PlanCommitSpec,
@@ -155,8 +162,28 @@ class PlanCommitLogic:
             except kopf.PermanentError as exc:
                 logger.warning("sandbox %s skipped: %s", item["metadata"]["name"], exc)
                 continue
-            found.append((target, self.executor.describe(target)))
+            found.append((target, self._describe_resuming(item, target)))
         return found
+
+    def _describe_resuming(self, item: Mapping[str, Any], target: SandboxTarget) -> Any:
+        """The sandbox's state; a suspended Sandbox is resumed first (issue 8) and the
+        PlanCommit waits (TemporaryError) until its workspace serves again."""
+        name = item["metadata"]["name"]
+        if (item.get("spec") or {}).get("suspend"):
+            self.api.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, target.namespace, SANDBOX_PLURAL, name, {"spec": {"suspend": False}}
+            )
+            self.events(item, "Normal", "Resumed", "resumed for a PlanCommit of its plan")
+            raise kopf.TemporaryError(
+                f"resuming suspended sandbox {name}", delay=self.settings.retry_delay_seconds
+            )
+        try:
+            return self.executor.describe(target)
+        except WorkspaceNotReady as exc:
+            raise kopf.TemporaryError(
+                f"waiting for the workspace of sandbox {name}: {exc}",
+                delay=self.settings.retry_delay_seconds,
+            ) from exc
 
     # -- reconcile ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import Executor
 from sandbox_operator.k8s import Api
 from sandbox_operator.plancommit_handlers import PlanCommitLogic
+from sandbox_operator.redaction import scrubbing_events
 from sandbox_operator.sandbox_handlers import SandboxLogic
 from sandbox_operator.settings import ExecutorKind, Settings
 
@@ -40,6 +41,7 @@ def make_executor(settings: Settings, api: Api) -> Executor:
 def build_runtime(settings: Settings, api: Api, events: EventSink) -> Runtime:
     """Wire everything for one operator process."""
     executor = make_executor(settings, api)
+    events = scrubbing_events(events)  # issue 8: no secret in any Event
     return Runtime(
         settings=settings,
         executor=executor,

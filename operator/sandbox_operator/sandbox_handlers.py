@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator import core_record, metrics
-from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator import core_record, metrics, redaction
+from sandbox_operator.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.deletion import CLAIMS, deletion_began
 from sandbox_operator.errors import classify, is_not_found, to_kopf
 from sandbox_operator.events import EventSink
@@ -27,29 +27,42 @@ from sandbox_operator.executors.base import (
     Executor,
     SandboxState,
     SandboxTarget,
+    WorkspaceNotReady,
     sandbox_id_for_uid,
 )
+from sandbox_operator.executors.pod import pod_is_ready
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
+    GROUP,
     PLAN_LABEL,
     SANDBOX_PLURAL,
+    VERSION,
     SandboxPhase,
     SandboxSpec,
+    WorkspaceSpec,
 )
-from sandbox_operator.settings import Settings
+from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")
 
 SOURCE_MOUNT = "/workspace/source"
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # the workspace Pod's env var holding a secretRef's value
+# Where a workspace Pod's readiness is mirrored onto its Sandbox (wakes the Sandbox's handler).
+# Not under sandbox.cleveragents.io/: kopf keeps its progress there and ignores those keys.
+WORKSPACE_ANNOTATION = "workspace.sandbox.cleveragents.io/pod"
 
 
 def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
     """Where the executor finds the original of ``spec``.
 
-    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); the DSN
-    read from ``secretRef`` (transaction_rollback).
+    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); for
+    ``secretRef`` (transaction_rollback) the DSN read from the Secret with the local executor
+    (registered with :mod:`redaction`, so it never reaches status, Events or logs), and with the
+    pod executor only a reference, ``env:SANDBOX_SOURCE_DSN``: the kubelet puts the Secret's
+    value into the workspace Pod's environment (``secretKeyRef``) and the operator never reads
+    it (issue 8).
 
     Raises:
         kopf.PermanentError: the source does not fit the executor (e.g. a PVC with the local
@@ -57,12 +70,16 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
     """
     source = spec.source
     if source.secret_ref is not None:
+        if settings.executor == "pod":
+            return f"env:{SOURCE_DSN_ENV}"
         if api is None:
             raise kopf.PermanentError("secretRef sources need API access")
         try:
-            return api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
+            value = api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
         except KeyError as exc:
             raise kopf.PermanentError(str(exc)) from exc
+        redaction.register(value)
+        return value
     if source.node_path:
         if settings.executor == "pod":
             raise kopf.PermanentError("source.nodePath needs the local executor")
@@ -109,7 +126,45 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         options=spec.options,
         core_record=record,
         workspace_pod=str(status.get("workspacePod") or ""),
+        workspace=spec.workspace.merged_over(workspace_defaults(settings)),
     )
+
+
+def workspace_defaults(settings: Settings) -> WorkspaceSpec:
+    """The chart's ``workspace.*`` defaults (``settings.workspace_defaults``, JSON).
+
+    Raises:
+        kopf.PermanentError: the JSON is not a valid workspace block (a deployment error).
+    """
+    try:
+        return WorkspaceSpec.model_validate_json(settings.workspace_defaults or "{}")
+    except ValueError as exc:
+        raise kopf.PermanentError(f"invalid workspace defaults: {exc}") from exc
+
+
+def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """``(namespace, sandbox name, annotation value)`` for a workspace Pod's watch event.
+
+    The value is ``<pod uid>:<Ready|NotReady|Terminating|Failed|Deleted>``; None for a Pod no
+    Sandbox owns.
+    """
+    pod = event.get("object") or {}
+    metadata = pod.get("metadata") or {}
+    owner = next(
+        (o for o in metadata.get("ownerReferences") or [] if o.get("kind") == "Sandbox"), None
+    )
+    if owner is None:
+        return None
+    phase = (pod.get("status") or {}).get("phase")
+    if event.get("type") == "DELETED":
+        state = "Deleted"  # gone: a new Pod of the same name can be made now
+    elif metadata.get("deletionTimestamp"):
+        state = "Terminating"
+    elif phase in ("Failed", "Succeeded"):
+        state = "Failed"  # evicted by the kubelet: the object stays until someone deletes it
+    else:
+        state = "Ready" if pod_is_ready(pod) else "NotReady"
+    return str(metadata.get("namespace")), str(owner["name"]), f"{metadata.get('uid')}:{state}"
 
 
 def commit_to_status(result: CommitResult, plan_commit: str = "") -> dict[str, Any]:
@@ -141,6 +196,7 @@ def ready_condition(phase: SandboxPhase) -> tuple[str, str, str]:
         SandboxPhase.ROLLED_BACK: "changes were discarded",
         SandboxPhase.CLEANED_UP: "sandbox artefacts were removed",
         SandboxPhase.ERRORED: "the sandbox hit an unrecoverable error",
+        SandboxPhase.SUSPENDED: "suspended: no workspace Pod; the changes are kept",
     }
     return "False", phase.value, messages[phase]
 
@@ -156,6 +212,15 @@ def status_of_state(
     phase = SandboxPhase.from_core(state.status)
     ready, reason, message = ready_condition(phase)
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)  # type: ignore[arg-type]
+    conditions = set_finished(
+        conditions,
+        phase.is_terminal,
+        phase.value,
+        f"the sandbox's work ended: {phase.value}"
+        if phase.is_terminal
+        else "the sandbox is in use",
+        generation,
+    )
     if phase is not SandboxPhase.ERRORED and find_condition(conditions, "Degraded"):
         conditions = set_condition(
             conditions, "Degraded", "False", "Healthy", "no errors", generation
@@ -168,7 +233,7 @@ def status_of_state(
         "strategyMode": state.strategy_mode,
         "executor": executor_kind,
         "workspacePod": state.workspace_pod,
-        "coreRecord": core_record.encode(state.record),
+        "coreRecord": core_record.encode(redaction.redact_record(state.record)),
         "conditions": conditions,
     }
     if generation is not None:
@@ -203,6 +268,9 @@ def failure_status(
 ) -> dict[str, Any]:
     """Status patch for a failed operation: Degraded=True (and Ready=False unless retrying)."""
     failure = classify(exc)
+    failure = failure.__class__(
+        failure.reason, redaction.scrub_text(failure.message), failure.retryable
+    )
     conditions = set_condition(
         conditions, "Degraded", "True", failure.reason, failure.message, generation
     )
@@ -241,6 +309,7 @@ class SandboxLogic:
         patch: MutableMapping[str, Any],
         exc: BaseException,
         action: str,
+        retry: int = 0,
     ) -> kopf.TemporaryError | kopf.PermanentError:
         failure = classify(exc)
         conditions = (body.get("status") or {}).get("conditions")
@@ -248,21 +317,43 @@ class SandboxLogic:
         patch.setdefault("status", {}).update(failure_status(exc, conditions, generation))
         if not failure.retryable and action == "provision":
             patch["status"]["phase"] = SandboxPhase.ERRORED.value
+            patch["status"]["conditions"] = set_finished(
+                patch["status"]["conditions"],
+                True,
+                SandboxPhase.ERRORED.value,
+                f"provisioning failed: {failure.reason}",
+                generation,
+            )
         self.events(
             body,
             "Warning",
             f"{action.capitalize()}Failed",
             f"{action} failed: {failure.reason}: {failure.message}",
         )
-        logger.warning("sandbox %s: %s failed: %s", body["metadata"]["name"], action, exc)
-        return to_kopf(exc, self.settings.retry_delay_seconds)
+        logger.warning(
+            "sandbox %s: %s failed: %s",
+            body["metadata"]["name"],
+            action,
+            redaction.scrub_text(str(exc)),
+        )
+        error = to_kopf(exc, backoff_seconds(self.settings, retry))
+        error.args = (redaction.scrub_text(str(error)), *error.args[1:])
+        return error
 
-    def provision(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+    def provision(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], retry: int = 0
+    ) -> None:
         """Create handler: provision (idempotently) and drive to ACTIVE, then serve requests.
+
+        A workspace Pod that is still starting is a normal wait, not a failure (issue 8):
+        ``phase: Pending``, ``Ready=False`` reason ``WorkspacePodStarting``, no Warning, no
+        retry; the Pod's own Ready event resumes (:meth:`workspace_pod_changed`). A Sandbox
+        created with ``spec.suspend: true`` starts ``Suspended``.
 
         Raises:
             kopf.PermanentError: the spec can never work (condition and Event set first).
-            kopf.TemporaryError: retry later (transient API or I/O trouble).
+            kopf.TemporaryError: retry later (transient API or I/O trouble), with exponential
+                backoff by ``retry``.
         """
         labels = plan_label_patch(body)
         if labels:
@@ -271,12 +362,27 @@ class SandboxLogic:
             target = target_from_body(body, self.settings, self.api)
         except kopf.PermanentError as exc:
             raise self._fail(body, patch, ValueError(str(exc)), "provision") from exc
+        if (body.get("spec") or {}).get("suspend"):
+            self._set_suspended(body, patch)
+            return
+        self._provision(body, patch, target, retry)
+
+    def _provision(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        target: SandboxTarget,
+        retry: int,
+    ) -> None:
         with metrics.reconcile_timer("Sandbox", "provision") as outcome:
             try:
                 state = self.executor.provision(target)
+            except WorkspaceNotReady as waiting:
+                self._set_waiting(body, patch, "WorkspacePodStarting", str(waiting))
+                return
             except Exception as exc:
                 outcome.set("error")
-                raise self._fail(body, patch, exc, "provision") from exc
+                raise self._fail(body, patch, exc, "provision", retry) from exc
         status = status_of_state(
             state,
             self.executor.kind,
@@ -301,6 +407,158 @@ class SandboxLogic:
         merged = dict(body)
         merged["status"] = {**dict(body.get("status") or {}), **patch["status"]}
         self.serve_requests(merged, patch)
+
+    def _set_waiting(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], reason: str, message: str
+    ) -> None:
+        """Ready=False with ``reason`` while the workspace Pod is not serving (no Warning)."""
+        status = dict(body.get("status") or {})
+        generation = body["metadata"].get("generation")
+        out = patch.setdefault("status", {})
+        conditions = set_condition(
+            out.get("conditions") or status.get("conditions"),
+            "Ready",
+            "False",
+            reason,
+            message,
+            generation,
+        )
+        out["conditions"] = set_finished(
+            conditions, False, "", "the sandbox is starting", generation
+        )
+        out["executor"] = self.executor.kind
+        if status.get("phase") in (None, SandboxPhase.SUSPENDED.value):
+            out["phase"] = SandboxPhase.PENDING.value
+
+    def _set_suspended(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
+        generation = body["metadata"].get("generation")
+        out = patch.setdefault("status", {})
+        conditions = set_condition(
+            (body.get("status") or {}).get("conditions"),
+            "Ready",
+            "False",
+            "Suspended",
+            "spec.suspend is true: no workspace Pod; every change is kept on the scratch claim",
+            generation,
+        )
+        out["conditions"] = set_finished(
+            conditions, False, "", "the sandbox is suspended", generation
+        )
+        out["phase"] = SandboxPhase.SUSPENDED.value
+        out["executor"] = self.executor.kind
+
+    def workspace_pod_changed(
+        self, body: Mapping[str, Any], patch: MutableMapping[str, Any], value: str, retry: int = 0
+    ) -> None:
+        """The workspace Pod's readiness changed (annotation ``WORKSPACE_ANNOTATION``).
+
+        ``Ready``: provision (re-opens the sandbox from its scratch claim after a recreated
+        Pod) and mirror. ``NotReady``: ``Ready=False`` (reason ``WorkspacePodNotReady``).
+        ``Terminating``: ``Ready=False``. ``Failed`` (evicted): delete the Pod object.
+        ``Deleted``: make the Pod again; ``Ready=False`` meanwhile.
+        Nothing happens for a suspended or deleted Sandbox.
+
+        Raises:
+            kopf.TemporaryError: provisioning failed for now; backs off exponentially.
+        """
+        if body["metadata"].get("deletionTimestamp") or (body.get("spec") or {}).get("suspend"):
+            return
+        phase = (body.get("status") or {}).get("phase")
+        if phase in {p.value for p in SandboxPhase if p.is_terminal} | {"CleanedUp"}:
+            return
+        state = value.rpartition(":")[2]
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError:
+            return
+        if state == "Ready":
+            self._provision(body, patch, target, retry)
+        elif state in ("NotReady", "Terminating"):
+            starting = phase in (None, SandboxPhase.PENDING.value) and state == "NotReady"
+            reason = "WorkspacePodStarting" if starting else "WorkspacePodNotReady"
+            self._set_waiting(body, patch, reason, f"the workspace Pod is {state}")
+        elif state == "Failed":
+            # Evicted (or ended): delete it; its Deleted event then makes a new one.
+            self._set_waiting(
+                body, patch, "WorkspacePodFailed", "the workspace Pod failed or was evicted"
+            )
+            try:
+                self.executor.suspend(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "recreate", retry) from exc
+        elif state == "Deleted":
+            self._set_waiting(
+                body,
+                patch,
+                "WorkspacePodRecreated",
+                "the workspace Pod was deleted or evicted; a new one is starting",
+            )
+            try:
+                self.executor.resume(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "recreate", retry) from exc
+            self.events(body, "Normal", "WorkspacePodRecreated", "the workspace Pod was made again")
+
+    def suspend_changed(
+        self,
+        body: Mapping[str, Any],
+        patch: MutableMapping[str, Any],
+        suspend: bool,
+        retry: int = 0,
+    ) -> None:
+        """``spec.suspend`` changed: delete the Pod (claim kept) or bring it back (issue 8).
+
+        Raises:
+            kopf.TemporaryError: the Pod could not be deleted or made; backs off.
+        """
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        phase = (body.get("status") or {}).get("phase")
+        if phase in {p.value for p in SandboxPhase if p.is_terminal} | {"CleanedUp"}:
+            return
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except kopf.PermanentError:
+            return
+        if suspend:
+            try:
+                self.executor.suspend(target)
+            except Exception as exc:
+                raise self._fail(body, patch, exc, "suspend", retry) from exc
+            self._set_suspended(body, patch)
+            self.events(body, "Normal", "Suspended", "workspace Pod deleted; changes kept")
+            return
+        if phase != SandboxPhase.SUSPENDED.value:
+            return
+        self.events(body, "Normal", "Resumed", "workspace Pod is being made again")
+        self._provision(body, patch, target, retry)
+
+    def workspace_pod_event(self, event: Mapping[str, Any]) -> None:
+        """A workspace Pod's watch event: mirror its readiness onto the owning Sandbox's
+        annotation, only when it changed (that wakes :meth:`workspace_pod_changed`)."""
+        found = pod_event_annotation(event)
+        if found is None or self.api is None:
+            return
+        namespace, name, value = found
+        try:
+            sandbox = self.api.get(SANDBOX_PLURAL, namespace, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return
+            raise
+        annotations = sandbox["metadata"].get("annotations") or {}
+        if annotations.get(WORKSPACE_ANNOTATION) == value:
+            return
+        if value.endswith(":Deleted") and sandbox["metadata"].get("deletionTimestamp"):
+            return
+        self.api.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            SANDBOX_PLURAL,
+            name,
+            {"metadata": {"annotations": {WORKSPACE_ANNOTATION: value}}},
+        )
 
     def serve_requests(self, body: Mapping[str, Any], patch: MutableMapping[str, Any]) -> None:
         """Act on a new ``rollbackRequest`` / ``restoreRequest`` id; old ids are ignored.

@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         max_workers: kopf's handler thread pool size (``settings.execution.max_workers``); None
             keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
             did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
+        agent_key_file: file holding the key workspace-agent tokens are derived from (the chart
+            mounts a Secret of the operator's namespace there; issue 8).
+        agent_port: port of the workspace agent in workspace Pods.
+        pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
+            only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
+        network_policy: create a NetworkPolicy per workspace Pod (ingress only from the
+            operator; egress denied except DNS and ``spec.workspace.egress``).
+        workspace_defaults: JSON of a ``spec.workspace`` block, the chart's ``workspace.*``
+            defaults; a Sandbox's own fields win, field by field.
+        retry_backoff_max_seconds: cap of the exponential retry delay (from
+            ``retry_delay_seconds``, doubling per attempt).
+        handler_timeout_seconds: limit of every handler (kopf gives up and reports).
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -119,6 +131,13 @@ class Settings(BaseSettings):
     retry_period_seconds: Annotated[float, Field(gt=0)] = 2.0
     standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
     max_workers: Annotated[int, Field(ge=1)] | None = None
+    agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
+    agent_port: Annotated[int, Field(ge=1, le=65535)] = 8471
+    pod_labels: str = ""
+    network_policy: bool = True
+    workspace_defaults: str = "{}"
+    retry_backoff_max_seconds: Seconds = 60.0
+    handler_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
     fault_fail_commit: IdSet = frozenset()
     fault_fail_rollback: IdSet = frozenset()
     fault_provision_delay_seconds: Seconds = 0.0
@@ -138,6 +157,16 @@ class Settings(BaseSettings):
                 f"{PREFIX}RENEW_DEADLINE_SECONDS must be below {PREFIX}LEASE_DURATION_SECONDS"
             )
         return self
+
+    @property
+    def operator_namespace(self) -> str:
+        """Namespace of the operator's Pods (NetworkPolicy peers): ``pod_namespace``."""
+        return self.pod_namespace
+
+    @property
+    def operator_pod_labels(self) -> str:
+        """``k=v,k=v`` labels of the operator's Pods: ``pod_labels``."""
+        return self.pod_labels
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -170,3 +199,13 @@ def _explain(exc: ValidationError) -> str:
         name = f"{PREFIX}{where}" if where else "settings"
         lines.append(f"{name} {text}, got {error.get('input')!r}" if where else str(text))
     return "; ".join(lines)
+
+
+def backoff_seconds(settings: Settings, retry: int) -> float:
+    """Delay before retry number ``retry`` (0-based): ``retry_delay_seconds * 2**retry``, capped
+    at ``retry_backoff_max_seconds`` (issue 8: retries back off exponentially)."""
+    base = settings.retry_delay_seconds
+    return float(
+        min(base * (2 ** min(max(retry, 0), 16)), max(base, settings.retry_backoff_max_seconds))
+    )
+

@@ -12,13 +12,13 @@ from sandbox_operator.conditions import find_condition, set_condition
 from sandbox_operator.errors import classify, to_kopf
 from sandbox_operator.executors.base import SandboxState, SandboxTarget, sandbox_id_for_uid
 from sandbox_operator.executors.pod import (
+    build_network_policy,
     build_scratch_pvc,
+    build_token_secret,
     build_workspace_pod,
     child_name,
-    core_command,
-    create_command,
+    create_body,
     label_value,
-    parse_output,
     scratch_size,
 )
 from sandbox_operator.journal import journal_of_status, status_of_journal
@@ -157,7 +157,8 @@ def test_status_of_state_mirrors_the_core_with_declared_fields_only() -> None:
 
 
 def test_phase_mirrors_every_core_status() -> None:
-    assert {SandboxPhase.from_core(s).value for s in SandboxStatus} == {
+    # Suspended is the operator's own phase (spec.suspend; no core status stands for it).
+    assert {SandboxPhase.from_core(s).value for s in SandboxStatus} | {"Suspended"} == {
         p.value for p in SandboxPhase
     }
 
@@ -309,6 +310,11 @@ def test_workspace_pod_is_non_root_with_source_and_scratch_volumes() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     container = spec["containers"][0]
     assert container["command"] == ["sandbox-core", "serve-workspace"]
+    assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    token = next(v for v in spec["volumes"] if v["name"] == "agent-token")
+    assert token["secret"]["secretName"] == child_name(pod_target(), "agent")
+    assert all("token" not in str(e.get("value", "")).lower() for e in container["env"][:2])
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"].get("privileged") is None
     claims = {
@@ -326,9 +332,9 @@ def test_overlay_is_privileged_only_when_allowed() -> None:
     assert pod["spec"]["containers"][0]["securityContext"]["privileged"] is True
     refused = build_workspace_pod(pod_target("overlay"), Settings(), None)
     assert "privileged" not in refused["spec"]["containers"][0]["securityContext"]
-    command = create_command(pod_target("overlay"), Settings())
-    assert "mode=fallback" in command  # without privilege, the fallback runs
-    assert "mode=fallback" not in create_command(pod_target("overlay"), allowed)
+    body = create_body(pod_target("overlay"), Settings())
+    assert body["options"] == {"mode": "fallback"}  # without privilege, the fallback runs
+    assert create_body(pod_target("overlay"), allowed)["options"] == {}
 
 
 def test_scratch_volume_is_sized_per_strategy() -> None:
@@ -346,20 +352,88 @@ def test_scratch_volume_is_sized_per_strategy() -> None:
     )
 
 
-def test_core_commands_use_json_and_the_deterministic_id() -> None:
-    assert core_command("status", "ID")[:2] == ["sandbox-core", "--json"]
-    command = create_command(pod_target(), Settings())
-    assert command[command.index("--sandbox-id") + 1] == sandbox_id_for_uid(UID)
-    assert command[-1] == "/workspace/source/repo"
-    assert parse_output(["x"], '{"status": "active"}') == {"status": "active"}
-    with pytest.raises(Exception, match="SandboxCommitError: boom"):
-        parse_output(["x"], '{"error": {"type": "SandboxCommitError", "message": "boom"}}')
+def test_the_agent_create_request_carries_the_deterministic_id_and_no_secret() -> None:
+    body = create_body(pod_target(), Settings())
+    assert body["sandbox_id"] == sandbox_id_for_uid(UID)
+    assert body["original"] == "/workspace/source/repo"
     assert label_value("---") == "x"
 
 
-def test_a_commit_result_with_a_null_error_is_not_a_cli_failure() -> None:
-    payload = parse_output(["x"], '{"sandbox_id": "S", "success": true, "error": null}')
-    assert payload["success"] is True
+def test_a_secret_source_reaches_the_pod_only_through_secret_key_ref() -> None:
+    from dataclasses import replace
+
+    target = replace(
+        pod_target("transaction_rollback"),
+        source=SandboxSource.model_validate({"secretRef": {"name": "db", "key": "uri"}}),
+        original="env:SANDBOX_SOURCE_DSN",
+    )
+    pod = build_workspace_pod(target, Settings(), None)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["SANDBOX_SOURCE_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "db", "key": "uri"}
+    assert "value" not in env["SANDBOX_SOURCE_DSN"]
+    assert create_body(target, Settings())["original"] == "env:SANDBOX_SOURCE_DSN"
+    body = {
+        "metadata": {"name": "s", "namespace": "ns", "uid": UID},
+        "spec": {
+            "planId": "p",
+            "resourceId": "db",
+            "strategy": "transaction_rollback",
+            "source": {"secretRef": {"name": "db"}},
+        },
+    }
+    pod_settings = Settings(executor=ExecutorKind.POD)
+    assert target_from_body(body, pod_settings, None).original == "env:SANDBOX_SOURCE_DSN"
+
+
+def test_the_workspace_block_shapes_the_pod_claim_and_network_policy() -> None:
+    from dataclasses import replace
+
+    from sandbox_operator.models import WorkspaceSpec
+
+    defaults = WorkspaceSpec.model_validate(
+        {
+            "nodeSelector": {"pool": "sandboxes"},
+            "scratch": {"storageClassName": "fast", "size": "5Gi"},
+        }
+    )
+    own = WorkspaceSpec.model_validate(
+        {
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+            "tolerations": [{"key": "sandbox", "operator": "Exists"}],
+            "runtimeClassName": "gvisor",
+            "priorityClassName": "low",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "scratch": {"size": "2Gi"},
+            "egress": [{"cidr": "10.1.0.0/16", "ports": [{"port": 5432}]}],
+        }
+    )
+    workspace = own.merged_over(defaults)
+    assert workspace.node_selector == {"pool": "sandboxes"}
+    assert workspace.scratch is not None
+    assert (workspace.scratch.size, workspace.scratch.storage_class_name) == ("2Gi", "fast")
+    target = replace(pod_target(), workspace=workspace)
+    settings = Settings(
+        pod_namespace="sandbox-system", pod_labels="app.kubernetes.io/name=op"
+    )
+    spec = build_workspace_pod(target, settings, None)["spec"]
+    assert spec["containers"][0]["resources"]["requests"]["cpu"] == "100m"
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["priorityClassName"] == "low"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["nodeSelector"] == {"pool": "sandboxes"}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    policy = build_network_policy(target, settings)["spec"]
+    peer = policy["ingress"][0]["from"][0]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "op"}
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "sandbox-system"
+    }
+    assert policy["ingress"][0]["ports"] == [{"port": 8471, "protocol": "TCP"}]
+    assert {
+        "to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}],
+        "ports": [{"port": 5432, "protocol": "TCP"}],
+    } in policy["egress"]
+    assert build_token_secret(target, "t0k")["stringData"] == {"token": "t0k"}
 
 
 def test_reconcile_timer_counts_outcomes_and_durations() -> None:
@@ -379,7 +453,7 @@ def test_reconcile_timer_counts_outcomes_and_durations() -> None:
     assert value("error") == error_before + 1
 
 
-def test_pod_cleanup_skips_the_exec_when_the_workspace_pod_is_gone() -> None:
+def test_pod_cleanup_skips_the_agent_when_the_workspace_pod_is_gone() -> None:
     """A terminating namespace deletes workspace Pods first: cleanup must not retry forever."""
     from types import SimpleNamespace
 
@@ -396,13 +470,13 @@ def test_pod_cleanup_skips_the_exec_when_the_workspace_pod_is_gone() -> None:
         read_namespaced_pod=missing_pod,
         delete_namespaced_pod=lambda name, ns: deleted.append(f"pod/{name}"),
         delete_namespaced_persistent_volume_claim=lambda name, ns: deleted.append(f"pvc/{name}"),
+        delete_namespaced_secret=lambda name, ns: deleted.append(f"secret/{name}"),
     )
     executor = PodExecutor(Settings.from_env({}), SimpleNamespace(core=core))  # type: ignore[arg-type]
-
-    def no_exec(*args: object) -> None:
-        raise AssertionError("exec into a missing pod")
-
-    executor.run = no_exec  # type: ignore[method-assign]
+    executor._networking = lambda: SimpleNamespace(  # type: ignore[method-assign]
+        delete_namespaced_network_policy=lambda name, ns: deleted.append(f"netpol/{name}")
+    )
+    executor.token = lambda target: "t"  # type: ignore[method-assign]
     target = SimpleNamespace(
         name="s1",
         namespace="ns",
@@ -412,5 +486,36 @@ def test_pod_cleanup_skips_the_exec_when_the_workspace_pod_is_gone() -> None:
         strategy="git_worktree",
     )
     executor.cleanup(target)  # type: ignore[arg-type]
-    assert len(deleted) == 2
-    assert deleted[0].startswith("pod/") and deleted[1].startswith("pvc/")
+    assert [d.split("/")[0] for d in deleted] == ["pod", "pvc", "secret", "netpol"]
+
+
+def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -> None:
+    from sandbox_operator.sandbox_handlers import pod_event_annotation
+
+    def event(type_: str, phase: str, ready: str, deleting: bool = False) -> dict:
+        metadata = {
+            "namespace": "ns",
+            "uid": "p1",
+            "ownerReferences": [{"kind": "Sandbox", "name": "s1"}],
+        }
+        if deleting:
+            metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        status = {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}
+        return {"type": type_, "object": {"metadata": metadata, "status": status}}
+
+    assert pod_event_annotation(event("ADDED", "Pending", "False")) == ("ns", "s1", "p1:NotReady")
+    assert pod_event_annotation(event("MODIFIED", "Running", "True")) == ("ns", "s1", "p1:Ready")
+    terminating = event("MODIFIED", "Running", "True", deleting=True)
+    assert pod_event_annotation(terminating) == ("ns", "s1", "p1:Terminating")
+    assert pod_event_annotation(event("MODIFIED", "Failed", "False"))[2] == "p1:Failed"
+    assert pod_event_annotation(event("DELETED", "Running", "True"))[2] == "p1:Deleted"
+    orphan = event("ADDED", "Running", "True")
+    orphan["object"]["metadata"]["ownerReferences"] = []
+    assert pod_event_annotation(orphan) is None
+
+
+def test_retries_back_off_exponentially_with_a_cap() -> None:
+    from sandbox_operator.settings import backoff_seconds
+
+    settings = Settings(retry_delay_seconds=2, retry_backoff_max_seconds=30)
+    assert [backoff_seconds(settings, n) for n in range(6)] == [2, 4, 8, 16, 30, 30]

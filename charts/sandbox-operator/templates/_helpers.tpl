@@ -64,4 +64,21 @@ with image.digest and no workspace override they use the same digest. */}}
 {{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.workspace.image.tag }}
 {{- printf "%s:%s" $repo $tag }}
 {{- end }}
+
+{{/* workspace.* as a Sandbox spec.workspace block (JSON): the defaults every Sandbox inherits. */}}
+{{- define "sandbox-operator.workspaceDefaults" -}}
+{{- $w := .Values.workspace }}
+{{- $out := dict }}
+{{- with $w.resources }}{{ $_ := set $out "resources" . }}{{ end }}
+{{- with $w.nodeSelector }}{{ $_ := set $out "nodeSelector" . }}{{ end }}
+{{- with $w.tolerations }}{{ $_ := set $out "tolerations" . }}{{ end }}
+{{- with $w.affinity }}{{ $_ := set $out "affinity" . }}{{ end }}
+{{- with $w.runtimeClassName }}{{ $_ := set $out "runtimeClassName" . }}{{ end }}
+{{- with $w.priorityClassName }}{{ $_ := set $out "priorityClassName" . }}{{ end }}
+{{- with $w.imagePullSecrets }}{{ $_ := set $out "imagePullSecrets" . }}{{ end }}
+{{- with $w.egress }}{{ $_ := set $out "egress" . }}{{ end }}
+{{- $scratch := dict "size" $w.scratchVolumeSize }}
+{{- with $w.scratchStorageClassName }}{{ $_ := set $scratch "storageClassName" . }}{{ end }}
+{{- $_ := set $out "scratch" $scratch }}
+{{- toJson $out }}
 {{- end }}

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from ulid import ULID
 
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator.models import SandboxOptions, SandboxSource
+from sandbox_operator.models import SandboxOptions, SandboxSource, WorkspaceSpec
 
 DEFAULT_MODES = {
     "git_worktree": "worktree",
@@ -59,6 +59,15 @@ class SandboxTarget:
     options: SandboxOptions = field(default_factory=SandboxOptions)
     core_record: dict[str, Any] | None = None
     workspace_pod: str = ""
+    workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
+
+
+class WorkspaceNotReady(Exception):  # noqa: N818 - a state, not a failure
+    """The workspace Pod is not Ready yet: a normal wait, not an error (issue 8).
+
+    Handlers record it as ``Ready=False`` with reason ``WorkspacePodStarting`` and no Warning;
+    the Pod's own events resume the work (no fixed sleep).
+    """
 
 
 @dataclass(frozen=True)
@@ -177,4 +186,12 @@ class Executor(Protocol):
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Remove the snapshot. Idempotent."""
+        ...
+
+    def suspend(self, target: SandboxTarget) -> None:
+        """Stop the workspace (delete its Pod) and keep every change (``spec.suspend``)."""
+        ...
+
+    def resume(self, target: SandboxTarget) -> None:
+        """Bring the workspace back after :meth:`suspend` (the Pod is made again)."""
         ...

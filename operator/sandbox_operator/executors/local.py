@@ -121,7 +121,13 @@ class LocalExecutor:
         except SandboxError:
             record = target.core_record
             if record and record.get("sandbox_id") == target.sandbox_id:
-                return dict(record)
+                # status.coreRecord holds a redacted DSN (issue 8): the resolved original
+                # (read from the Secret again) is what the core must reconnect with.
+                restored = dict(record)
+                restored["original_path"] = target.original
+                if isinstance(restored.get("context"), dict):
+                    restored["context"] = {**restored["context"], "original_path": target.original}
+                return restored
             return None
 
     def _state(self, sandbox: BaseSandbox) -> SandboxState:
@@ -308,3 +314,11 @@ class LocalExecutor:
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
         self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)
+
+    # -- suspend (issue 8) ---------------------------------------------------------------------
+
+    def suspend(self, target: SandboxTarget) -> None:
+        """Nothing runs per sandbox in-process: the record and artefacts simply stay."""
+
+    def resume(self, target: SandboxTarget) -> None:
+        """Nothing to start again; the next provision re-opens the record."""

@@ -1,31 +1,49 @@
-"""Pod executor: one workspace Pod per Sandbox, driven through the exec API.
+"""Pod executor: one workspace Pod per Sandbox, driven through its workspace agent.
 
 DESIGN.md, "Where the work happens": the Pod mounts the original's volume at
 ``/workspace/source`` and a strategy-specific scratch volume at ``/workspace/scratch`` (worktree:
-small; copy_on_write: sized like the source; overlay: upper/work dirs). The operator runs the
-core's CLI in it (``sandbox-core --json ...``) and reads one JSON document from stdout.
-Non-root, read-only root filesystem, all capabilities dropped; an overlay Pod is privileged
-(real OverlayFS) only when ``settings.allow_privileged_overlay``, else the core's userspace
-fallback runs.
+small; copy_on_write: sized like the source; overlay: upper/work dirs). Its main process is the
+workspace agent (``sandbox_core.agent``, issue 8): the operator calls it over the pod network
+with a per-Sandbox token (HMAC of the Sandbox uid; handed over in a Secret mounted as a file),
+one HTTP round trip per operation, idempotent by request id. There is no exec path.
 
-The builders are pure functions (unit-tested); the Pod and PVC are adopted by the Sandbox with
-``kopf.adopt`` and created only when absent (409 means an earlier attempt made them: case 18).
+Non-root, read-only root filesystem, all capabilities dropped, seccomp RuntimeDefault (the
+restricted Pod Security profile); an overlay Pod is privileged (real OverlayFS) only when
+``settings.allow_privileged_overlay``, else the core's userspace fallback runs. A Secret source
+(transaction_rollback) reaches the Pod as ``secretKeyRef`` env: the operator never reads it.
+``spec.workspace`` shapes the Pod (resources, scheduling, runtime class, pull secrets, scratch
+class and size, egress). A NetworkPolicy per Pod admits only the operator.
+
+The builders are pure functions (unit-tested); every child (token Secret, NetworkPolicy, scratch
+claim, Pod) is adopted by the Sandbox with ``kopf.adopt`` (ownerReferences) and created only
+when absent (409 means an earlier attempt made them: case 18).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import shlex
+from dataclasses import replace
 from typing import Any, cast
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core import CommitResult, SandboxStateError, SandboxStatus
 from sandbox_operator.errors import ExecutorError
-from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
+from sandbox_operator.executors.agent_client import (
+    AgentClient,
+    AgentNotFound,
+    derive_token,
+    read_key,
+    request_id,
+)
+from sandbox_operator.executors.base import (
+    CheckpointInfo,
+    SandboxState,
+    SandboxTarget,
+    WorkspaceNotReady,
+)
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     MANAGED_BY,
@@ -34,6 +52,8 @@ from sandbox_operator.models import (
     ROLLBACKABLE_STRATEGIES,
 )
 from sandbox_operator.settings import Settings
+
+SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +64,10 @@ SANDBOX_ROOT = f"{SCRATCH_MOUNT}/sandboxes"
 CONTAINER = "workspace"
 WORKSPACE_UID = 1000
 SANDBOX_NAME_LABEL = "sandbox.cleveragents.io/sandbox"
+SANDBOX_UID_LABEL = "sandbox.cleveragents.io/sandbox-uid"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+WORKSPACE_COMPONENT = "workspace"
+TOKEN_DIR = "/var/run/sandbox-agent"  # noqa: S105 - a directory, not a token
 NO_SCRATCH = frozenset({"none", "transaction_rollback"})
 
 
@@ -102,6 +126,65 @@ def build_scratch_pvc(
     }
 
 
+def build_token_secret(target: SandboxTarget, token: str) -> dict[str, Any]:
+    """The Secret handing the agent token to the workspace Pod (mounted as a file; pure)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": child_name(target, "agent"),
+            "namespace": target.namespace,
+            "labels": labels_for(target),
+        },
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def _operator_labels(settings: Settings) -> dict[str, str]:
+    pairs = (p.partition("=") for p in settings.operator_pod_labels.split(",") if "=" in p)
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+def build_network_policy(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
+    """The NetworkPolicy of the workspace Pod (pure; issue 8).
+
+    Ingress: only the agent port, only from the operator's Pods (labels
+    ``settings.operator_pod_labels`` in ``settings.operator_namespace``). Egress: denied except
+    DNS (port 53, so host names in a DSN resolve) and the rules of ``spec.workspace.egress``.
+    """
+    peer: dict[str, Any] = {"podSelector": {"matchLabels": _operator_labels(settings)}}
+    if settings.operator_namespace:
+        peer["namespaceSelector"] = {
+            "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+        }
+    egress: list[dict[str, Any]] = [
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    ]
+    for rule in target.workspace.egress or []:
+        entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule.cidr}}]}
+        if rule.ports:
+            entry["ports"] = [{"port": p.port, "protocol": p.protocol} for p in rule.ports]
+        egress.append(entry)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": child_name(target, "ws"),
+            "namespace": target.namespace,
+            "labels": labels_for(target),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {SANDBOX_UID_LABEL: target.uid}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [peer], "ports": [{"port": settings.agent_port, "protocol": "TCP"}]}
+            ],
+            "egress": egress,
+        },
+    }
+
+
 def overlay_privileged(target: SandboxTarget, settings: Settings) -> bool:
     """Whether the workspace container runs privileged (real OverlayFS mounts)."""
     return (
@@ -149,106 +232,120 @@ def build_workspace_pod(
         # Mounting OverlayFS needs root and CAP_SYS_ADMIN; only when the chart allows it.
         security.update(privileged=True, capabilities={"add": ["SYS_ADMIN"]})
         pod_security.update(runAsNonRoot=False, runAsUser=0, runAsGroup=0)
-    env = [
+    pod_security["fsGroupChangePolicy"] = "OnRootMismatch"  # no chown walk of a big volume
+    # The agent token, as a file only the workspace user's group can read (issue 8).
+    volumes.append(
+        {
+            "name": "agent-token",
+            "secret": {"secretName": child_name(target, "agent"), "defaultMode": 0o440},
+        }
+    )
+    mounts.append({"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    env: list[dict[str, Any]] = [
         {"name": "SANDBOX_CORE_STATE_DIR", "value": STATE_DIR},
         {"name": "SANDBOX_CORE_ROOT", "value": SANDBOX_ROOT},
+        {"name": "SANDBOX_AGENT_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"},
+        {"name": "SANDBOX_AGENT_PORT", "value": str(settings.agent_port)},
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the only writable dir besides scratch
     ]
+    secret = target.source.secret_ref
+    if secret is not None:
+        # The kubelet reads the Secret; the operator never sees the DSN (issue 8).
+        env.append(
+            {
+                "name": SOURCE_DSN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
+            }
+        )
+    workspace = target.workspace
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": settings.workspace_image,
+        "command": ["sandbox-core", "serve-workspace"],
+        "env": env,
+        "ports": [{"name": "agent", "containerPort": settings.agent_port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": settings.agent_port},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": mounts,
+        "securityContext": security,
+    }
+    if workspace.resources:
+        container["resources"] = workspace.resources
+    spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    optional = {
+        "nodeSelector": workspace.node_selector,
+        "tolerations": workspace.tolerations,
+        "affinity": workspace.affinity,
+        "runtimeClassName": workspace.runtime_class_name,
+        "priorityClassName": workspace.priority_class_name,
+        "imagePullSecrets": workspace.image_pull_secrets,
+    }
+    spec.update({key: value for key, value in optional.items() if value})
+    labels = {
+        **labels_for(target),
+        COMPONENT_LABEL: WORKSPACE_COMPONENT,
+        SANDBOX_UID_LABEL: target.uid,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": child_name(target, "ws"),
             "namespace": target.namespace,
-            "labels": labels_for(target),
+            "labels": labels,
         },
-        "spec": {
-            "restartPolicy": "Always",
-            "automountServiceAccountToken": False,
-            "securityContext": pod_security,
-            "containers": [
-                {
-                    "name": CONTAINER,
-                    "image": settings.workspace_image,
-                    "command": ["sandbox-core", "serve-workspace"],
-                    "env": env,
-                    "volumeMounts": mounts,
-                    "securityContext": security,
-                }
-            ],
-            "volumes": volumes,
-        },
+        "spec": spec,
     }
 
 
-def core_command(operation: str, *args: str) -> list[str]:
-    """The CLI call for one core operation inside the workspace Pod.
+def create_body(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
+    """The agent's ``create`` request: deterministic sandbox id (case 18), strategy options.
 
-    ``sandbox-core --json --state-dir DIR --sandbox-root ROOT <operation> <args...>``; the one
-    place to adapt when the CLI changes.
+    ``original`` is a mount path, or ``env:SANDBOX_SOURCE_DSN`` for a Secret (the agent reads
+    its own environment; the DSN never crosses the wire).
     """
-    return [
-        "sandbox-core",
-        "--json",
-        "--state-dir",
-        STATE_DIR,
-        "--sandbox-root",
-        SANDBOX_ROOT,
-        operation,
-        *args,
-    ]
-
-
-def create_command(target: SandboxTarget, settings: Settings) -> list[str]:
-    """``create`` with the deterministic sandbox id (case 18) and strategy options."""
-    args = [
-        "--plan",
-        target.plan_id,
-        "--resource",
-        target.resource_id,
-        "--strategy",
-        target.strategy,
-        "--sandbox-id",
-        target.sandbox_id,
-    ]
+    options: dict[str, str] = {}
     if target.strategy == "overlay":
         mode = target.options.overlay_mode
         if not overlay_privileged(target, settings):
             mode = "fallback"
         if mode != "auto":
-            args += ["--option", f"mode={mode}"]
-    return core_command("create", *args, target.original)
+            options["mode"] = mode
+    return {
+        "plan_id": target.plan_id,
+        "resource_id": target.resource_id,
+        "strategy": target.strategy,
+        "sandbox_id": target.sandbox_id,
+        "original": target.original,
+        "options": options,
+    }
 
 
-def parse_output(command: list[str], stdout: str) -> dict[str, Any]:
-    """The JSON document a ``--json`` call printed.
-
-    Raises:
-        ExecutorError: not JSON (retryable), or a JSON ``error`` (the core's message, permanent).
-    """
-    try:
-        payload = json.loads(stdout)
-    except ValueError as exc:
-        raise ExecutorError(
-            f"{shlex.join(command)} printed no JSON: {stdout[-500:]!r}", retryable=True
-        ) from exc
-    # The CLI reports a failure as {"error": {"type", "message"}}; a CommitResult's own
-    # "error": null is not one (found by the e2e tier: successful commits read as failures).
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        error = payload["error"]
-        raise ExecutorError(
-            f"{error.get('type', 'Error')}: {error.get('message', '')}", retryable=False
-        )
-    return cast(dict[str, Any], payload)
+def _state_key(reply: dict[str, Any]) -> str:
+    """What a changing call depends on: the sandbox revision and status the operator saw (the
+    agent counts its changes per sandbox), so a retry of one call has the same request id and
+    any later call, even from an equal-looking state, a new one."""
+    record = reply.get("record") or {}
+    return f"{reply.get('revision', 0)}:{record.get('status')}"
 
 
 class RemoteSandbox:
-    """A sandbox in a workspace Pod, shaped like the core's ``Sandbox`` for the saga."""
+    """A sandbox behind a workspace agent, shaped like the core's ``Sandbox`` for the saga."""
 
-    def __init__(self, executor: PodExecutor, target: SandboxTarget, record: dict[str, Any]):
+    def __init__(self, executor: PodExecutor, target: SandboxTarget, reply: dict[str, Any]):
         self._executor = executor
         self._target = target
-        self.record = record
+        self.reply = reply
         self.resource_id = target.resource_id
         self.strategy = target.strategy
         self.context = None
@@ -259,8 +356,13 @@ class RemoteSandbox:
         return self._target.sandbox_id
 
     @property
+    def record(self) -> dict[str, Any]:
+        """The core record as last reported by the agent."""
+        return dict(self.reply.get("record") or {})
+
+    @property
     def status(self) -> SandboxStatus:
-        """Status as last reported by the Pod."""
+        """Status as last reported by the agent."""
         return SandboxStatus(str(self.record.get("status") or "pending"))
 
     @property
@@ -268,49 +370,63 @@ class RemoteSandbox:
         """Whether a commit can be undone (seed 002)."""
         return self._target.strategy in ROLLBACKABLE_STRATEGIES
 
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox_id}{suffix}"
+
     def _refresh(self) -> None:
-        self.record = self._executor.run(self._target, core_command("status", self.sandbox_id))[
-            "record"
-        ]
+        self.reply = self._executor.call(self._target, "GET", self._path())
 
     def commit(self, message: str | None = None) -> CommitResult:
-        """``sandbox-core commit``."""
-        args = [self.sandbox_id] + (["-m", message] if message else [])
+        """``POST .../commit``; the request id repeats for the same commit from the same state."""
+        rid = request_id("commit", self.sandbox_id, message or "", _state_key(self.reply))
         try:
-            payload = self._executor.run(self._target, core_command("commit", *args))
-        finally:
+            payload = self._executor.call(
+                self._target, "POST", self._path("/commit"), {"message": message}, request_id=rid
+            )
+        except ExecutorError:
             self._refresh()
-        return CommitResult.from_dict(payload)
+            raise
+        self.reply = payload["sandbox"]
+        return CommitResult.from_dict(payload["result"])
 
     def rollback(self) -> None:
-        """``sandbox-core rollback``."""
-        payload = self._executor.run(self._target, core_command("rollback", self.sandbox_id))
-        self.record = payload.get("record") or self.record
-        self._refresh()
+        """``POST .../rollback`` (no re-activation: the saga's compensation)."""
+        rid = request_id("rollback", self.sandbox_id, _state_key(self.reply))
+        self.reply = self._executor.call(
+            self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
+        )
 
     def activate(self) -> None:
-        """``sandbox-core path ID .`` (resolving a path activates the sandbox)."""
-        self._executor.run(self._target, core_command("path", self.sandbox_id, "."))
-        self._refresh()
+        """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
+        rid = request_id("activate", self.sandbox_id, _state_key(self.reply))
+        self.reply = self._executor.call(
+            self._target, "POST", self._path("/activate"), request_id=rid
+        )
 
 
 class PodExecutor:
-    """Executor running the core's CLI in one workspace Pod per Sandbox."""
+    """Executor calling the workspace agent of one workspace Pod per Sandbox (issue 8)."""
 
     kind = "pod"
 
     def __init__(self, settings: Settings, api: Api) -> None:
         self.settings = settings
         self.api = api
+        self._key: bytes | None = None
 
     # -- children -----------------------------------------------------------------------------
 
     def _create_if_absent(self, manifest: dict[str, Any], owner: dict[str, Any]) -> None:
         kopf.adopt(manifest, owner=cast(kopf.Body, owner))
         namespace = manifest["metadata"]["namespace"]
+        kind = manifest["kind"]
         try:
-            if manifest["kind"] == "Pod":
+            if kind == "Pod":
                 self.api.core.create_namespaced_pod(namespace, cast(Any, manifest))
+            elif kind == "Secret":
+                self.api.core.create_namespaced_secret(namespace, cast(Any, manifest))
+            elif kind == "NetworkPolicy":
+                self._networking().create_namespaced_network_policy(namespace, cast(Any, manifest))
             else:
                 self.api.core.create_namespaced_persistent_volume_claim(
                     namespace, cast(Any, manifest)
@@ -333,148 +449,195 @@ class PodExecutor:
         size = requests.get("storage")
         return str(size) if size else None
 
-    def ensure_pod(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
-        """Create the scratch PVC and workspace Pod when absent; return the Pod name.
+    def token(self, target: SandboxTarget) -> str:
+        """The agent token of ``target`` (HMAC of its uid with the operator's key)."""
+        if self._key is None:
+            self._key = read_key(self.settings.agent_key_file)
+        return derive_token(self._key, target.uid)
 
-        Raises:
-            ExecutorError: the Pod is not Running yet (retryable).
+    def ensure_children(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
+        """Create the token Secret, NetworkPolicy, scratch claim and Pod when absent.
+
+        All are owned by the Sandbox (``kopf.adopt``: ownerReferences, garbage-collected with
+        it). Returns the Pod name.
         """
+        scratch = target.workspace.scratch
         size = scratch_size(
-            target.strategy, self.source_size(target), self.settings.scratch_volume_size
+            target.strategy,
+            self.source_size(target),
+            (scratch.size if scratch else None) or self.settings.scratch_volume_size,
         )
+        self._create_if_absent(build_token_secret(target, self.token(target)), owner)
+        if self.settings.network_policy:
+            self._create_if_absent(build_network_policy(target, self.settings), owner)
         claim = None
         if size is not None:
-            pvc = build_scratch_pvc(target, size)
+            pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
             claim = pvc["metadata"]["name"]
             self._create_if_absent(pvc, owner)
         pod = build_workspace_pod(target, self.settings, claim)
         self._create_if_absent(pod, owner)
-        name = str(pod["metadata"]["name"])
-        current = self.api.core.read_namespaced_pod(name, target.namespace)
-        phase = current.status.phase if current.status is not None else None
-        if phase != "Running":
-            raise ExecutorError(f"workspace pod {name} is {phase}", retryable=True)
-        return name
+        return str(pod["metadata"]["name"])
 
-    def run(self, target: SandboxTarget, command: list[str]) -> dict[str, Any]:
-        """Exec ``command`` in the workspace Pod and parse its JSON.
+    def _ready_pod_ip(self, target: SandboxTarget) -> str:
+        """IP of the workspace Pod when it is Ready.
 
         Raises:
-            ExecutorError: exec failed or the core reported an error.
+            WorkspaceNotReady: absent, being deleted, or not Ready yet.
         """
-        from kubernetes import client as k8s_client
-        from kubernetes.stream import stream
-
-        pod = target.workspace_pod or child_name(target, "ws")
-        # kubernetes.stream swaps call_api on the ApiClient it is given for the length of the
-        # call. kopf runs handlers in threads, so on the shared client other threads' REST calls
-        # went over WebSocket ("Handshake status 200 OK") and overlapping execs could leave it
-        # swapped for good (found by the e2e tier). Each exec gets its own client.
-        exec_client = k8s_client.ApiClient(self.api.api_client.configuration)
-        try:
-            ws = stream(
-                k8s_client.CoreV1Api(exec_client).connect_get_namespaced_pod_exec,
-                pod,
-                target.namespace,
-                container=CONTAINER,
-                command=command,
-                stdout=True,
-                stderr=True,
-                stdin=False,
-                tty=False,
-                _preload_content=False,
-            )
-            ws.run_forever(timeout=self.settings.exec_timeout_seconds)
-            stdout = ws.read_stdout() or ""
-            ws.close()
-        except ApiException as exc:
-            raise ExecutorError(f"exec in pod {pod} failed: {exc.reason}") from exc
-        finally:
-            exec_client.close()  # type: ignore[no-untyped-call]
-        return parse_output(command, stdout)
-
-    def _workspace_pod_alive(self, target: SandboxTarget) -> bool:
-        """True when the workspace Pod exists and is not being deleted."""
         name = target.workspace_pod or child_name(target, "ws")
         try:
             pod = self.api.core.read_namespaced_pod(name, target.namespace)
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                raise WorkspaceNotReady(f"workspace pod {name} does not exist") from None
             raise
-        return getattr(pod.metadata, "deletion_timestamp", None) is None
+        if not pod_is_ready(pod.to_dict()):
+            phase = pod.status.phase if pod.status is not None else "Unknown"
+            raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
+        return str(pod.status.pod_ip)  # type: ignore[union-attr]  # Ready implies a status
+
+    def call(
+        self,
+        target: SandboxTarget,
+        method: str,
+        path: str,
+        body: dict[str, Any] | bytes | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, Any]:
+        """One agent call in ``target``'s workspace Pod.
+
+        Raises:
+            WorkspaceNotReady: the Pod is not Ready.
+            AgentNotFound: the agent has no such sandbox or checkpoint.
+            ExecutorError: the agent refused or could not be reached.
+        """
+        address = self._ready_pod_ip(target)
+        host = f"[{address}]" if ":" in address else address
+        client = AgentClient(
+            f"http://{host}:{self.settings.agent_port}",
+            self.token(target),
+            self.settings.exec_timeout_seconds,
+        )
+        return client.call(method, path, body, query=query, request_id=request_id)
 
     # -- Executor -----------------------------------------------------------------------------
 
     def provision(self, target: SandboxTarget) -> SandboxState:
-        """Pod + PVC when absent, then ``create`` (or ``status`` when it exists) and activate."""
+        """Children when absent, then ``create`` (re-opens what exists) and activate.
+
+        Raises:
+            WorkspaceNotReady: the Pod is starting (the Pod's events resume; not an error).
+        """
         owner = self.api.get("sandboxes", target.namespace, target.name)
-        pod = self.ensure_pod(target, owner)
-        target = _with_pod(target, pod)
-        existing = self.describe(target)
-        if existing is None:
-            self.run(target, create_command(target, self.settings))
+        pod = self.ensure_children(target, owner)
+        target = replace(target, workspace_pod=pod)
+        self.call(
+            target,
+            "POST",
+            "/v1/sandboxes",
+            create_body(target, self.settings),
+            request_id=request_id("create", target.uid),
+        )
+        # The create reply may be a replay from long ago (a re-made Pod on the same claim):
+        # read the current state.
         handle = self.open(target)
         if handle.status.can_activate:
             handle.activate()
         return SandboxState.from_record(handle.record, workspace_pod=pod)
 
     def describe(self, target: SandboxTarget) -> SandboxState | None:
-        """``sandbox-core status``; None when the Pod has no such sandbox."""
+        """The agent's ``status``; None when it has no such sandbox."""
         try:
-            payload = self.run(target, core_command("status", target.sandbox_id))
-        except ExecutorError as exc:
-            if not exc.retryable:
-                return None
-            raise
+            payload = self.call(target, "GET", f"/v1/sandboxes/{target.sandbox_id}")
+        except AgentNotFound:
+            return None
         return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
     def open(self, target: SandboxTarget) -> RemoteSandbox:
         """A saga handle (status fetched now)."""
-        payload = self.run(target, core_command("status", target.sandbox_id))
-        return RemoteSandbox(self, target, payload["record"])
+        payload = self.call(target, "GET", f"/v1/sandboxes/{target.sandbox_id}")
+        return RemoteSandbox(self, target, payload)
+
+    def revision(self, target: SandboxTarget) -> int:
+        """The agent's change counter of ``target``'s sandbox (part of request ids)."""
+        return int(self.open(target).reply.get("revision") or 0)
 
     def persist(self, target: SandboxTarget, handle: Any) -> SandboxState:
-        """The CLI saves after every call; return the handle's last state."""
+        """The agent saves after every call; return the handle's last state."""
         return SandboxState.from_record(handle.record, workspace_pod=target.workspace_pod)
 
     def rollback(self, target: SandboxTarget, reactivate: bool = True) -> SandboxState:
-        """``rollback`` then, for reuse, activate."""
+        """Discard all changes; re-activate for reuse when ``reactivate``."""
         handle = self.open(target)
-        handle.rollback()
-        if reactivate:
-            handle.activate()
-        return SandboxState.from_record(handle.record, workspace_pod=target.workspace_pod)
+        if handle.status not in (
+            SandboxStatus.CREATED,
+            SandboxStatus.ACTIVE,
+            SandboxStatus.ROLLED_BACK,
+        ):
+            raise SandboxStateError(
+                f"cannot discard the changes of sandbox {target.sandbox_id} in status "
+                f"{handle.status.value}"
+            )
+        rid = request_id("discard", target.sandbox_id, reactivate, _state_key(handle.reply))
+        payload = self.call(
+            target,
+            "POST",
+            f"/v1/sandboxes/{target.sandbox_id}/rollback",
+            {"reactivate": reactivate},
+            request_id=rid,
+        )
+        return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
     def cleanup(self, target: SandboxTarget) -> None:
-        """``cleanup`` in the Pod, then delete the Pod and PVC (owner references would too).
+        """``cleanup`` through the agent, then delete the children (owner references would too).
 
-        When the workspace Pod is gone or terminating (its namespace is being deleted, or
-        someone deleted it), there is nothing left to exec into: the scratch volume goes with
-        its PVC, and a git worktree's registration left in the original repository is pruned
-        (``git worktree prune``) by the next git_worktree create on that repository; its branch
-        ``sandbox/<plan>/<id>`` stays (never adopted by a later sandbox). Retrying the exec
-        would only hold the finalizer, and the namespace, forever (found by the e2e tier).
+        When the workspace Pod is gone, not Ready or terminating (its namespace is being
+        deleted, or the Sandbox is suspended), there is nobody to ask: the scratch volume goes
+        with its claim, and a git worktree's registration left in the original repository is
+        pruned by the next git_worktree create on that repository. Waiting would only hold the
+        finalizer, and the namespace, forever (found by the e2e tier).
         """
-        if self._workspace_pod_alive(target):
-            try:
-                self.run(target, core_command("cleanup", target.sandbox_id))
-            except ExecutorError as exc:
-                if exc.retryable:
-                    raise
-        else:
+        try:
+            self.call(
+                target,
+                "DELETE",
+                f"/v1/sandboxes/{target.sandbox_id}",
+                request_id=request_id("cleanup", target.uid),
+            )
+        except WorkspaceNotReady:
             logger.warning(
-                "workspace pod of sandbox %s/%s is gone; skipping in-pod cleanup",
+                "workspace pod of sandbox %s/%s is not serving; skipping in-pod cleanup",
                 target.namespace,
                 target.name,
             )
-        for delete, name in (
-            (self.api.core.delete_namespaced_pod, child_name(target, "ws")),
-            (
-                self.api.core.delete_namespaced_persistent_volume_claim,
-                child_name(target, "scratch"),
-            ),
-        ):
+        except ExecutorError as exc:
+            if exc.retryable:
+                raise
+        self._delete_children(target, pod_only=False)
+
+    def _networking(self) -> Any:
+        from kubernetes import client as k8s_client
+
+        return k8s_client.NetworkingV1Api(self.api.api_client)
+
+    def _delete_children(self, target: SandboxTarget, *, pod_only: bool) -> None:
+        deletes: list[tuple[Any, str]] = [
+            (self.api.core.delete_namespaced_pod, child_name(target, "ws"))
+        ]
+        if not pod_only:
+            networking = self._networking()
+            deletes += [
+                (
+                    self.api.core.delete_namespaced_persistent_volume_claim,
+                    child_name(target, "scratch"),
+                ),
+                (self.api.core.delete_namespaced_secret, child_name(target, "agent")),
+                (networking.delete_namespaced_network_policy, child_name(target, "ws")),
+            ]
+        for delete, name in deletes:
             try:
                 delete(name, target.namespace)
             except ApiException as exc:
@@ -484,12 +647,18 @@ class PodExecutor:
     def create_checkpoint(
         self, target: SandboxTarget, phase: str, metadata: dict[str, str], uid: str = ""
     ) -> CheckpointInfo:
-        """``sandbox-core checkpoint``."""
-        meta = [f"--meta={key}={value}" for key, value in sorted(metadata.items())]
+        """``POST .../checkpoints``; the Checkpoint's uid makes a retry return the first one."""
+        values = dict(metadata)
         if uid:
-            meta.append(f"--meta=k8s_checkpoint_uid={uid}")
-        data = self.run(
-            target, core_command("checkpoint", target.sandbox_id, "--phase", phase, *meta)
+            values["k8s_checkpoint_uid"] = uid
+        data = self.call(
+            target,
+            "POST",
+            f"/v1/sandboxes/{target.sandbox_id}/checkpoints",
+            {"phase": phase, "metadata": values},
+            request_id=request_id(
+                "checkpoint", target.sandbox_id, uid or phase, self.revision(target)
+            ),
         )
         kinds = {
             "git_ref": "git-tag",
@@ -507,16 +676,42 @@ class PodExecutor:
         )
 
     def restore_checkpoint(self, target: SandboxTarget, checkpoint: CheckpointInfo) -> SandboxState:
-        """``sandbox-core restore``."""
-        self.run(target, core_command("restore", checkpoint.checkpoint_id))
-        handle = self.open(target)
-        return SandboxState.from_record(handle.record, workspace_pod=target.workspace_pod)
+        """``POST /v1/checkpoints/{id}/restore``."""
+        payload = self.call(
+            target,
+            "POST",
+            f"/v1/checkpoints/{checkpoint.checkpoint_id}/restore",
+            request_id=request_id(
+                "restore", checkpoint.checkpoint_id, target.sandbox_id, self.revision(target)
+            ),
+        )
+        return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Snapshots live on the scratch volume; they go with the Sandbox's cleanup."""
 
+    # -- suspend (issue 8) ---------------------------------------------------------------------
 
-def _with_pod(target: SandboxTarget, pod: str) -> SandboxTarget:
-    from dataclasses import replace
+    def suspend(self, target: SandboxTarget) -> None:
+        """Delete the workspace Pod only; the scratch claim keeps every change and the state."""
+        self._delete_children(target, pod_only=True)
 
-    return replace(target, workspace_pod=pod)
+    def resume(self, target: SandboxTarget) -> None:
+        """Make the Pod again (the agent re-opens the sandbox from the scratch claim)."""
+        owner = self.api.get("sandboxes", target.namespace, target.name)
+        self.ensure_children(target, owner)
+
+
+def pod_is_ready(pod: dict[str, Any]) -> bool:
+    """True when the Pod (API dict, camelCase or snake_case) is Running, not being deleted, and
+    its ``Ready`` condition is True."""
+    metadata = pod.get("metadata") or {}
+    if metadata.get("deletionTimestamp") or metadata.get("deletion_timestamp"):
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return str(condition.get("status")) == "True"
+    return False

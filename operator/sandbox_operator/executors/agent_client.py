@@ -1,0 +1,130 @@
+"""The operator's side of the workspace agent (``sandbox_core.agent``): tokens and HTTP calls.
+
+Tokens (issue 8): ``token = HMAC-SHA256(key, sandbox uid)`` in hex, where ``key`` is the
+operator's agent key (a Secret in the operator's own namespace, mounted into the operator Pod as
+a file). The operator hands the token to one workspace Pod through a Secret it creates in the
+Sandbox's namespace, mounted as a file; nothing else ever carries it, and no message of this
+module contains it.
+
+Request ids: a changing call carries ``X-Request-Id``; the agent stores the reply under it. The
+ids are derived from what the call means (operation, sandbox, arguments, and the state the
+operator saw before calling), so the same logical call retried after a lost reply or an operator
+restart gets the same id and the agent does nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sandbox_operator.errors import ExecutorError
+
+AGENT_PORT = 8471
+
+
+def derive_token(key: bytes, uid: str) -> str:
+    """The bearer token of the Sandbox with ``uid`` (hex HMAC-SHA256)."""
+    return hmac.new(key, uid.encode(), hashlib.sha256).hexdigest()
+
+
+def read_key(path: Path) -> bytes:
+    """The agent key from its mounted file.
+
+    Raises:
+        ExecutorError: the file is missing or empty (not retryable: a deployment problem).
+    """
+    try:
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise ExecutorError(f"agent key file {path} is unreadable", retryable=False) from exc
+    if not key:
+        raise ExecutorError(f"agent key file {path} is empty", retryable=False)
+    return key
+
+
+def request_id(*parts: object) -> str:
+    """A deterministic request id from the call's meaning (``op``, sandbox id, arguments...)."""
+    text = json.dumps([str(p) for p in parts])
+    return f"{parts[0]}-{hashlib.sha256(text.encode()).hexdigest()[:40]}"
+
+
+class AgentNotFound(ExecutorError):  # noqa: N818 - named for the HTTP status it stands for
+    """The agent has no such sandbox or checkpoint (HTTP 404)."""
+
+
+class AgentClient:
+    """Synchronous JSON calls to one workspace agent (kopf runs sync handlers in threads).
+
+    Args:
+        base_url: ``http://<pod IP>:<port>``.
+        token: the Sandbox's bearer token.
+        timeout_seconds: limit of one call.
+    """
+
+    def __init__(self, base_url: str, token: str, timeout_seconds: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self.timeout_seconds = timeout_seconds
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | bytes | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, Any]:
+        """One call; returns the JSON reply.
+
+        Raises:
+            AgentNotFound: 404.
+            ExecutorError: the agent refused (4xx, not retryable; the core's error type and
+                message) or could not be reached / failed (retryable). Messages name the
+                method and path only (never the token, never a DSN).
+        """
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = body if isinstance(body, bytes) else None
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if isinstance(body, dict):
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http only, built from the Pod IP
+        what = f"agent {method} {path}"
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as reply:  # noqa: S310
+                return _decode(reply.read(), what)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                payload = _decode(exc.read(), what, strict=False)
+            found = payload.get("error")
+            error: dict[str, Any] = found if isinstance(found, dict) else {}
+            message = f"{error.get('type', 'Error')}: {error.get('message', exc.reason)}"
+            if exc.code == 404:
+                raise AgentNotFound(message, retryable=False) from None
+            if exc.code == 401:
+                raise ExecutorError(f"{what}: refused (token)", retryable=True) from None
+            raise ExecutorError(message, retryable=exc.code >= 500) from None
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ExecutorError(f"{what}: {type(reason).__name__}", retryable=True) from None
+
+
+def _decode(raw: bytes, what: str, *, strict: bool = True) -> dict[str, Any]:
+    try:
+        payload = json.loads(raw or b"{}")
+    except ValueError as exc:
+        if not strict:
+            return {}
+        raise ExecutorError(f"{what}: reply is not JSON", retryable=True) from exc
+    return payload if isinstance(payload, dict) else {"value": payload}
