@@ -94,7 +94,9 @@ def test_plan_of_three_strategies_write_diff_checkpoint_restore_commit_cleanup(
         layer.write_file("o.txt", "o2\n")
 
         progress: list[str] = []
-        result = plan.commit(message="apply flow-ok", on_progress=lambda r: progress.append(r.phase))
+        result = plan.commit(
+            message="apply flow-ok", on_progress=lambda r: progress.append(r.phase.value)
+        )
         assert result.committed and result.done, result
         assert result.rolled_back_ids == [] and result.failed_rollback_ids == []
         assert [s.state.value for s in result.steps] == ["Committed"] * 3
@@ -246,8 +248,16 @@ def test_client_reads_namespace_and_context_from_kubeconfig(
     original = Path(local_apiserver.kubeconfig_path).read_text()
     config.write_text(original)
     subprocess.run(
-        ["kubectl", "--kubeconfig", str(config), "config", "set-context", "--current",
-         "--namespace", "team-a"],
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(config),
+            "config",
+            "set-context",
+            "--current",
+            "--namespace",
+            "team-a",
+        ],
         check=True,
         capture_output=True,
         env={**os.environ, **local_apiserver.env()},
