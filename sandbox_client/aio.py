@@ -68,6 +68,8 @@ T = TypeVar("T")
 async def _translated() -> AsyncIterator[None]:
     try:
         yield
+    except SandboxClientError:
+        raise  # already typed (WaitTimeoutError is an OSError through TimeoutError)
     except ApiException as exc:
         raise from_api_exception(exc.status, exc.reason, exc.body) from exc
     except (aiohttp.ClientError, OSError) as exc:
@@ -273,8 +275,10 @@ class SandboxClient:
                     if exc.status != 410:
                         raise from_api_exception(exc.status, exc.reason, exc.body) from exc
                     gone = True
-                except TimeoutError:
-                    continue
+                except TimeoutError as exc:
+                    if isinstance(exc, SandboxClientError):
+                        raise  # a predicate's own WaitTimeoutError, not a quiet watch
+                    continue  # a quiet watch: the deadline check decides
 
     # -- typed API --------------------------------------------------------------------------------
 

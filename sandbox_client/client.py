@@ -64,6 +64,8 @@ def _translated() -> Iterator[None]:
     """Convert the Kubernetes client's exceptions into the client's typed errors."""
     try:
         yield
+    except SandboxClientError:
+        raise  # already typed (WaitTimeoutError is an OSError through TimeoutError)
     except ApiException as exc:
         raise from_api_exception(exc.status, exc.reason, exc.body) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
