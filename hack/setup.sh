@@ -29,7 +29,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip
 fi
 echo "setup: installing the project into .venv"
-.venv/bin/pip install -q -e '.[operator,test]'
+.venv/bin/pip install -q -e '.[operator,test,client]'
 
 if [ -x hack/postgres.sh ]; then
   echo "setup: starting PostgreSQL"

@@ -1,0 +1,292 @@
+"""Pure logic shared by the sync and the async client: manifests, names and wait predicates.
+
+Nothing here does I/O, so both APIs behave the same and the rules are tested without a cluster.
+A *predicate* takes the current objects of a watch (name -> raw object) and returns a value when
+the wait is over, ``None`` to keep waiting, or raises the typed error that ends it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import PurePosixPath
+from typing import Any, TypeAlias, TypeVar
+
+from sandbox_operator.models import dump
+
+from sandbox_client.errors import ConflictError, NotFoundError, RefusedError, error_for
+from sandbox_client.models import (
+    API_VERSION,
+    PLAN_LABEL,
+    CheckpointInfo,
+    CheckpointSpec,
+    Condition,
+    PlanCommitAction,
+    PlanCommitResult,
+    PlanCommitSpec,
+    SandboxInfo,
+    SandboxOptions,
+    SandboxPhase,
+    SandboxSource,
+    SandboxSpec,
+    conditions_of,
+    find,
+)
+
+T = TypeVar("T")
+Objects: TypeAlias = Mapping[str, dict[str, Any]]
+Predicate = Callable[[Objects], T | None]
+
+_DNS_MAX = 63
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+SourceLike: TypeAlias = SandboxSource | Mapping[str, Any] | str | PurePosixPath
+
+
+def dns_name(*parts: str) -> str:
+    """A DNS-1123 label (<= 63 chars) made of ``parts`` joined by ``-``.
+
+    Lowercased, other characters replaced by ``-``; when that changed or shortened anything, an
+    8-hex-digit hash of the input is appended so two different inputs never share a name.
+    """
+    wanted = "-".join(parts)
+    clean = re.sub(r"[^a-z0-9-]+", "-", wanted.lower()).strip("-") or "x"
+    if clean == wanted and len(clean) <= _DNS_MAX:
+        return clean
+    digest = hashlib.sha256(wanted.encode()).hexdigest()[:8]
+    return f"{clean[: _DNS_MAX - 9].rstrip('-')}-{digest}"
+
+
+def source_model(source: SourceLike) -> SandboxSource:
+    """``SandboxSource`` from a model, a CRD-shaped mapping or a path (-> ``nodePath``).
+
+    Raises:
+        RefusedError: reason ``InvalidSpec``, the mapping does not validate.
+    """
+    if isinstance(source, SandboxSource):
+        return source
+    if isinstance(source, str | PurePosixPath) or hasattr(source, "__fspath__"):
+        return SandboxSource(node_path=str(source))
+    try:
+        return SandboxSource.model_validate(dict(source))
+    except ValueError as exc:
+        raise RefusedError("InvalidSpec", f"source: {exc}") from exc
+
+
+def sandbox_manifest(
+    name: str,
+    plan_id: str,
+    resource_id: str,
+    strategy: str,
+    source: SourceLike,
+    *,
+    options: SandboxOptions | Mapping[str, Any] | None = None,
+    workspace: Mapping[str, Any] | None = None,
+    ttl_seconds_after_finished: int | None = None,
+) -> dict[str, Any]:
+    """The Sandbox object to create, its spec validated by the operator's ``SandboxSpec``.
+
+    ``workspace`` is passed through as ``spec.workspace`` (the pod executor's Pod shape, issue
+    8); the API server refuses it while the installed CRD does not declare that field.
+
+    Raises:
+        RefusedError: reason ``InvalidSpec``, the spec does not validate.
+    """
+    try:
+        spec = SandboxSpec(
+            plan_id=plan_id,
+            resource_id=resource_id,
+            strategy=strategy,
+            source=source_model(source),
+            options=SandboxOptions.model_validate(dict(options or {}))
+            if not isinstance(options, SandboxOptions)
+            else options,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+        )
+    except ValueError as exc:
+        raise RefusedError("InvalidSpec", str(exc)) from exc
+    body = dump(spec)
+    if workspace is not None:
+        body["workspace"] = dict(workspace)
+    metadata: dict[str, Any] = {"name": name}
+    if _LABEL_VALUE.match(plan_id):
+        metadata["labels"] = {PLAN_LABEL: plan_id}
+    return {"apiVersion": API_VERSION, "kind": "Sandbox", "metadata": metadata, "spec": body}
+
+
+def checkpoint_manifest(
+    sandbox: str, phase: str, metadata: Mapping[str, str] | None, name: str | None
+) -> dict[str, Any]:
+    """The Checkpoint object to create (``generateName`` ``<sandbox>-`` unless ``name``)."""
+    spec = CheckpointSpec(sandbox_name=sandbox, phase=phase, metadata=dict(metadata or {}))
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": f"{sandbox[:50]}-"}
+    return {"apiVersion": API_VERSION, "kind": "Checkpoint", "metadata": meta, "spec": dump(spec)}
+
+
+def plancommit_manifest(
+    plan_id: str, action: PlanCommitAction, message: str | None, cleanup_policy: str = "Retain"
+) -> dict[str, Any]:
+    """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``)."""
+    spec = PlanCommitSpec(
+        plan_id=plan_id, action=action, message=message, cleanup_policy=cleanup_policy
+    )
+    verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
+    meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
+    return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": dump(spec)}
+
+
+def request_id() -> str:
+    """A fresh id for ``spec.rollbackRequest`` / ``spec.restoreRequest``."""
+    return uuid.uuid4().hex
+
+
+# -- predicates ---------------------------------------------------------------------------------
+
+
+def _failure(conditions: list[Condition], *types: str) -> tuple[str, str]:
+    for type_ in types:
+        found = find(conditions, type_)
+        if found is not None and found.reason:
+            return found.reason, found.message
+    return "Failed", "no condition says why"
+
+
+def sandbox_ready(name: str) -> Predicate[SandboxInfo]:
+    """Done when Sandbox ``name`` is Active with Ready=True.
+
+    Raises (from the predicate): ``NotFoundError`` when it is deleted while waiting; the typed
+    error of its Degraded condition when it is Errored; ``RefusedError`` (``InvalidState``) when
+    it is already Committed, RolledBack or CleanedUp.
+    """
+
+    def check(objects: Objects) -> SandboxInfo | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        info = SandboxInfo.from_object(obj)
+        if info.deleting:
+            raise NotFoundError("NotFound", f"sandbox {name} is being deleted")
+        if info.phase is SandboxPhase.ACTIVE and info.ready:
+            return info
+        if info.phase is SandboxPhase.ERRORED:
+            raise error_for(*_failure(info.conditions, "Degraded", "Ready"))
+        if info.phase in (
+            SandboxPhase.COMMITTED,
+            SandboxPhase.ROLLED_BACK,
+            SandboxPhase.CLEANED_UP,
+        ):
+            raise RefusedError("InvalidState", f"sandbox {name} is {info.phase.value}")
+        return None
+
+    return check
+
+
+def all_ready(names: list[str]) -> Predicate[list[SandboxInfo]]:
+    """Done when every Sandbox in ``names`` is ready (errors as :func:`sandbox_ready`)."""
+    checks = [sandbox_ready(n) for n in names]
+
+    def check(objects: Objects) -> list[SandboxInfo] | None:
+        found = [c(objects) for c in checks]
+        ready = [f for f in found if f is not None]
+        return ready if len(ready) == len(found) else None
+
+    return check
+
+
+def describe_sandboxes(objects: Objects, names: list[str]) -> str:
+    """Last state of ``names`` for a timeout message (phase and the latest failure, if any)."""
+    parts = []
+    for name in names:
+        obj = objects.get(name)
+        if obj is None:
+            parts.append(f"{name}: not seen")
+            continue
+        info = SandboxInfo.from_object(obj)
+        degraded = find(info.conditions, "Degraded")
+        extra = (
+            f" ({degraded.reason}: {degraded.message})"
+            if degraded is not None and degraded.status == "True"
+            else ""
+        )
+        parts.append(f"{name}: {info.phase.value if info.phase else 'no phase'}{extra}")
+    return "; ".join(parts)
+
+
+def checkpoint_ready(name: str) -> Predicate[CheckpointInfo]:
+    """Done when Checkpoint ``name`` is Ready; its Ready condition's error when Failed."""
+
+    def check(objects: Objects) -> CheckpointInfo | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        info = CheckpointInfo.from_object(obj)
+        if info.phase == "Ready":
+            return info
+        if info.phase == "Failed":
+            raise error_for(*_failure(info.conditions, "Ready"))
+        return None
+
+    return check
+
+
+def request_served(
+    name: str, status_key: str, condition_type: str, request: str
+) -> Predicate[SandboxInfo]:
+    """Done when Sandbox ``name`` reports ``status[status_key] == request`` (a rollback or
+    restore request id) and ``condition_type`` is True; its typed error when that is False."""
+
+    def check(objects: Objects) -> SandboxInfo | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        if (obj.get("status") or {}).get(status_key) != request:
+            return None
+        info = SandboxInfo.from_object(obj)
+        condition = find(info.conditions, condition_type)
+        if condition is None:
+            return None
+        if condition.status == "True":
+            return info
+        raise error_for(condition.reason or "Failed", condition.message)
+
+    return check
+
+
+def plancommit_done(name: str) -> Predicate[PlanCommitResult]:
+    """Done when PlanCommit ``name`` reached a terminal phase (whatever the outcome)."""
+
+    def check(objects: Objects) -> PlanCommitResult | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        result = PlanCommitResult.from_object(obj)
+        return result if result.done else None
+
+    return check
+
+
+def all_gone(names: list[str]) -> Predicate[bool]:
+    """Done when none of ``names`` exists any more."""
+
+    def check(objects: Objects) -> bool | None:
+        return True if not any(n in objects for n in names) else None
+
+    return check
+
+
+def plan_sandboxes(items: list[dict[str, Any]], plan_id: str) -> list[SandboxInfo]:
+    """The Sandboxes of ``plan_id`` among ``items``, sorted by name (spec.planId decides)."""
+    out = [SandboxInfo.from_object(o) for o in items]
+    return sorted((s for s in out if s.spec.plan_id == plan_id), key=lambda s: s.name)
+
+
+def ensure_unique(existing: Objects, name: str) -> None:
+    """Raise ``ConflictError`` (``AlreadyExists``) when ``name`` is among ``existing``."""
+    if name in existing:
+        raise ConflictError("AlreadyExists", f"sandbox {name} already exists")
+
+
+def conditions_text(obj: dict[str, Any]) -> str:
+    """``Type=Status (Reason)`` of each condition, for progress lines and messages."""
+    return ", ".join(f"{c.type}={c.status} ({c.reason})" for c in conditions_of(obj))

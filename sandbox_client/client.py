@@ -1,0 +1,768 @@
+"""The synchronous client: :class:`SandboxClient`, :class:`Plan` and :class:`Sandbox`.
+
+Built on the official ``kubernetes`` client. Every wait is a *watch* (list, then watch from the
+list's resourceVersion, re-listing after a 410 Gone), never a polling loop. The asynchronous API
+in :mod:`sandbox_client.aio` has the same classes and method names. Typical use (issue 10)::
+
+    client = SandboxClient()
+    with Plan(client, "plan-1", "default") as plan:
+        repo = plan.add_sandbox("repo", "git_worktree", "/src/repo")
+        plan.wait_ready(timeout=120)
+        repo.write_file("README.md", "hello\\n")
+        result = plan.commit()
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Self, TypeVar, cast
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+
+from sandbox_client import _logic
+from sandbox_client._config import default_namespace, kubeconfig_path
+from sandbox_client.errors import (
+    NotFoundError,
+    SandboxClientError,
+    WaitTimeoutError,
+    from_api_exception,
+)
+from sandbox_client.files import FileOperations, operations_for
+from sandbox_client.history import sandbox_history
+from sandbox_client.models import (
+    CHECKPOINT_PLURAL,
+    GROUP,
+    PLANCOMMIT_PLURAL,
+    SANDBOX_PLURAL,
+    VERSION,
+    CheckpointInfo,
+    HistoryEntry,
+    PlanCommitAction,
+    PlanCommitResult,
+    SandboxInfo,
+    SandboxOptions,
+)
+
+T = TypeVar("T")
+ProgressCallback = Callable[[PlanCommitResult], None]
+
+DEFAULT_READY_TIMEOUT = 120.0
+DEFAULT_OPERATION_TIMEOUT = 120.0
+DEFAULT_COMMIT_TIMEOUT = 300.0
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Convert the Kubernetes client's exceptions into the client's typed errors."""
+    try:
+        yield
+    except SandboxClientError:
+        raise  # already typed (WaitTimeoutError is an OSError through TimeoutError)
+    except ApiException as exc:
+        raise from_api_exception(exc.status, exc.reason, exc.body) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise SandboxClientError("ApiUnreachable", str(exc)) from exc
+
+
+class SandboxClient:
+    """One connection to a cluster, with the kubeconfig rules of kubectl.
+
+    Args:
+        kubeconfig: path of a kubeconfig file; default ``$KUBECONFIG``, then
+            ``~/.kube/config``, then the in-cluster service account.
+        context: kubeconfig context; default the current one.
+        namespace: default namespace of :meth:`plan`, :meth:`sandbox` and the listings;
+            default the context's namespace (``default`` when it has none).
+        api_client: a ready ``kubernetes.client.ApiClient`` (then ``kubeconfig`` and
+            ``context`` are ignored).
+        files: the :class:`~sandbox_client.files.FileOperations` to use for every sandbox;
+            default chosen per sandbox from ``status.executor``.
+
+    Raises:
+        SandboxClientError: reason ``ConfigError`` when no configuration can be loaded.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        api_client: k8s.ApiClient | None = None,
+        files: FileOperations | None = None,
+    ) -> None:
+        path = kubeconfig_path(kubeconfig)
+        if api_client is None:
+            try:
+                if path is not None:
+                    api_client = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                        config_file=path, context=context
+                    )
+                else:
+                    k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+                    api_client = k8s.ApiClient()
+            except (k8s_config.ConfigException, OSError) as exc:
+                raise SandboxClientError("ConfigError", str(exc)) from exc
+        self.api_client = api_client
+        self.namespace = namespace or default_namespace(path, context)
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.files = files
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.api_client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- raw objects (dicts, as the API server returns them) ----------------------------------
+
+    def _ns(self, namespace: str | None) -> str:
+        return namespace or self.namespace
+
+    def get_object(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """The object ``plural/name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        with _translated():
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self._ns(namespace), plural, name
+                ),
+            )
+
+    def list_objects(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every object of ``plural`` in the namespace."""
+        with _translated():
+            found = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self._ns(namespace), plural
+            )
+        return list(cast(dict[str, Any], found).get("items") or [])
+
+    def create_object(
+        self, plural: str, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Create ``body``; returns the stored object (with its generated name).
+
+        Raises:
+            ConflictError: ``AlreadyExists``.
+            RefusedError: ``Invalid`` (schema or CEL rule), ``Forbidden``.
+        """
+        with _translated():
+            return cast(
+                dict[str, Any],
+                self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, self._ns(namespace), plural, body, field_validation="Strict"
+                ),
+            )
+
+    def patch_object(
+        self, plural: str, name: str, patch: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """JSON merge patch of ``plural/name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+            RefusedError: ``Invalid`` (e.g. an immutable field).
+        """
+        with _translated():
+            return cast(
+                dict[str, Any],
+                self.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, self._ns(namespace), plural, name, patch
+                ),
+            )
+
+    def delete_object(self, plural: str, name: str, namespace: str | None = None) -> bool:
+        """Ask for deletion (finalizers run afterwards); False when it was already gone."""
+        try:
+            with _translated():
+                self.custom.delete_namespaced_custom_object(
+                    GROUP, VERSION, self._ns(namespace), plural, name
+                )
+        except NotFoundError:
+            return False
+        return True
+
+    def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The ``v1 Event`` dicts (camelCase) about the object ``name``."""
+        with _translated():
+            found = self.core.list_namespaced_event(
+                self._ns(namespace), field_selector=f"involvedObject.name={name}"
+            )
+        data = self.api_client.sanitize_for_serialization(found)
+        return list(cast(dict[str, Any], data).get("items") or [])
+
+    def wait(
+        self,
+        plural: str,
+        check: _logic.Predicate[T],
+        timeout: float,
+        what: str,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        describe: Callable[[_logic.Objects], str] | None = None,
+    ) -> T:
+        """Watch ``plural`` (only ``name`` when given) until ``check`` returns a value.
+
+        ``timeout`` in seconds. The objects seen so far (name -> raw object) are passed to
+        ``check`` after the initial list and after every watch event.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` passed; the message says what and the last state.
+            SandboxClientError: whatever ``check`` raises, or an API failure.
+        """
+        deadline = time.monotonic() + timeout
+        selector = f"metadata.name={name}" if name else None
+        namespace = self._ns(namespace)
+        objects: dict[str, dict[str, Any]] = {}
+        while True:
+            with _translated():
+                listing = cast(
+                    dict[str, Any],
+                    self.custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, plural, field_selector=selector
+                    ),
+                )
+            objects = {o["metadata"]["name"]: o for o in listing.get("items") or []}
+            version = str(listing["metadata"]["resourceVersion"])
+            done = check(objects)
+            if done is not None:
+                return done
+            gone = False
+            while not gone:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    detail = describe(objects) if describe else ""
+                    raise WaitTimeoutError(
+                        "Timeout", f"{what}: not done after {timeout:g}s. {detail}".strip()
+                    )
+                watcher = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+                try:
+                    stream = watcher.stream(  # type: ignore[no-untyped-call]
+                        self.custom.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        plural,
+                        resource_version=version,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=max(1, math.ceil(remaining)),
+                        _request_timeout=remaining + 10,
+                        field_selector=selector,
+                    )
+                    for event in stream:
+                        obj = event["raw_object"]
+                        version = str(obj["metadata"]["resourceVersion"])
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        if event["type"] == "DELETED":
+                            objects.pop(obj["metadata"]["name"], None)
+                        else:
+                            objects[obj["metadata"]["name"]] = obj
+                        done = check(objects)
+                        if done is not None:
+                            return done
+                        if time.monotonic() >= deadline:
+                            break
+                except ApiException as exc:
+                    if exc.status != 410:
+                        raise from_api_exception(exc.status, exc.reason, exc.body) from exc
+                    gone = True  # the version expired: list again
+                except urllib3.exceptions.ReadTimeoutError:
+                    continue  # a quiet watch: the deadline check decides
+                finally:
+                    watcher.stop()  # type: ignore[no-untyped-call]
+
+    # -- typed API ----------------------------------------------------------------------------
+
+    def get_sandbox(self, name: str, namespace: str | None = None) -> SandboxInfo:
+        """The Sandbox ``name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        return SandboxInfo.from_object(self.get_object(SANDBOX_PLURAL, name, namespace))
+
+    def list_sandboxes(
+        self, namespace: str | None = None, plan_id: str | None = None
+    ) -> list[SandboxInfo]:
+        """Sandboxes of the namespace (of ``plan_id`` only when given), sorted by name."""
+        items = self.list_objects(SANDBOX_PLURAL, namespace)
+        if plan_id is not None:
+            return _logic.plan_sandboxes(items, plan_id)
+        return sorted((SandboxInfo.from_object(o) for o in items), key=lambda s: s.name)
+
+    def list_checkpoints(
+        self, namespace: str | None = None, sandbox: str | None = None
+    ) -> list[CheckpointInfo]:
+        """Checkpoints of the namespace (of Sandbox ``sandbox`` only when given), oldest first."""
+        items = self.list_objects(CHECKPOINT_PLURAL, namespace)
+        found = [CheckpointInfo.from_object(o) for o in items]
+        if sandbox is not None:
+            found = [c for c in found if c.spec.sandbox_name == sandbox]
+        return sorted(found, key=lambda c: (c.created_at, c.name))
+
+    def list_plancommits(
+        self, namespace: str | None = None, plan_id: str | None = None
+    ) -> list[PlanCommitResult]:
+        """PlanCommits of the namespace (of ``plan_id`` only when given), by name."""
+        found = [
+            PlanCommitResult.from_object(o) for o in self.list_objects(PLANCOMMIT_PLURAL, namespace)
+        ]
+        if plan_id is not None:
+            found = [p for p in found if p.plan_id == plan_id]
+        return sorted(found, key=lambda p: p.name)
+
+    def history(self, name: str, namespace: str | None = None) -> list[HistoryEntry]:
+        """Commits, rollbacks, checkpoints and restores of Sandbox ``name``, newest first.
+
+        Raises:
+            NotFoundError: the Sandbox does not exist.
+        """
+        info = self.get_sandbox(name, namespace)
+        return sandbox_history(
+            name,
+            self.list_plancommits(namespace, info.spec.plan_id),
+            self.list_checkpoints(namespace, name),
+            self.events(name, namespace),
+        )
+
+    def sandbox(self, name: str, namespace: str | None = None) -> Sandbox:
+        """A handle on the existing Sandbox ``name`` (no API call yet)."""
+        return Sandbox(self, name, self._ns(namespace))
+
+    def plan(self, plan_id: str, namespace: str | None = None, *, keep: bool = False) -> Plan:
+        """A :class:`Plan` in ``namespace`` (default: the client's)."""
+        return Plan(self, plan_id, namespace, keep=keep)
+
+    def files_for(self, info: SandboxInfo) -> FileOperations:
+        """The file operations serving ``info`` (the client's ``files`` when set)."""
+        return self.files if self.files is not None else operations_for(info)
+
+
+class Sandbox:
+    """One Sandbox object: files, diff, checkpoints, restore, rollback.
+
+    Paths are relative to the resource root (``src/main.py``); a path that leaves the sandbox
+    (absolute, ``..``, a symlink pointing out) raises ``RefusedError`` with reason
+    ``PathTraversal``. Timeouts are in seconds.
+    """
+
+    def __init__(self, client: SandboxClient, name: str, namespace: str) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.namespace}/{self.name})"
+
+    def info(self) -> SandboxInfo:
+        """The Sandbox's current spec and status.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        return self.client.get_sandbox(self.name, self.namespace)
+
+    def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> SandboxInfo:
+        """Watch until the Sandbox is Active with ``Ready=True``; return its info.
+
+        Raises:
+            WaitTimeoutError: not ready within ``timeout`` seconds.
+            RefusedError / OperationFailedError: it went Errored (the Degraded condition's
+                reason and message, e.g. ``SandboxCreationFailed``), or is already finished.
+            NotFoundError: it was deleted while waiting.
+        """
+        return self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.sandbox_ready(self.name),
+            timeout,
+            f"sandbox {self.name} ready",
+            namespace=self.namespace,
+            name=self.name,
+            describe=lambda objs: _logic.describe_sandboxes(objs, [self.name]),
+        )
+
+    # -- files ------------------------------------------------------------------------------
+
+    def _files(self) -> tuple[FileOperations, SandboxInfo]:
+        info = self.info()
+        return self.client.files_for(info), info
+
+    def read_bytes(self, path: str) -> bytes:
+        """The content of ``path`` (bytes).
+
+        Raises:
+            RefusedError: ``PathTraversal``, ``NoFileOperations``.
+            NotFoundError: no such file.
+        """
+        files, info = self._files()
+        return files.read_file(info, path)
+
+    def read_file(self, path: str, encoding: str = "utf-8") -> str:
+        """The content of ``path`` decoded with ``encoding`` (errors as :meth:`read_bytes`)."""
+        return self.read_bytes(path).decode(encoding)
+
+    def write_file(self, path: str, content: str | bytes, encoding: str = "utf-8") -> None:
+        """Create or replace ``path`` in the sandbox (never the original).
+
+        Raises:
+            RefusedError: ``PathTraversal``; ``InvalidState`` when the sandbox is not Active.
+        """
+        data = content.encode(encoding) if isinstance(content, str) else content
+        files, info = self._files()
+        files.write_file(info, path, data)
+
+    def list_files(self, path: str = "") -> list[str]:
+        """Resource-relative paths of the files below ``path`` (recursive, sorted)."""
+        files, info = self._files()
+        return files.list_files(info, path)
+
+    def diff(self) -> str:
+        """Unified diff (git format) of the sandbox against its original; ``""`` when equal."""
+        files, info = self._files()
+        return files.diff(info)
+
+    # -- checkpoints, restore, rollback -------------------------------------------------------
+
+    def checkpoint(
+        self,
+        phase: str = "manual",
+        metadata: Mapping[str, str] | None = None,
+        *,
+        name: str | None = None,
+        timeout: float = DEFAULT_OPERATION_TIMEOUT,
+    ) -> CheckpointInfo:
+        """Create a Checkpoint of this sandbox and watch until it is Ready (seed 004).
+
+        ``phase``: lowercase snake_case label (``^[a-z][a-z0-9_]*$``). ``name``: default
+        ``<sandbox>-<random>``.
+
+        Raises:
+            RefusedError: ``Invalid`` (bad phase); ``ConflictError``: ``name`` exists.
+            OperationFailedError: the snapshot failed (the Ready condition's reason).
+            WaitTimeoutError: not Ready within ``timeout`` seconds.
+        """
+        body = _logic.checkpoint_manifest(self.name, phase, metadata, name)
+        created = self.client.create_object(CHECKPOINT_PLURAL, body, self.namespace)
+        checkpoint = str(created["metadata"]["name"])
+        return self.client.wait(
+            CHECKPOINT_PLURAL,
+            _logic.checkpoint_ready(checkpoint),
+            timeout,
+            f"checkpoint {checkpoint} ready",
+            namespace=self.namespace,
+            name=checkpoint,
+        )
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Checkpoints of this sandbox, oldest first."""
+        return self.client.list_checkpoints(self.namespace, self.name)
+
+    def restore(
+        self, checkpoint: str | CheckpointInfo, *, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> SandboxInfo:
+        """Put the sandbox back to ``checkpoint`` (a name or a :class:`CheckpointInfo`).
+
+        Raises:
+            NotFoundError: the sandbox does not exist.
+            OperationFailedError / RefusedError: the Restored condition's reason (e.g. the
+                checkpoint belongs to another sandbox: ``InvalidSpec``).
+            WaitTimeoutError: not served within ``timeout`` seconds.
+        """
+        checkpoint_name = checkpoint if isinstance(checkpoint, str) else checkpoint.name
+        request = _logic.request_id()
+        self.client.patch_object(
+            SANDBOX_PLURAL,
+            self.name,
+            {"spec": {"restoreRequest": {"id": request, "checkpointName": checkpoint_name}}},
+            self.namespace,
+        )
+        return self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.request_served(self.name, "lastRestoreRequestId", "Restored", request),
+            timeout,
+            f"restore of {self.name} to {checkpoint_name}",
+            namespace=self.namespace,
+            name=self.name,
+        )
+
+    def rollback(self, *, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> SandboxInfo:
+        """Discard every change made in this sandbox; it stays Active for more work.
+
+        Raises:
+            RefusedError: ``InvalidState`` (e.g. already committed).
+            OperationFailedError: the RollbackRequested condition's reason.
+            WaitTimeoutError: not served within ``timeout`` seconds.
+        """
+        request = _logic.request_id()
+        self.client.patch_object(
+            SANDBOX_PLURAL,
+            self.name,
+            {"spec": {"rollbackRequest": {"id": request}}},
+            self.namespace,
+        )
+        return self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.request_served(self.name, "lastRollbackRequestId", "RollbackRequested", request),
+            timeout,
+            f"rollback of {self.name}",
+            namespace=self.namespace,
+            name=self.name,
+        )
+
+    def history(self) -> list[HistoryEntry]:
+        """Commits, rollbacks, checkpoints and restores of this sandbox, newest first."""
+        return self.client.history(self.name, self.namespace)
+
+    def delete(self, *, wait: bool = True, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> None:
+        """Delete the Sandbox; with ``wait`` watch until the operator's finalizer removed its
+        artefacts (worktree, copy, layers) and the object is gone. The original is untouched."""
+        self.client.delete_object(SANDBOX_PLURAL, self.name, self.namespace)
+        if wait:
+            self.client.wait(
+                SANDBOX_PLURAL,
+                _logic.all_gone([self.name]),
+                timeout,
+                f"deletion of {self.name}",
+                namespace=self.namespace,
+                name=self.name,
+            )
+
+
+class Plan:
+    """The Sandboxes of one plan in one namespace, committed or rolled back together.
+
+    A context manager: on exit the plan's Sandboxes (with their Checkpoints and PlanCommits)
+    are deleted and cleaned up, unless ``keep`` is true.
+
+    Args:
+        client: the :class:`SandboxClient`.
+        plan_id: ``spec.planId`` of the plan's Sandboxes (1-253 characters).
+        namespace: default the client's namespace.
+        keep: keep the Sandboxes when the ``with`` block ends.
+    """
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        plan_id: str,
+        namespace: str | None = None,
+        *,
+        keep: bool = False,
+    ) -> None:
+        self.client = client
+        self.plan_id = plan_id
+        self.namespace = namespace or client.namespace
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return f"Plan({self.namespace}/{self.plan_id})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.keep:
+            self.delete(cleanup=True)
+
+    def add_sandbox(
+        self,
+        resource_id: str,
+        strategy: str,
+        source: _logic.SourceLike,
+        *,
+        workspace: Mapping[str, Any] | None = None,
+        options: SandboxOptions | Mapping[str, Any] | None = None,
+        name: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
+    ) -> Sandbox:
+        """Create a Sandbox of this plan for ``resource_id`` (does not wait: see
+        :meth:`wait_ready`).
+
+        Args:
+            resource_id: the resource's id inside the plan.
+            strategy: ``git_worktree``, ``copy_on_write``, ``overlay``,
+                ``transaction_rollback`` or ``none``.
+            source: a path the operator can reach (local executor: ``nodePath``), a
+                ``SandboxSource`` or a CRD-shaped mapping (``{"persistentVolumeClaim": ...}``).
+            workspace: ``spec.workspace`` (pod executor's Pod shape; needs a CRD that has it).
+            options: ``spec.options`` (``{"overlayMode": "fallback"}``).
+            name: the object's name; default ``<plan>-<resource>`` as a DNS label.
+
+        Raises:
+            RefusedError: ``InvalidSpec`` (the operator's model refused it) or ``Invalid``
+                (the API server's schema or CEL rules did).
+            ConflictError: ``AlreadyExists``.
+        """
+        object_name = name or _logic.dns_name(self.plan_id, resource_id)
+        body = _logic.sandbox_manifest(
+            object_name,
+            self.plan_id,
+            resource_id,
+            strategy,
+            source,
+            options=options,
+            workspace=workspace,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+        )
+        self.client.create_object(SANDBOX_PLURAL, body, self.namespace)
+        return Sandbox(self.client, object_name, self.namespace)
+
+    def sandboxes(self) -> list[Sandbox]:
+        """Handles on every Sandbox of the plan (``spec.planId``), by name."""
+        return [
+            Sandbox(self.client, s.name, self.namespace)
+            for s in self.client.list_sandboxes(self.namespace, self.plan_id)
+        ]
+
+    def sandbox(self, resource_id: str) -> Sandbox:
+        """The plan's Sandbox for ``resource_id``.
+
+        Raises:
+            NotFoundError: the plan has none.
+        """
+        for info in self.client.list_sandboxes(self.namespace, self.plan_id):
+            if info.spec.resource_id == resource_id:
+                return Sandbox(self.client, info.name, self.namespace)
+        raise NotFoundError(
+            "NotFound", f"plan {self.plan_id} has no sandbox for resource {resource_id}"
+        )
+
+    def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> list[SandboxInfo]:
+        """Watch until every Sandbox of the plan is Active with ``Ready=True``.
+
+        Raises:
+            WaitTimeoutError: not all ready within ``timeout`` seconds (the message names the
+                phase and last failure of each).
+            RefusedError / OperationFailedError: one went Errored (its Degraded reason).
+            NotFoundError: the plan has no Sandboxes.
+        """
+        names = [s.name for s in self.client.list_sandboxes(self.namespace, self.plan_id)]
+        if not names:
+            raise NotFoundError("NotFound", f"plan {self.plan_id} has no sandboxes")
+        return self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.all_ready(names),
+            timeout,
+            f"plan {self.plan_id} ready",
+            namespace=self.namespace,
+            describe=lambda objs: _logic.describe_sandboxes(objs, names),
+        )
+
+    def _plancommit(
+        self,
+        action: PlanCommitAction,
+        message: str | None,
+        wait: bool,
+        timeout: float,
+        on_progress: ProgressCallback | None,
+    ) -> PlanCommitResult:
+        body = _logic.plancommit_manifest(self.plan_id, action, message)
+        created = self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(created["metadata"]["name"])
+        if not wait:
+            return PlanCommitResult.from_object(created)
+        done = _logic.plancommit_done(name)
+
+        def check(objects: _logic.Objects) -> PlanCommitResult | None:
+            if on_progress is not None and name in objects:
+                on_progress(PlanCommitResult.from_object(objects[name]))
+            return done(objects)
+
+        return self.client.wait(
+            PLANCOMMIT_PLURAL,
+            check,
+            timeout,
+            f"plancommit {name} of plan {self.plan_id}",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    def commit(
+        self,
+        *,
+        wait: bool = True,
+        message: str | None = None,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """Commit every Sandbox of the plan, all or nothing (a PlanCommit; seed 002, "Atomic
+        Commit").
+
+        A failed commit is a *result*, not an exception: ``committed`` is False and
+        ``rolled_back_ids`` / ``failed_rollback_ids`` name the compensated sandboxes; the
+        ``Committed`` condition has the reason (``Conflict``, ``SandboxCommitFailed``) and the
+        message. With ``wait=False`` the just-created PlanCommit is returned (``done`` False).
+        ``on_progress`` is called with every observed state while waiting.
+
+        Raises:
+            WaitTimeoutError: not finished within ``timeout`` seconds.
+        """
+        return self._plancommit(PlanCommitAction.COMMIT, message, wait, timeout, on_progress)
+
+    def rollback(
+        self,
+        *,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """Discard the changes of every Sandbox of the plan (a PlanCommit with action
+        Rollback); the result as in :meth:`commit`."""
+        return self._plancommit(PlanCommitAction.ROLLBACK, None, wait, timeout, on_progress)
+
+    def commits(self) -> list[PlanCommitResult]:
+        """The plan's PlanCommits (commits and rollbacks), by name."""
+        return self.client.list_plancommits(self.namespace, self.plan_id)
+
+    def delete(self, cleanup: bool = True, *, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> None:
+        """Delete the plan's Sandboxes, their Checkpoints and the plan's PlanCommits.
+
+        With ``cleanup`` watch until the operator's finalizers removed every sandbox artefact
+        (worktrees, branches, copies, layers) and the Sandboxes are gone; the originals are
+        never touched. Without it, return once the deletions are accepted.
+
+        Raises:
+            WaitTimeoutError: the Sandboxes were not gone within ``timeout`` seconds.
+        """
+        sandboxes = [s.name for s in self.client.list_sandboxes(self.namespace, self.plan_id)]
+        for checkpoint in self.client.list_checkpoints(self.namespace):
+            if checkpoint.spec.sandbox_name in sandboxes:
+                self.client.delete_object(CHECKPOINT_PLURAL, checkpoint.name, self.namespace)
+        for commit in self.commits():
+            self.client.delete_object(PLANCOMMIT_PLURAL, commit.name, self.namespace)
+        for name in sandboxes:
+            self.client.delete_object(SANDBOX_PLURAL, name, self.namespace)
+        if cleanup and sandboxes:
+            self.client.wait(
+                SANDBOX_PLURAL,
+                _logic.all_gone(sandboxes),
+                timeout,
+                f"cleanup of plan {self.plan_id}",
+                namespace=self.namespace,
+            )

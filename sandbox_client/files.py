@@ -1,0 +1,226 @@
+"""File operations inside a sandbox, behind one interface (issue 10, section 1).
+
+:class:`FileOperations` is what the client calls for ``read_file``, ``write_file``,
+``list_files`` and ``diff``. :class:`LocalFileOperations` serves Sandboxes of the *local*
+executor (``status.executor == "local"``): the operator runs the core on paths this process can
+reach, so the client works on ``status.sandboxPath`` directly. Sandboxes of the pod executor get
+their implementation with the workspace agent (issue 8); until then :func:`operations_for`
+refuses them with reason ``NoFileOperations``.
+
+Every path is resource-relative and goes through ``sandbox_core.resolve_inside``: absolute
+paths, ``..`` and symlinks that resolve outside the sandbox are refused with reason
+``PathTraversal`` (seed 003, "Path traversal is rejected").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
+from sandbox_client.models import SandboxInfo, SandboxPhase
+from sandbox_core import compute_diff, resolve_inside
+
+# The core's own bookkeeping inside a sandbox tree, never shown as a sandbox file.
+_HIDDEN = frozenset({".git"})
+_WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK)
+
+
+@runtime_checkable
+class FileOperations(Protocol):
+    """File access to one Sandbox; ``path`` is relative to the resource root (``a/b.txt``).
+
+    Implementations raise only :mod:`sandbox_client.errors` types: ``RefusedError``
+    (``PathTraversal``; ``InvalidState`` when the sandbox is not writable), ``NotFoundError``
+    (no such file), ``OperationFailedError`` (I/O or tool failure).
+    """
+
+    def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """The file's content."""
+        ...
+
+    def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """Create or replace the file (parent directories are created)."""
+        ...
+
+    def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """Resource-relative paths of the files below ``path`` (recursive, sorted)."""
+        ...
+
+    def diff(self, sandbox: SandboxInfo) -> str:
+        """Unified diff (git format) of the sandbox against its original; ``""`` when equal."""
+        ...
+
+
+def _root(sandbox: SandboxInfo) -> Path:
+    if not sandbox.sandbox_path:
+        raise RefusedError(
+            "InvalidState", f"sandbox {sandbox.name} has no path yet (phase {sandbox.phase})"
+        )
+    return Path(sandbox.sandbox_path)
+
+
+def _inside(sandbox: SandboxInfo, path: str) -> Path:
+    """Absolute path of ``path`` inside the sandbox, or ``RefusedError(PathTraversal)``."""
+    root = _root(sandbox)
+    relative = path.strip()
+    if not relative or relative in (".", "./"):
+        return root
+    if any(part in _HIDDEN for part in Path(relative).parts):
+        raise RefusedError("ReservedPath", f"{path}: the sandbox's git metadata is off limits")
+    try:
+        return Path(resolve_inside(root, relative))
+    except ValueError as exc:
+        raise RefusedError("PathTraversal", f"{exc}: {path}") from exc
+
+
+class LocalFileOperations:
+    """:class:`FileOperations` on the local executor's sandbox paths (same host)."""
+
+    def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """Read ``path``.
+
+        Raises:
+            RefusedError: ``PathTraversal``; ``InvalidState`` when it is a directory.
+            NotFoundError: no such file.
+            OperationFailedError: reason ``IOError``.
+        """
+        target = _inside(sandbox, path)
+        try:
+            return target.read_bytes()
+        except FileNotFoundError as exc:
+            raise NotFoundError("NotFound", f"{path}: no such file in {sandbox.name}") from exc
+        except IsADirectoryError as exc:
+            raise RefusedError("InvalidState", f"{path} is a directory") from exc
+        except OSError as exc:
+            raise OperationFailedError("IOError", f"{path}: {exc}") from exc
+
+    def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` through a temporary file and a rename (never half-written).
+
+        Raises:
+            RefusedError: ``PathTraversal``; ``InvalidState`` when the sandbox is not Active,
+                Created or RolledBack, or ``path`` names the sandbox root or a directory.
+            OperationFailedError: reason ``IOError``.
+        """
+        if sandbox.phase not in _WRITABLE:
+            raise RefusedError(
+                "InvalidState",
+                f"sandbox {sandbox.name} is {sandbox.phase.value if sandbox.phase else 'new'}; "
+                "writes need an Active sandbox",
+            )
+        target = _inside(sandbox, path)
+        if target == _root(sandbox) or target.is_dir():
+            raise RefusedError("InvalidState", f"{path!r} is a directory")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Re-check after mkdir: a parent created through a symlink must still be inside.
+            _inside(sandbox, path)
+            mode = target.stat().st_mode & 0o7777 if target.is_file() else 0o666
+            tmp = target.parent / f".sbx-{uuid.uuid4().hex}.tmp"
+            # O_EXCL: never follows a planted symlink; the kernel applies the umask to 0o666.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                tmp.replace(target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise OperationFailedError("IOError", f"{path}: {exc}") from exc
+
+    def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """Files (and symlinks) below ``path``, relative to the resource root, sorted.
+
+        Raises:
+            RefusedError: ``PathTraversal``.
+            NotFoundError: ``path`` does not exist.
+        """
+        root = _root(sandbox)
+        start = _inside(sandbox, path)
+        if not start.exists():
+            raise NotFoundError("NotFound", f"{path}: no such directory in {sandbox.name}")
+        if not start.is_dir():
+            return [start.relative_to(root).as_posix()]
+        out: list[str] = []
+        for current, dirs, files in os.walk(start):
+            dirs[:] = [d for d in dirs if d not in _HIDDEN]
+            base = Path(current)
+            for name in files:
+                if name not in _HIDDEN:
+                    out.append((base / name).relative_to(root).as_posix())
+            for name in dirs:
+                if (base / name).is_symlink():
+                    out.append((base / name).relative_to(root).as_posix())
+        return sorted(out)
+
+    def diff(self, sandbox: SandboxInfo) -> str:
+        """git_worktree: ``git diff`` of everything the next commit would carry (untracked files
+        too) against the sandbox's base commit, through a private index so the sandbox's own
+        index is untouched. Other strategies: the core's ``compute_diff`` of the original
+        (``spec.source.nodePath``) against the sandbox tree.
+
+        Raises:
+            RefusedError: ``InvalidState`` when the sandbox has no path.
+            OperationFailedError: ``DiffFailed`` (git failed, a tree is unreadable).
+        """
+        root = _root(sandbox)
+        try:
+            if sandbox.spec.strategy == "git_worktree":
+                return _git_diff(root, sandbox.base_commit or "HEAD")
+            original = sandbox.spec.source.node_path
+            if not original:
+                raise RefusedError("InvalidState", f"sandbox {sandbox.name} has no nodePath")
+            return compute_diff(original, root, exclude=sorted(_HIDDEN))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", "") or exc
+            raise OperationFailedError("DiffFailed", f"{sandbox.name}: {detail}") from exc
+
+
+def _git_diff(worktree: Path, base: str) -> str:
+    def git(*args: str, env: dict[str, str] | None = None) -> str:
+        return subprocess.run(
+            ["git", "-C", str(worktree), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        ).stdout
+
+    index = Path(git("rev-parse", "--path-format=absolute", "--git-path", "index").strip())
+    with tempfile.TemporaryDirectory(prefix="sbx-diff-") as tmp:
+        private = Path(tmp) / "index"
+        if index.exists():
+            shutil.copy2(index, private)  # reuses the stat cache: O(changed files)
+        env = {**os.environ, "GIT_INDEX_FILE": str(private)}
+        git("add", "-A", env=env)
+        return git("diff", "--cached", "--no-color", "--no-ext-diff", base, env=env)
+
+
+_REGISTRY: dict[str, FileOperations] = {"local": LocalFileOperations()}
+
+
+def operations_for(sandbox: SandboxInfo) -> FileOperations:
+    """The :class:`FileOperations` for the sandbox's executor (``status.executor``).
+
+    Raises:
+        RefusedError: reason ``NoFileOperations`` for an executor without an implementation
+            here (``pod``: the workspace agent of issue 8), or ``InvalidState`` before the
+            operator reported one.
+    """
+    if not sandbox.executor:
+        raise RefusedError("InvalidState", f"sandbox {sandbox.name} is not provisioned yet")
+    found = _REGISTRY.get(sandbox.executor)
+    if found is None:
+        raise RefusedError(
+            "NoFileOperations",
+            f"sandbox {sandbox.name} runs on the {sandbox.executor} executor; this client "
+            f"has file operations for: {', '.join(sorted(_REGISTRY))}",
+        )
+    return found

@@ -1,0 +1,418 @@
+"""``kubectl-sandbox``: a kubectl plugin on :mod:`sandbox_client` (issue 10, section 2).
+
+Installed as the console script ``kubectl-sandbox``, so ``kubectl sandbox ...`` finds it on
+``PATH``. kubectl's conventions: every command takes ``-n/--namespace``, ``--context``,
+``--kubeconfig`` and ``-o/--output`` (``json``, ``yaml``, ``wide``, ``name``) anywhere on the
+line; errors go to stderr as ``error: <Reason>: <message>``; durations as ``90s``, ``5m``.
+
+Exit codes (also in ``--help`` and docs/client.md):
+
+====  =====================================================================================
+0     success (for ``commit --wait``: every sandbox of the plan committed)
+1     the operation failed (the operator's condition reason is printed), or the API server
+      could not be reached
+2     usage error
+3     not found (Sandbox, Checkpoint, plan, file)
+4     refused: invalid spec or state, a path leaving the sandbox, no file operations for the
+      executor
+5     conflict (already exists; a merge conflict outside a plan commit)
+6     ``commit --wait``: the commit failed and every sandbox that had landed was compensated
+7     ``commit --wait``: the commit failed and a compensation failed too (see the ids)
+8     timeout while waiting
+====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import click
+import yaml
+
+from sandbox_client.client import Plan, SandboxClient
+from sandbox_client.errors import (
+    ConflictError,
+    NotFoundError,
+    RefusedError,
+    SandboxClientError,
+    WaitTimeoutError,
+)
+from sandbox_client.models import PlanCommitPhase, PlanCommitResult, SandboxInfo
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+EXIT_CONFLICT = 5
+EXIT_COMPENSATED = 6
+EXIT_COMPENSATION_FAILED = 7
+EXIT_TIMEOUT = 8
+
+OUTPUTS = ("json", "yaml", "wide", "name")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Options:
+    """The kubectl-style options shared by every command."""
+
+    def __init__(
+        self, namespace: str | None, context: str | None, kubeconfig: str | None, output: str
+    ) -> None:
+        self.namespace = namespace
+        self.context = context
+        self.kubeconfig = kubeconfig
+        self.output = output
+
+    def client(self) -> SandboxClient:
+        """A client for these options (kubeconfig rules of kubectl)."""
+        return SandboxClient(
+            kubeconfig=self.kubeconfig, context=self.context, namespace=self.namespace
+        )
+
+
+def _common(func: Callable[..., None]) -> Callable[..., None]:
+    """Add ``-n``, ``--context``, ``--kubeconfig`` and ``-o`` to a command, and map the
+    client's typed errors to the documented exit codes."""
+
+    @click.option("-n", "--namespace", default=None, help="Namespace (default: the context's).")
+    @click.option("--context", default=None, help="kubeconfig context to use.")
+    @click.option("--kubeconfig", default=None, help="Path of the kubeconfig file.")
+    @click.option("-o", "--output", type=click.Choice(OUTPUTS), default=None, help="Output format.")
+    @functools.wraps(func)
+    def wrapper(
+        namespace: str | None,
+        context: str | None,
+        kubeconfig: str | None,
+        output: str | None,
+        **kwargs: Any,
+    ) -> None:
+        options = Options(namespace, context, kubeconfig, output or "")
+        try:
+            func(options, **kwargs)
+        except WaitTimeoutError as exc:
+            _fail(exc, EXIT_TIMEOUT)
+        except NotFoundError as exc:
+            _fail(exc, EXIT_NOT_FOUND)
+        except RefusedError as exc:
+            _fail(exc, EXIT_REFUSED)
+        except ConflictError as exc:
+            _fail(exc, EXIT_CONFLICT)
+        except SandboxClientError as exc:
+            _fail(exc, EXIT_FAILED)
+
+    return wrapper
+
+
+def _fail(exc: SandboxClientError, code: int) -> NoReturn:
+    click.echo(f"error: {exc.reason}: {exc.message}", err=True)
+    sys.exit(code)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a kubectl-style duration (``90``, ``90s``, ``5m``, ``1h``, ``1m30s``).
+
+    Raises:
+        click.BadParameter: not a duration.
+    """
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise click.BadParameter(f"{text!r} is not a duration such as 90s, 5m or 1h")
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def _timeout_option(default: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    return click.option(
+        "--timeout",
+        default=default,
+        show_default=True,
+        help="How long to wait (90s, 5m, ...).",
+    )
+
+
+def _age(timestamp: str) -> str:
+    if not timestamp:
+        return "<unknown>"
+    created = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    seconds = int((datetime.now(UTC) - created).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    lines = [
+        "   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+        for row in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _emit(options: Options, data: Any, text: str) -> None:
+    """Print ``data`` as JSON/YAML when ``-o json|yaml``, else ``text``."""
+    if options.output == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=False))
+    elif options.output == "yaml":
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip("\n"))
+    else:
+        click.echo(text)
+
+
+def _as_list(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes: 0 success; 1 operation failed; 2 usage; 3 not found; 4 refused; "
+    "5 conflict; 6 commit failed, landed sandboxes compensated; 7 commit failed and a "
+    "compensation failed; 8 timeout.",
+)
+def cli() -> None:
+    """Work with the sandboxes of AI plan executions (Sandbox, Checkpoint, PlanCommit)."""
+
+
+@cli.command("list")
+@click.option("--plan", "plan_id", default=None, help="Only the Sandboxes of this plan.")
+@_common
+def list_command(options: Options, plan_id: str | None) -> None:
+    """List Sandboxes (NAME, PLAN, RESOURCE, STRATEGY, PHASE, READY, AGE)."""
+    with options.client() as client:
+        found = client.list_sandboxes(options.namespace, plan_id)
+    if options.output == "name":
+        click.echo("\n".join(f"sandbox/{s.name}" for s in found))
+        return
+    headers = ["NAME", "PLAN", "RESOURCE", "STRATEGY", "PHASE", "READY", "AGE"]
+    wide = options.output == "wide"
+    if wide:
+        headers += ["EXECUTOR", "SANDBOX-ID", "PATH"]
+
+    def row(s: SandboxInfo) -> list[str]:
+        cells = [
+            s.name,
+            s.spec.plan_id,
+            s.spec.resource_id,
+            s.spec.strategy,
+            s.phase.value if s.phase else "",
+            "True" if s.ready else "False",
+            _age(s.created),
+        ]
+        return [*cells, s.executor, s.sandbox_id, s.sandbox_path] if wide else cells
+
+    text = _table(headers, [row(s) for s in found]) if found else "No resources found."
+    _emit(options, _as_list([s.raw for s in found]), text)
+
+
+@cli.command()
+@click.argument("sandbox")
+@_common
+def diff(options: Options, sandbox: str) -> None:
+    """Show the unified diff of SANDBOX against its original."""
+    with options.client() as client:
+        text = client.sandbox(sandbox, options.namespace).diff()
+    _emit(options, {"sandbox": sandbox, "diff": text}, text.rstrip("\n") or "(no changes)")
+
+
+@cli.command()
+@click.argument("sandbox")
+@_common
+def log(options: Options, sandbox: str) -> None:
+    """Commits, checkpoints, restores and rollbacks of SANDBOX, newest first."""
+    with options.client() as client:
+        entries = client.history(sandbox, options.namespace)
+    rows = [[e.time, e.kind, e.outcome, e.source, e.message] for e in entries]
+    text = (
+        _table(["TIME", "KIND", "OUTCOME", "SOURCE", "MESSAGE"], rows) if rows else ("No history.")
+    )
+    _emit(options, [e.model_dump(mode="json") for e in entries], text)
+
+
+class _Progress:
+    """One progress line on stderr: rewritten in place on a terminal, else one line per
+    change."""
+
+    def __init__(self) -> None:
+        self.last = ""
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, result: PlanCommitResult) -> None:
+        total = len(result.steps)
+        landed = sum(1 for s in result.steps if s.state.value == "Committed")
+        line = f"plancommit/{result.name}: {result.phase.value}"
+        if total:
+            line += f" ({landed}/{total} committed)"
+        if line == self.last:
+            return
+        self.last = line
+        if self.tty:
+            click.echo(f"\r{line}\033[K", err=True, nl=False)
+        else:
+            click.echo(line, err=True)
+
+    def done(self) -> None:
+        if self.tty and self.last:
+            click.echo("", err=True)
+
+
+def _result_exit(result: PlanCommitResult) -> int:
+    if result.phase in (PlanCommitPhase.COMMITTED, PlanCommitPhase.ROLLED_BACK):
+        return (
+            EXIT_OK if result.committed or result.action.value == "Rollback" else (EXIT_COMPENSATED)
+        )
+    if result.phase is PlanCommitPhase.FAILED:
+        return EXIT_COMPENSATION_FAILED if result.failed_rollback_ids else EXIT_COMPENSATED
+    return EXIT_OK
+
+
+def _result_text(result: PlanCommitResult) -> str:
+    rows = [
+        [
+            result.name,
+            result.plan_id,
+            result.action.value,
+            result.phase.value,
+            ",".join(result.rolled_back_ids) or "-",
+            ",".join(result.failed_rollback_ids) or "-",
+        ]
+    ]
+    text = _table(["NAME", "PLAN", "ACTION", "PHASE", "ROLLED-BACK", "FAILED-ROLLBACK"], rows)
+    for condition in result.conditions:
+        text += f"\n{condition.type}={condition.status} {condition.reason}: {condition.message}"
+    return text
+
+
+@cli.command()
+@click.argument("plan_id", metavar="PLAN")
+@click.option("--wait/--no-wait", default=False, help="Wait for the outcome (progress on stderr).")
+@click.option("-m", "--message", default=None, help="Commit message (git_worktree commits).")
+@_timeout_option("5m")
+@_common
+def commit(options: Options, plan_id: str, wait: bool, message: str | None, timeout: str) -> None:
+    """Commit every Sandbox of PLAN, all or nothing (creates a PlanCommit)."""
+    seconds = parse_duration(timeout)
+    progress = _Progress()
+    with options.client() as client:
+        plan = Plan(client, plan_id, options.namespace)
+        if not plan.sandboxes():
+            raise NotFoundError("NotFound", f"plan {plan_id} has no sandboxes")
+        try:
+            result = plan.commit(wait=wait, message=message, timeout=seconds, on_progress=progress)
+        finally:
+            progress.done()
+    if options.output == "name":
+        click.echo(f"plancommit/{result.name}")
+    elif not wait and options.output not in ("json", "yaml"):
+        click.echo(f"plancommit.sandbox.cleveragents.io/{result.name} created")
+    else:
+        _emit(options, result.raw, _result_text(result))
+    sys.exit(_result_exit(result) if wait else EXIT_OK)
+
+
+def _rollback_target(client: SandboxClient, target: str, namespace: str | None) -> tuple[str, str]:
+    kind, _, name = target.rpartition("/")
+    if kind in ("plan", "plans"):
+        return "plan", name
+    if kind in ("sandbox", "sandboxes", "sbx"):
+        return "sandbox", name
+    if kind:
+        raise RefusedError("InvalidSpec", f"{target}: use plan/NAME or sandbox/NAME")
+    try:
+        client.get_sandbox(name, namespace)
+    except NotFoundError:
+        if client.list_sandboxes(namespace, name):
+            return "plan", name
+        raise NotFoundError("NotFound", f"no sandbox and no plan named {name}") from None
+    return "sandbox", name
+
+
+@cli.command()
+@click.argument("target", metavar="PLAN|SANDBOX")
+@_timeout_option("5m")
+@_common
+def rollback(options: Options, target: str, timeout: str) -> None:
+    """Discard the changes of a Sandbox, or of every Sandbox of a plan.
+
+    TARGET is ``sandbox/NAME``, ``plan/ID``, or a bare name: a Sandbox of that name, else the
+    plan of that id. Waits for the outcome.
+    """
+    seconds = parse_duration(timeout)
+    with options.client() as client:
+        kind, name = _rollback_target(client, target, options.namespace)
+        if kind == "sandbox":
+            info = client.sandbox(name, options.namespace).rollback(timeout=seconds)
+            _emit(options, info.raw, f"sandbox/{name} rolled back")
+            return
+        progress = _Progress()
+        try:
+            result = Plan(client, name, options.namespace).rollback(
+                timeout=seconds, on_progress=progress
+            )
+        finally:
+            progress.done()
+    _emit(options, result.raw, _result_text(result))
+    sys.exit(_result_exit(result))
+
+
+@cli.command()
+@click.argument("sandbox")
+@click.option("--phase", default="manual", show_default=True, help="Label (snake_case).")
+@click.option("--name", default=None, help="Checkpoint name (default: SANDBOX-<random>).")
+@click.option("--meta", multiple=True, help="KEY=VALUE stored with the checkpoint.")
+@_timeout_option("2m")
+@_common
+def checkpoint(
+    options: Options,
+    sandbox: str,
+    phase: str,
+    name: str | None,
+    meta: tuple[str, ...],
+    timeout: str,
+) -> None:
+    """Snapshot SANDBOX now (creates a Checkpoint and waits until it is Ready)."""
+    metadata = {}
+    for item in meta:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--meta")
+        metadata[key] = value
+    with options.client() as client:
+        info = client.sandbox(sandbox, options.namespace).checkpoint(
+            phase, metadata, name=name, timeout=parse_duration(timeout)
+        )
+    if options.output == "name":
+        click.echo(f"checkpoint/{info.name}")
+        return
+    _emit(
+        options, info.raw, f"checkpoint.sandbox.cleveragents.io/{info.name} created ({info.kind})"
+    )
+
+
+@cli.command()
+@click.argument("sandbox")
+@click.argument("checkpoint_name", metavar="CHECKPOINT")
+@_timeout_option("2m")
+@_common
+def restore(options: Options, sandbox: str, checkpoint_name: str, timeout: str) -> None:
+    """Put SANDBOX back to CHECKPOINT (waits until restored)."""
+    with options.client() as client:
+        info = client.sandbox(sandbox, options.namespace).restore(
+            checkpoint_name, timeout=parse_duration(timeout)
+        )
+    _emit(options, info.raw, f"sandbox/{sandbox} restored to {checkpoint_name}")
+
+
+def main() -> None:
+    """Console entry point ``kubectl-sandbox``."""
+    cli(prog_name="kubectl sandbox")

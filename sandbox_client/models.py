@@ -1,0 +1,254 @@
+"""Typed views of the three custom resources, built on the operator's own models.
+
+The spec models (``SandboxSpec``, ``SandboxSource``, ``CheckpointSpec``, ``PlanCommitSpec``,
+``JournalStep``, ``StepResult``, phases) are imported from :mod:`sandbox_operator.models`: the
+client validates with exactly the definitions the operator validates with (issue 10, one
+definition). That module imports only pydantic and ``sandbox_core``, never kopf or kubernetes.
+The classes below are read-only views of *status*, which the operator writes as plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from sandbox_operator.models import (
+    CHECKPOINT_PLURAL,
+    GROUP,
+    PLAN_LABEL,
+    PLANCOMMIT_PLURAL,
+    SANDBOX_PLURAL,
+    VERSION,
+    CheckpointSpec,
+    JournalStep,
+    PlanCommitAction,
+    PlanCommitPhase,
+    PlanCommitSpec,
+    PvcSource,
+    SandboxOptions,
+    SandboxPhase,
+    SandboxSource,
+    SandboxSpec,
+    SecretSource,
+    StepResult,
+    StepState,
+)
+
+__all__ = [
+    "CHECKPOINT_PLURAL",
+    "GROUP",
+    "PLANCOMMIT_PLURAL",
+    "PLAN_LABEL",
+    "SANDBOX_PLURAL",
+    "VERSION",
+    "CheckpointInfo",
+    "CheckpointSpec",
+    "Condition",
+    "HistoryEntry",
+    "JournalStep",
+    "PlanCommitAction",
+    "PlanCommitPhase",
+    "PlanCommitResult",
+    "PlanCommitSpec",
+    "PvcSource",
+    "SandboxInfo",
+    "SandboxOptions",
+    "SandboxPhase",
+    "SandboxSource",
+    "SandboxSpec",
+    "SecretSource",
+    "StepResult",
+    "StepState",
+]
+
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+
+class Condition(_View):
+    """One Kubernetes condition (shared/DESIGN.md, "Conditions").
+
+    ``status`` is ``"True"``, ``"False"`` or ``"Unknown"``; ``last_transition_time`` RFC 3339.
+    """
+
+    type: str
+    status: Literal["True", "False", "Unknown"] = "Unknown"
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int | None = None
+
+
+def conditions_of(obj: dict[str, Any]) -> list[Condition]:
+    """The ``status.conditions`` of a raw object as models (``[]`` when there are none)."""
+    raw = (obj.get("status") or {}).get("conditions") or []
+    return [Condition.model_validate(c) for c in raw]
+
+
+def find(conditions: list[Condition], type_: str) -> Condition | None:
+    """The condition of ``type_``, or None."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+class SandboxInfo(_View):
+    """A Sandbox object as the client sees it: its spec (the operator's model) and status.
+
+    ``sandbox_path`` is where writes go as the executor sees it (local executor: a path on the
+    operator's host). ``raw`` is the object as the API server returned it (for ``-o json``).
+    """
+
+    name: str
+    namespace: str
+    spec: SandboxSpec
+    phase: SandboxPhase | None = None
+    ready: bool = False
+    sandbox_id: str = ""
+    sandbox_path: str = ""
+    executor: str = ""
+    workspace_pod: str = ""
+    effective_strategy: str = ""
+    strategy_mode: str = ""
+    conditions: list[Condition] = Field(default_factory=list)
+    created: str = ""
+    deleting: bool = False
+    raw: dict[str, Any] = Field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> SandboxInfo:
+        """Build from a raw Sandbox object (a dict from the API server)."""
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        conditions = conditions_of(obj)
+        ready = find(conditions, "Ready")
+        return cls(
+            name=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            spec=SandboxSpec.model_validate(obj.get("spec") or {}),
+            phase=SandboxPhase(status["phase"]) if status.get("phase") else None,
+            ready=ready is not None and ready.status == "True",
+            sandbox_id=str(status.get("sandboxId") or ""),
+            sandbox_path=str(status.get("sandboxPath") or ""),
+            executor=str(status.get("executor") or ""),
+            workspace_pod=str(status.get("workspacePod") or ""),
+            effective_strategy=str(status.get("effectiveStrategy") or ""),
+            strategy_mode=str(status.get("strategyMode") or ""),
+            conditions=conditions,
+            created=str(meta.get("creationTimestamp") or ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            raw=obj,
+        )
+
+    @property
+    def base_commit(self) -> str:
+        """git_worktree only: the commit the sandbox branch started from ("" when unknown)."""
+        record = (self.raw.get("status") or {}).get("coreRecord") or {}
+        metadata = (record.get("context") or {}).get("metadata") or {}
+        return str(metadata.get("base_commit") or "")
+
+
+class CheckpointInfo(_View):
+    """A Checkpoint object: ``phase`` is ``Pending``, ``Ready`` or ``Failed``; ``kind`` is
+    ``git-tag``, ``upper-snapshot``, ``directory-snapshot`` or ``metadata-only``."""
+
+    name: str
+    namespace: str
+    spec: CheckpointSpec
+    phase: str = ""
+    checkpoint_id: str = ""
+    kind: str = ""
+    created_at: str = ""
+    conditions: list[Condition] = Field(default_factory=list)
+    raw: dict[str, Any] = Field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> CheckpointInfo:
+        """Build from a raw Checkpoint object."""
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        return cls(
+            name=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            spec=CheckpointSpec.model_validate(obj.get("spec") or {}),
+            phase=str(status.get("phase") or ""),
+            checkpoint_id=str(status.get("checkpointId") or ""),
+            kind=str(status.get("kind") or ""),
+            created_at=str(status.get("createdAt") or meta.get("creationTimestamp") or ""),
+            conditions=conditions_of(obj),
+            raw=obj,
+        )
+
+
+class PlanCommitResult(_View):
+    """Outcome of a PlanCommit (commit or rollback of a whole plan).
+
+    ``committed`` is True only when every sandbox landed. After a failure,
+    ``rolled_back_ids`` lists the core sandbox ids (ULIDs) whose changes were compensated,
+    ``failed_rollback_ids`` those whose compensation failed (they need attention) and
+    ``failed_sandbox_id`` the one whose commit failed. ``conditions`` are the PlanCommit's
+    (``Committed``, ``RolledBack``, ``RollbackFailed``, ``Blocked``) with the operator's reasons and
+    messages. ``done`` is False while the phase is not terminal (``commit(wait=False)``).
+    """
+
+    name: str
+    namespace: str
+    plan_id: str
+    action: PlanCommitAction = PlanCommitAction.COMMIT
+    phase: PlanCommitPhase = PlanCommitPhase.PENDING
+    done: bool = False
+    committed: bool = False
+    rolled_back_ids: list[str] = Field(default_factory=list)
+    failed_rollback_ids: list[str] = Field(default_factory=list)
+    failed_sandbox_id: str = ""
+    steps: list[JournalStep] = Field(default_factory=list)
+    results: list[StepResult] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    raw: dict[str, Any] = Field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> PlanCommitResult:
+        """Build from a raw PlanCommit object (any phase)."""
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        spec = PlanCommitSpec.model_validate(obj.get("spec") or {})
+        phase = PlanCommitPhase(status.get("phase") or PlanCommitPhase.PENDING.value)
+        return cls(
+            name=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            plan_id=spec.plan_id,
+            action=spec.action,
+            phase=phase,
+            done=phase.is_terminal,
+            committed=phase is PlanCommitPhase.COMMITTED,
+            rolled_back_ids=list(status.get("rolledBackIds") or []),
+            failed_rollback_ids=list(status.get("failedRollbackIds") or []),
+            failed_sandbox_id=str(status.get("failedSandboxId") or ""),
+            steps=[JournalStep.model_validate(s) for s in status.get("sandboxes") or []],
+            results=[StepResult.model_validate(r) for r in status.get("results") or []],
+            conditions=conditions_of(obj),
+            raw=obj,
+        )
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of ``type_`` (e.g. ``"Committed"``), or None."""
+        return find(self.conditions, type_)
+
+
+class HistoryEntry(_View):
+    """One line of a sandbox's history (``kubectl sandbox log``).
+
+    ``kind``: ``commit``, ``rollback``, ``checkpoint``, ``restore`` or ``provision``;
+    ``time`` RFC 3339; ``source`` the object the entry comes from (``PlanCommit/NAME``,
+    ``Checkpoint/NAME``, ``Event/NAME``).
+    """
+
+    time: str
+    kind: str
+    source: str
+    outcome: str
+    message: str
