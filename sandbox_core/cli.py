@@ -414,9 +414,14 @@ def cleanup(state: CliState, sandbox_id: str) -> None:
     """Remove every artefact of the sandbox and forget it. The original is never touched.
 
     Idempotent: an id with no record (already cleaned up) succeeds (exit 0, ``"already": true``).
-    Nothing is left behind: the record, and the plan's finished commit journal once its last
-    sandbox is gone.
+    Nothing is left behind: the record, the sandbox's checkpoints (records and snapshots), and
+    the plan's finished commit journal once its last sandbox is gone.
     """
+
+    def forget_checkpoints() -> None:
+        checkpoints = state.checkpoints()
+        for checkpoint in checkpoints.list_checkpoints(sandbox_id):
+            checkpoints.delete_checkpoint(checkpoint.checkpoint_id)
 
     def run() -> None:
         try:
@@ -425,11 +430,13 @@ def cleanup(state: CliState, sandbox_id: str) -> None:
             record = None
         if record is None:
             state.store.delete(sandbox_id)  # validates the id (no path traversal)
+            forget_checkpoints()
             payload = {"sandbox_id": sandbox_id, "status": "cleaned_up", "already": True}
             state.emit(payload, "already cleaned up")
             return
         with state.locked(sandbox_id) as sandbox:
             sandbox.cleanup()
+            forget_checkpoints()
             state.store.delete(sandbox_id)
             plan_id = sandbox.context.plan_id if sandbox.context else None
             if plan_id:

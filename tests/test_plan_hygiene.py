@@ -70,6 +70,7 @@ def leftovers(tmp_path: Path, original: Path) -> dict[str, Any]:
         "sandbox root": sorted(p.name for p in root.iterdir()) if root.is_dir() else [],
         "records": sorted(p.name for p in (state / "sandboxes").glob("*")),
         "journals": sorted(p.name for p in (state / "journals").glob("*")),
+        "checkpoints": sorted(p.name for p in (state / "checkpoints").glob("*/*")),
     }
     if (original / ".git").exists():
         found["branches"] = git(original, "branch", "--list", "sandbox/*")
@@ -189,6 +190,9 @@ def test_cli_cleanup_is_idempotent_and_leaves_nothing_behind(
     sandbox_id = created["sandbox_id"]
     if strategy != "transaction_rollback":
         Path(run_cli(env, "path", sandbox_id, "v")["path"]).write_text("1\n")
+    if strategy != "none":
+        run_cli(env, "checkpoint", sandbox_id, "--phase", "pre_commit")
+        assert (tmp_path / "state" / "checkpoints").is_dir()
     run_cli(env, "commit-plan", "p-cli")
 
     first = run_cli(env, "cleanup", sandbox_id)
