@@ -16,7 +16,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from sandbox_operator.models import dump
 
-from sandbox_client.errors import ConflictError, NotFoundError, RefusedError, error_for
+from sandbox_client.errors import NotFoundError, RefusedError, error_for
 from sandbox_client.models import (
     API_VERSION,
     PLAN_LABEL,
@@ -31,7 +31,6 @@ from sandbox_client.models import (
     SandboxPhase,
     SandboxSource,
     SandboxSpec,
-    conditions_of,
     find,
 )
 
@@ -279,14 +278,3 @@ def plan_sandboxes(items: list[dict[str, Any]], plan_id: str) -> list[SandboxInf
     """The Sandboxes of ``plan_id`` among ``items``, sorted by name (spec.planId decides)."""
     out = [SandboxInfo.from_object(o) for o in items]
     return sorted((s for s in out if s.spec.plan_id == plan_id), key=lambda s: s.name)
-
-
-def ensure_unique(existing: Objects, name: str) -> None:
-    """Raise ``ConflictError`` (``AlreadyExists``) when ``name`` is among ``existing``."""
-    if name in existing:
-        raise ConflictError("AlreadyExists", f"sandbox {name} already exists")
-
-
-def conditions_text(obj: dict[str, Any]) -> str:
-    """``Type=Status (Reason)`` of each condition, for progress lines and messages."""
-    return ", ".join(f"{c.type}={c.status} ({c.reason})" for c in conditions_of(obj))

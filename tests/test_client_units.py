@@ -3,6 +3,7 @@ git worktrees, without an API server (issue 10)."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -82,9 +83,18 @@ def test_importing_the_client_loads_neither_kopf_nor_the_handlers() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_sandbox_core_never_imports_the_client() -> None:
+def test_sandbox_core_imports_none_of_the_layers_above_it() -> None:
+    """The import rule (shared/DESIGN.md, "Layers"), now with the client among the layers."""
+    forbidden = {"kopf", "kubernetes", "kubernetes_asyncio", "sandbox_operator", "sandbox_client"}
     for source in (REPO_ROOT / "sandbox_core").rglob("*.py"):
-        assert "sandbox_client" not in source.read_text(), source
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            assert not {n.split(".")[0] for n in names} & forbidden, (source, names)
 
 
 # -- names and manifests -----------------------------------------------------------------------
