@@ -1353,6 +1353,9 @@ def copy_metadata(src: StrPath, dst: StrPath) -> None:
 # -- baselines of a copied tree ------------------------------------------------------------------
 
 
+_BASELINE_MAGIC = "sandbox-baseline-1"
+
+
 @dataclass
 class Baseline:
     """Snapshots of an original (quick-check signatures) and of its full copy (stamped:
@@ -1366,16 +1369,47 @@ class Baseline:
     original: dict[str, str] | None
     copy: dict[str, str] | None
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready form (version 3 of the manifest)."""
-        return {"version": 3, "original": self.original, "copy": self.copy}
+    def save(self, path: StrPath) -> None:
+        """Write to ``path`` atomically (temp file + rename).
+
+        Format: NUL-separated fields (no path, signature or link target can hold a NUL, and
+        none is empty): a magic field, then ``path, signature`` pairs of the original, an empty
+        field, then the pairs of the copy. About 10x cheaper than JSON for 10,000+ paths (the
+        Python ``json`` writer dominated a rollback's CPU time).
+        """
+        fields = [_BASELINE_MAGIC]
+        for snapshot in (self.original, self.copy):
+            if snapshot is None:
+                raise ValueError("an unknown baseline cannot be saved")
+            fields += [item for pair in snapshot.items() for item in pair]
+            fields.append("")
+        tmp = os.fspath(path) + ".tmp"
+        with open(tmp, "wb") as handle:
+            handle.write("\0".join(fields).encode("utf-8", "surrogateescape"))
+        os.replace(tmp, path)
 
     @classmethod
-    def from_json(cls, raw: Any) -> Baseline:
-        """Inverse of :meth:`to_json`; older manifests give an unknown baseline."""
-        if isinstance(raw, dict) and raw.get("version") == 3:
-            return cls(raw.get("original"), raw.get("copy"))
-        return cls(None, None)
+    def load(cls, path: StrPath) -> Baseline:
+        """Read what :meth:`save` wrote; a missing file or a manifest of an older version (JSON)
+        gives an unknown baseline.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read().decode("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            return cls(None, None)
+        fields = data.split("\0")
+        if fields[0] != _BASELINE_MAGIC:
+            return cls(None, None)
+        cut = fields.index("", 1)
+        first, second = fields[1:cut], fields[cut + 1 : -1]
+        return cls(
+            dict(zip(first[::2], first[1::2], strict=True)),
+            dict(zip(second[::2], second[1::2], strict=True)),
+        )
 
     @classmethod
     def take(cls, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()) -> Baseline:

@@ -225,7 +225,7 @@ class OverlaySandbox(BaseSandbox):
             (base / "merged").rmdir()
             base_original = copy_and_snapshot(original, base / "merged")
             baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
-            _write_baseline(base / _MANIFEST, baseline)
+            baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
         return SandboxContext(
@@ -249,7 +249,7 @@ class OverlaySandbox(BaseSandbox):
             changes = self._commit_kernel(original, merged, area)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
-            pending = pending_since(_read_baseline(self.base_path / _MANIFEST), original, merged)
+            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
             # Only the paths the sandbox touched: the original's own changes are kept.
             changes = compute_changes_at(original, merged, pending.touched)
             if not changes.is_empty:
@@ -369,8 +369,7 @@ class OverlaySandbox(BaseSandbox):
             # The journaled sync discards the replaced entries with shutil.rmtree (seed 003,
             # "Rollback wraps OSError").
             manifest = self.base_path / _MANIFEST
-            baseline = reset_copy(_read_baseline(manifest), self._original(), merged)
-            _write_baseline(manifest, baseline)
+            reset_copy(Baseline.load(manifest), self._original(), merged).save(manifest)
 
     def _match_root(self, upper: Path) -> None:
         """The merged root shows the upper root's mode, owner and xattrs: give it the
@@ -653,20 +652,6 @@ def _reset_dir(directory: Path) -> None:
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
-
-
-def _write_baseline(path: Path, baseline: Baseline) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(baseline.to_json()), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _read_baseline(path: Path) -> Baseline:
-    """The fallback's baseline; missing (a sandbox made by an older version) means unknown."""
-    try:
-        return Baseline.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return Baseline(None, None)
 
 
 def _ancestors(rel: str) -> list[str]:
