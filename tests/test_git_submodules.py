@@ -142,3 +142,21 @@ def test_an_uninitialised_submodule_stays_empty_and_its_gitlink_is_kept(
     assert sandbox.commit().changed_files == ["a.txt"]
     assert pinned(clone, "libs/sub") == before
     sandbox.cleanup()
+
+
+def test_a_submodule_name_escaping_the_module_store_is_refused(
+    superproject: Path, tmp_path: Path
+) -> None:
+    """As git does since CVE-2018-11235: a name with ``..`` never picks a module store."""
+    gitmodules = (superproject / ".gitmodules").read_text()
+    (superproject / ".gitmodules").write_text(
+        gitmodules.replace('[submodule "libs/sub"]', '[submodule "../../../outside"]')
+    )
+    git(superproject, "commit", "-qam", "hostile name")
+    outside = superproject / ".git" / "modules" / ".." / ".." / ".." / "outside"
+    git(tmp_path, *ALLOW_FILE, "clone", "-q", "--bare", str(tmp_path / "sub"), str(outside))
+    sandbox = GitWorktreeSandbox("r", str(superproject), sandbox_root=str(tmp_path / "root"))
+    sandbox.create("p")
+    assert list(Path(sandbox.get_path("libs/sub")).iterdir()) == []
+    assert registrations(outside.resolve()) == []
+    sandbox.cleanup()

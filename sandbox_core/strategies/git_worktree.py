@@ -665,9 +665,15 @@ class GitWorktreeSandbox(BaseSandbox):
         for entry in stage.nul_fields():
             info, _, rel = entry.partition("\t")
             mode, sha = info.split()[:2]
-            module = store / names.get(rel, rel)
+            name = names.get(rel, rel)
+            if name.startswith("/") or ".." in name.split("/"):
+                logger.warning("submodule name %r refused (as git does): left empty", name)
+                continue
+            module = store / name
             target = top / rel
-            if mode != "160000" or not (module / "HEAD").is_file() or not target.is_dir():
+            if mode != "160000" or not (module / "HEAD").is_file():
+                continue
+            if target.is_symlink() or not target.is_dir():
                 continue
             module_git = GitCommand(
                 str(module), str(module), trusted=worktree.trusted, run_as=worktree.run_as
