@@ -36,6 +36,10 @@ from sandbox_core.strategies.transaction import TransactionSandbox
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 
 EXAMPLES = int(os.environ.get("SANDBOX_HYPOTHESIS_EXAMPLES", "150"))
+# Bounded by default, more with the environment variable; no example database in the work tree.
+PROPERTY = settings(
+    max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], database=None
+)
 CLI = [sys.executable, "-m", "sandbox_core.cli", "--json"]
 
 words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=8)
@@ -110,7 +114,7 @@ def assert_hidden(text: str, secrets: list[str]) -> None:
         assert secret not in text and quote(secret, safe="") not in text
 
 
-@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@PROPERTY
 @given(dsns())
 def test_redact_never_shows_a_password(case: tuple[str, list[str]]) -> None:
     dsn, secrets = case
@@ -120,7 +124,7 @@ def test_redact_never_shows_a_password(case: tuple[str, list[str]]) -> None:
     assert secrets_of(shown) == ()
 
 
-@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@PROPERTY
 @given(dsns())
 def test_the_redacted_dsn_still_names_the_same_database(case: tuple[str, list[str]]) -> None:
     dsn, _ = case
@@ -137,7 +141,7 @@ def test_the_redacted_dsn_still_names_the_same_database(case: tuple[str, list[st
 prose = st.text(alphabet="abcdefghijklmnopqrstuvwxyz :;,.'\"()=@/", max_size=40)
 
 
-@settings(max_examples=EXAMPLES)
+@PROPERTY
 @given(passwords, prose, prose)
 def test_scrub_removes_a_password_from_any_message(pw: str, before: str, after: str) -> None:
     for form in (pw, quote(pw, safe="")):
