@@ -29,7 +29,7 @@ from tests.test_operator_apiserver import three_sandbox_plan
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
 LEASE = "ha-test-leader"
-LEASE_DURATION = 4.0
+LEASE_DURATION = 6.0
 RETRY_PERIOD = 0.5
 # Measured takeover after a SIGKILL: the Lease's duration, one standby poll, kopf's start.
 TAKEOVER_BOUND_SECONDS = LEASE_DURATION + RETRY_PERIOD + 4.0
@@ -51,6 +51,7 @@ def _replica(server: Any, cluster: Cluster, tmp_path: Path, name: str) -> Operat
             "SANDBOX_OPERATOR_POD_NAME": name,
             "SANDBOX_OPERATOR_LEADER_ELECTION_LEASE_NAME": LEASE,
             "SANDBOX_OPERATOR_LEASE_DURATION_SECONDS": str(LEASE_DURATION),
+            # Each Lease request may take (duration - deadline) / 2 = 1.5 s on a busy machine.
             "SANDBOX_OPERATOR_RENEW_DEADLINE_SECONDS": "3",
             "SANDBOX_OPERATOR_RETRY_PERIOD_SECONDS": str(RETRY_PERIOD),
         },

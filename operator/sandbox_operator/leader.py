@@ -34,6 +34,7 @@ import time
 import uuid
 from typing import Any, NoReturn, cast
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Gauge
@@ -99,7 +100,18 @@ class LeaderElector:
         identity: str | None = None,
     ) -> None:
         self.settings = settings
-        self.api = client.CoordinationV1Api(api_client or client.ApiClient())
+        if api_client is None:
+            # Its own client without the operator's retries (k8s.load_config): a renewal must
+            # fail fast and count against the deadline, never sit in back-off past the expiry.
+            configuration = client.Configuration.get_default_copy()
+            configuration.retries = False
+            api_client = client.ApiClient(configuration)
+        self.api = client.CoordinationV1Api(api_client)
+        # Each request is bounded so that a leader notices a lost renewal in time: the last
+        # attempt (read + replace) ends before the Lease can expire for a standby.
+        self.request_timeout = (
+            settings.lease_duration_seconds - settings.renew_deadline_seconds
+        ) / 2
         self.namespace = settings.pod_namespace
         self.name = settings.leader_election_lease_name
         base = settings.pod_name or socket.gethostname()
@@ -148,8 +160,8 @@ class LeaderElector:
                                 holder, self.namespace, self.name,
                             )  # fmt: skip
                             waiting_logged = True
-                except ApiException as exc:
-                    logger.warning("leader election: API error %s, retrying", exc.status)
+                except (ApiException, urllib3.exceptions.HTTPError) as exc:
+                    logger.warning("leader election: API error (%s), retrying", exc)
                 self.stopping.wait(self.settings.retry_period_seconds)
             else:
                 return False
@@ -168,7 +180,10 @@ class LeaderElector:
         """The Lease as the API server returns it (JSON, camelCase), or None when absent."""
         try:
             response: Any = self.api.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False
+                self.name,
+                self.namespace,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -191,7 +206,11 @@ class LeaderElector:
             "spec": spec,
         }
         self.api.replace_namespaced_lease(
-            self.name, self.namespace, cast(Any, body), _preload_content=False
+            self.name,
+            self.namespace,
+            cast(Any, body),
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
         )
 
     def _spec(self, transitions: int, acquired: bool) -> dict[str, Any]:
@@ -215,7 +234,10 @@ class LeaderElector:
         }
         try:
             self.api.create_namespaced_lease(
-                self.namespace, cast(Any, body), _preload_content=False
+                self.namespace,
+                cast(Any, body),
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -288,6 +310,6 @@ class LeaderElector:
                 }
                 self._replace(lease, spec)
                 logger.info("leader election: released Lease %s/%s", self.namespace, self.name)
-        except ApiException as exc:
-            logger.warning("leader election: could not release the Lease: %s", exc.status)
+        except (ApiException, urllib3.exceptions.HTTPError) as exc:
+            logger.warning("leader election: could not release the Lease (%s)", exc)
         LEADER.set(0)
