@@ -18,7 +18,12 @@ from sandbox_operator.conditions import set_condition
 from sandbox_operator.deletion import CLAIMS, BeingDeletedError, deletion_began
 from sandbox_operator.errors import classify, is_not_found, to_kopf
 from sandbox_operator.events import EventSink
-from sandbox_operator.executors.base import CheckpointInfo, Executor, SandboxTarget
+from sandbox_operator.executors.base import (
+    CheckpointInfo,
+    Executor,
+    SandboxTarget,
+    WorkspaceNotReady,
+)
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import SANDBOX_PLURAL, CheckpointSpec
 from sandbox_operator.sandbox_handlers import target_from_body
@@ -116,6 +121,11 @@ class CheckpointLogic:
                     )
             except kopf.TemporaryError:
                 raise
+            except WorkspaceNotReady as exc:
+                # The workspace Pod is starting, re-made or suspended: a wait, not a failure.
+                raise kopf.TemporaryError(
+                    str(exc), delay=self.settings.retry_delay_seconds
+                ) from exc
             except Exception as exc:
                 failure = classify(exc)
                 if is_not_found(exc):

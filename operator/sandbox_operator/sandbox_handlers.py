@@ -588,10 +588,13 @@ class SandboxLogic:
             body.get("status") or {}
         ).get("conditions")
         out = patch.setdefault("status", {})
-        out["lastRollbackRequestId"] = request_id
         try:
             state = self.executor.rollback(target)
+        except WorkspaceNotReady as exc:
+            # Served once the workspace Pod serves again (the id is not recorded yet).
+            raise kopf.TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
         except Exception as exc:
+            out["lastRollbackRequestId"] = request_id
             failure = classify(exc)
             out["conditions"] = set_condition(
                 conditions,
@@ -608,6 +611,7 @@ class SandboxLogic:
                 f"rollback request {request_id} failed: {failure.message}",
             )
             return
+        out["lastRollbackRequestId"] = request_id
         out.update(status_of_state(state, self.executor.kind, conditions, generation))
         out["conditions"] = set_condition(
             out["conditions"],
@@ -637,6 +641,8 @@ class SandboxLogic:
                 state = self.executor.restore_checkpoint(target, checkpoint)
         except kopf.TemporaryError:
             raise
+        except WorkspaceNotReady as exc:
+            raise kopf.TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
         except Exception as exc:
             failure = classify(exc)
             out["lastRestoreRequestId"] = request_id
