@@ -21,6 +21,13 @@ from sandbox_core import (
     SandboxRollbackError,
     SandboxStateError,
 )
+from sandbox_core.errors import (
+    SandboxBusyError,
+    SandboxConnectionError,
+    SandboxLockedError,
+    SandboxPermissionError,
+    SandboxRetryableError,
+)
 from sandbox_operator.deletion import BeingDeletedError
 
 
@@ -62,6 +69,18 @@ def classify(exc: BaseException) -> Failure:
         return Failure("ExecutorError", message, exc.retryable)
     if isinstance(exc, BeingDeletedError):
         return Failure("BeingDeleted", message, False)
+    # Classified before the phase errors: a busy database, a lost connection and a leftover lock
+    # may go away (retry); a permission problem needs a person (issue 7: classified failures).
+    if isinstance(exc, SandboxBusyError):
+        return Failure("DatabaseBusy", message, True)
+    if isinstance(exc, SandboxConnectionError):
+        return Failure("DatabaseUnreachable", message, True)
+    if isinstance(exc, SandboxRetryableError):
+        return Failure("Retryable", message, True)
+    if isinstance(exc, SandboxLockedError):
+        return Failure("Locked", message, True)
+    if isinstance(exc, SandboxPermissionError):
+        return Failure("PermissionDenied", message, False)
     if isinstance(exc, SandboxCreationError):
         return Failure("SandboxCreationFailed", message, False)
     if isinstance(exc, SandboxCommitError):

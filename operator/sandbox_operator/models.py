@@ -53,8 +53,10 @@ class SandboxPhase(StrEnum):
     @property
     def is_terminal(self) -> bool:
         """Phases after which ``ttlSecondsAfterFinished`` counts (CRD contract): the core's
-        terminal statuses (``SandboxStatus.is_terminal``)."""
-        return _PHASE_TO_CORE[self].is_terminal
+        terminal statuses (``SandboxStatus.is_terminal``); ``Suspended`` has no core status and
+        is not terminal (it resumes)."""
+        core = _PHASE_TO_CORE.get(self)
+        return core is not None and core.is_terminal
 
 
 _CORE_TO_PHASE = {

@@ -208,4 +208,3 @@ def backoff_seconds(settings: Settings, retry: int) -> float:
     return float(
         min(base * (2 ** min(max(retry, 0), 16)), max(base, settings.retry_backoff_max_seconds))
     )
-

@@ -28,6 +28,13 @@ from sandbox_operator.sandbox_handlers import status_of_state, target_from_body,
 from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
 
 from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
+from sandbox_core.errors import (
+    SandboxBusyError,
+    SandboxCommitLockedError,
+    SandboxConflictError,
+    SandboxConnectionError,
+    SandboxCreationPermissionError,
+)
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -190,6 +197,25 @@ def test_core_and_api_errors_map_to_permanent_or_temporary() -> None:
     assert temporary.delay == 7
     assert classify(SandboxCommitError("x", conflicts=["f"])).reason == "Conflict"
     assert classify(ApiException(status=409, reason="Conflict")).retryable
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "retryable"),
+    [
+        (SandboxBusyError("database is locked"), "DatabaseBusy", True),
+        (SandboxConnectionError("server closed the connection"), "DatabaseUnreachable", True),
+        (SandboxCommitLockedError("index.lock exists"), "Locked", True),
+        (SandboxCreationPermissionError("owned by uid 1000"), "PermissionDenied", False),
+        (SandboxConflictError("overlap", conflicts=["f"]), "Conflict", False),
+    ],
+)
+def test_classified_core_failures_keep_their_kind(
+    error: Exception, reason: str, retryable: bool
+) -> None:
+    """A lock or a busy database is retried; a permission problem or a conflict is not."""
+    failure = classify(error)
+    assert (failure.reason, failure.retryable) == (reason, retryable)
+    assert isinstance(to_kopf(error, 3), kopf.TemporaryError if retryable else kopf.PermanentError)
 
 
 # -- journal <-> PlanCommit status ------------------------------------------------------------
@@ -412,9 +438,7 @@ def test_the_workspace_block_shapes_the_pod_claim_and_network_policy() -> None:
     assert workspace.scratch is not None
     assert (workspace.scratch.size, workspace.scratch.storage_class_name) == ("2Gi", "fast")
     target = replace(pod_target(), workspace=workspace)
-    settings = Settings(
-        pod_namespace="sandbox-system", pod_labels="app.kubernetes.io/name=op"
-    )
+    settings = Settings(pod_namespace="sandbox-system", pod_labels="app.kubernetes.io/name=op")
     spec = build_workspace_pod(target, settings, None)["spec"]
     assert spec["containers"][0]["resources"]["requests"]["cpu"] == "100m"
     assert spec["runtimeClassName"] == "gvisor"

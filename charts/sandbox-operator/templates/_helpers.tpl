@@ -64,6 +64,7 @@ with image.digest and no workspace override they use the same digest. */}}
 {{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.workspace.image.tag }}
 {{- printf "%s:%s" $repo $tag }}
 {{- end }}
+{{- end }}
 
 {{/* workspace.* as a Sandbox spec.workspace block (JSON): the defaults every Sandbox inherits. */}}
 {{- define "sandbox-operator.workspaceDefaults" -}}
