@@ -76,6 +76,8 @@ class SoakReport:
     plans_rolled_back: int = 0
     plans_failed: int = 0
     conflicts_injected: int = 0
+    injected_plans: list[str] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)
     all_or_nothing: bool = False
     broken_plans: list[str] = field(default_factory=list)
     kills: int = 0
@@ -178,14 +180,31 @@ def _list(cluster: Cluster, plural: str) -> list[dict[str, Any]]:
     return list(json.loads(result.stdout).get("items") or [])
 
 
-def _wait(what: str, probe: Any, deadline: float, operator: Killer) -> Any:
+def _wait(
+    what: str, probe: Any, deadline: float, operator: Killer, cluster: Cluster | None = None
+) -> Any:
     while time.monotonic() < deadline:
         operator.sample()
         value = probe()
         if value:
             return value
         time.sleep(1.0)
-    raise TimeoutError(f"soak: timed out waiting for {what}")
+    detail = ""
+    if cluster is not None:
+        # Say which objects are stuck and how, not only that the wait timed out.
+        stuck = {}
+        for plural in ("sandboxes", "plancommits"):
+            for item in _list(cluster, plural):
+                status = item.get("status") or {}
+                if status.get("phase") not in ("Active", *TERMINAL):
+                    stuck[item["metadata"]["name"]] = {
+                        "phase": status.get("phase"),
+                        "annotations": sorted(item["metadata"].get("annotations") or {}),
+                        "finalizers": item["metadata"].get("finalizers"),
+                        "conditions": status.get("conditions"),
+                    }
+        detail = f"; not there yet: {json.dumps(dict(list(stuck.items())[:5]))[:4000]}"
+    raise TimeoutError(f"soak: timed out waiting for {what}{detail}")
 
 
 def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
@@ -215,6 +234,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         if config.conflict_every and number % config.conflict_every == config.conflict_every - 1:
             faulty.append(max(n for n, p in plan_of.items() if p == plan))
     report.conflicts_injected = len(faulty)
+    report.injected_plans = sorted(plan_of[name] for name in faulty)
     operator_dir = work / "operator"
     operator_dir.mkdir()
     operator = OperatorProcess(
@@ -243,7 +263,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
                     edited.add(name)
             return len(edited) == config.sandboxes
 
-        _wait("every Sandbox Active", all_active, deadline, killer)
+        _wait("every Sandbox Active", all_active, deadline, killer, cluster)
         report.phase_seconds["sandboxes_to_active"] = time.monotonic() - mark
 
         mark = time.monotonic()
@@ -254,7 +274,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
             done = [i for i in items if (i.get("status") or {}).get("phase") in TERMINAL]
             return items if len(done) == len(plans) else None
 
-        commits = _wait("every PlanCommit terminal", all_terminal, deadline, killer)
+        commits = _wait("every PlanCommit terminal", all_terminal, deadline, killer, cluster)
         report.phase_seconds["plancommits_terminal"] = time.monotonic() - mark
         members: dict[str, list[str]] = {}
         for name, plan in plan_of.items():
@@ -262,6 +282,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         all_or_nothing = True
         for item in commits:
             plan, phase = item["spec"]["planId"], item["status"]["phase"]
+            report.outcomes[plan] = phase
             edits = [(sources / n / "f.txt").read_text() == AFTER for n in members[plan]]
             if phase == "Committed":
                 report.plans_committed += 1
@@ -281,7 +302,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         def api_empty() -> bool:
             return not _list(cluster, "sandboxes") and not _list(cluster, "plancommits")
 
-        _wait("every object deleted", api_empty, deadline, killer)
+        _wait("every object deleted", api_empty, deadline, killer, cluster)
         report.phase_seconds["delete_all"] = time.monotonic() - mark
     finally:
         killer.stop()

@@ -1,7 +1,9 @@
 """The soak run of benchmarks/soak.py, small (issue 11, "Scale under faults"): 100 Sandboxes over
 10 plans on the real API server, two of them with an injected commit failure, the operator
-SIGKILLed twice and restarted; every plan ends all or nothing on the originals and nothing is
-left in the API, under the sandbox root or in the core's state after deletion.
+SIGKILLed twice (6 s after each start finished) and restarted; every plan ends all or nothing on
+the originals, the injected failures are never committed, and nothing is left in the API, under
+the sandbox root or in the core's state after deletion. It found a lost status (kopf's two-request
+patch cut by the kill; the resume handler in sandbox_operator.main repairs it).
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ def test_soak_small_with_two_kills(local_apiserver: Any, tmp_path: Path) -> None
     assert report.conflicts_injected == 2
     assert report.all_or_nothing, report.broken_plans
     assert report.plans_committed + report.plans_rolled_back + report.plans_failed == 10
-    assert report.plans_committed == 8  # the plans without an injected failure
-    assert report.plans_committed < 10  # the injected failures were compensated, not committed
+    # A plan whose saga a kill interrupts is rolled back on restart (roll back, not forward:
+    # sandbox_core/saga.py), so only the injected failures have a fixed outcome.
+    assert len(report.outcomes) == 10
+    assert len(report.injected_plans) == 2
+    for plan in report.injected_plans:
+        assert report.outcomes[plan] in ("RolledBack", "Failed"), report.outcomes
     assert report.leftover_api_objects == 0
     assert report.leftover_files == 0
     assert report.leftover_core_records == 0
