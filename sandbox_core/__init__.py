@@ -4,6 +4,8 @@ The public API (seed 002). Everything importable from here is stable; modules wh
 with an underscore are private.
 """
 
+from sandbox_core._dsn import redact as redact_dsn
+from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core._fs_utils import backup_directory, compute_diff, safe_restore
 from sandbox_core.base import BaseSandbox
 from sandbox_core.boundary import Resource, ResourceRegistry
@@ -64,6 +66,8 @@ __all__ = [
     "TransactionSandbox",
     "backup_directory",
     "compute_diff",
+    "dsn_secrets",
+    "redact_dsn",
     "resolve_inside",
     "safe_restore",
 ]

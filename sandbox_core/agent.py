@@ -59,6 +59,8 @@ from typing import Any
 from aiohttp import web
 
 from sandbox_core._db import redact
+from sandbox_core._dsn import same_database
+from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
@@ -172,6 +174,20 @@ class Operations:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(str(self.revision(sandbox.sandbox_id) + 1))
 
+    def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
+        """Re-open from a record; a database sandbox gets its password back from the Pod's
+        secret environment (records keep DSNs redacted, issue 7)."""
+        sandbox = self.factory.reopen(record)
+        use_credentials = getattr(sandbox, "use_credentials", None)
+        if use_credentials is None:
+            return sandbox
+        for name in self.config.secret_env:
+            dsn = os.environ.get(name, "")
+            if dsn_secrets(dsn) and same_database(dsn, sandbox.original_path):
+                use_credentials(dsn)
+                break
+        return sandbox
+
     def load(self, sandbox_id: str) -> BaseSandbox:
         """Re-open a stored sandbox.
 
@@ -182,7 +198,7 @@ class Operations:
             record = self.store.load(sandbox_id)
         except SandboxError as exc:
             raise AgentError(404, "NotFound", str(exc)) from exc
-        return self.factory.reopen(record)
+        return self._reopen(record)
 
     def describe(self, sandbox: BaseSandbox) -> dict[str, Any]:
         """The reply shape of one sandbox (the CLI's ``status --json`` shape)."""
@@ -210,7 +226,7 @@ class Operations:
         sandbox_id = str(body.get("sandbox_id") or "")
         if sandbox_id:
             try:
-                sandbox = self.factory.reopen(self.store.load(sandbox_id))
+                sandbox = self._reopen(self.store.load(sandbox_id))
             except SandboxError:
                 sandbox = None
             if sandbox is not None and sandbox.status is not SandboxStatus.PENDING:

@@ -105,7 +105,7 @@ def test_no_password_in_any_status_event_or_log_line_for_every_strategy(
         write_in_sandbox(ready(cluster, name), file, "changed\n")
     ready(cluster, "s-none")
     record = ready(cluster, "s-db")["coreRecord"]
-    assert ":***@" in record["original_path"], record["original_path"]
+    assert "password=***" in record["original_path"], record["original_path"]
     bad = cluster.wait_phase("sandbox", "s-db-bad", {"Errored", "Active"})
     assert bad["phase"] == "Errored"
     cluster.create(plancommit_manifest("pc-secret", plan))

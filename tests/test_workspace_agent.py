@@ -27,6 +27,7 @@ from sandbox_operator.executors.agent_client import (
 
 from tests.apiserver.harness import free_port
 from tests.gitrepo import GIT_ENV, git, make_repo
+from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 
 KEY = b"k" * 32
 UID = "0b0c3d1e-1111-4222-8333-944455556666"
@@ -194,5 +195,35 @@ def test_a_dsn_given_as_an_env_reference_is_never_echoed(tmp_path: Path) -> None
                 missing.client().call("POST", "/v1/sandboxes", body, request_id="c2")
         finally:
             missing.stop()
+    finally:
+        agent.stop()
+
+
+@pytest.mark.postgres
+def test_a_database_sandbox_reopened_by_the_agent_commits_with_the_pods_secret(
+    tmp_path: Path,
+    postgres_schema_dsn: str,  # noqa: F811 - the imported fixture
+) -> None:
+    """Records keep DSNs redacted (issue 7), so every request that re-opens a PostgreSQL sandbox
+    takes the password from the Pod's secret environment again; the commit then reaches the
+    server and the password is in no reply."""
+    from sandbox_core import dsn_secrets
+
+    assert dsn_secrets(postgres_schema_dsn), "the test server's DSN carries a password"
+    agent = AgentProcess(tmp_path, env={"SANDBOX_SOURCE_DSN": postgres_schema_dsn}).start()
+    try:
+        client = agent.client()
+        body = {
+            "plan_id": "p", "resource_id": "db", "strategy": "transaction_rollback",
+            "original": "env:SANDBOX_SOURCE_DSN", "sandbox_id": SANDBOX_ID,
+        }  # fmt: skip
+        client.call("POST", "/v1/sandboxes", body, request_id="c")
+        sid = f"/v1/sandboxes/{SANDBOX_ID}"
+        assert client.call("POST", f"{sid}/activate", request_id="a")["status"] == "active"
+        result = client.call("POST", f"{sid}/commit", {"message": "m"}, request_id="commit")
+        assert result["result"]["success"] is True, result
+        for secret in dsn_secrets(postgres_schema_dsn):  # the test password is a plain word
+            assert f"password={secret}" not in repr(result)
+            assert f":{secret}@" not in repr(result)
     finally:
         agent.stop()

@@ -14,10 +14,10 @@ puts the real original (from the Sandbox's spec, which is immutable) back.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from sandbox_core import redact_dsn
 
 SCHEMA_VERSION_KEY = "schemaVersion"
 CURRENT_SCHEMA_VERSION = 1
@@ -36,23 +36,10 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1}
 """``version -> function`` turning a record of that version into the next one."""
 
 
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
-
-
 def redact(original: str) -> str:
-    """``original`` without a password: URI user-info (``user:***@host``) and libpq
-    ``password=...`` keywords are masked; paths are returned unchanged."""
-    masked = _KEYWORD_PASSWORD.sub(r"\1***", original)
-    try:
-        parts = urlsplit(masked)
-        password = parts.password
-    except ValueError:
-        return masked
-    if password is None:
-        return masked
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``original`` without a password: the core's one DSN redaction (``sandbox_core.redact_dsn``,
+    parsed by libpq's own parser); paths are returned unchanged."""
+    return redact_dsn(original)
 
 
 def encode(record: Mapping[str, Any] | None) -> dict[str, Any] | None:

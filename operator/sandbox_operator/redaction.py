@@ -5,23 +5,21 @@ executor's ``transaction_rollback`` DSN) is registered here once; :func:`scrub` 
 every registered value, and every password inside it, with ``***`` in any string, dict or list.
 :class:`ScrubFilter` does the same for every log record, and :func:`scrubbing_events` for every
 Event. :func:`redact_dsn` removes the password of a DSN in either libpq form (URI or
-``key=value``). The pod executor never reads the Secret at all (``secretKeyRef``).
-
-Note for the lead: sandbox_core/_db.py gains its own DSN redaction on another branch; this module
-is the operator's boundary and can call it once merged.
+``key=value``): it is the core's one redaction (``sandbox_core.redact_dsn``, issue 7). The pod
+executor never reads the Secret at all (``secretKeyRef``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+
+from sandbox_core import dsn_secrets
+from sandbox_core import redact_dsn as core_redact_dsn
 
 MASK = "***"
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 _lock = threading.Lock()
 _secrets: set[str] = set()
@@ -30,34 +28,15 @@ T = TypeVar("T")
 
 
 def dsn_password(dsn: str) -> str | None:
-    """The password inside ``dsn`` (URI user-info or ``password=`` keyword), or None."""
-    text = dsn.strip()
-    if "://" in text:
-        try:
-            return urlsplit(text).password
-        except ValueError:
-            return None
-    match = _KEYWORD_PASSWORD.search(text)
-    if match is None:
-        return None
-    value = match.group(2)
-    return value[1:-1] if value.startswith("'") and value.endswith("'") else value
+    """The password inside ``dsn`` (URI user-info, ``?password=`` or ``password=`` keyword), as
+    libpq parses it, or None."""
+    secrets = dsn_secrets(dsn.strip())
+    return secrets[0] if secrets else None
 
 
 def redact_dsn(dsn: str) -> str:
     """``dsn`` with its password replaced by ``***`` (URI or ``key=value`` form); else as is."""
-    text = dsn.strip()
-    if "://" in text:
-        try:
-            parts = urlsplit(text)
-            password = parts.password
-        except ValueError:
-            return MASK
-        if password is None:
-            return dsn
-        host = parts.netloc.rsplit("@", 1)[1]
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{MASK}@{host}"))
-    return _KEYWORD_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)
+    return core_redact_dsn(dsn)
 
 
 MIN_BARE_PASSWORD = 12

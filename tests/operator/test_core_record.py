@@ -85,9 +85,12 @@ def test_a_newer_record_is_refused_with_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("dsn", "shown"),
     [
-        ("postgresql://app:s3cret@db:5432/app", "postgresql://app:***@db:5432/app"),
-        ("host=db user=app password=s3cret dbname=app", "host=db user=app password=*** dbname=app"),
-        ("host=db password='a b' dbname=app", "host=db password=*** dbname=app"),
+        (
+            "postgresql://app:s3cret@db:5432/app",
+            "user=app password=*** dbname=app host=db port=5432",
+        ),
+        ("host=db user=app password=s3cret dbname=app", "user=app password=*** dbname=app host=db"),
+        ("host=db password='a b' dbname=app", "password=*** dbname=app host=db"),
         ("/var/lib/app/data.db", "/var/lib/app/data.db"),
     ],
 )

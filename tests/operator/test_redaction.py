@@ -10,25 +10,32 @@ from sandbox_operator.conditions import FINISHED, find_condition
 from sandbox_operator.executors.base import SandboxState
 from sandbox_operator.sandbox_handlers import failure_status, status_of_state
 
+from sandbox_core._dsn import same_database
+
 PASSWORD = "s3cr3t-Pa55word"
 
 
 @pytest.mark.parametrize(
-    ("dsn", "expected"),
+    "dsn",
     [
-        (f"postgresql://app:{PASSWORD}@db:5432/app", "postgresql://app:***@db:5432/app"),
-        (
-            f"host=db user=app password={PASSWORD} dbname=x",
-            "host=db user=app password=*** dbname=x",
-        ),
-        (f"host=db password='{PASSWORD} x' dbname=x", "host=db password=*** dbname=x"),
-        ("postgresql://app@db/app", "postgresql://app@db/app"),
-        ("sqlite:////tmp/app.db", "sqlite:////tmp/app.db"),
+        f"postgresql://app:{PASSWORD}@db:5432/app",
+        f"postgresql://app@db:5432/app?password={PASSWORD}",
+        f"host=db user=app password={PASSWORD} dbname=x",
+        f"host=db password='{PASSWORD} x' dbname=x",
     ],
 )
-def test_redact_dsn_removes_the_password_in_both_libpq_forms(dsn: str, expected: str) -> None:
-    assert redaction.redact_dsn(dsn) == expected
-    assert PASSWORD not in redaction.redact_dsn(dsn)
+def test_redact_dsn_removes_the_password_in_both_libpq_forms(dsn: str) -> None:
+    """The operator's redaction is the core's: the password is gone, the database is the same."""
+    shown = redaction.redact_dsn(dsn)
+    assert PASSWORD not in shown and "password=***" in shown
+    assert same_database(shown, dsn)
+    assert redaction.dsn_password(dsn) in (PASSWORD, f"{PASSWORD} x")
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://app@db/app", "sqlite:////tmp/app.db", "/a/b.db"])
+def test_redact_dsn_keeps_a_dsn_without_password(dsn: str) -> None:
+    assert redaction.redact_dsn(dsn) == dsn
+    assert redaction.dsn_password(dsn) is None
 
 
 def test_a_registered_dsn_is_scrubbed_from_records_conditions_logs_and_events(
@@ -46,7 +53,8 @@ def test_a_registered_dsn_is_scrubbed_from_records_conditions_logs_and_events(
     state = SandboxState.from_record(record)
     status = status_of_state(state, "local", None, 1)
     assert PASSWORD not in repr(status)
-    assert status["coreRecord"]["original_path"] == "postgresql://app:***@db:5432/app"
+    assert status["coreRecord"]["original_path"] == redaction.redact_dsn(dsn)
+    assert "password=***" in status["coreRecord"]["original_path"]
     failed = failure_status(RuntimeError(f"cannot reach {dsn}"), None, 1)
     assert PASSWORD not in repr(failed)
     posted: list[str] = []

@@ -27,6 +27,7 @@ from sandbox_core import (
     SandboxStateError,
     SandboxStatus,
     SandboxStore,
+    dsn_secrets,
 )
 from sandbox_core.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
 from sandbox_operator.errors import FaultInjected
@@ -135,7 +136,14 @@ class LocalExecutor:
 
     def _reopen(self, target: SandboxTarget) -> BaseSandbox | None:
         record = self._record(target)
-        return None if record is None else self.factory.reopen(record)
+        if record is None:
+            return None
+        sandbox = self.factory.reopen(record)
+        # The core stores DSNs redacted (issue 7): the password comes from the Secret again.
+        use_credentials = getattr(sandbox, "use_credentials", None)
+        if use_credentials is not None and dsn_secrets(target.original):
+            use_credentials(target.original)
+        return sandbox
 
     def _fresh(self, target: SandboxTarget) -> BaseSandbox:
         return self.factory.create(
