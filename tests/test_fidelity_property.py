@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from sandbox_core import _overlay_mount
@@ -42,13 +43,15 @@ from tests.fidelity_tree import differences, tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
 
 EXAMPLES = int(os.environ.get("SANDBOX_HYPOTHESIS_EXAMPLES", "8"))
+# Nothing of hypothesis's own storage (example database, constants cache) goes into the
+# repository: all of it lives in the system temp dir.
+HYPOTHESIS_HOME = os.path.join(tempfile.gettempdir(), "sandbox-core-hypothesis")
+set_hypothesis_home_dir(HYPOTHESIS_HOME)
 PROPERTY = settings(
     max_examples=EXAMPLES,
     deadline=None,
     # Kept outside the repository (and shared by runs on this machine).
-    database=DirectoryBasedExampleDatabase(
-        os.path.join(tempfile.gettempdir(), "sandbox-core-hypothesis")
-    ),
+    database=DirectoryBasedExampleDatabase(os.path.join(HYPOTHESIS_HOME, "examples")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

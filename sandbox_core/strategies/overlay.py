@@ -49,6 +49,7 @@ import dataclasses
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,8 @@ class OverlaySandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox root {self.sandbox_root} lies inside the original {original}"
             )
-        _refuse_external_gitfiles(original)
+        if self._options.get("mode", "auto") != "fallback":
+            _refuse_external_gitfiles(original)  # fallback: checked beside its copy (_build)
         try:
             return self._build(plan_id, original)
         except BaseException:
@@ -223,7 +225,13 @@ class OverlaySandbox(BaseSandbox):
             # An exact copy (cp -a: owners, special files, links, holes, xattrs); the original's
             # snapshot beside it, so a change made during the copy reads as the original's.
             (base / "merged").rmdir()
-            base_original = copy_and_snapshot(original, base / "merged")
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                # The case-05 policy scan beside cp: a refusal discards the copy (_do_create).
+                scan = _refuse_external_gitfiles
+                check = pool.submit(scan, original) if mode == "fallback" else None
+                base_original = copy_and_snapshot(original, base / "merged")
+                if check is not None:
+                    check.result()
             baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
