@@ -1,7 +1,8 @@
 """The operator's flows through an API fault proxy (issue 11, "Scale under faults").
 
 tests/apiserver/fault_proxy.py sits between the operator and the real API server and answers 10%
-of requests with 429, 500 or (writes) 409, and drops every watch stream after 0.5-3 s. The flows
+of requests with 429, 500 or (creates and resourceVersion-guarded writes) 409, and drops every
+watch stream after 0.5-3 s. The flows
 of features/operator still end right: Sandboxes become Active, a PlanCommit commits every sandbox
 of its plan, a PlanCommit whose commit fails compensates and leaves the originals as they were,
 and deleted Sandboxes go with their artefacts. Kubectl in the test talks to the API server

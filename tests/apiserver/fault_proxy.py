@@ -7,10 +7,10 @@ run is repeatable), answers instead:
 
 - ``429 Too Many Requests`` with ``Retry-After: 1`` (what API priority and fairness sends),
 - ``500 Internal Server Error``,
-- ``409 Conflict`` for the operator's own writes (POST, PUT, PATCH, DELETE through the
-  kubernetes client: journal patches, child objects), as an optimistic-concurrency loss or an
-  "already exists". kopf's own writes are merge patches without a resourceVersion, which the
-  API server never answers with 409, so they get only 429s and 500s;
+- ``409 Conflict`` for creates (POST: "already exists") and for writes that carry a
+  ``resourceVersion`` (an optimistic-concurrency loss); the first such request always gets one.
+  A real API server answers 409 only to those: merge patches without a resourceVersion (kopf's
+  patches, the PlanCommit journal) never conflict, so they get only 429s and 500s;
 
 and ends every watch stream abruptly after a random 0.5-3 s (a dropped connection: no final
 chunk). ``counts`` says what was injected and what was forwarded (by method): with ``rate=0``,
@@ -141,6 +141,7 @@ class ApiFaultProxy:
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The API server's environment with ``KUBECONFIG`` pointing at the proxy."""
@@ -150,19 +151,20 @@ class ApiFaultProxy:
 
     # -- proxying -----------------------------------------------------------------------------
 
-    def _fault(self, request: web.Request) -> int | None:
-        kopf = request.headers.get("User-Agent", "").startswith("kopf/")
-        writes = request.method in _WRITES and not kopf
-        if writes and self.first_write_conflicts and not self.counts["409"]:
-            return 409  # the operator's first write always meets a conflict: never untested
+    def _fault(self, request: web.Request, body: bytes) -> int | None:
+        versioned = request.method == "POST" or (
+            request.method in _WRITES and b'"resourceVersion"' in body
+        )
+        if versioned and self.first_write_conflicts and not self.counts["409"]:
+            return 409  # the first versioned write always meets a conflict: never untested
         if self.random.random() >= self.rate:
             return None
-        choices = [429, 500, 409] if writes else [429, 500]
-        return self.random.choice(choices)
+        return self.random.choice([429, 500, 409] if versioned else [429, 500])
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch") in ("true", "1")
-        fault = None if watch else self._fault(request)
+        body = await request.read()
+        fault = None if watch else self._fault(request, body)
         if fault is not None:
             reason = {429: "TooManyRequests", 500: "InternalError", 409: "Conflict"}[fault]
             self.counts[str(fault)] += 1
@@ -174,7 +176,6 @@ class ApiFaultProxy:
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP_HEADERS}
         upstream = f"{self.server.server_url}{request.rel_url}"
-        body = await request.read()
         async with self._session.request(
             request.method, upstream, headers=headers, data=body or None
         ) as response:
