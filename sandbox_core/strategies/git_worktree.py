@@ -53,6 +53,7 @@ recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -197,8 +198,9 @@ class _Owners:
     directory takes the owner and group of the directory it is created in.
     """
 
-    def __init__(self, top: Path, paths: list[str]) -> None:
+    def __init__(self, top: Path, paths: list[str], executable: set[str]) -> None:
         self._top = top
+        self._executable = executable  # paths whose executable bit the commit changes
         self._before: dict[str, os.stat_result] = {}
         self._parents: dict[str, tuple[os.stat_result, list[Path]]] = {}
         for rel in paths:
@@ -216,13 +218,27 @@ class _Owners:
     def restore(self) -> None:
         """Put owners and modes back; failures are logged (a non-root user cannot chown)."""
         for rel, old in self._before.items():
-            self._fix(self._top / rel, old.st_uid, old.st_gid, old.st_mode)
+            self._fix(self._top / rel, old.st_uid, old.st_gid, old.st_mode, rel in self._executable)
         for rel, (parent, missing) in self._parents.items():
             for created in [*missing, self._top / rel]:
-                self._fix(created, parent.st_uid, parent.st_gid, None)
+                self._fix(created, parent.st_uid, parent.st_gid, None, False)
+
+    def created_folders(self) -> list[Path]:
+        """Folders that did not exist before, for the new paths (innermost first)."""
+        folders = {folder for _parent, missing in self._parents.values() for folder in missing}
+        return sorted(folders, key=lambda folder: len(folder.parts), reverse=True)
+
+    def put_back_times(self, paths: list[str]) -> None:
+        """Put back the access and modification times the ``paths`` had."""
+        for rel in paths:
+            if rel in self._before:
+                old = self._before[rel]
+                with contextlib.suppress(OSError):
+                    times = (old.st_atime_ns, old.st_mtime_ns)
+                    os.utime(self._top / rel, ns=times, follow_symlinks=False)
 
     @staticmethod
-    def _fix(path: Path, uid: int, gid: int, old_mode: int | None) -> None:
+    def _fix(path: Path, uid: int, gid: int, old_mode: int | None, executable: bool) -> None:
         try:
             now = os.lstat(path)
             if (now.st_uid, now.st_gid) != (uid, gid):
@@ -233,9 +249,8 @@ class _Owners:
             if not (stat.S_ISREG(now.st_mode) and stat.S_ISREG(old_mode)):
                 return
             wanted = stat.S_IMODE(old_mode)
-            executable = 0o111
-            if bool(old_mode & executable) != bool(now.st_mode & executable):
-                wanted = stat.S_IMODE(now.st_mode)  # the commit changed the executable bit
+            if executable:  # the commit changed the git mode: git's executable bit wins
+                wanted = stat.S_IMODE(now.st_mode)
             if stat.S_IMODE(now.st_mode) != wanted:
                 path.chmod(wanted)
         except FileNotFoundError:
@@ -364,7 +379,9 @@ class GitWorktreeSandbox(BaseSandbox):
             )
             target = str(meta["target_ref"] or "HEAD")
             merged = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
-            added, changed, deleted = self._classify(original, str(meta["base_commit"]), tip)
+            added, changed, deleted, _modes = self._classify(
+                original, str(meta["base_commit"]), tip
+            )
         except GitFailure as exc:
             message = f"cannot rebuild commit of sandbox {self.sandbox_id}: {exc}"
             raise SandboxError(message) from exc
@@ -805,8 +822,8 @@ class GitWorktreeSandbox(BaseSandbox):
         original = self._original_git("commit")
         tip = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
         base = str(meta["base_commit"])
-        added, changed, deleted = self._classify(original, base, tip)
-        base_paths = sorted([*added, *changed, *deleted])
+        added, changed, deleted, executable = self._classify(original, base, tip)
+        base_paths = (sorted([*added, *changed, *deleted]), executable)
         with repository_lock(str(meta["git_common_dir"])):
             for _attempt in range(_CAS_ATTEMPTS):
                 ref, old = self._current_target(original, SandboxCommitError)
@@ -908,7 +925,7 @@ class GitWorktreeSandbox(BaseSandbox):
         old: str,
         new: str,
         error: type[SandboxCommitError] | type[SandboxRollbackError],
-        paths: list[str] | None = None,
+        known: tuple[list[str], set[str]] | None = None,
     ) -> bool:
         """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
 
@@ -918,9 +935,10 @@ class GitWorktreeSandbox(BaseSandbox):
         conflict (case 29). Owners and modes of the written files are kept. Returns False when
         the ref moved concurrently (the files are put back first).
         """
-        if paths is None:
-            listed = original.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", old, new)
-            paths = listed.nul_fields()
+        if known is None:
+            added, changed, deleted, executable = self._classify(original, old, new)
+            known = (sorted([*added, *changed, *deleted]), executable)
+        paths, executable = known
         overlap = _collisions(paths, self._local_changes(original, paths))
         if overlap:
             # diff-index trusts stat data: refresh it first (only on this rare path).
@@ -933,7 +951,7 @@ class GitWorktreeSandbox(BaseSandbox):
         lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
         if lock.exists():  # refuse before writing files that a failed ref move would revert
             raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
-        owners = _Owners(top, paths)
+        owners = _Owners(top, paths, executable)
         self._touched = True
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
         if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
@@ -948,6 +966,9 @@ class GitWorktreeSandbox(BaseSandbox):
             kind = failure_kind(failure).kind
             if kind == "lock" or _NOT_UPTODATE in updated.stderr:
                 self._touched = False  # read-tree checks everything before writing
+            elif kind == "permission":
+                self._put_back_partial_update(original, paths, owners)
+                self._touched = False
             if kind != "other":
                 raise failure
             raise self._overlap_error(error, paths, updated.stderr)  # a change appeared since
@@ -973,6 +994,28 @@ class GitWorktreeSandbox(BaseSandbox):
             self._touched = False  # the files were put back
             raise failure
         return False  # the ref moved concurrently: the caller retries
+
+    def _put_back_partial_update(
+        self, original: GitCommand, paths: list[str], owners: _Owners
+    ) -> None:
+        """Undo the files a failed ``read-tree -m -u`` wrote before it stopped (an immutable or
+        unwritable file part-way): it writes the index last, so the index still holds the
+        original's state; tracked paths are checked out from it, new files are removed."""
+        written = sorted(self._local_changes(original, paths) & set(paths))
+        if not written:
+            return
+        tracked = set(original.run("ls-files", "-z", "--", *written).nul_fields())
+        restore = "\0".join(rel for rel in written if rel in tracked)
+        original.run("checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128))
+        top = Path(str(self._meta()["original_toplevel"]))
+        for rel in written:
+            if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
+                (top / rel).unlink()
+        for folder in owners.created_folders():
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only the empty folders read-tree made
+        owners.restore()
+        owners.put_back_times(written)
 
     def _move_submodules(
         self, original: GitCommand, top: Path, old: str, new: str, paths: list[str]
@@ -1132,16 +1175,23 @@ class GitWorktreeSandbox(BaseSandbox):
         return dirty
 
     @staticmethod
-    def _classify(original: GitCommand, base: str, tip: str) -> tuple[list[str], ...]:
-        """(added, changed, deleted) paths between two commits, sorted."""
-        diff = original.run("diff-tree", "-r", "--no-renames", "--name-status", "-z", base, tip)
+    def _classify(
+        original: GitCommand, base: str, tip: str
+    ) -> tuple[list[str], list[str], list[str], set[str]]:
+        """(added, changed, deleted) paths between two commits, sorted, and the regular files
+        whose executable bit the second commit changes (``100644`` <-> ``100755``)."""
+        diff = original.run("diff-tree", "-r", "--no-renames", "-z", base, tip)
         fields = diff.nul_fields()
         added: list[str] = []
         changed: list[str] = []
         deleted: list[str] = []
-        for status, path in zip(fields[0::2], fields[1::2], strict=True):
+        executable: set[str] = set()
+        for raw, path in zip(fields[0::2], fields[1::2], strict=True):
+            old_mode, new_mode, *_ids, status = raw.lstrip(":").split()
             {"A": added, "D": deleted}.get(status[0], changed).append(path)
-        return sorted(added), sorted(changed), sorted(deleted)
+            if {old_mode, new_mode} == {"100644", "100755"}:
+                executable.add(path)
+        return sorted(added), sorted(changed), sorted(deleted), executable
 
     def _current_target(
         self,
