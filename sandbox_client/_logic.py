@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, TypeAlias, TypeVar
 
-from sandbox_operator.models import dump
+from sandbox_operator.models import WorkspaceSpec, dump
 
 from sandbox_client.errors import NotFoundError, RefusedError, error_for
 from sandbox_client.models import (
@@ -103,9 +103,14 @@ def sandbox_manifest(
             else options,
             ttl_seconds_after_finished=ttl_seconds_after_finished,
         )
+        if workspace is not None:
+            WorkspaceSpec.model_validate(dict(workspace))  # refused here, not by the server
     except ValueError as exc:
         raise RefusedError("InvalidSpec", str(exc)) from exc
     body = dump(spec)
+    # Send only what the engine asked for: the server's defaults fill in the rest.
+    body.pop("suspend", None)
+    body.pop("workspace", None)
     if workspace is not None:
         body["workspace"] = dict(workspace)
     metadata: dict[str, Any] = {"name": name}

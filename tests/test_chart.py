@@ -160,7 +160,7 @@ def test_chart_readme_explains_crd_upgrades() -> None:
     readme = (CHART_DIR / "README.md").read_text()
     assert "crds.install" in readme and "helm.sh/resource-policy: keep" in readme
     assert "never upgrades" in readme
-    assert "--take-ownership" in readme  # the one-time step when upgrading from 0.1.0
+    assert "--take-ownership" in readme  # the one-time step when upgrading from the first chart
 
 
 def test_dockerfile_matches_chart() -> None:
