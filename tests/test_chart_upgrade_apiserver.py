@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import subprocess
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,8 +102,14 @@ def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
             assert isinstance(crd, dict)
             assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
             assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
-        explain = own_server.kubectl("explain", "sandbox.status.coreRecord.schemaVersion")
-        assert explain.returncode == 0, explain.stderr  # the upgraded schema is served
+        # The upgraded schema is served: the API server republishes OpenAPI asynchronously.
+        deadline = time.monotonic() + 60
+        while True:
+            explain = own_server.kubectl("explain", "sandbox.status.coreRecord.schemaVersion")
+            if explain.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert explain.returncode == 0, explain.stderr
 
         # The rollout: a new operator process; the old object keeps reconciling.
         operator.stop()

@@ -34,7 +34,7 @@ def _soak_module() -> Any:
 def test_soak_small_with_two_kills(local_apiserver: Any, tmp_path: Path) -> None:  # noqa: F811
     soak = _soak_module()
     config = soak.SoakConfig(
-        sandboxes=100, plans=10, kill_every_seconds=6.0, max_kills=2, conflict_every=5,
+        sandboxes=100, plans=10, kill_every_seconds=3.0, max_kills=2, conflict_every=5,
         timeout_seconds=480.0,
     )  # fmt: skip
     report = soak.run(local_apiserver, tmp_path, config)
