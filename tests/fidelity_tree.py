@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,21 @@ def assert_same_tree(actual: PathLike, expected: dict[bytes, dict[str, Any]], la
     """Fail with the differing attributes when ``actual``'s state is not ``expected``."""
     diff = differences(tree_state(actual), expected)
     assert not diff, f"{label}: {Path(os.fsdecode(actual))} differs:\n" + "\n".join(diff[:40])
+
+
+def bind_socket(path: str | bytes | os.PathLike[str]) -> None:
+    """Leave a UNIX socket file at ``path`` (nothing listens on it).
+
+    Bound by its base name from inside its directory: sandbox paths under pytest's temp folder
+    exceed AF_UNIX's 108-byte limit on sun_path.
+    """
+    raw = os.fsencode(path)
+    parent, name = os.path.split(raw)
+    sock = socket.socket(socket.AF_UNIX)
+    cwd = os.getcwd()
+    try:
+        os.chdir(parent or b".")
+        sock.bind(name)
+    finally:
+        os.chdir(cwd)
+        sock.close()

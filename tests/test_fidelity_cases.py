@@ -7,7 +7,6 @@ Runs as root (owners, device nodes, trusted xattrs), as the test tiers do.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
-from tests.fidelity_tree import assert_same_tree, tree_state
+from tests.fidelity_tree import assert_same_tree, bind_socket, tree_state
 
 STRATEGIES = [
     pytest.param("copy_on_write", id="copy_on_write"),
@@ -210,14 +209,6 @@ def test_case34_copy_on_write_keeps_the_link_the_sandbox_shows(tmp_path: Path) -
 
 
 # -- case 36: a socket in the original is kept --------------------------------------------------
-
-
-def bind_socket(path: Path) -> None:
-    sock = socket.socket(socket.AF_UNIX)
-    try:
-        sock.bind(os.fspath(path))
-    finally:
-        sock.close()
 
 
 @strategies

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import stat
 import struct
 import tempfile
@@ -39,7 +38,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from sandbox_core import _overlay_mount
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
-from tests.fidelity_tree import differences, tree_state
+from tests.fidelity_tree import bind_socket, differences, tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
 
 EXAMPLES = int(os.environ.get("SANDBOX_HYPOTHESIS_EXAMPLES", "8"))
@@ -126,14 +125,6 @@ def trees(draw: st.DrawFn) -> TreeSpec:
             )
         )
     return dir_specs, nodes
-
-
-def bind_socket(path: bytes) -> None:
-    sock = socket.socket(socket.AF_UNIX)
-    try:
-        sock.bind(path)
-    finally:
-        sock.close()
 
 
 def build(root: bytes, spec: TreeSpec) -> None:
