@@ -58,7 +58,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sandbox_core._db import redact
+from sandbox_core._describe import describe as describe_sandbox
 from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
@@ -201,23 +201,12 @@ class Operations:
         return self._reopen(record)
 
     def describe(self, sandbox: BaseSandbox) -> dict[str, Any]:
-        """The reply shape of one sandbox (the CLI's ``status --json`` shape)."""
-        record = sandbox.to_record()
-        record["original_path"] = redact(sandbox.original_path)
-        if record.get("context"):
-            record["context"]["original_path"] = redact(sandbox.original_path)
-        context = sandbox.context
-        return {
-            "sandbox_id": sandbox.sandbox_id,
-            "strategy": sandbox.strategy,
-            "status": sandbox.status.value,
-            "resource_id": sandbox.resource_id,
-            "plan_id": context.plan_id if context else None,
-            "sandbox_path": context.sandbox_path if context else None,
-            "metadata": dict(context.metadata) if context else {},
-            "record": record,
-            "revision": self.revision(sandbox.sandbox_id),
-        }
+        """The reply shape of one sandbox: the CLI's ``status --json`` shape without the
+        top-level ``original_path`` (the record holds it), plus the agent's ``revision``."""
+        reply = describe_sandbox(sandbox)
+        del reply["original_path"]
+        reply["revision"] = self.revision(sandbox.sandbox_id)
+        return reply
 
     # -- operations ---------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ import click
 
 from sandbox_core import _fs_utils
 from sandbox_core._db import redact
+from sandbox_core._describe import describe as _describe
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
@@ -125,26 +126,6 @@ class CliState:
     def checkpoints(self) -> CheckpointManager:
         """A checkpoint manager persisting into the state directory."""
         return CheckpointManager(state_dir=self.store.state_dir)
-
-
-def _describe(sandbox: BaseSandbox) -> dict[str, Any]:
-    record = sandbox.to_record()
-    # A database DSN may carry a password: never print it (the record file itself is 0600).
-    record["original_path"] = redact(sandbox.original_path)
-    if record.get("context"):
-        record["context"]["original_path"] = redact(sandbox.original_path)
-    context = sandbox.context
-    return {
-        "sandbox_id": sandbox.sandbox_id,
-        "strategy": sandbox.strategy,
-        "status": sandbox.status.value,
-        "resource_id": sandbox.resource_id,
-        "original_path": redact(sandbox.original_path),
-        "plan_id": context.plan_id if context else None,
-        "sandbox_path": context.sandbox_path if context else None,
-        "metadata": dict(context.metadata) if context else {},
-        "record": record,
-    }
 
 
 @contextmanager

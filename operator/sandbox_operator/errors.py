@@ -55,6 +55,27 @@ class Failure:
     retryable: bool
 
 
+# ``exception class -> (reason, retryable)``, first match wins. The classified core failures come
+# before the phase errors: a busy database, a lost connection and a leftover lock may go away
+# (retry); a permission problem needs a person (issue 7). A commit error with conflicts is
+# reported as ``Conflict``.
+_FAILURE_KINDS: tuple[tuple[type[BaseException], str, bool], ...] = (
+    (BeingDeletedError, "BeingDeleted", False),
+    (SandboxBusyError, "DatabaseBusy", True),
+    (SandboxConnectionError, "DatabaseUnreachable", True),
+    (SandboxRetryableError, "Retryable", True),
+    (SandboxLockedError, "Locked", True),
+    (SandboxPermissionError, "PermissionDenied", False),
+    (SandboxCreationError, "SandboxCreationFailed", False),
+    (SandboxCommitError, "SandboxCommitFailed", False),
+    (SandboxRollbackError, "RollbackFailed", False),
+    (SandboxStateError, "InvalidState", False),
+    (SandboxError, "SandboxError", False),
+    (ValueError, "InvalidSpec", False),
+    (OSError, "IOError", True),
+)
+
+
 def classify(exc: BaseException) -> Failure:
     """Reason/message/retryability of ``exc`` (the mapping table of this module).
 
@@ -67,35 +88,11 @@ def classify(exc: BaseException) -> Failure:
         return Failure(f"ApiError{status}", f"{exc.reason}: {exc.body}", retryable)
     if isinstance(exc, ExecutorError):
         return Failure("ExecutorError", message, exc.retryable)
-    if isinstance(exc, BeingDeletedError):
-        return Failure("BeingDeleted", message, False)
-    # Classified before the phase errors: a busy database, a lost connection and a leftover lock
-    # may go away (retry); a permission problem needs a person (issue 7: classified failures).
-    if isinstance(exc, SandboxBusyError):
-        return Failure("DatabaseBusy", message, True)
-    if isinstance(exc, SandboxConnectionError):
-        return Failure("DatabaseUnreachable", message, True)
-    if isinstance(exc, SandboxRetryableError):
-        return Failure("Retryable", message, True)
-    if isinstance(exc, SandboxLockedError):
-        return Failure("Locked", message, True)
-    if isinstance(exc, SandboxPermissionError):
-        return Failure("PermissionDenied", message, False)
-    if isinstance(exc, SandboxCreationError):
-        return Failure("SandboxCreationFailed", message, False)
-    if isinstance(exc, SandboxCommitError):
-        reason = "Conflict" if exc.conflicts else "SandboxCommitFailed"
-        return Failure(reason, message, False)
-    if isinstance(exc, SandboxRollbackError):
-        return Failure("RollbackFailed", message, False)
-    if isinstance(exc, SandboxStateError):
-        return Failure("InvalidState", message, False)
-    if isinstance(exc, SandboxError):
-        return Failure("SandboxError", message, False)
-    if isinstance(exc, ValueError):
-        return Failure("InvalidSpec", message, False)
-    if isinstance(exc, OSError):
-        return Failure("IOError", message, True)
+    for kind, reason, retryable in _FAILURE_KINDS:
+        if isinstance(exc, kind):
+            if kind is SandboxCommitError and getattr(exc, "conflicts", None):
+                reason = "Conflict"
+            return Failure(reason, message, retryable)
     return Failure("InternalError", f"{type(exc).__name__}: {message}", True)
 
 
