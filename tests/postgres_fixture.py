@@ -18,6 +18,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -66,3 +67,21 @@ def postgres_schema_dsn(postgres_dsn: str) -> Iterator[str]:
             # A transaction a test left open would block the drop forever: fail instead.
             conn.execute("SET lock_timeout = '20s'")
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(name="dsn")
+def items_table_dsn(postgres_schema_dsn: str) -> str:
+    """``dsn``: a schema DSN holding ``items (name TEXT PRIMARY KEY)`` (transaction tests)."""
+    with psycopg.connect(postgres_schema_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (name TEXT PRIMARY KEY)")
+    return postgres_schema_dsn
+
+
+@pytest.fixture(name="made")
+def transaction_sandboxes(dsn: str) -> Iterator[list[Any]]:
+    """``made``: append the sandboxes a test makes; each is cleaned up after it. Depends on
+    ``dsn``, so sandboxes are cleaned up before the schema is dropped."""
+    sandboxes: list[Any] = []
+    yield sandboxes
+    for sandbox in sandboxes:
+        sandbox.cleanup()

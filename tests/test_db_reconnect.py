@@ -26,26 +26,15 @@ from sandbox_core.errors import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
-from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
+from tests.postgres_fixture import (  # noqa: F401 - fixtures
+    items_table_dsn,
+    postgres_dsn,
+    postgres_schema_dsn,
+    transaction_sandboxes,
+)
 from tests.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def dsn(postgres_schema_dsn: str) -> str:  # noqa: F811 - the imported fixture
-    with psycopg.connect(postgres_schema_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (name TEXT PRIMARY KEY)")
-    return postgres_schema_dsn
-
-
-@pytest.fixture
-def made(dsn: str) -> Iterator[list[TransactionSandbox]]:
-    # Depends on dsn: sandboxes are cleaned up before the schema is dropped.
-    sandboxes: list[TransactionSandbox] = []
-    yield sandboxes
-    for sandbox in sandboxes:
-        sandbox.cleanup()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ Each test gets its own schema (fixture ``postgres_schema_dsn``); mocks only inje
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -17,25 +16,14 @@ from sandbox_core import _db
 from sandbox_core.errors import SandboxStateError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
-from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
+from tests.postgres_fixture import (  # noqa: F401 - fixtures
+    items_table_dsn,
+    postgres_dsn,
+    postgres_schema_dsn,
+    transaction_sandboxes,
+)
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def dsn(postgres_schema_dsn: str) -> str:  # noqa: F811 - the imported fixture
-    with psycopg.connect(postgres_schema_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (name TEXT PRIMARY KEY)")
-    return postgres_schema_dsn
-
-
-@pytest.fixture
-def made(dsn: str) -> Iterator[list[TransactionSandbox]]:
-    # Depends on dsn, so sandboxes are cleaned up before the schema is dropped.
-    sandboxes: list[TransactionSandbox] = []
-    yield sandboxes
-    for sandbox in sandboxes:
-        sandbox.cleanup()
 
 
 def new_sandbox(made: list[TransactionSandbox], dsn: str, tmp_path: Path) -> TransactionSandbox:
