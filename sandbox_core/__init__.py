@@ -12,6 +12,7 @@ from sandbox_core.boundary import Resource, ResourceRegistry
 from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
 from sandbox_core.errors import (
     AtomicCommitError,
+    ChangedSinceApprovalError,
     PlanRerunRequiredError,
     SandboxCommitError,
     SandboxCreationError,
@@ -19,12 +20,19 @@ from sandbox_core.errors import (
     SandboxRollbackError,
     SandboxStateError,
     SandboxStatementError,
+    TwoPhaseUnavailableError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
 from sandbox_core.manager import SandboxManager
 from sandbox_core.paths import resolve_inside
-from sandbox_core.protocol import CommitResult, Sandbox, SandboxContext
+from sandbox_core.protocol import (
+    ChangeSummary,
+    CommitResult,
+    PreparedCommit,
+    Sandbox,
+    SandboxContext,
+)
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
@@ -36,6 +44,8 @@ from sandbox_core.strategies.transaction import TransactionSandbox
 __all__ = [
     "AtomicCommitError",
     "BaseSandbox",
+    "ChangeSummary",
+    "ChangedSinceApprovalError",
     "CheckpointManager",
     "Checkpointable",
     "CommitJournal",
@@ -47,6 +57,7 @@ __all__ = [
     "NoSandbox",
     "OverlaySandbox",
     "PlanRerunRequiredError",
+    "PreparedCommit",
     "Resource",
     "ResourceRegistry",
     "Sandbox",
@@ -64,6 +75,7 @@ __all__ = [
     "SandboxStore",
     "SandboxStrategy",
     "TransactionSandbox",
+    "TwoPhaseUnavailableError",
     "backup_directory",
     "compute_diff",
     "dsn_secrets",

@@ -15,6 +15,11 @@ strategy behaves the same at its edges:
   leaves the sandbox COMMITTED: the undo is still owed and is retried later (the saga's
   ``recover``, case 21), so strategies keep ``_do_rollback_committed`` safe to run again.
 - ``cleanup``: any -> CLEANED_UP, idempotent.
+- Two-phase plan commit (issue 9): ``review`` and ``prepare`` never touch the original and
+  never change the status (a failed prepare leaves the sandbox as it was); ``apply_prepared``
+  moves CREATED/ACTIVE -> COMMITTED and is idempotent per transaction id (a failure keeps the
+  status so the apply is retried: after the decision recovery rolls forward);
+  ``abort_prepared`` removes what ``prepare`` staged and is idempotent.
 
 Which statuses each operation accepts is asked of :class:`SandboxStatus` (``can_commit``,
 ``is_open``, ``can_activate``): the guards live in ``sandbox_core.status`` only.
@@ -23,6 +28,7 @@ Which statuses each operation accepts is asked of :class:`SandboxStatus` (``can_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -38,9 +44,10 @@ from sandbox_core.errors import (
     SandboxError,
     SandboxRollbackError,
     SandboxStateError,
+    TwoPhaseUnavailableError,
 )
 from sandbox_core.paths import resolve_inside
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
 
 logger = logging.getLogger("sandbox_core")
@@ -78,6 +85,10 @@ class BaseSandbox:
 
     strategy: ClassVar[str] = ""
     rollbackable: ClassVar[bool] = True
+    prepares_durably: bool = True
+    """Whether ``prepare`` survives a crash of this process (issue 9). A participant that cannot
+    (SQLite holds its prepared writes in an open connection) can only be the last resource of
+    a two-phase plan commit: its commit is the decision."""
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
         require_non_empty("resource_id", resource_id)
@@ -345,6 +356,127 @@ class BaseSandbox:
                 self._set_status(SandboxStatus.ACTIVE)
             self._set_status(SandboxStatus.COMMITTED)
 
+    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+
+    def review(self) -> ChangeSummary:
+        """What a commit would change now, and what would refuse it; takes no locks.
+
+        Returns:
+            The :class:`ChangeSummary` (its ``digest`` names the exact changes).
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED or ACTIVE.
+            SandboxError: the changes could not be read.
+        """
+        with self._lock:
+            if not self._status.can_commit:
+                raise SandboxStateError(
+                    f"cannot review sandbox {self._sandbox_id} in status {self._status.value}"
+                )
+            try:
+                return self._do_review()
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"review of sandbox {self._sandbox_id} failed: {exc}") from exc
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
+        """Do every part of a commit that can fail, without touching the original.
+
+        Everything staged is named after ``txid`` so that :meth:`apply_prepared` and
+        :meth:`abort_prepared` work from the id alone after a crash. The status is unchanged
+        whatever happens; on failure nothing stays staged.
+
+        Args:
+            txid: the plan commit's transaction id (``[A-Za-z0-9._-]``, at most 64 characters).
+            message: the commit message.
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED or ACTIVE.
+            SandboxCommitError: the commit would fail (``conflicts`` set for a conflict).
+            TwoPhaseUnavailableError: this sandbox cannot prepare (for example PostgreSQL with
+                ``max_prepared_transactions = 0``).
+        """
+        require_non_empty("txid", txid)
+        with self._lock:
+            if not self._status.can_commit:
+                raise SandboxStateError(
+                    f"cannot prepare sandbox {self._sandbox_id} in status {self._status.value}"
+                )
+            self.activate()
+            try:
+                return self._do_prepare(txid, message)
+            except SandboxError:
+                raise
+            except (OSError, ValueError) as exc:
+                raise SandboxCommitError(
+                    f"prepare of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+
+    def apply_prepared(self, txid: str) -> CommitResult:
+        """Apply what :meth:`prepare` staged under ``txid``: renames, ref updates, COMMIT PREPARED.
+
+        Idempotent: after a crash mid-apply it finishes the apply; on a sandbox already
+        COMMITTED by this ``txid`` it returns the recorded result.
+
+        Returns:
+            The successful :class:`CommitResult` (``metadata["txid"]`` is ``txid``).
+
+        Raises:
+            SandboxStateError: not CREATED/ACTIVE (nor COMMITTED by ``txid``).
+            SandboxCommitError: the apply failed; the status is unchanged and the call can be
+                retried (the decision was taken: recovery rolls forward).
+        """
+        require_non_empty("txid", txid)
+        with self._lock:
+            last = self._last_commit
+            if (
+                self._status is SandboxStatus.COMMITTED
+                and last
+                and last.metadata.get("txid") == txid
+            ):
+                return last
+            if not self._status.can_commit:
+                raise SandboxStateError(
+                    f"cannot apply a prepared commit to sandbox {self._sandbox_id} "
+                    f"in status {self._status.value}"
+                )
+            try:
+                result = self._do_apply_prepared(txid)
+            except SandboxError:
+                raise
+            except (OSError, ValueError) as exc:
+                raise SandboxCommitError(
+                    f"apply of the prepared commit of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+            if result.metadata.get("txid") != txid:
+                result = dataclasses.replace(result, metadata={**result.metadata, "txid": txid})
+            self._last_commit = result
+            if self._status is SandboxStatus.CREATED:
+                self._set_status(SandboxStatus.ACTIVE)
+            self._set_status(SandboxStatus.COMMITTED)
+            return result
+
+    def abort_prepared(self, txid: str) -> None:
+        """Drop what :meth:`prepare` staged under ``txid``; the original is untouched.
+
+        Idempotent, and safe when nothing was prepared (a crash before or during prepare).
+        The status is unchanged.
+
+        Raises:
+            SandboxError: the staged state could not be removed (safe to retry).
+        """
+        require_non_empty("txid", txid)
+        with self._lock:
+            if self._status is SandboxStatus.CLEANED_UP:
+                return
+            try:
+                self._do_abort_prepared(txid)
+            except SandboxError:
+                raise
+            except (OSError, ValueError) as exc:
+                raise SandboxError(
+                    f"abort of the prepared commit of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+
     # -- persistence ------------------------------------------------------------------------
 
     def to_record(self) -> dict[str, Any]:
@@ -436,3 +568,19 @@ class BaseSandbox:
 
     def _on_reopen(self) -> None:
         """Re-attach process-bound state after :meth:`reopen`; default does nothing."""
+
+    def _do_review(self) -> ChangeSummary:
+        raise SandboxError(f"{self.strategy or type(self).__name__} sandboxes cannot be reviewed")
+
+    def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        raise TwoPhaseUnavailableError(
+            f"{self.strategy or type(self).__name__} sandboxes cannot prepare a commit"
+        )
+
+    def _do_apply_prepared(self, txid: str) -> CommitResult:
+        raise TwoPhaseUnavailableError(
+            f"{self.strategy or type(self).__name__} sandboxes cannot apply a prepared commit"
+        )
+
+    def _do_abort_prepared(self, txid: str) -> None:
+        """Default: nothing was staged, nothing to drop."""

@@ -209,3 +209,32 @@ class SandboxReplayDivergedError(SandboxCommitError):
         super().__init__(message, conflicts=[f"statement {statement}: {sql}"])
         self.statement = statement
         self.sql = sql
+
+
+# -- two-phase plan commit and review/approval (issue 9) -------------------------------------
+
+
+class ChangedSinceApprovalError(SandboxCommitError):
+    """A plan's changes no longer hash to the digest that was approved (issue 9, §2).
+
+    Raised before the decision of a two-phase plan commit: every prepared participant is
+    aborted and no original is touched.
+
+    Attributes:
+        approved_digest: the digest the approval named.
+        actual_digest: the digest of the changes found when the commit was prepared.
+    """
+
+    def __init__(self, message: str, *, approved_digest: str, actual_digest: str) -> None:
+        super().__init__(message)
+        self.approved_digest = approved_digest
+        self.actual_digest = actual_digest
+
+
+class TwoPhaseUnavailableError(SandboxError):
+    """A plan cannot be committed in two phases (issue 9, §1); nothing was touched.
+
+    For example the PostgreSQL server has ``max_prepared_transactions = 0``, or more than one
+    participant cannot prepare durably (only one may be the last resource). Callers that asked
+    for ``auto`` fall back to the saga and say so; callers that insisted get this error.
+    """

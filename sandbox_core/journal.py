@@ -31,7 +31,7 @@ import threading
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,12 @@ class JournalPhase(StrEnum):
     """Phase of one plan commit attempt."""
 
     PENDING = "pending"
+    PREPARING = "preparing"
+    """Two-phase: participants are being prepared; no original touched; recovery aborts."""
+    APPLYING = "applying"
+    """Two-phase: the decision to commit is recorded; recovery rolls forward."""
+    ABORTING = "aborting"
+    """Two-phase: prepared participants are being aborted (no original was touched)."""
     COMMITTING = "committing"
     COMMITTED = "committed"
     COMPENSATING = "compensating"
@@ -60,6 +66,9 @@ class StepState(StrEnum):
     """State of one sandbox's step within an attempt."""
 
     PENDING = "pending"
+    PREPARING = "preparing"
+    PREPARED = "prepared"
+    ABORTED = "aborted"
     COMMITTING = "committing"
     COMMITTED = "committed"
     COMPENSATING = "compensating"
@@ -76,6 +85,7 @@ class JournalReason(StrEnum):
     COMMIT_FAILED = "CommitFailed"
     COMPENSATION_FAILED = "CompensationFailed"
     INTERRUPTED = "Interrupted"
+    CHANGED_SINCE_APPROVAL = "ChangedSinceApproval"
 
 
 class JournalStep(BaseModel):
@@ -94,6 +104,10 @@ class JournalStep(BaseModel):
     result: dict[str, Any] | None = None
     error: str | None = None
     conflicts: list[str] = Field(default_factory=list)
+    prepared: dict[str, Any] | None = None
+    """Two-phase: the step's ``PreparedCommit.to_dict()`` once prepared."""
+    last_resource: bool = False
+    """Two-phase: this step cannot prepare durably; its commit is the decision."""
     started_at: datetime | None = None
     updated_at: datetime = Field(default_factory=utc_now)
 
@@ -123,6 +137,15 @@ class JournalState(BaseModel):
     error: str | None = None
     rolled_back_ids: list[str] = Field(default_factory=list)
     failed_rollback_ids: list[str] = Field(default_factory=list)
+    mode: Literal["saga", "two_phase"] = "saga"
+    txid: str | None = None
+    """Two-phase: the transaction id every participant prepared under."""
+    digest: str | None = None
+    """Two-phase: the plan digest of what was prepared (see ``sandbox_core.review``)."""
+    approved_digest: str | None = None
+    """Two-phase: the digest the approval named, when one was required."""
+    decided_at: datetime | None = None
+    """Two-phase: when the decision to commit was recorded (the point of no return)."""
     started_at: datetime = Field(default_factory=utc_now)
     updated_at: datetime = Field(default_factory=utc_now)
     finished_at: datetime | None = None

@@ -101,6 +101,109 @@ class CommitResult:
         )
 
 
+@dataclass(frozen=True)
+class ChangeSummary:
+    """What one sandbox would change in its original, computed without locks (issue 9, §2).
+
+    File lists are resource-relative POSIX paths, sorted. ``lines_added``/``lines_removed``
+    count text lines (binary files count 0); ``bytes_changed`` is the size in bytes of the new
+    content of added and changed files; ``statements`` counts a database sandbox's write
+    statements. ``conflicts`` are paths (or, for a database, statements) that would refuse the
+    commit now. ``digest`` is ``"sha256:<hex>"`` over the exact changes (content, metadata and
+    deletions; for a database the logged statements and their parameters): equal digests mean
+    the same changes would be applied.
+    """
+
+    sandbox_id: str
+    resource_id: str
+    strategy: str
+    digest: str
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    lines_added: int = 0
+    lines_removed: int = 0
+    bytes_changed: int = 0
+    statements: int = 0
+    conflicts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "sandbox_id": self.sandbox_id,
+            "resource_id": self.resource_id,
+            "strategy": self.strategy,
+            "digest": self.digest,
+            "added": list(self.added),
+            "changed": list(self.changed),
+            "deleted": list(self.deleted),
+            "lines_added": self.lines_added,
+            "lines_removed": self.lines_removed,
+            "bytes_changed": self.bytes_changed,
+            "statements": self.statements,
+            "conflicts": list(self.conflicts),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChangeSummary:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            sandbox_id=str(data["sandbox_id"]),
+            resource_id=str(data.get("resource_id") or ""),
+            strategy=str(data.get("strategy") or ""),
+            digest=str(data["digest"]),
+            added=list(data.get("added") or []),
+            changed=list(data.get("changed") or []),
+            deleted=list(data.get("deleted") or []),
+            lines_added=int(data.get("lines_added") or 0),
+            lines_removed=int(data.get("lines_removed") or 0),
+            bytes_changed=int(data.get("bytes_changed") or 0),
+            statements=int(data.get("statements") or 0),
+            conflicts=list(data.get("conflicts") or []),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """A participant's answer to ``prepare`` in a two-phase plan commit (issue 9, §1).
+
+    ``txid`` is the plan commit's transaction id the participant prepared under; everything it
+    staged is named after it, so ``apply_prepared(txid)`` and ``abort_prepared(txid)`` work from
+    the id alone after a crash. ``digest`` is the digest of exactly what was staged (it equals
+    the :class:`ChangeSummary` digest when nothing changed in between); ``summary`` its change
+    summary; ``details`` strategy data for people and tests (staging directory, merge commit,
+    prepared transaction's global id), never a secret.
+    """
+
+    sandbox_id: str
+    txid: str
+    digest: str
+    summary: ChangeSummary | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "sandbox_id": self.sandbox_id,
+            "txid": self.txid,
+            "digest": self.digest,
+            "summary": self.summary.to_dict() if self.summary else None,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PreparedCommit:
+        """Inverse of :meth:`to_dict`."""
+        summary = data.get("summary")
+        return cls(
+            sandbox_id=str(data["sandbox_id"]),
+            txid=str(data["txid"]),
+            digest=str(data["digest"]),
+            summary=ChangeSummary.from_dict(summary) if summary else None,
+            details=dict(data.get("details") or {}),
+        )
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """What every sandbox implementation provides (seed 002, "Sandbox (Protocol)").
