@@ -15,6 +15,9 @@
 #   SANDBOX_PG_PORT  TCP port on 127.0.0.1        (default 55432)
 #   SANDBOX_PG_USER  OS user that runs the server (default postgres; created when missing)
 #   SANDBOX_PG_DB    database the tests use       (default sandbox_test)
+#   SANDBOX_PG_MAX_PREPARED  max_prepared_transactions (default 64; the two-phase plan commit
+#                    PREPAREs one transaction per database sandbox; 0 makes plans fall back to
+#                    the saga, issue 9). A running server with another value is restarted.
 #
 # The server is tuned for tests (fsync off): never point it at data you want to keep.
 set -euo pipefail
@@ -23,6 +26,7 @@ PG_DIR=${SANDBOX_PG_DIR:-/tmp/sandbox-operator-pg}
 PG_PORT=${SANDBOX_PG_PORT:-55432}
 PG_OS_USER=${SANDBOX_PG_USER:-postgres}
 PG_DB=${SANDBOX_PG_DB:-sandbox_test}
+PG_MAX_PREPARED=${SANDBOX_PG_MAX_PREPARED:-64}
 # Test-only credentials of a cluster that only listens on the loopback interface.
 PG_ROLE=sandbox
 PG_PASSWORD=sandbox
@@ -111,10 +115,15 @@ CONF
 }
 
 start_server() {
+  if is_running && [ "$(psql_admin -tAc 'SHOW max_prepared_transactions')" != "$PG_MAX_PREPARED" ]; then
+    log "restarting server: max_prepared_transactions must be $PG_MAX_PREPARED"
+    as_pg "$BIN/pg_ctl" -D "$DATA_DIR" -m fast -w stop >/dev/null
+  fi
   if ! is_running; then
     log "starting server on 127.0.0.1:$PG_PORT"
     # 9>&-: the server must not inherit the lock descriptor, or it would hold the lock forever.
-    as_pg "$BIN/pg_ctl" -D "$DATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null 9>&- \
+    as_pg "$BIN/pg_ctl" -D "$DATA_DIR" -l "$LOG_FILE" -w -t 60 \
+      -o "-c max_prepared_transactions=$PG_MAX_PREPARED" start >/dev/null 9>&- \
       || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
   fi
 }
