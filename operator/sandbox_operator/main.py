@@ -190,6 +190,24 @@ def checkpoint_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     runtime().checkpoints.create(body, patch)
 
 
+@kopf.on.resume(
+    GROUP,
+    VERSION,
+    CHECKPOINT_PLURAL,
+    id="snapshot-resume",
+    when=lambda status, **_: not status.get("phase"),
+    timeout=TIMEOUT,
+)
+def checkpoint_create_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """A handled Checkpoint without a status: take the snapshot again to write it (issue 11).
+
+    As for Sandboxes (``sandbox_provision_resume``): an operator killed between kopf's two
+    writes leaves a Checkpoint marked handled with no phase. Snapshots are idempotent per
+    Checkpoint uid (case 18), so the next operator records the same snapshot, not a second one.
+    """
+    runtime().checkpoints.create(body, patch)
+
+
 @kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot", timeout=TIMEOUT)
 def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
     """Finalizer: delete the snapshot."""
