@@ -105,6 +105,11 @@ def make_factory() -> SandboxFactory:
 def child_main(raw: str) -> None:
     """Entry point of the child processes (see ``run_child``)."""
     args = json.loads(raw)
+    if args.get("kill_mid_sync"):
+        from sandbox_core import _fs_utils
+
+        # SIGKILL right after the first path of a directory sync was swapped into an original.
+        _fs_utils.fault_hook = lambda path: os.kill(os.getpid(), signal.SIGKILL)
     store = SandboxStore(args["state_dir"])
     plan_id = args["plan_id"]
     if args["action"] == "commit_new":
@@ -116,6 +121,7 @@ def child_main(raw: str) -> None:
                 spec["path"],
                 spec["strategy"],
                 sandbox_root=args["sandbox_root"],
+                **spec.get("options", {}),
             )
             for relative, text in spec["writes"].items():
                 Path(sandbox.get_path(relative)).write_text(text)
@@ -126,6 +132,8 @@ def child_main(raw: str) -> None:
         manager = SandboxManager.load(store, make_factory())
         state = manager.recover(plan_id)
         print(json.dumps(state.model_dump(mode="json") if state else None))
+    elif args["action"] == "cleanup":
+        SandboxManager.load(store, make_factory()).cleanup_all(plan_id)
     elif args["action"] == "commit":
         manager = SandboxManager.load(store, make_factory())
         results = manager.commit_all(plan_id)
@@ -453,3 +461,51 @@ def test_git_crash_inside_the_commit_window_is_compensated(
     assert (directory / "g").read_text() == "d0\n"
     again = run_child({**args, "action": "recover"})
     assert json.loads(again.stdout) == state, "a second recovery changes nothing"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        ("copy_on_write", {}),
+        ("overlay", {"mode": "fallback"}),
+        pytest.param("overlay", {"mode": "kernel"}, marks=pytest.mark.overlay_kernel),
+    ],
+)
+def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
+    tmp_path: Path, strategy: str, options: dict[str, str]
+) -> None:
+    """Case 20 inside one step: the process dies after the first of three paths was swapped
+    into the original. Recovery cannot ask the strategy whether the commit landed, so it
+    compensates; the compensation must first finish or undo the half-applied sync, or the
+    original keeps one of the three edits while the plan reports it rolled back (found by
+    the operator soak)."""
+    directory = tmp_path / "D"
+    directory.mkdir()
+    for name in ("a", "b", "c"):
+        (directory / name).write_text(f"{name}0\n")
+    before = _files(directory)
+    args = {
+        "action": "commit_new",
+        "plan_id": "p-mid-sync",
+        "state_dir": str(tmp_path / "state"),
+        "sandbox_root": str(tmp_path / "sandboxes"),
+        "kill_mid_sync": True,
+        "sandboxes": [
+            {"resource_id": "D", "path": str(directory), "strategy": strategy,
+             "writes": {"a": "a1\n", "b": "b1\n", "c": "c1\n"}, "options": options},
+        ],
+    }
+    crashed = run_child(args)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert _files(directory) != before, "the kill came after a path was swapped in"
+
+    recovered = run_child({**args, "action": "recover", "kill_mid_sync": False})
+    assert recovered.returncode == 0, recovered.stderr
+    state = json.loads(recovered.stdout)
+    assert state["phase"] == "rolled_back", state
+    assert state["failed_rollback_ids"] == []
+    assert _files(directory) == before
+    assert sorted(os.listdir(tmp_path)) == ["D", "sandboxes", "state"], "no staging area left"
+    cleaned = run_child({**args, "action": "cleanup", "kill_mid_sync": False})
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert _files(directory) == before

@@ -172,9 +172,13 @@ class CopyOnWriteSandbox(BaseSandbox):
         self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
-        if (self._backup_dir / "undo.json").exists():
-            with lock_tree(self._source()):
+        with lock_tree(self._source()):
+            # A commit killed mid-sync is finished or undone first (its backup then says what
+            # to undo); else the reset below would copy a half-applied original (case 20).
+            recover_sync(self._source())
+            if (self._backup_dir / "undo.json").exists():
                 undo_sync(self._backup_dir, self._source())
+        if self._backup_dir.exists():
             shutil.rmtree(self._backup_dir)
         self._reset_tree()
 

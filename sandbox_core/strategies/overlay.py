@@ -358,7 +358,10 @@ class OverlaySandbox(BaseSandbox):
         area = self._commit_area()
         if self.overlay_mode == "kernel":
             kernel.unmount(self.base_path / "merged")  # never write a mounted lower dir
-        if (area / "backup").exists():
+        # A commit killed mid-sync is finished or undone first (case 20): only a finished one
+        # leaves an undo record in the backup.
+        recover_sync(self._original())
+        if (area / "backup" / "undo.json").exists():
             undo_sync(area / "backup", self._original())
             generation = int(self._meta("lower_generation") or 1)
             self._set_meta(lower_generation=generation - 1)
