@@ -108,8 +108,15 @@ def child_main(raw: str) -> None:
     if args.get("kill_mid_sync"):
         from sandbox_core import _fs_utils
 
-        # SIGKILL right after the first path of a directory sync was swapped into an original.
-        _fs_utils.fault_hook = lambda path: os.kill(os.getpid(), signal.SIGKILL)
+        # SIGKILL at the n-th fault point of a directory sync: after the n-th path was swapped
+        # into the original, or (n = paths + 1) once the sync's journal says "applied".
+        calls = iter(range(1, 1_000))
+
+        def kill_at_nth(path: str) -> None:
+            if next(calls) == int(args["kill_mid_sync"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        _fs_utils.fault_hook = kill_at_nth
     store = SandboxStore(args["state_dir"])
     plan_id = args["plan_id"]
     if args["action"] == "commit_new":
@@ -463,6 +470,7 @@ def test_git_crash_inside_the_commit_window_is_compensated(
     assert json.loads(again.stdout) == state, "a second recovery changes nothing"
 
 
+@pytest.mark.parametrize("kill_at", [1, 2, 4])
 @pytest.mark.parametrize(
     ("strategy", "options"),
     [
@@ -472,13 +480,13 @@ def test_git_crash_inside_the_commit_window_is_compensated(
     ],
 )
 def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
-    tmp_path: Path, strategy: str, options: dict[str, str]
+    tmp_path: Path, strategy: str, options: dict[str, str], kill_at: int
 ) -> None:
-    """Case 20 inside one step: the process dies after the first of three paths was swapped
-    into the original. Recovery cannot ask the strategy whether the commit landed, so it
-    compensates; the compensation must first finish or undo the half-applied sync, or the
-    original keeps one of the three edits while the plan reports it rolled back (found by
-    the operator soak)."""
+    """Case 20 inside one step: the process dies after the first or second of three paths
+    was swapped into the original, or after all three with the sync's journal saying
+    "applied". Recovery cannot ask the strategy whether the commit landed, so it compensates;
+    the compensation must first finish or undo the half-applied sync, or the original keeps
+    part of the edits while the plan reports it rolled back (the operator soak's violation)."""
     directory = tmp_path / "D"
     directory.mkdir()
     for name in ("a", "b", "c"):
@@ -489,7 +497,7 @@ def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
         "plan_id": "p-mid-sync",
         "state_dir": str(tmp_path / "state"),
         "sandbox_root": str(tmp_path / "sandboxes"),
-        "kill_mid_sync": True,
+        "kill_mid_sync": kill_at,
         "sandboxes": [
             {"resource_id": "D", "path": str(directory), "strategy": strategy,
              "writes": {"a": "a1\n", "b": "b1\n", "c": "c1\n"}, "options": options},
@@ -498,6 +506,8 @@ def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
     crashed = run_child(args)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert _files(directory) != before, "the kill came after a path was swapped in"
+    if kill_at == 4:
+        assert _files(directory) == {"a": b"a1\n", "b": b"b1\n", "c": b"c1\n"}
 
     recovered = run_child({**args, "action": "recover", "kill_mid_sync": False})
     assert recovered.returncode == 0, recovered.stderr
