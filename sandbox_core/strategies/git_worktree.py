@@ -59,6 +59,7 @@ import os
 import re
 import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ from sandbox_core._git import (
     registrations_of,
     repository_lock,
     repository_owner,
+    worktree_entry,
 )
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
@@ -115,6 +117,32 @@ _PHASE_ERRORS: dict[str, tuple[type[SandboxError], type[SandboxError], type[Sand
     "other": (SandboxError, SandboxLockedError, SandboxPermissionError),
 }
 _NOT_UPTODATE = "not uptodate. Cannot merge."
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The sandbox branch after ``add -A`` + commit: its tip, the tip's tree, and the commit the
+    tip was made on when the snapshot made a new commit (None when the tree was unchanged)."""
+
+    tip: str
+    tree: str
+    parent: str | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a commit will do, decided with the original untouched (``prepare``): move ``ref``
+    from ``old`` to ``new`` (``how``: no-op, fast-forward or merge), writing ``paths`` (the
+    regular files of ``executable`` change their executable bit); ``half_written``: paths an
+    interrupted earlier apply left half-written, put back before they are written again."""
+
+    ref: str
+    old: str
+    new: str
+    how: str
+    paths: list[str]
+    executable: set[str]
+    half_written: list[str]
 
 
 def _truthy(value: object) -> bool:
@@ -816,29 +844,52 @@ class GitWorktreeSandbox(BaseSandbox):
             ) from exc
 
     def _merge_back(self, message: str | None) -> CommitResult:
+        """One-shot commit: the two-phase steps back to back under one repository lock.
+
+        :meth:`_plan` does everything that can fail without touching the original, then
+        :meth:`_apply` moves files, index and ref; the same two steps as ``prepare`` and
+        ``apply_prepared``, without the prepared refs in between.
+        """
         context = self._require_context()
         meta = context.metadata
         text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
         original = self._original_git("commit")
-        tip = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
+        snap = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
         base = str(meta["base_commit"])
-        added, changed, deleted, executable = self._classify(original, base, tip)
+        added, changed, deleted, executable = self._classify(original, base, snap.tip)
         base_paths = (sorted([*added, *changed, *deleted]), executable)
         with repository_lock(str(meta["git_common_dir"])):
             for _attempt in range(_CAS_ATTEMPTS):
-                ref, old = self._current_target(original, SandboxCommitError)
-                new, how = self._merge_result(original, base, tip, old, text)
-                original.run("update-ref", self._tag("pre-commit"), old)
-                # A fast-forward from the base writes exactly the paths the sandbox changed.
-                known = base_paths if (old, new) == (base, tip) else None
-                if new == old or self._apply(original, ref, old, new, SandboxCommitError, known):
+                plan = self._plan(original, snap, text, base_paths)
+                original.run("update-ref", self._tag("pre-commit"), plan.old)
+                if plan.new == plan.old or self._apply(
+                    original,
+                    plan.ref,
+                    plan.old,
+                    plan.new,
+                    SandboxCommitError,
+                    (plan.paths, plan.executable),
+                    checked=plan.half_written,
+                ):
                     break
             else:
-                raise SandboxCommitError(f"{ref} kept moving during the commit; retry later")
+                raise SandboxCommitError(f"{plan.ref} kept moving during the commit; retry later")
+        return self._result(plan, snap.tip, (added, changed, deleted), text)
+
+    def _result(
+        self,
+        plan: _Plan,
+        tip: str,
+        lists: tuple[list[str], list[str], list[str]],
+        text: str,
+        **extra: Any,
+    ) -> CommitResult:
+        meta = self._meta()
+        added, changed, deleted = lists
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
-            commit_ref=new,
+            commit_ref=plan.new,
             changed_files=changed,
             added_files=added,
             deleted_files=deleted,
@@ -847,14 +898,57 @@ class GitWorktreeSandbox(BaseSandbox):
                 "branch": meta["target_ref"] or "HEAD",
                 "sandbox_branch": meta["branch"],
                 "sandbox_commit": tip,
-                "pre_commit_sha": old,
+                "pre_commit_sha": plan.old,
                 "pre_commit_tag": self._tag("pre-commit"),
-                "landed_as": how,
+                "landed_as": plan.how,
                 "message": text,
+                **extra,
             },
         )
 
-    def _snapshot(self, worktree: GitCommand, message: str) -> str:
+    def _plan(
+        self,
+        original: GitCommand,
+        snap: _Snapshot,
+        text: str,
+        base_paths: tuple[list[str], set[str]],
+        after: str | None = None,
+    ) -> _Plan:
+        """Everything of a commit that can fail, with the original untouched (prepare).
+
+        Finds the target ref and its tip (``after`` instead of the tip when another prepared
+        commit of the same transaction lands there first), computes the merge (writing the merge
+        commit object only), the paths it changes, refuses uncommitted work on them and checks
+        that git may write them.
+
+        Raises:
+            SandboxCommitError: HEAD moved to another ref; :class:`SandboxConflictError` for a
+                merge conflict or overlapping local work; :class:`SandboxPermissionError`.
+            GitFailure: git failed.
+        """
+        base = str(self._meta()["base_commit"])
+        ref, current = self._current_target(original, SandboxCommitError)
+        old = after or current
+        new, how = self._merge_result(original, base, snap, old, text)
+        # A fast-forward from the base writes exactly the paths the sandbox changed.
+        if new == old:
+            known: tuple[list[str], set[str]] = ([], set())
+        elif (old, new) == (base, snap.tip):
+            known = base_paths
+        else:
+            added, changed, deleted, executable = self._classify(original, old, new)
+            known = (sorted([*added, *changed, *deleted]), executable)
+        paths, executable = known
+        half: list[str] = []
+        if paths:
+            conflicts, half = self._overlap(original, old, new, paths)
+            if conflicts:
+                raise self._overlap_error(SandboxCommitError, conflicts)
+            top = Path(str(self._meta()["original_toplevel"]))
+            self._check_writable(original, top, paths, SandboxCommitError)
+        return _Plan(ref, old, new, how, paths, executable, half)
+
+    def _snapshot(self, worktree: GitCommand, message: str) -> _Snapshot:
         """Stage everything and commit it on the sandbox branch; returns the branch tip.
 
         The branch and the ``committed`` tag move in one ref transaction; the tag is written
@@ -872,25 +966,30 @@ class GitWorktreeSandbox(BaseSandbox):
             )
         new = head
         updates = []
+        parent = None
         if tree != head_tree:
             new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
+            parent = head
             updates.append(f"update {branch} {new} {head}\n")
         updates.append(f"update {self._tag('committed')} {new}\n")
         worktree.run(
             "update-ref", "-m", "sandbox-core: snapshot", "--stdin", stdin="".join(updates)
         )
-        return new
+        return _Snapshot(new, tree, parent)
 
     def _merge_result(
-        self, original: GitCommand, base: str, tip: str, old: str, message: str
+        self, original: GitCommand, base: str, snap: _Snapshot, old: str, message: str
     ) -> tuple[str, str]:
         """(commit the target should point at, how): no-op, fast-forward or merge commit.
 
         Raises:
             SandboxConflictError: the merge conflicts (nothing touched).
         """
+        tip = snap.tip
         if tip == base:
             return old, "no-op"
+        if old == base and snap.parent == base:
+            return tip, "fast-forward"  # the snapshot's parent is the base: no merge-base needed
         common = original.run("merge-base", old, tip, ok=(0, 1)).out
         if common == tip:
             return old, "no-op"  # it already landed (never commit twice)
@@ -926,12 +1025,17 @@ class GitWorktreeSandbox(BaseSandbox):
         new: str,
         error: type[SandboxCommitError] | type[SandboxRollbackError],
         known: tuple[list[str], set[str]] | None = None,
+        *,
+        checked: list[str] | None = None,
     ) -> bool:
         """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
 
         Only the paths that differ between the two commits are written (``paths`` when the
         caller knows them); uncommitted work on any of them refuses the move with the original
-        untouched. Stale stat data in the index (content unchanged) is refreshed, never a
+        untouched (``checked``: the caller has just done that check and the writability check
+        under the repository lock, and these are the half-written paths it found). Paths an
+        interrupted earlier attempt left half-written are put back from the index first, then
+        written again. Stale stat data in the index (content unchanged) is refreshed, never a
         conflict (case 29). Owners and modes of the written files are kept. Returns False when
         the ref moved concurrently (the files are put back first).
         """
@@ -939,18 +1043,19 @@ class GitWorktreeSandbox(BaseSandbox):
             added, changed, deleted, executable = self._classify(original, old, new)
             known = (sorted([*added, *changed, *deleted]), executable)
         paths, executable = known
-        overlap = _collisions(paths, self._local_changes(original, paths))
-        if overlap:
-            # diff-index trusts stat data: refresh it first (only on this rare path).
-            original.run("update-index", "-q", "--refresh", ok=(0, 1))
-            overlap = self._not_yet_at(original, new, overlap)
-        if overlap:
-            raise self._overlap_error(error, overlap)
         top = Path(str(self._meta()["original_toplevel"]))
-        self._check_writable(original, top, paths, error)
+        half = checked
+        if half is None:
+            conflicts, half = self._overlap(original, old, new, paths)
+            if conflicts:
+                raise self._overlap_error(error, conflicts)
+            self._check_writable(original, top, paths, error)
         lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
         if lock.exists():  # refuse before writing files that a failed ref move would revert
             raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
+        if half:
+            self._touched = True
+            self._restore_from_index(original, half)
         owners = _Owners(top, paths, executable)
         self._touched = True
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
@@ -1004,13 +1109,7 @@ class GitWorktreeSandbox(BaseSandbox):
         written = sorted(self._local_changes(original, paths) & set(paths))
         if not written:
             return
-        tracked = set(original.run("ls-files", "-z", "--", *written).nul_fields())
-        restore = "\0".join(rel for rel in written if rel in tracked)
-        original.run("checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128))
-        top = Path(str(self._meta()["original_toplevel"]))
-        for rel in written:
-            if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
-                (top / rel).unlink()
+        self._restore_from_index(original, written)
         for folder in owners.created_folders():
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only the empty folders read-tree made
@@ -1092,28 +1191,89 @@ class GitWorktreeSandbox(BaseSandbox):
                 "trust the repository's owner (option trust_repository_owner=true), and retry.",
             )
 
-    @staticmethod
-    def _not_yet_at(original: GitCommand, commit: str, paths: list[str]) -> list[str]:
-        """Those of ``paths`` whose index entry or file differs from ``commit``.
-
-        A path already equal to ``commit`` in both is the trace of an interrupted earlier
-        attempt (files written, ref not yet moved), not the user's work; the two-tree
-        ``read-tree`` keeps it as it is, so the retried commit completes (crash recovery).
-        """
-        differing: set[str] = set()
-        for cached in ((), ("--cached",)):
-            listed = original.run(
-                "--literal-pathspecs",
-                "diff-index",
-                *cached,
-                "--name-only",
-                "-z",
-                commit,
-                "--",
-                *paths,
+    def _restore_from_index(self, original: GitCommand, paths: list[str]) -> None:
+        """Put ``paths`` back as the original's index has them: tracked paths are checked out
+        from it, files it does not track are removed (they hold what a merge wrote)."""
+        tracked = set(original.run("ls-files", "-z", "--", *paths).nul_fields())
+        restore = "\0".join(rel for rel in paths if rel in tracked)
+        if restore:
+            original.run(
+                "checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128)
             )
-            differing.update(listed.nul_fields())
-        return [path for path in paths if path in differing]
+        top = Path(str(self._meta()["original_toplevel"]))
+        for rel in paths:
+            if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
+                (top / rel).unlink()
+
+    def _overlap(
+        self, original: GitCommand, old: str, new: str, paths: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """(paths with the user's uncommitted work, paths an interrupted apply half-wrote).
+
+        Read-only (no lock, the index file is not written): a ``status`` limited to ``paths``
+        (content compared where stat data is stale), then, for the paths it lists, the trace
+        of an earlier interrupted attempt is told from the user's work by content (see
+        :meth:`_trace_split`).
+        """
+        overlap = _collisions(paths, self._local_changes(original, paths))
+        if not overlap:
+            return [], []
+        return self._trace_split(original, old, new, overlap)
+
+    def _trace_split(
+        self, original: GitCommand, old: str, new: str, paths: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """Split changed ``paths`` into (the user's work, half-written by an earlier attempt).
+
+        A path whose file already holds ``new``'s content and mode is the trace of an earlier
+        attempt that was interrupted (crash recovery): done when its index entry is ``new``'s
+        too (``read-tree`` finished, the ref did not move), half-written when the index still
+        has ``old``'s entry (``read-tree`` stopped before writing the index). Anything else is
+        the user's work. Compared by content without git's stat cache, so nothing is written.
+        """
+        wanted = self._tree_entries(original, new, paths)
+        before = self._tree_entries(original, old, paths)
+        staged: dict[str, tuple[str, str] | None] = {}
+        for entry in original.run(
+            "--literal-pathspecs", "ls-files", "-s", "-z", "--", *paths
+        ).nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, oid, stage = info.split()[:3]
+            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else None
+        top = Path(str(self._meta()["original_toplevel"]))
+        id_length = len(old)
+        user: list[str] = []
+        half: list[str] = []
+        for rel in paths:
+            target = wanted.get(rel)
+            if target is not None and target[0] == "160000":
+                on_disk = target if staged.get(rel) == target else None  # gitlink: index only
+            else:
+                on_disk = worktree_entry(top / rel, id_length)
+            if on_disk != target:
+                user.append(rel)
+            elif staged.get(rel) == target:
+                continue  # done: index and file already at new
+            elif staged.get(rel) == before.get(rel):
+                half.append(rel)
+            else:
+                user.append(rel)
+        return sorted(user), sorted(half)
+
+    @staticmethod
+    def _tree_entries(
+        original: GitCommand, treeish: str, paths: list[str]
+    ) -> dict[str, tuple[str, str]]:
+        """{path: (mode, object id)} of ``paths`` in ``treeish`` (absent paths left out)."""
+        listed = original.run(
+            "--literal-pathspecs", "ls-tree", "-r", "--full-tree", "-z", treeish, "--", *paths
+        )
+        entries: dict[str, tuple[str, str]] = {}
+        for entry in listed.nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, _kind, oid = info.split()[:3]
+            entries[rel] = (mode, oid)
+        return entries
 
     def _overlap_error(
         self,
