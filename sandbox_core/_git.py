@@ -418,7 +418,7 @@ def worktree_entry(path: Path, id_length: int) -> tuple[str, str] | None:
     try:
         info = path.lstat()
         if stat.S_ISLNK(info.st_mode):
-            mode, data = "120000", os.fsencode(os.readlink(path))
+            mode, data = "120000", os.fsencode(path.readlink())
         elif stat.S_ISREG(info.st_mode):
             mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
             data = path.read_bytes()
