@@ -508,8 +508,9 @@ def apply_edits(top: Path, edits: list[tuple[str, str, bytes]]) -> None:
 
 
 @settings(
-    max_examples=int(os.environ.get("SANDBOX_PROPERTY_EXAMPLES", "4")),
+    max_examples=int(os.environ.get("SANDBOX_HYPOTHESIS_EXAMPLES", "4")),
     deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(edits=EDITS, moved=st.booleans())
