@@ -46,6 +46,14 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
   ref moved.
 
+- Two-phase plan commit (issue 9, ``docs/git-worktree.md``): ``review`` stages the worktree into
+  a throw-away index (nothing moves; digest = sha256 over base commit and tree), ``prepare``
+  commits the sandbox branch and merges with the original untouched, recording
+  ``refs/sandbox/prepared/<txid>/<sandbox_id>/{new,old,tip}``; ``apply_prepared`` writes the
+  changed paths and moves the target by compare-and-swap (idempotent after a crash);
+  ``abort_prepared`` and ``cleanup`` delete the prepared refs. The one-shot commit is the same
+  plan + apply under one lock.
+
 Extras beyond the protocol: ``create_checkpoint_ref`` / ``restore_checkpoint_ref`` /
 ``delete_checkpoint_ref`` / ``checkpoint_names`` (CheckpointManager), ``commit_landed`` (saga
 recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
