@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import stat
 import subprocess
 import sys
 import textwrap
@@ -265,6 +264,10 @@ def test_apply_equals_the_one_shot_commit_and_rolls_back(sandbox: BaseSandbox) -
     assert staged_beside(src) == []
     sandbox.rollback()  # compensation from COMMITTED
     same(tree_state(src), before, "original after rollback from COMMITTED")
+    sandbox.activate()
+    with pytest.raises(SandboxCommitError, match="nothing is prepared"):
+        sandbox.apply_prepared(TXID)  # undone: the old result is not given again
+    assert sandbox.status is SandboxStatus.ACTIVE
 
 
 @modes
@@ -423,7 +426,22 @@ def test_prepare_apply_and_prepare_abort_keep_the_trees_exact(
 
 
 def test_staging_keys_are_checked(tmp_path: Path) -> None:
-    for bad in ("", "../x", "a/b", ".hidden", "x" * 200):
+    for bad in ("", "../x", "a/b", "x y", "x" * 200):
         with pytest.raises(ValueError):
             _fs_utils.prepared_dir_for(tmp_path, bad)
-    assert stat.S_ISDIR(os.stat(tmp_path).st_mode)
+    assert _fs_utils.prepared_dir_for(tmp_path, "plan-1.1.ID").endswith("prepared-plan-1.1.ID")
+
+
+@modes
+def test_a_txid_that_would_leave_its_directory_is_refused(sandbox: BaseSandbox) -> None:
+    src = original_of(sandbox)
+    before = sorted(os.listdir(src.parent))
+    edit(sandbox)
+    with pytest.raises(SandboxCommitError, match="invalid two-phase staging key"):
+        sandbox.prepare("../../escape")
+    with pytest.raises(SandboxCommitError, match="invalid two-phase staging key"):
+        sandbox.apply_prepared("../escape")
+    with pytest.raises(SandboxError, match="invalid two-phase staging key"):
+        sandbox.abort_prepared("a/b")
+    assert sorted(os.listdir(src.parent)) == before
+    assert sandbox.status is SandboxStatus.ACTIVE
