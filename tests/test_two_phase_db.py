@@ -21,10 +21,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
 
+from sandbox_core import _db
 from sandbox_core.errors import (
     SandboxBusyError,
     SandboxCommitError,
@@ -301,6 +303,46 @@ def test_pg_rollback_and_cleanup_release_a_prepared_commit(pg: Pg) -> None:
     second.cleanup()
     assert pg.prepared() == []
     assert pg.names() == []
+
+
+def lose_reply_after(statement_prefix: str) -> Any:
+    """Fault: the statement runs on the server, then its reply is lost (connection dropped)."""
+    real_execute = _db.Connection.execute
+    fired: list[str] = []
+
+    def execute(self: _db.Connection, sql: str, params: Any = None) -> Any:
+        result = real_execute(self, sql, params)
+        if sql.startswith(statement_prefix) and not fired:
+            fired.append(sql)
+            self.close()
+            raise _db.DatabaseError("server closed the connection", connection_lost=True)
+        return result
+
+    return mock.patch.object(_db.Connection, "execute", execute)
+
+
+@pg_mark
+def test_pg_prepare_whose_reply_is_lost_is_found_prepared(pg: Pg) -> None:
+    sandbox = pg.sandbox()
+    sandbox.execute("INSERT INTO items VALUES ('a')")
+    with lose_reply_after("PREPARE TRANSACTION"):
+        prepared = sandbox.prepare("tx-lost")
+    assert pg.prepared() == [prepared.details["gid"]]
+    sandbox.apply_prepared("tx-lost")
+    assert pg.names() == ["a"]
+
+
+@pg_mark
+def test_pg_apply_whose_reply_is_lost_settles_by_the_marker(pg: Pg) -> None:
+    sandbox = pg.sandbox()
+    sandbox.execute("INSERT INTO items VALUES ('a')")
+    sandbox.prepare("tx-lost")
+    with lose_reply_after("COMMIT PREPARED"):
+        result = sandbox.apply_prepared("tx-lost")
+    assert result.metadata["already_committed"] is True  # found landed on the retry
+    assert sandbox.status is SandboxStatus.COMMITTED
+    assert pg.names() == ["a"]
+    assert pg.run("SELECT count(*) FROM sandbox_commits") == [(1,)]
 
 
 @pg_mark

@@ -105,6 +105,8 @@ _TRANSACTION_KEYWORDS = frozenset(
 )
 _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/|\()+", re.DOTALL)
 _TXID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# A gid is quoted into PREPARE/COMMIT PREPARED: only characters that need no quoting.
+_GID = re.compile(r"^[A-Za-z0-9._-]{1,199}$")
 # PostgreSQL SQLSTATE undefined_object: COMMIT/ROLLBACK PREPARED of a gid that is not prepared.
 _NO_SUCH_PREPARED = "42704"
 _CREDENTIALS_HINT = (
@@ -427,7 +429,10 @@ class TransactionSandbox(BaseSandbox):
                 f"invalid transaction id {txid!r}: 1-64 characters of letters, digits, "
                 "'.', '_', '-'"
             )
-        return f"{txid}.{self.sandbox_id}"
+        gid = f"{txid}.{self.sandbox_id}"
+        if not _GID.match(gid):
+            raise ValueError(f"sandbox id {self.sandbox_id!r} cannot name a prepared transaction")
+        return gid
 
     def _do_review(self) -> ChangeSummary:
         """The logged statements as a change summary, with a dry replay for conflicts.
@@ -547,7 +552,12 @@ class TransactionSandbox(BaseSandbox):
             raise _PreparedPendingError(self._pending_message(pending[0]))
 
         def attempt() -> None:
-            connection = self._open_held()
+            try:
+                connection = self._open_held()
+            except _PreparedPendingError:
+                if gid in self._pending_gids():
+                    return  # an earlier attempt's PREPARE landed although its reply was lost
+                raise
             marker = self._new_marker(message, len(entries))
             try:
                 connection.execute(f"SAVEPOINT {_MARKER_SAVEPOINT}")
@@ -751,7 +761,8 @@ class TransactionSandbox(BaseSandbox):
         finally:
             if own:
                 connection.close()
-        return [str(row[0]) for row in found]
+        # LIKE wildcards in a caller-chosen sandbox id must not match another sandbox's gid.
+        return [str(g) for (g,) in found if str(g).endswith(f".{self.sandbox_id}")]
 
     def _pending_message(self, txid_or_gid: str) -> str:
         txid = txid_or_gid.removesuffix(f".{self.sandbox_id}")
