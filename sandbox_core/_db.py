@@ -167,10 +167,12 @@ class Result:
             when the backend can tell: PostgreSQL ``{"<schema>.<table>": [inserted, updated,
             deleted]}`` for every user table whose counts in ``pg_stat_xact_user_tables``
             moved (``{}`` for a statement that wrote nothing, so a function called from a
-            ``SELECT`` that writes is seen); SQLite ``{"rowid": true|false}`` for a statement
-            that can insert, true when it assigned a new rowid (an upsert that inserted, not
-            one that updated). Two runs with equal other outcomes but other effects did
-            different things (issue 7: replay verification).
+            ``SELECT`` that writes is seen); SQLite ``{"rowid": true|false, "key": [...]}`` for
+            a statement that can insert: whether it assigned a new rowid (an upsert that
+            inserted, not one that updated), and the primary key of the row it inserted last
+            when that key is not the rowid itself (a key computed from data, such as
+            ``max(id) + 1``, is data the actor may have used). Two runs with equal other
+            outcomes but other effects did different things (issue 7: replay verification).
     """
 
     rows: list[tuple[Any, ...]]
@@ -198,6 +200,7 @@ class Connection:
         self._sqlite: sqlite3.Connection | None = None
         self._pg: psycopg.Connection[tuple[Any, ...]] | None = None
         self._rowid_tables: dict[tuple[str, str], bool] = {}
+        self._key_columns: dict[tuple[str, str], list[str]] = {}
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -326,7 +329,13 @@ class Connection:
             rowid_after = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
             if probe:
                 # An upsert that updated assigns no rowid; one that inserted does (issue 7).
-                effects = _effects_json({"rowid": rowid_after != _ROWID_SENTINEL})
+                assigned = rowid_after != _ROWID_SENTINEL
+                effect: dict[str, Any] = {"rowid": assigned}
+                if assigned and len(inserted) == 1:
+                    key = self._inserted_key(db, *next(iter(inserted)), rowid_after)
+                    if key is not None:
+                        effect["key"] = key
+                effects = _effects_json(effect)
             if any(self._rowid_is_data(db, schema, table) for schema, table in inserted):
                 generated = rowid_after if rowid_after not in (0, _ROWID_SENTINEL) else None
         return Result([tuple(row) for row in rows], db.total_changes - changes, generated, effects)
@@ -345,6 +354,36 @@ class Connection:
             ).fetchall()
             known = self._rowid_tables[(schema, table)] = len(keys) == 1 and keys[0][0] == "INTEGER"
         return known
+
+    def _inserted_key(
+        self, db: sqlite3.Connection, schema: str, table: str, rowid: int
+    ) -> list[Any] | None:
+        """The primary key of the row ``rowid`` of ``table``, when the key is not the rowid
+        itself (``None`` for an ``INTEGER PRIMARY KEY``, whose value is the generated id, for a
+        table without a primary key, and for what has no rowid: views, ``WITHOUT ROWID``)."""
+        columns = self._key_columns.get((schema, table))
+        if columns is None:
+            found = db.execute(
+                "SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk",
+                (table, schema),
+            ).fetchall()
+            columns = [str(row[0]) for row in found]
+            if self._rowid_is_data(db, schema, table):
+                columns = []
+            self._key_columns[(schema, table)] = columns
+        if not columns:
+            return None
+        selected = ", ".join(_quote(c) for c in columns)
+        try:
+            row = db.execute(
+                f"SELECT {selected} FROM {_quote(schema)}.{_quote(table)} WHERE rowid = ?",  # noqa: S608 - quoted identifiers
+                (rowid,),
+            ).fetchone()
+        except sqlite3.Error:
+            return None
+        if row is None:
+            return None
+        return [value.hex() if isinstance(value, bytes) else value for value in row]
 
     def _pg_lastval(self) -> int | None:
         """``lastval()``: the value any sequence (``serial``, identity, ``nextval``) handed out
@@ -409,6 +448,10 @@ class Connection:
             busy=_is_busy(exc),
             sqlstate=exc.sqlstate if isinstance(exc, psycopg.Error) else None,
         )
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 def _count_delta(

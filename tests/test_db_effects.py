@@ -111,3 +111,68 @@ def test_write_through_a_function_in_a_select_is_logged_and_replayed(
         assert database.run("SELECT k, v FROM kv") == [("a", "1")]
     finally:
         database.close_all()
+
+
+KEYED_TABLES = [
+    pytest.param("CREATE TABLE orders (id INT PRIMARY KEY, who TEXT)", id="int-primary-key"),
+    pytest.param("CREATE TABLE orders (id BIGINT, who TEXT, PRIMARY KEY (id))", id="bigint"),
+    pytest.param(
+        "CREATE TABLE orders (id INTEGER, who TEXT, PRIMARY KEY (id, who))", id="composite"
+    ),
+    pytest.param("CREATE TABLE orders (id TEXT PRIMARY KEY, who TEXT)", id="text-key"),
+]
+NEXT_ORDER = (
+    "INSERT INTO orders(id, who) SELECT coalesce(max(CAST(id AS INTEGER)), 0) + 1, 'sandbox' "
+    "FROM orders"
+)
+
+
+@pytest.mark.parametrize("schema", KEYED_TABLES)
+def test_a_key_computed_from_data_that_changes_on_replay_is_a_divergence(
+    db_sqlite: Db,  # noqa: F811
+    schema: str,
+) -> None:
+    """SQLite: the key of the inserted row is recorded when it is not the rowid itself."""
+    db_sqlite.run(schema)
+    db_sqlite.run("CREATE TABLE lines (order_id, item TEXT)")
+    sandbox = db_sqlite.sandbox()
+    sandbox.execute(NEXT_ORDER)
+    (order_id,) = sandbox.execute("SELECT id FROM orders WHERE who = 'sandbox'")[0]
+    sandbox.execute("INSERT INTO lines VALUES (?, 'widget')", (order_id,))
+    db_sqlite.run("INSERT INTO orders VALUES ('1', 'app')")  # takes the key the sandbox computed
+
+    with pytest.raises(SandboxReplayDivergedError, match="statement 1 of 2"):
+        sandbox.commit()
+
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert db_sqlite.run("SELECT who FROM orders") == [("app",)]
+    assert db_sqlite.run("SELECT * FROM lines") == []
+
+
+@pytest.mark.parametrize("schema", KEYED_TABLES)
+def test_a_computed_key_replays_when_nothing_changed_in_between(
+    db_sqlite: Db,  # noqa: F811
+    schema: str,
+) -> None:
+    db_sqlite.run(schema)
+    sandbox = db_sqlite.sandbox()
+    sandbox.execute(NEXT_ORDER)
+    sandbox.execute(NEXT_ORDER)
+    db_sqlite.run("CREATE TABLE unrelated (x)")
+    db_sqlite.run("INSERT INTO unrelated VALUES (1)")  # other tables may change freely
+
+    sandbox.commit()
+
+    assert db_sqlite.run("SELECT count(*) FROM orders WHERE who = 'sandbox'") == [(2,)]
+
+
+def test_without_rowid_tables_replay_without_false_divergence(
+    db_sqlite: Db,  # noqa: F811
+) -> None:
+    db_sqlite.run("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID")
+    db_sqlite.run("CREATE TABLE other (x)")
+    sandbox = db_sqlite.sandbox()
+    sandbox.execute("INSERT INTO kv VALUES ('a', '1')")
+    db_sqlite.run("INSERT INTO other VALUES (1)")
+    sandbox.commit()
+    assert db_sqlite.run("SELECT k, v FROM kv") == [("a", "1")]

@@ -8,7 +8,9 @@ inserted in the sandbox but would update on replay is a divergence (what each st
 recorded and compared: ``Result.effects``); a write made by a function called from a ``SELECT``
 is logged and survives a reconnect (tests/test_db_effects.py checks the kind on every backend).
 
-What breaks (strict xfail, described in the reasons): reads the log does not verify.
+A key computed from data (``max(id) + 1``) in a table whose key is not the rowid is recorded
+with the insert and compared on replay, so an application row taking that key is a divergence,
+not a re-linked child.
 """
 
 from __future__ import annotations
@@ -78,12 +80,6 @@ def test_autoincrement_id_burnt_by_the_application_is_a_divergence(
     assert rows(path, "SELECT * FROM child") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a key the sandbox read back (SELECT) is not verified on replay: in a table whose "
-    "key is not a rowid alias (INT PRIMARY KEY), an application row taking the key the sandbox "
-    "computed re-links the sandbox's child to the application's parent (case 32's kind)",
-)
 @pytest.mark.parametrize("journal", JOURNALS)
 def test_child_is_not_relinked_when_the_key_is_not_a_rowid_alias(
     tmp_path: Path, journal: str
