@@ -37,6 +37,16 @@ Never applied twice: the marker row ``(sandbox_id, ...)`` goes into the bookkeep
 writes. :meth:`TransactionSandbox.commit_landed` reports whether it exists; ``commit()`` looks for
 it first and, when found, returns the recorded result instead of applying the statements again.
 
+Two-phase plan commit (issue 9; docs/transaction-strategy.md): ``prepare(txid)`` replays (verified)
+and writes the marker, then PostgreSQL ``PREPARE TRANSACTION '<txid>.<sandbox_id>'`` (durable;
+``max_prepared_transactions = 0`` is a :class:`TwoPhaseUnavailableError` found before replaying)
+or, on SQLite, keeps the ``BEGIN IMMEDIATE`` transaction open in this process (not durable: the
+plan's last resource). ``apply_prepared`` is ``COMMIT PREPARED`` / ``COMMIT``, settled by the
+marker when repeated; ``abort_prepared`` is ``ROLLBACK PREPARED`` / ``ROLLBACK``. After a crash a
+SQLite apply refuses unless the marker says the commit landed (it never replays silently).
+``review()`` summarises the log (write statements, tables, digest) and dry-replays it for
+conflicts.
+
 Passwords are never stored (``_dsn``): the record, context and messages hold the redacted DSN; the
 password lives in this process's memory, or comes from libpq's ``PGPASSWORD`` / password file, or
 from :meth:`TransactionSandbox.use_credentials` after a reopen.
