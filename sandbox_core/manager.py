@@ -49,7 +49,6 @@ from sandbox_core.store import SandboxStore
 logger = logging.getLogger("sandbox_core.manager")
 
 
-
 class SandboxManager:
     """Thread-safe manager of sandboxes per plan (seed 002, "SandboxManager").
 
