@@ -232,9 +232,17 @@ class PlanCommitSaga:
     # -- run ---------------------------------------------------------------------------------
 
     def run(
-        self, plan_id: str, sandboxes: list[Any], attempt: int = 1, message: str | None = None
+        self,
+        plan_id: str,
+        sandboxes: list[Any],
+        attempt: int = 1,
+        message: str | None = None,
+        fallback_reason: str | None = None,
     ) -> list[CommitResult]:
         """Commit ``sandboxes`` all or nothing (seed 002, "Atomic Commit").
+
+        ``fallback_reason`` (issue 9) is recorded in the journal when a two-phase plan commit
+        fell back to this saga (``SandboxManager.commit_plan(mode="auto")``).
 
         Returns:
             One successful :class:`CommitResult` per sandbox, in commit order; or, when a commit
@@ -253,6 +261,7 @@ class PlanCommitSaga:
             attempt=attempt,
             phase=JournalPhase.COMMITTING,
             steps=[_step_for(sb) for sb in ordered],
+            fallback_reason=fallback_reason,
         )
         self._save(state)
         return self._commit_steps(state, list(zip(state.steps, ordered, strict=True)), [], message)
