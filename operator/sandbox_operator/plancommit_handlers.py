@@ -56,7 +56,7 @@ from sandbox_core.errors import PlanRerunRequiredError, TwoPhaseUnavailableError
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 from sandbox_core.protocol import utc_now
 from sandbox_core.review import review_plan
-from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan
+from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
 from sandbox_core.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
 from sandbox_operator import metrics
 from sandbox_operator.approval import (
@@ -851,25 +851,20 @@ class PlanCommitLogic:
                 ],
             )
             journal.save(state)
-        for step in state.steps:
-            if step.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED):
-                continue
-            step.state = StepState.COMPENSATING
-            step.started_at = step.started_at or utc_now()
-            journal.save(state)
-            try:
-                self._discard(step, by_id.get(step.sandbox_id), by_id, journal.name)
-            except Exception as exc:  # every sandbox is attempted; failures are named
-                step.state = StepState.COMPENSATION_FAILED
-                step.error = f"{type(exc).__name__}: {exc}"
-                state.failed_rollback_ids.append(step.sandbox_id)
-                metrics.FAILED_COMPENSATIONS.inc()
-            else:
-                step.state = StepState.COMPENSATED
-                state.rolled_back_ids.append(step.sandbox_id)
-                metrics.COMPENSATIONS.inc()
-            step.updated_at = utc_now()
-            journal.save(state)
+        # The core's one compensation loop (issue 9: no second copy here).
+        run_compensations(
+            state,
+            [
+                (step, by_id.get(step.sandbox_id))
+                for step in state.steps
+                if step.state not in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+            ],
+            lambda step, target: self._discard(step, target, by_id, journal.name),
+            journal.save,
+            on_done=lambda _step, _target, exc: (
+                metrics.COMPENSATIONS if exc is None else metrics.FAILED_COMPENSATIONS
+            ).inc(),
+        )
         state.phase = JournalPhase.FAILED if state.failed_rollback_ids else JournalPhase.ROLLED_BACK
         state.reason = (
             JournalReason.COMPENSATION_FAILED

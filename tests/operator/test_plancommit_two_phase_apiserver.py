@@ -136,9 +136,11 @@ def test_approval_required_waits_refuses_a_wrong_digest_and_commits_with_the_rig
 
     patch_digest(cluster, "pc-ap", WRONG)
     mismatch = wait_for(
-        lambda: (c := cluster.condition("pcommit", "pc-ap", "Approved"))
-        and c["reason"] == "DigestMismatch"
-        and c,
+        lambda: (
+            (c := cluster.condition("pcommit", "pc-ap", "Approved"))
+            and c["reason"] == "DigestMismatch"
+            and c
+        ),
         30,
         "Approved reason DigestMismatch",
     )
