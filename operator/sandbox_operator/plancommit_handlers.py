@@ -737,11 +737,10 @@ class PlanCommitLogic:
                     JournalReason.CHANGED_SINCE_APPROVAL,
                 )
         saga = PlanCommitSaga(journal, on_change=on_change)
-        extra: dict[str, Any] = {}
-        if fallback is not None and "fallback_reason" in JournalState.model_fields:
-            extra["fallback_reason"] = fallback  # recorded in the journal (sandbox_core.saga)
         try:
-            saga.run(spec.plan_id, handles, attempt=attempt, message=message, **extra)
+            saga.run(
+                spec.plan_id, handles, attempt=attempt, message=message, fallback_reason=fallback
+            )
         except AtomicCommitError as exc:
             logger.warning("PlanCommit %s: %s", journal.name, exc)  # recorded in the journal
         self._count_steps(journal)

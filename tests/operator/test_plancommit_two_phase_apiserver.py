@@ -328,3 +328,86 @@ def test_mode_and_approval_are_immutable_and_the_digest_is_not(cluster: Cluster)
     assert body is not None
     assert body["spec"]["approvedDigest"] == WRONG
     assert body["spec"]["mode"] == "TwoPhase"  # the default
+
+
+def sqlite_sandbox(cluster: Cluster, tmp_path: Path, name: str, plan: str) -> Path:
+    """A transaction_rollback Sandbox over a new SQLite database (DSN in a Secret), with one
+    INSERT made through it; returns the database path."""
+    import base64
+    import sqlite3
+
+    from sandbox_core import SandboxFactory
+
+    database = tmp_path / f"{name}.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE notes (body TEXT)")
+    dsn = base64.b64encode(f"sqlite:///{database}".encode()).decode()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "data": {"dsn": dsn},
+    }
+    cluster.create(secret)
+    cluster.create(
+        {
+            "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+            "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {
+                "planId": plan,
+                "resourceId": name,
+                "strategy": "transaction_rollback",
+                "source": {"secretRef": {"name": name}},
+            },
+        }
+    )
+    actor = SandboxFactory().reopen(active(cluster, name)["coreRecord"])
+    actor.execute("INSERT INTO notes VALUES (?)", (name,))  # type: ignore[attr-defined]
+    actor.close()  # type: ignore[attr-defined]
+    return database
+
+
+def notes(database: Path) -> list[tuple[str, ...]]:
+    import sqlite3
+
+    with sqlite3.connect(database) as connection:
+        return list(connection.execute("SELECT body FROM notes").fetchall())
+
+
+def test_a_sqlite_sandbox_is_the_last_resource_of_a_two_phase_plan(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    operator.start()
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    database = sqlite_sandbox(cluster, tmp_path, "s-db", "plan-lr")
+    cluster.create(sandbox_manifest("s-files", "plan-lr", "copy_on_write", data))
+    (Path(active(cluster, "s-files")["sandboxPath"]) / "g.txt").write_text("d1\n")
+    cluster.create(plancommit_manifest("pc-lr", "plan-lr"))
+    status = cluster.wait_phase("pcommit", "pc-lr", {"Committed", "Failed"})
+    assert status["phase"] == "Committed", status
+    assert status["mode"] == "TwoPhase"
+    last = {s["name"]: s["lastResource"] for s in status["sandboxes"]}
+    assert last == {"s-files": False, "s-db": True}
+    assert [s["name"] for s in status["sandboxes"]][-1] == "s-db"
+    assert cluster.condition("pcommit", "pc-lr", "TwoPhase") is None  # no fallback
+    assert notes(database) == [("s-db",)]
+    assert (data / "g.txt").read_text() == "d1\n"
+
+
+def test_a_plan_that_cannot_use_two_phases_falls_back_to_the_saga_and_says_so(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    operator.start()
+    first = sqlite_sandbox(cluster, tmp_path, "s-db1", "plan-fb")
+    second = sqlite_sandbox(cluster, tmp_path, "s-db2", "plan-fb")
+    cluster.create(plancommit_manifest("pc-fb", "plan-fb"))
+    status = cluster.wait_phase("pcommit", "pc-fb", {"Committed", "Failed"})
+    assert status["phase"] == "Committed", status
+    assert status["mode"] == "Saga"
+    two_phase = cluster.condition("pcommit", "pc-fb", "TwoPhase")
+    assert (two_phase["status"], two_phase["reason"]) == ("False", "FellBackToSaga")
+    assert "cannot prepare durably" in two_phase["message"]
+    wait_for(lambda: ("Warning", "FellBackToSaga") in reasons(cluster, "pc-fb"), 30, "event")
+    assert notes(first) == [("s-db1",)]
+    assert notes(second) == [("s-db2",)]
