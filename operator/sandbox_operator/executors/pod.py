@@ -30,10 +30,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_core import CommitResult, SandboxStateError, SandboxStatus
+from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
+    AgentRefused,
+    core_error,
     derive_token,
     read_key,
     request_id,
@@ -395,6 +398,75 @@ class RemoteSandbox:
         self.reply = self._executor.call(
             self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
         )
+
+    # -- two-phase plan commit (issue 9) -------------------------------------------------------
+
+    @property
+    def prepares_durably(self) -> bool:
+        """Whether the agent's sandbox survives a crash between prepare and apply (SQLite does
+        not: it can only be the plan's last resource)."""
+        return bool(self.reply.get("prepares_durably", True))
+
+    def _two_phase(self, path: str, body: dict[str, Any], rid: str) -> dict[str, Any]:
+        """One two-phase call; the agent's refusal raised as the core error it stands for
+        (transport failures stay retryable ``ExecutorError``s)."""
+        try:
+            payload = self._executor.call(
+                self._target, "POST", self._path(path), body, request_id=rid
+            )
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return payload
+
+    def review(self) -> ChangeSummary:
+        """``GET .../review``: what a commit would change now (no locks, nothing changes).
+
+        Raises:
+            SandboxStateError: not CREATED/ACTIVE. SandboxError: the changes could not be read.
+        """
+        try:
+            payload = self._executor.call(self._target, "GET", self._path("/review"))
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return ChangeSummary.from_dict(payload["summary"])
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
+        """``POST .../prepare``; a retry after a lost reply (same state seen) is a replay.
+
+        Raises:
+            SandboxCommitError: would fail (``conflicts`` set for a conflict).
+            TwoPhaseUnavailableError: this sandbox cannot prepare.
+            SandboxStateError: not CREATED/ACTIVE.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("prepare", self.sandbox_id, txid, message or "", _state_key(self.reply))
+        payload = self._two_phase("/prepare", {"txid": txid, "message": message}, rid)
+        return PreparedCommit.from_dict(payload["prepared"])
+
+    def apply_prepared(self, txid: str) -> CommitResult:
+        """``POST .../apply-prepared``: idempotent per ``txid`` (the agent answers a repeat with
+        the recorded result), so the request id is the txid's alone.
+
+        Raises:
+            SandboxCommitError: the apply failed; the status is unchanged (retry).
+            SandboxStateError: neither CREATED/ACTIVE nor COMMITTED by ``txid``.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("apply-prepared", self.sandbox_id, txid)
+        payload = self._two_phase("/apply-prepared", {"txid": txid}, rid)
+        return CommitResult.from_dict(payload["result"])
+
+    def abort_prepared(self, txid: str) -> None:
+        """``POST .../abort-prepared``: idempotent, fine when nothing was prepared.
+
+        Raises:
+            SandboxError: the staged state could not be removed (retry).
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("abort-prepared", self.sandbox_id, txid, _state_key(self.reply))
+        self._two_phase("/abort-prepared", {"txid": txid}, rid)
 
     def activate(self) -> None:
         """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
