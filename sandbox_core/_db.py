@@ -66,6 +66,8 @@ class DatabaseError(Exception):
             nothing changed, and trying again later may succeed.
         permanent: the connection cannot be made by waiting (the server refused the login, no
             such database or role, the SQLite file is gone).
+        sqlstate: PostgreSQL's five-character SQLSTATE of the error (``None`` for SQLite and
+            for errors without one), e.g. ``"42704"`` for an unknown prepared transaction.
     """
 
     def __init__(
@@ -76,12 +78,14 @@ class DatabaseError(Exception):
         integrity: bool = False,
         busy: bool = False,
         permanent: bool = False,
+        sqlstate: str | None = None,
     ) -> None:
         super().__init__(message)
         self.connection_lost = connection_lost
         self.integrity = integrity
         self.busy = busy
         self.permanent = permanent
+        self.sqlstate = sqlstate
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,7 @@ class Connection:
             connection_lost=self.broken,
             integrity=integrity,
             busy=_is_busy(exc),
+            sqlstate=exc.sqlstate if isinstance(exc, psycopg.Error) else None,
         )
 
 

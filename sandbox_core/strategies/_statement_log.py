@@ -12,6 +12,9 @@ the id the database generated for it (``Connection.run``'s ``generated_id``), an
 rows it returned (``RETURNING``), compared as a multiset because without ``ORDER BY`` the order is
 not part of the result. A replay that produces another outcome did not reproduce the sandbox's
 transaction. Entries written before outcomes were recorded have none and are replayed unchecked.
+
+For review (issue 9, section 2): :func:`log_digest` names the exact changes of a log (statements,
+parameters and recorded outcomes), :func:`tables_written` the tables a statement's text writes.
 """
 
 from __future__ import annotations
@@ -20,12 +23,29 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 PREVIEW_CHARS = 120
+
+_NAME = r'("[^"]+"|[A-Za-z_][\w$]*)(\s*\.\s*("[^"]+"|[A-Za-z_][\w$]*))?'
+# Clauses that contain a write keyword without naming a written table.
+_NOT_A_TARGET = re.compile(
+    r"\b(DO\s+UPDATE|FOR\s+(NO\s+KEY\s+)?UPDATE|ON\s+(UPDATE|DELETE)|"
+    r"(BEFORE|AFTER|INSTEAD\s+OF)\s+(INSERT|UPDATE|DELETE)|OR\s+(INSERT|UPDATE|DELETE))\b",
+    re.IGNORECASE,
+)
+_WRITE_TARGET = re.compile(
+    r"\b(?:(?:INSERT|REPLACE)(?:\s+OR\s+\w+)?\s+INTO|MERGE\s+INTO|"
+    r"UPDATE(?:\s+OR\s+\w+)?(?:\s+ONLY)?|DELETE\s+FROM(?:\s+ONLY)?|"
+    r"(?:CREATE|ALTER|DROP)(?:\s+(?:TEMP|TEMPORARY|UNLOGGED))?\s+TABLE"
+    r"(?:\s+IF(?:\s+NOT)?\s+EXISTS)?(?:\s+ONLY)?|"
+    r"TRUNCATE(?:\s+TABLE)?(?:\s+ONLY)?)\s+" + _NAME,
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -126,6 +146,14 @@ class LogEntry:
             return [_decode_params(p) for p in self.params]
         return _decode_params(self.params)
 
+    def digest_form(self) -> dict[str, Any]:
+        """What this entry contributes to :func:`log_digest`: everything but the preview (it is
+        derived from the digested rows)."""
+        outcome = self.outcome.to_json() if self.outcome else None
+        if outcome is not None:
+            del outcome["preview"]
+        return {"sql": self.sql, "params": self.params, "many": self.many, "outcome": outcome}
+
     def to_json(self) -> dict[str, Any]:
         """The log form (also what ``TransactionSandbox.statements()`` returns)."""
         data: dict[str, Any] = {"sql": self.sql, "params": self.params, "many": self.many}
@@ -189,6 +217,30 @@ class StatementLog:
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(self.path)
+
+
+def log_digest(entries: Iterable[LogEntry]) -> str:
+    """``"sha256:<hex>"`` over the statements in order, with their parameters and recorded
+    outcomes: equal digests mean the same statements would be replayed and checked against the
+    same outcomes. Stable across processes and Python versions (canonical JSON)."""
+    text = json.dumps(
+        [entry.digest_form() for entry in entries], sort_keys=True, separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tables_written(sql: str) -> list[str]:
+    """The tables a statement's text names as written (``INSERT INTO``, ``UPDATE``, ``DELETE
+    FROM``, ``REPLACE``/``MERGE INTO``, ``CREATE``/``ALTER``/``DROP TABLE``, ``TRUNCATE``), in
+    order of appearance, without quotes (``schema.table`` kept). A lexical reading, not a parse:
+    ``[]`` when the text names none (a function that writes, called from ``SELECT``)."""
+    found: list[str] = []
+    for match in _WRITE_TARGET.finditer(_NOT_A_TARGET.sub(" ", sql)):
+        parts = [match.group(1), match.group(3)] if match.group(3) else [match.group(1)]
+        name = ".".join(part.strip('"') for part in parts)
+        if name not in found:
+            found.append(name)
+    return found
 
 
 def _line(entry: LogEntry) -> str:
