@@ -40,6 +40,7 @@ import difflib
 import errno
 import fcntl
 import filecmp
+import hashlib
 import json
 import os
 import shutil
@@ -55,6 +56,8 @@ from ulid import ULID
 StrPath = str | os.PathLike[str]
 
 INNER_STAGING_PREFIX = ".sandbox-staging-"
+PREPARED_TAG = "prepared-"
+"""Follows the staging prefix in the name of a two-phase (prepared) staging area."""
 _JOURNAL = "journal.json"
 _LOCK = "lock"
 _UNDO = "undo.json"
@@ -1004,10 +1007,16 @@ def _staging_dirs(target: str) -> list[str]:
     found: list[str] = []
     sibling_prefix = f".{name}.sandbox-staging-"
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as it:
-        found += [i.path for i in it if i.name.startswith(sibling_prefix)]
+        found += [i.path for i in it if _is_one_shot(i.name, sibling_prefix)]
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(target) as it:
-        found += [i.path for i in it if i.name.startswith(INNER_STAGING_PREFIX)]
+        found += [i.path for i in it if _is_one_shot(i.name, INNER_STAGING_PREFIX)]
     return sorted(found)
+
+
+def _is_one_shot(name: str, prefix: str) -> bool:
+    """A one-shot sync's staging area; two-phase areas (``...-prepared-<key>``) are only ever
+    applied or removed by :func:`apply_staged` / :func:`abort_staged` of their key."""
+    return name.startswith(prefix) and not name.startswith(prefix + PREPARED_TAG)
 
 
 @contextlib.contextmanager
@@ -1108,10 +1117,14 @@ def _apply(
         if meta is not None:
             _apply_meta(dest, meta[1])
         else:
-            if op["old"]:
-                os.rename(dest, os.path.join(staging, "old", str(index)))
-            if op["new"]:
-                os.rename(os.path.join(staging, "new", str(index)), dest)
+            # Each rename is skipped once done, so a two-phase apply resumed after a crash
+            # rolls forward from where it stopped (a one-shot sync never meets a done one).
+            kept_old = os.path.join(staging, "old", str(index))
+            staged_new = os.path.join(staging, "new", str(index))
+            if op["old"] and not os.path.lexists(kept_old):
+                os.rename(dest, kept_old)
+            if op["new"] and os.path.lexists(staged_new):
+                os.rename(staged_new, dest)
         if fault_hook is not None:
             fault_hook(op["path"])
         if progress is not None:
@@ -1497,3 +1510,409 @@ def reset_copy(
         sync_tree(original, copy, changes=changes)
         refresh_snapshot(pending.copy, copy, replaced)
     return Baseline(pending.original, pending.copy)
+
+
+# -- two-phase staging (issue 9) -----------------------------------------------------------------
+
+_STAGED = "staged-two-phase"
+_APPLYING = "applying-two-phase"
+_APPLIED = "applied"
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+@dataclass(frozen=True)
+class StagedSync:
+    """What :func:`stage_sync` staged: the staging area's path, the changes it holds and the
+    :func:`change_digest`-style digest (``"sha256:<hex>"``) read back from the staged entries."""
+
+    path: str
+    changes: TreeChanges
+    digest: str
+
+
+def _check_key(key: str) -> None:
+    if not key or len(key) > 128 or not set(key) <= _KEY_CHARS or key.startswith("."):
+        raise ValueError(f"invalid two-phase staging key {key!r}: [A-Za-z0-9._-], <= 128 chars")
+
+
+def prepared_dir_for(target: StrPath, key: str) -> str:
+    """Where :func:`stage_sync` puts the staging area of ``key`` for ``target``, on
+    ``target``'s filesystem: ``<parent>/.<name>.sandbox-staging-prepared-<key>`` (a hidden
+    child ``.sandbox-staging-prepared-<key>``, which scans ignore, when ``target`` is a mount
+    point). Found again from the key alone, in any process.
+
+    Raises:
+        ValueError: ``key`` is not ``[A-Za-z0-9._-]`` (at most 128 characters).
+    """
+    _check_key(key)
+    target_s = os.path.abspath(target)
+    parent, name = os.path.split(target_s)
+    if os.stat(parent).st_dev == os.stat(target_s).st_dev:
+        return os.path.join(parent, f".{name}.sandbox-staging-{PREPARED_TAG}{key}")
+    return os.path.join(target_s, f"{INNER_STAGING_PREFIX}{PREPARED_TAG}{key}")
+
+
+def find_prepared(target: StrPath, key: str) -> str | None:
+    """The staging area of ``key`` for ``target`` when it exists (either location), else None."""
+    _check_key(key)
+    target_s = os.path.abspath(target)
+    parent, name = os.path.split(target_s)
+    for path in (
+        os.path.join(parent, f".{name}.sandbox-staging-{PREPARED_TAG}{key}"),
+        os.path.join(target_s, f"{INNER_STAGING_PREFIX}{PREPARED_TAG}{key}"),
+    ):
+        if os.path.isdir(path) and not os.path.islink(path):
+            return path
+    return None
+
+
+def prepared_keys(target: StrPath, suffix: str = "") -> list[str]:
+    """Keys of every two-phase staging area of ``target`` (those ending in ``suffix``)."""
+    target_s = os.path.abspath(target)
+    parent, name = os.path.split(target_s)
+    keys: list[str] = []
+    for directory, prefix in (
+        (parent, f".{name}.sandbox-staging-{PREPARED_TAG}"),
+        (target_s, f"{INNER_STAGING_PREFIX}{PREPARED_TAG}"),
+    ):
+        with (
+            contextlib.suppress(FileNotFoundError, NotADirectoryError),
+            os.scandir(directory) as it,
+        ):
+            keys += [
+                i.name[len(prefix) :]
+                for i in it
+                if i.name.startswith(prefix) and i.name.endswith(suffix)
+            ]
+    return sorted(keys)
+
+
+def _stamped(path: str) -> str | None:
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return signature(_entry(path, st)) + _stamp(st)
+
+
+def _guard(target: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """What apply will replace, as it is now: stamped signatures (ctime, inode, link count:
+    any change shows) of each replaced path and its subtree, and each directory's metadata."""
+    guard: dict[str, Any] = {}
+    for op in ops:
+        dest = os.path.join(target, op["path"])
+        if _journal_meta(op) is not None:
+            continue  # compared with the op's old metadata
+        guard[op["path"]] = _stamped(dest)
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            for sub, sub_path, sub_st in _walk(dest, ()):
+                guard[f"{op['path']}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
+    return guard
+
+
+def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
+    ops: list[dict[str, Any]] = journal["ops"]
+    now = _guard(target, ops)
+    before: dict[str, Any] = journal["guard"]
+    changed = {rel for rel in now.keys() | before.keys() if now.get(rel) != before.get(rel)}
+    for op in ops:
+        meta = _journal_meta(op)
+        dest = os.path.join(target, op["path"])
+        if meta is not None:
+            if not os.path.isdir(dest) or _dir_meta(dest) != meta[0]:
+                changed.add(op["path"])
+        elif not os.path.isdir(os.path.dirname(dest)):
+            changed.add(op["path"])
+    return sorted(changed)
+
+
+def _fsync_tree(root: str) -> None:
+    """fsync every file and directory below ``root`` and ``root`` itself (staged data first,
+    so the journal that names it is never durable before it)."""
+    for _, path, st in _walk(root, ()):
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(root)
+
+
+def _hash_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _digest_ops(ops: list[dict[str, Any]], new_root_of: Callable[[int], str]) -> str:
+    """``"sha256:<hex>"`` over the exact change ``ops`` make: for each op (in order) the
+    directory metadata it sets, or the deletion, or every entry it puts in place with its type,
+    mode, owner, device number, link target, xattrs (POSIX ACLs included) and content, plus
+    the hard-link groups among the new entries. Times are not part of it (a ``touch`` that
+    changes nothing else is no change). Read from ``new_root_of(index)`` for replace ops."""
+    records: list[list[Any]] = []
+    inodes: dict[tuple[int, int], list[str]] = {}
+    for index, op in enumerate(ops):
+        meta = _journal_meta(op)
+        if meta is not None:
+            records.append(["M", op["path"], meta[1]])
+            continue
+        records.append(["R", op["path"], bool(op["old"]), bool(op["new"])])
+        if not op["new"]:
+            continue
+        root = new_root_of(index)
+        walked = [("", root, os.lstat(root))]
+        if os.path.isdir(root) and not os.path.islink(root):
+            walked += sorted(_walk(root, ()))
+        for sub, path, st in walked:
+            rel = f"{op['path']}/{sub}" if sub else op["path"]
+            entry = _entry(path, st)
+            xattrs = sorted((k, v.hex()) for k, v in read_xattrs(path).items())
+            content = _hash_file(path) if entry.kind == "file" else None
+            records.append(
+                ["E", rel, entry.kind, entry.mode, entry.uid, entry.gid, entry.rdev,
+                 entry.target, xattrs, content]
+            )  # fmt: skip
+            if entry.kind != "dir" and st.st_nlink > 1:
+                inodes.setdefault((st.st_dev, st.st_ino), []).append(rel)
+    groups = sorted(sorted(names) for names in inodes.values() if len(names) > 1)
+    payload = json.dumps([records, groups], sort_keys=True, ensure_ascii=True,
+                         default=str, separators=(",", ":"))  # fmt: skip
+    return "sha256:" + hashlib.sha256(payload.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def change_digest(
+    source: StrPath, target: StrPath, changes: TreeChanges, *, expand_links: bool = True
+) -> str:
+    """The digest :func:`stage_sync` would return for the same arguments, read from
+    ``source`` without staging anything (a review, issue 9): equal when nothing changed in
+    between. A content, type, mode, owner, xattr, link target, hard-link or deletion change
+    gives another digest; an mtime alone does not.
+
+    Raises:
+        OSError: a tree cannot be read.
+    """
+    source_s, target_s = os.path.abspath(source), os.path.abspath(target)
+    paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
+    ops = _journal_ops(_plan(source_s, target_s, paths))
+    return _digest_ops(ops, lambda index: os.path.join(source_s, ops[index]["path"]))
+
+
+def _text_lines(path: str) -> list[str] | None:
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    if not stat.S_ISREG(st.st_mode):
+        return []
+    return _read_text(path, _entry(path, st))
+
+
+def change_stats(
+    old_root: StrPath, new_root: StrPath, changes: TreeChanges
+) -> tuple[int, int, int]:
+    """``(lines_added, lines_removed, bytes)`` of a change set: text lines added and removed
+    (a unified diff's ``+``/``-`` lines; binary files count none) and the size in bytes of
+    the new content of added and changed regular files.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    old_s, new_s = os.fspath(old_root), os.fspath(new_root)
+    added = removed = size = 0
+    for rel in [*changes.added, *changes.changed, *changes.deleted]:
+        new_path, old_path = os.path.join(new_s, rel), os.path.join(old_s, rel)
+        if rel not in changes.deleted:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                st = os.lstat(new_path)
+                if stat.S_ISREG(st.st_mode):
+                    size += st.st_size
+        old_lines = [] if rel in changes.added else _text_lines(old_path)
+        new_lines = [] if rel in changes.deleted else _text_lines(new_path)
+        if old_lines is None or new_lines is None:
+            continue
+        for line in difflib.unified_diff(old_lines, new_lines, n=0):
+            if line.startswith(("+++", "---")):
+                continue
+            if line.startswith("+"):
+                added += 1
+            elif line.startswith("-"):
+                removed += 1
+    return added, removed, size
+
+
+def stage_sync(
+    source: StrPath,
+    target: StrPath,
+    key: str,
+    *,
+    changes: TreeChanges,
+    backup_dir: StrPath | None = None,
+    expand_links: bool = True,
+) -> StagedSync:
+    """The durable first half of :func:`sync_tree` (two-phase commit, issue 9): copy every new
+    entry of ``changes`` into the staging area :func:`prepared_dir_for` ``(target, key)`` on
+    ``target``'s filesystem, record the stamps of what the apply will replace, write the
+    journal (state ``"staged-two-phase"``) and fsync files, journal and directories.
+    ``target`` is not touched.
+
+    The area survives :func:`recover_sync` (which only repairs one-shot syncs): it is applied
+    by :func:`apply_staged` or removed by :func:`abort_staged` of the same ``key`` only. The
+    caller owns its lifetime (the sandboxes remove theirs in ``cleanup``). An area of ``key``
+    that was only staged before is replaced; a failure leaves nothing staged.
+
+    Args: as :func:`sync_tree`; ``key`` names the area (``[A-Za-z0-9._-]``); ``backup_dir``
+        (need not be empty now: :func:`apply_staged` fills it) receives the replaced entries
+        and ``undo.json`` for :func:`undo_sync`.
+
+    Returns:
+        :class:`StagedSync` (its digest is read back from the staged copies).
+
+    Raises:
+        FileNotFoundError: ``source`` or ``target`` is missing.
+        FileExistsError: an area of ``key`` is being applied or was applied.
+        OSError: staging failed (nothing is left staged).
+    """
+    source_s, target_s = os.path.abspath(source), os.path.abspath(target)
+    for path in (source_s, target_s):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, "directory not found", path)
+    existing = find_prepared(target_s, key)
+    if existing is not None:
+        abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
+    paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
+    ops = _plan(source_s, target_s, paths)
+    staging = prepared_dir_for(target_s, key)
+    os.mkdir(staging, 0o700)
+    try:
+        os.mkdir(os.path.join(staging, "new"))
+        os.mkdir(os.path.join(staging, "old"))
+        links: LinkMap = {}
+        for index, op in enumerate(ops):
+            if op.new_src is not None:
+                copy_entry(op.new_src, os.path.join(staging, "new", str(index)), links)
+        journal_ops = _journal_ops(ops)
+        digest = _digest_ops(journal_ops, lambda i: os.path.join(staging, "new", str(i)))
+        journal: dict[str, Any] = {
+            "version": 1,
+            "target": target_s,
+            "state": _STAGED,
+            "key": key,
+            "keep_backup": os.path.abspath(backup_dir) if backup_dir is not None else None,
+            "ops": journal_ops,
+            "guard": _guard(target_s, journal_ops),
+            "digest": digest,
+            "changes": changes.to_dict(),
+        }
+        _fsync_tree(staging)
+        _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
+        _fsync_dir(os.path.dirname(staging))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StagedSync(staging, changes, digest)
+
+
+def _read_journal(staging: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(staging, _JOURNAL), encoding="utf-8") as handle:
+            data: dict[str, Any] = json.load(handle)
+    except FileNotFoundError:
+        return None
+    return data
+
+
+def verify_staged(target: StrPath, key: str) -> list[str]:
+    """Paths of ``target`` that changed since :func:`stage_sync` staged ``key`` (stamps:
+    content, metadata, links, a rename over them; a new path that now exists; a directory
+    whose metadata changed): the apply would overwrite them, so the caller refuses it. Empty
+    when nothing changed or the apply has already begun (it is then only rolled forward).
+    Call under :func:`lock_tree`.
+
+    Raises:
+        FileNotFoundError: nothing is staged under ``key``.
+    """
+    target_s = os.path.abspath(target)
+    staging = find_prepared(target_s, key)
+    journal = _read_journal(staging) if staging is not None else None
+    if staging is None or journal is None:
+        raise FileNotFoundError(errno.ENOENT, f"nothing staged under {key}", target_s)
+    if journal["state"] != _STAGED:
+        return []
+    return _guard_mismatches(target_s, journal)
+
+
+def staged_state(target: StrPath, key: str) -> str | None:
+    """The journal state of ``key``'s area (``"staged-two-phase"``, ``"applying-two-phase"``,
+    ``"applied"``), or None when there is no complete area."""
+    staging = find_prepared(target, key)
+    journal = _read_journal(staging) if staging is not None else None
+    return str(journal["state"]) if journal is not None else None
+
+
+def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | None = None) -> bool:
+    """The second half: swap the entries staged under ``key`` into ``target`` with renames
+    (directory metadata last), hand the replaced entries to the backup, remove the area.
+
+    Idempotent: the journal says ``"applying-two-phase"`` before the first rename and every
+    rename is skipped once done, so a call after a crash at any point finishes the apply
+    exactly (rolls forward; it is never undone: the decision was taken). Does not check for
+    concurrent changes: call :func:`verify_staged` first, under :func:`lock_tree`.
+
+    Returns:
+        True when an area was applied or finished; False when none exists (already applied,
+        or never staged).
+
+    Raises:
+        OSError: a rename failed (retry; the apply resumes where it stopped).
+    """
+    target_s = os.path.abspath(target)
+    staging = find_prepared(target_s, key)
+    if staging is None:
+        return False
+    lock_fd = _lock(staging, blocking=True)
+    try:
+        journal = _read_journal(staging)
+        if journal is None:
+            raise FileNotFoundError(errno.ENOENT, f"staging of {key} is incomplete", staging)
+        if journal["state"] == _STAGED:
+            journal["state"] = _APPLYING
+            _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
+        if journal["state"] == _APPLYING:
+            _apply(target_s, staging, journal["ops"], on_progress)
+            journal["state"] = _APPLIED
+            _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
+            if fault_hook is not None:
+                fault_hook("")
+        _finish(staging, journal)
+        _fsync_dir(os.path.dirname(staging))
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+    return True
+
+
+def abort_staged(target: StrPath, key: str) -> bool:
+    """Remove the staging area of ``key``; ``target`` is untouched. Idempotent.
+
+    Returns:
+        True when an area was removed, False when there was none.
+
+    Raises:
+        FileExistsError: the area's apply has begun (only :func:`apply_staged` may finish it).
+        OSError: the area could not be removed (retry).
+    """
+    staging = find_prepared(target, key)
+    if staging is None:
+        return False
+    journal = _read_journal(staging)
+    if journal is not None and journal["state"] != _STAGED:
+        raise FileExistsError(
+            errno.EEXIST, f"the staged commit {key} is being applied; apply it to finish", staging
+        )
+    shutil.rmtree(staging)
+    _fsync_dir(os.path.dirname(staging))
+    return True

@@ -31,7 +31,9 @@ failures can be classified.
 
 from __future__ import annotations
 
+import copy
 import fcntl
+import hashlib
 import os
 import pwd
 import re
@@ -366,6 +368,13 @@ class GitCommand:
             git_dir, self.common_dir, work_tree, trusted=self.trusted, run_as=self.run_as
         )
 
+    def with_index_file(self, index_file: str) -> GitCommand:
+        """The same commands reading and writing the index ``index_file`` instead of the
+        worktree's own (a throw-away index: nothing the worktree's git sees changes)."""
+        other = copy.copy(self)
+        other._env = {**self._env, "GIT_INDEX_FILE": index_file}
+        return other
+
     def run(
         self,
         *args: str,
@@ -396,6 +405,29 @@ class GitCommand:
         if result.status not in tuple(ok):
             raise GitFailure(args, result.status, result.stderr or result.stdout)
         return result
+
+
+def worktree_entry(path: Path, id_length: int) -> tuple[str, str] | None:
+    """(git mode, object id) that ``git add`` would record for ``path``, computed without git.
+
+    ``id_length`` is the repository's object id length in hex (40: SHA-1, 64: SHA-256). A
+    regular file is ``100644``/``100755`` (owner's executable bit), a symlink ``120000`` (its
+    target as the blob); None for a missing path or any other file type. Content only: no
+    filter runs (the product runs none, ``HARDENING``).
+    """
+    try:
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            mode, data = "120000", os.fsencode(path.readlink())
+        elif stat.S_ISREG(info.st_mode):
+            mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
+            data = path.read_bytes()
+        else:
+            return None
+    except OSError:
+        return None
+    digest = hashlib.sha256 if id_length == 64 else hashlib.sha1
+    return mode, digest(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _home_of(uid: int) -> str:

@@ -20,6 +20,12 @@ Exit codes:
        ``recover`` exits 7 too while a compensation still fails, case 21)
     8  a lock file left by another process (e.g. git's index.lock) blocks it; nothing changed
     9  permission denied, or the resource's owner is another user not trusted; nothing changed
+    10 ``commit-plan`` refused: the plan changed since the approved digest
+       (ChangedSinceApproval, issue 9); every participant was aborted, nothing changed
+    11 ``commit-plan --two-phase`` refused: the plan cannot be committed in two phases
+       (TwoPhaseUnavailableError: more than one participant that cannot prepare durably, or a
+       PostgreSQL server with max_prepared_transactions = 0); nothing changed. Without
+       ``--two-phase``/``--saga`` the plan falls back to the saga instead and says so.
 """
 
 from __future__ import annotations
@@ -43,14 +49,17 @@ from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     AtomicCommitError,
+    ChangedSinceApprovalError,
     SandboxCommitError,
     SandboxError,
     SandboxLockedError,
     SandboxPermissionError,
     SandboxStateError,
+    TwoPhaseUnavailableError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.manager import SandboxManager, drop_finished_journal
+from sandbox_core.review import PlanReview
 from sandbox_core.store import SandboxStore
 
 EXIT_ERROR = 1
@@ -61,13 +70,17 @@ EXIT_COMPENSATED = 6
 EXIT_COMPENSATION_FAILED = 7
 EXIT_LOCKED = 8
 EXIT_PERMISSION = 9
+EXIT_CHANGED_SINCE_APPROVAL = 10
+EXIT_TWO_PHASE_UNAVAILABLE = 11
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 sandbox error; 2 usage; 3 not found; 4 invalid state; "
     "5 commit refused for conflicts (nothing changed); 6 commit-plan failed, all compensated; "
     "7 commit-plan failed and a compensation failed; 8 a leftover lock file blocks it (retry, "
     "or remove the lock named in the message if no git runs); 9 permission denied or "
-    "untrusted owner (fix access, or --option trust_repository_owner=true)."
+    "untrusted owner (fix access, or --option trust_repository_owner=true); 10 commit-plan "
+    "refused: changed since the approved digest (nothing changed); 11 commit-plan --two-phase "
+    "refused: two phases unavailable (nothing changed)."
 )
 
 
@@ -155,6 +168,15 @@ def _guard(state: CliState, action: Callable[[], None]) -> None:
     """Run ``action``, mapping core errors to the documented exit codes."""
     try:
         action()
+    except TwoPhaseUnavailableError as exc:
+        state.fail(EXIT_TWO_PHASE_UNAVAILABLE, exc)
+    except ChangedSinceApprovalError as exc:
+        state.fail(
+            EXIT_CHANGED_SINCE_APPROVAL,
+            exc,
+            approved_digest=exc.approved_digest,
+            actual_digest=exc.actual_digest,
+        )
     except SandboxLockedError as exc:  # before the phase classes it also belongs to
         state.fail(EXIT_LOCKED, exc, lock_path=exc.lock_path)
     except SandboxPermissionError as exc:
@@ -478,19 +500,72 @@ def restore(state: CliState, checkpoint_id: str) -> None:
 @main.command("commit-plan")
 @click.argument("plan_id")
 @click.option("-m", "--message", default=None, help="Commit message for every sandbox.")
+@click.option(
+    "--two-phase",
+    "mode",
+    flag_value="two_phase",
+    default=None,
+    help="Two-phase commit only: refuse (exit 11) when the plan cannot use it.",
+)
+@click.option(
+    "--saga",
+    "mode",
+    flag_value="saga",
+    help="The saga: commit one by one and compensate on failure (seed 002).",
+)
+@click.option(
+    "--approved-digest",
+    default=None,
+    help="Plan digest from `sandbox-core review`; a plan that changed since is refused (exit 10).",
+)
 @click.pass_obj
-def commit_plan(state: CliState, plan_id: str, message: str | None) -> None:
-    """Atomically commit every sandbox of PLAN_ID: all committed, or all compensated (LIFO)."""
+def commit_plan(
+    state: CliState,
+    plan_id: str,
+    message: str | None,
+    mode: str | None,
+    approved_digest: str | None,
+) -> None:
+    """Atomically commit every sandbox of PLAN_ID: all committed, or none changed.
+
+    Default: two phases (every conflict found before any original is touched, issue 9), falling
+    back to the saga when two phases cannot be used (the result says why, ``fallback_reason``).
+    ``--two-phase`` refuses that fallback; ``--saga`` commits one by one and compensates (LIFO).
+    """
 
     def run() -> None:
         manager = state.manager()
         with state.store.plan_lock(plan_id):
             manager.reopen_plan(plan_id)  # under the lock: never act on a stale status
-            results = manager.commit_all(plan_id, message=message)
+            results = manager.commit_plan(
+                plan_id,
+                mode="auto" if mode is None else "saga" if mode == "saga" else "two_phase",
+                message=message,
+                approved_digest=approved_digest,
+            )
         payload = {"plan_id": plan_id, "results": [r.to_dict() for r in results]}
         failed = [r for r in results if not r.success]
         if failed:
             meta = failed[0].metadata
+            if meta.get("reason") == "ChangedSinceApproval":
+                state.fail(
+                    EXIT_CHANGED_SINCE_APPROVAL,
+                    ChangedSinceApprovalError(
+                        failed[0].error or "changed since approval",
+                        approved_digest=str(meta.get("approved_digest") or ""),
+                        actual_digest=str(meta.get("digest") or ""),
+                    ),
+                    approved_digest=meta.get("approved_digest"),
+                    actual_digest=meta.get("digest"),
+                    results=payload["results"],
+                )
+            if meta.get("mode") == "two_phase" and meta.get("conflicts"):
+                state.fail(
+                    EXIT_CONFLICT,
+                    SandboxCommitError(failed[0].error or "conflict", list(meta["conflicts"])),
+                    conflicts=meta["conflicts"],
+                    results=payload["results"],
+                )
             error = AtomicCommitError(
                 failed[0].error or "atomic commit failed",
                 list(meta.get("rolled_back_ids", [])),
@@ -510,6 +585,68 @@ def commit_plan(state: CliState, plan_id: str, message: str | None) -> None:
             )
         human = "\n".join(_format_result(r.to_dict()) for r in results)
         state.emit(payload, human or "nothing to commit")
+
+    _guard(state, run)
+
+
+def _review_table(review: PlanReview) -> str:
+    """The human form of ``sandbox-core review``: one row per sandbox, then the digest."""
+    header = (
+        "SANDBOX",
+        "RESOURCE",
+        "STRATEGY",
+        "A",
+        "M",
+        "D",
+        "+LINES",
+        "-LINES",
+        "BYTES",
+        "STMTS",
+        "CONFLICTS",
+    )
+    rows = [header] + [
+        (
+            s.sandbox_id,
+            s.resource_id,
+            s.strategy,
+            str(len(s.added)),
+            str(len(s.changed)),
+            str(len(s.deleted)),
+            str(s.lines_added),
+            str(s.lines_removed),
+            str(s.bytes_changed),
+            str(s.statements),
+            ", ".join(s.conflicts) or "-",
+        )
+        for s in review.sandboxes
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.append(f"plan {review.plan_id} digest {review.digest}")
+    if review.has_conflicts:
+        lines.append("CONFLICTS: committing now would fail; nothing would be changed")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("plan_id")
+@click.option("--max-paths", default=20, show_default=True, help="Paths per sandbox in --json.")
+@click.pass_obj
+def review(state: CliState, plan_id: str, max_paths: int) -> None:
+    """What committing PLAN_ID would change now, per sandbox, and the plan digest (issue 9).
+
+    Takes no locks on the originals and changes nothing. Approve the digest with
+    ``commit-plan --approved-digest``. ``--json`` prints ``PlanReview.to_dict()``.
+    """
+
+    def run() -> None:
+        manager = state.manager()
+        manager.reopen_plan(plan_id)
+        found = manager.review_plan(plan_id)
+        state.emit(found.to_dict(max_paths=max_paths), _review_table(found))
 
     _guard(state, run)
 

@@ -146,6 +146,8 @@ class JournalState(BaseModel):
     """Two-phase: the digest the approval named, when one was required."""
     decided_at: datetime | None = None
     """Two-phase: when the decision to commit was recorded (the point of no return)."""
+    fallback_reason: str | None = None
+    """Saga attempt of a ``mode="auto"`` plan commit: why two phases could not be used."""
     started_at: datetime = Field(default_factory=utc_now)
     updated_at: datetime = Field(default_factory=utc_now)
     finished_at: datetime | None = None

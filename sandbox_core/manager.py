@@ -18,12 +18,13 @@ the process on purpose).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from sandbox_core.base import require_non_empty
@@ -33,10 +34,11 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
-from sandbox_core.errors import SandboxError
+from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState, MemoryCommitJournal
 from sandbox_core.protocol import CommitResult
+from sandbox_core.review import PlanReview, review_plan
 from sandbox_core.saga import (
     FaultHook,
     PlanCommitSaga,
@@ -45,9 +47,16 @@ from sandbox_core.saga import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
+from sandbox_core.two_phase import (
+    TwoPhasePlanCommit,
+    two_phase_results,
+    two_phase_unavailable_reason,
+)
 
 logger = logging.getLogger("sandbox_core.manager")
 
+PlanCommitMode = Literal["two_phase", "saga", "auto"]
+PLAN_COMMIT_MODES: tuple[str, ...] = ("two_phase", "saga", "auto")
 
 
 class SandboxManager:
@@ -223,7 +232,7 @@ class SandboxManager:
             if previous is not None and not previous.phase.is_terminal:
                 recovered = self.recover(plan_id, journal)
                 assert recovered is not None  # it was loaded just above
-                return results_from_journal(recovered)
+                return _journal_results(recovered)
             tracked = self.list_sandboxes(plan_id)
             refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
             sandboxes = [sb for sb in tracked if sb.status.can_commit]
@@ -233,8 +242,126 @@ class SandboxManager:
             saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
             return saga.run(plan_id, sandboxes, attempt=attempt, message=message)
 
+    def commit_plan(
+        self,
+        plan_id: str,
+        mode: PlanCommitMode = "two_phase",
+        journal: CommitJournal | None = None,
+        message: str | None = None,
+        approved_digest: str | None = None,
+    ) -> list[CommitResult]:
+        """Commit every CREATED/ACTIVE sandbox of the plan all or nothing (issue 9, §1).
+
+        ``mode="two_phase"`` runs :class:`~sandbox_core.two_phase.TwoPhasePlanCommit`: every
+        conflict is found before any original is touched. ``mode="saga"`` runs the saga of
+        :meth:`commit_all`. ``mode="auto"`` tries two phases and falls back to the saga when
+        they cannot be used (:class:`TwoPhaseUnavailableError`: more than one participant that
+        cannot prepare durably, or a PostgreSQL server with ``max_prepared_transactions = 0``);
+        nothing is touched before the fallback. The fallback is reported in every result's
+        metadata (``mode: "saga"``, ``fallback_reason``) and in the journal
+        (``JournalState.fallback_reason``). An unfinished attempt in the journal (either mode)
+        is recovered first and its outcome returned, as in :meth:`commit_all`; so is the plan
+        refused up front when it could only land in part (case 38).
+
+        Args:
+            plan_id: the plan.
+            mode: ``"two_phase"`` (default), ``"saga"`` or ``"auto"``.
+            journal: default: :meth:`journal_for`.
+            message: commit message for every sandbox.
+            approved_digest: the plan digest (``"sha256:<hex>"``, from :meth:`review_plan`)
+                that was approved. Two phases compare it with the prepared changes; the saga
+                with a review taken just before it starts. A mismatch returns one failed result
+                with metadata ``reason: "ChangedSinceApproval"``; nothing is touched.
+
+        Returns:
+            ``[]`` when nothing is committable; one successful result per sandbox; or one
+            failed result (shape: :meth:`TwoPhasePlanCommit.run` / :meth:`commit_all`).
+
+        Raises:
+            ValueError: ``"plan_id cannot be empty"``, or an unknown ``mode``.
+            TwoPhaseUnavailableError: ``mode="two_phase"`` and the plan cannot use two phases;
+                nothing was touched.
+            PlanRerunRequiredError: as :meth:`commit_all` (case 38).
+            SandboxError: the journal could not be read or written.
+        """
+        require_non_empty("plan_id", plan_id)
+        if mode not in PLAN_COMMIT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PLAN_COMMIT_MODES)}, not {mode!r}")
+        journal = journal if journal is not None else self.journal_for(plan_id)
+        with self._plan_lock(plan_id):
+            previous = journal.load()
+            if previous is not None and not previous.phase.is_terminal:
+                recovered = self.recover(plan_id, journal)
+                assert recovered is not None  # it was loaded just above
+                return _journal_results(recovered)
+            tracked = self.list_sandboxes(plan_id)
+            refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
+            sandboxes = [sb for sb in tracked if sb.status.can_commit]
+            if not sandboxes:
+                return []
+            attempt = previous.attempt + 1 if previous is not None else 1
+            fallback: str | None = None
+            if mode != "saga":
+                fallback = two_phase_unavailable_reason(sandboxes)
+                if fallback is not None and mode == "two_phase":
+                    raise TwoPhaseUnavailableError(fallback)
+                if fallback is None:
+                    coordinator = TwoPhasePlanCommit(
+                        journal, on_change=self._persist, fault_hook=self._fault_hook
+                    )
+                    try:
+                        return coordinator.run(
+                            plan_id,
+                            sandboxes,
+                            attempt=attempt,
+                            message=message,
+                            approved_digest=approved_digest,
+                        )
+                    except TwoPhaseUnavailableError as exc:
+                        if mode == "two_phase":
+                            raise
+                        fallback = str(exc)
+                        attempt += 1
+                logger.warning("plan %s: falling back to the saga: %s", plan_id, fallback)
+            if approved_digest is not None:
+                changed = _changed_since_approval(plan_id, sandboxes, approved_digest, fallback)
+                if changed is not None:
+                    return [changed]
+            saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
+            results = saga.run(
+                plan_id, sandboxes, attempt=attempt, message=message, fallback_reason=fallback
+            )
+            if fallback is None:
+                return results
+            return [
+                dataclasses.replace(
+                    r, metadata={**r.metadata, "mode": "saga", "fallback_reason": fallback}
+                )
+                for r in results
+            ]
+
+    def review_plan(self, plan_id: str) -> PlanReview:
+        """What committing the plan would change now (issue 9, §2); takes no locks on originals.
+
+        Returns:
+            The :class:`~sandbox_core.review.PlanReview` of every CREATED/ACTIVE sandbox of the
+            plan (empty, with the digest of nothing, when none is); its ``digest`` is what
+            ``commit_plan(approved_digest=...)`` takes.
+
+        Raises:
+            ValueError: ``"plan_id cannot be empty"``.
+            SandboxError: a sandbox's changes could not be read.
+        """
+        require_non_empty("plan_id", plan_id)
+        with self._plan_lock(plan_id):
+            sandboxes = [sb for sb in self.list_sandboxes(plan_id) if sb.status.can_commit]
+            return review_plan(plan_id, sandboxes)
+
     def recover(self, plan_id: str, journal: CommitJournal | None = None) -> JournalState | None:
-        """Finish an interrupted ``commit_all`` of ``plan_id`` (cases 20 and 22).
+        """Finish an interrupted ``commit_all`` or ``commit_plan`` of ``plan_id`` (cases 20 and 22).
+
+        A two-phase journal is recovered by :meth:`TwoPhasePlanCommit.recover` (before its
+        decision every participant is aborted, after it the apply rolls forward; issue 9).
 
         Sandboxes named in the journal are taken from tracking or reopened from the store.
         Ends in all-committed or all-compensated. Compensations that failed earlier are retried
@@ -252,8 +379,12 @@ class SandboxManager:
         require_non_empty("plan_id", plan_id)
         journal = journal if journal is not None else self.journal_for(plan_id)
         with self._plan_lock(plan_id):
-            saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
-            return saga.recover(lambda step: self._sandbox_for_step(plan_id, step.sandbox_id))
+            coordinator = TwoPhasePlanCommit(
+                journal, on_change=self._persist, fault_hook=self._fault_hook
+            )
+            return coordinator.recover(
+                lambda step: self._sandbox_for_step(plan_id, step.sandbox_id)
+            )
 
     def journal_for(self, plan_id: str) -> CommitJournal:
         """The default journal of ``plan_id``: a file in the store, else one kept in memory."""
@@ -536,6 +667,47 @@ def drop_finished_journal(store: SandboxStore, plan_id: str) -> bool:
         return False
     journal.path.unlink(missing_ok=True)
     return True
+
+
+def _journal_results(state: JournalState) -> list[CommitResult]:
+    """What a finished attempt of either mode stands for (saga or two-phase journal)."""
+    if state.mode == "two_phase":
+        return two_phase_results(state)
+    return results_from_journal(state)
+
+
+def _changed_since_approval(
+    plan_id: str, sandboxes: list[Any], approved_digest: str, fallback: str | None
+) -> CommitResult | None:
+    """The saga's approval check (issue 9, §2): a review just before it starts.
+
+    Returns:
+        ``None`` when the plan still hashes to ``approved_digest``; else the failed result
+        (metadata ``reason: "ChangedSinceApproval"``, ``touched_originals`` 0).
+    """
+    actual = review_plan(plan_id, sandboxes).digest
+    if actual == approved_digest:
+        return None
+    return CommitResult(
+        sandbox_id="",
+        success=False,
+        error=(
+            f"Atomic commit failed: plan {plan_id} changed since approval: its changes hash to "
+            f"{actual}, the approval named {approved_digest}; nothing was changed"
+        ),
+        metadata={
+            "failed_sandbox_id": None,
+            "conflicts": [],
+            "rolled_back_ids": [],
+            "failed_rollback_ids": [],
+            "reason": "ChangedSinceApproval",
+            "touched_originals": 0,
+            "mode": "saga",
+            "fallback_reason": fallback,
+            "digest": actual,
+            "approved_digest": approved_digest,
+        },
+    )
 
 
 def _label(sandbox: Any) -> str:

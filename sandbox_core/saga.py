@@ -209,6 +209,73 @@ def adopt_landed_commit(sandbox: Any) -> None:
         adopt()
 
 
+CompensationUndo = Callable[[JournalStep, Any], None]
+"""``(step, target) -> None``: undo one step (roll the sandbox back); raises when it cannot."""
+
+
+def run_compensations(
+    state: JournalState,
+    items: Iterable[tuple[JournalStep, Any]],
+    undo: CompensationUndo,
+    save: Callable[[JournalState], None],
+    *,
+    after_undo: Callable[[JournalStep], None] | None = None,
+    on_done: Callable[[JournalStep, Any, Exception | None], None] | None = None,
+) -> list[tuple[JournalStep, Any, Exception]]:
+    """The one compensation loop of the code base (seed 002; cases 21; issue 9, §1).
+
+    For each ``(step, target)`` in the order given (the saga passes LIFO order, the operator's
+    ``action: Rollback`` its steps in order): the step is recorded ``compensating`` and saved,
+    ``undo(step, target)`` runs, then the step is recorded ``compensated`` (its id moves from
+    ``state.failed_rollback_ids`` to ``state.rolled_back_ids``) or ``compensation_failed``
+    (error recorded, id in ``failed_rollback_ids``) and saved again. Every step is attempted,
+    even after one failed.
+
+    Args:
+        state: the attempt; changed in place.
+        items: the steps to compensate with whatever ``undo`` needs (a sandbox or a handle).
+        undo: undoes one step; any exception counts as a failed compensation.
+        save: makes ``state`` durable (a journal's ``save``).
+        after_undo: called after a successful undo, before it is recorded (the saga's
+            ``after_compensate`` fault point); its exceptions propagate.
+        on_done: called with ``(step, target, error or None)`` after each step, before the
+            step is saved (persist the sandbox, count metrics).
+
+    Returns:
+        ``(step, target, exception)`` of every failed compensation, in the order attempted.
+    """
+    failures: list[tuple[JournalStep, Any, Exception]] = []
+    for step, target in items:
+        step.state = StepState.COMPENSATING
+        step.started_at = step.started_at or utc_now()
+        save(state)
+        error: Exception | None = None
+        try:
+            undo(step, target)
+        except Exception as exc:  # every compensation is attempted; failures are named
+            error = exc
+            step.state = StepState.COMPENSATION_FAILED
+            step.error = f"{type(exc).__name__}: {exc}"
+            if step.sandbox_id not in state.failed_rollback_ids:
+                state.failed_rollback_ids.append(step.sandbox_id)
+            failures.append((step, target, exc))
+            logger.exception("compensation of sandbox %s failed", step.sandbox_id)
+        else:
+            if after_undo is not None:
+                after_undo(step)
+            step.state = StepState.COMPENSATED
+            step.error = None
+            if step.sandbox_id in state.failed_rollback_ids:
+                state.failed_rollback_ids.remove(step.sandbox_id)
+            if step.sandbox_id not in state.rolled_back_ids:
+                state.rolled_back_ids.append(step.sandbox_id)
+        if on_done is not None:
+            on_done(step, target, error)
+        step.updated_at = utc_now()
+        save(state)
+    return failures
+
+
 class PlanCommitSaga:
     """Runs and recovers one plan's atomic commit against one journal.
 
@@ -232,9 +299,17 @@ class PlanCommitSaga:
     # -- run ---------------------------------------------------------------------------------
 
     def run(
-        self, plan_id: str, sandboxes: list[Any], attempt: int = 1, message: str | None = None
+        self,
+        plan_id: str,
+        sandboxes: list[Any],
+        attempt: int = 1,
+        message: str | None = None,
+        fallback_reason: str | None = None,
     ) -> list[CommitResult]:
         """Commit ``sandboxes`` all or nothing (seed 002, "Atomic Commit").
+
+        ``fallback_reason`` (issue 9) is recorded in the journal when a two-phase plan commit
+        fell back to this saga (``SandboxManager.commit_plan(mode="auto")``).
 
         Returns:
             One successful :class:`CommitResult` per sandbox, in commit order; or, when a commit
@@ -253,6 +328,7 @@ class PlanCommitSaga:
             attempt=attempt,
             phase=JournalPhase.COMMITTING,
             steps=[_step_for(sb) for sb in ordered],
+            fallback_reason=fallback_reason,
         )
         self._save(state)
         return self._commit_steps(state, list(zip(state.steps, ordered, strict=True)), [], message)
@@ -427,33 +503,27 @@ class PlanCommitSaga:
         state.phase = JournalPhase.COMPENSATING
         self._save(state)
         positions = {step.sandbox_id: index for index, step in enumerate(state.steps, start=1)}
-        for step, sandbox in reversed(committed):
-            index = positions[step.sandbox_id]
-            step.state = StepState.COMPENSATING
-            self._save(state)
-            try:
-                self._fault("before_compensate", index, step.sandbox_id)
-                _roll_back_one(step, sandbox, recovering=recovering)
-            except Exception as exc:  # every compensation is attempted; failures are named
-                step.state = StepState.COMPENSATION_FAILED
-                step.error = f"{type(exc).__name__}: {exc}"
-                if step.sandbox_id not in state.failed_rollback_ids:
-                    state.failed_rollback_ids.append(step.sandbox_id)
-                if _may_succeed_later(step, sandbox, exc):
-                    owed.append(step.sandbox_id)
-                logger.exception("compensation of sandbox %s failed", step.sandbox_id)
-            else:
-                self._fault("after_compensate", index, step.sandbox_id)
-                step.state = StepState.COMPENSATED
-                step.error = None
-                if step.sandbox_id in state.failed_rollback_ids:
-                    state.failed_rollback_ids.remove(step.sandbox_id)
-                if step.sandbox_id not in state.rolled_back_ids:
-                    state.rolled_back_ids.append(step.sandbox_id)
+
+        def undo(step: JournalStep, sandbox: Any) -> None:
+            self._fault("before_compensate", positions[step.sandbox_id], step.sandbox_id)
+            _roll_back_one(step, sandbox, recovering=recovering)
+
+        def done(step: JournalStep, sandbox: Any, exc: Exception | None) -> None:
+            if exc is not None and _may_succeed_later(step, sandbox, exc):
+                owed.append(step.sandbox_id)
             if sandbox is not None:
                 self._changed(sandbox)
-            step.updated_at = utc_now()
-            self._save(state)
+
+        run_compensations(
+            state,
+            reversed(committed),
+            undo,
+            self._save,
+            after_undo=lambda step: self._fault(
+                "after_compensate", positions[step.sandbox_id], step.sandbox_id
+            ),
+            on_done=done,
+        )
         return owed
 
     def _conclude(

@@ -73,6 +73,7 @@ EXPECTED_STATUS_FIELDS = {
     "PlanCommit": {
         "phase", "sandboxes", "results", "rolledBackIds", "failedRollbackIds", "failedSandboxId",
         "startedAt", "completedAt", "conditions", "observedGeneration",
+        "mode", "twoPhase", "review",  # issue 9
     },
 }  # fmt: skip
 # (kind, dotted path below openAPIV3Schema.properties) of every immutable field.
@@ -85,6 +86,8 @@ IMMUTABLE_FIELDS = [
     ("Checkpoint", "spec.phase"),
     ("PlanCommit", "spec.planId"),
     ("PlanCommit", "spec.action"),
+    ("PlanCommit", "spec.mode"),
+    ("PlanCommit", "spec.approval"),
 ]
 STRUCTURAL_KEYS_FORBIDDEN = ("$ref", "allOf", "anyOf", "oneOf", "not", "definitions")
 
@@ -289,11 +292,12 @@ def test_conditions_schema_like_metav1(kind: str) -> None:
 def test_plancommit_status_enums() -> None:
     assert _at("PlanCommit", "status.phase")["enum"] == [
         "Pending", "Committing", "Committed", "RollingBack", "RolledBack", "Failed",
+        "AwaitingApproval", "Expired",
     ]  # fmt: skip
     journal_state = _at("PlanCommit", "status.sandboxes")["items"]["properties"]["state"]
     assert journal_state["enum"] == [
         "Pending", "Committing", "Committed", "Failed", "Compensating", "Compensated",
-        "CompensationFailed", "Skipped",
+        "CompensationFailed", "Skipped", "Preparing", "Prepared", "Aborted",
     ]  # fmt: skip
     assert _at("Sandbox", "status.phase")["enum"] == [
         "Pending", "Created", "Active", "Committed", "RolledBack", "CleanedUp", "Errored",

@@ -4,6 +4,13 @@ DESIGN.md, "PlanCommit: atomic commit as a saga": the PlanCommit status *is* the
 ``save`` is a synchronous status-subresource patch, so when the core's ``PlanCommitSaga`` records
 a step before and after it happens, the API server holds it before the next side effect.
 Only CRD-declared fields are written (case 15). Conditions follow :func:`plancommit_conditions`.
+
+Two-phase attempts (issue 9, ``sandbox_core.two_phase``) add ``status.mode`` and
+``status.twoPhase`` (``txid``, ``attempt``, ``stage`` = the journal phase while not terminal,
+``reason``, ``digest``, ``approvedDigest``, ``decidedAt``) and per step ``lastResource``,
+``preparedDigest`` and ``conflicts``: enough for :meth:`TwoPhasePlanCommit.recover` to abort
+(before the decision) or roll forward (after it) in a restarted operator. The journal phases
+``preparing``, ``applying`` and ``aborting`` all show as phase ``Committing``.
 """
 
 from __future__ import annotations
@@ -26,13 +33,30 @@ from sandbox_operator.models import PLANCOMMIT_PLURAL, PlanCommitAction, PlanCom
 
 PHASES = {
     JournalPhase.PENDING: PlanCommitPhase.PENDING,
+    JournalPhase.PREPARING: PlanCommitPhase.COMMITTING,
+    JournalPhase.APPLYING: PlanCommitPhase.COMMITTING,
+    JournalPhase.ABORTING: PlanCommitPhase.COMMITTING,
     JournalPhase.COMMITTING: PlanCommitPhase.COMMITTING,
     JournalPhase.COMPENSATING: PlanCommitPhase.ROLLING_BACK,
     JournalPhase.COMMITTED: PlanCommitPhase.COMMITTED,
     JournalPhase.ROLLED_BACK: PlanCommitPhase.ROLLED_BACK,
     JournalPhase.FAILED: PlanCommitPhase.FAILED,
 }
-JOURNAL_PHASES = {value.value: key for key, value in PHASES.items()}
+# status.phase -> journal phase; the two-phase stages all read "Committing" (see STAGES).
+JOURNAL_PHASES = {
+    value.value: key
+    for key, value in PHASES.items()
+    if key not in (JournalPhase.PREPARING, JournalPhase.APPLYING, JournalPhase.ABORTING)
+}
+# status.twoPhase.stage: the journal phase of a two-phase attempt that is not terminal.
+STAGES = {
+    JournalPhase.PENDING: "Pending",
+    JournalPhase.PREPARING: "Preparing",
+    JournalPhase.APPLYING: "Applying",
+    JournalPhase.ABORTING: "Aborting",
+}
+JOURNAL_STAGES = {value: key for key, value in STAGES.items()}
+MODES = {"two_phase": "TwoPhase", "saga": "Saga"}
 
 
 def plancommit_phase(phase: JournalPhase, action: PlanCommitAction) -> PlanCommitPhase:
@@ -57,6 +81,9 @@ STEP_STATES = {
     StepState.COMPENSATED: "Compensated",
     StepState.COMPENSATION_FAILED: "CompensationFailed",
     StepState.FAILED: "Failed",
+    StepState.PREPARING: "Preparing",
+    StepState.PREPARED: "Prepared",
+    StepState.ABORTED: "Aborted",
 }
 JOURNAL_STEP_STATES = {value: key for key, value in STEP_STATES.items()}
 JOURNAL_STEP_STATES["Skipped"] = StepState.PENDING
@@ -143,6 +170,9 @@ def _plancommit_conditions(
     failed_step = next((s for s in state.steps if s.sandbox_id == state.failed_sandbox_id), None)
     if action is PlanCommitAction.ROLLBACK:
         reason, message = "RolledBack", f"plan {state.plan_id} was rolled back on request"
+    elif state.reason is JournalReason.CHANGED_SINCE_APPROVAL:
+        reason = state.reason.value
+        message = state.error or f"plan {state.plan_id} changed since it was approved"
     elif failed_step is not None:
         error = failed_step.error or state.error or "unknown error"
         reason = "Conflict" if "conflict" in error.lower() else "SandboxCommitFailed"
@@ -165,6 +195,15 @@ def _plancommit_conditions(
             "False",
             "CompensationFailed",
             "no sandbox could be rolled back",
+            generation,
+        )
+    elif state.mode == "two_phase":
+        out = set_condition(
+            out,
+            "RolledBack",
+            "True",
+            "Aborted",
+            "every prepared sandbox was aborted before the decision; no original was changed",
             generation,
         )
     else:
@@ -223,10 +262,21 @@ def status_of_journal(
         }
         if step.started_at is not None:
             entry["startedAt"] = rfc3339(step.started_at)
-        if step.state not in (StepState.PENDING, StepState.COMMITTING, StepState.COMPENSATING):
+        if step.state not in (
+            StepState.PENDING,
+            StepState.COMMITTING,
+            StepState.COMPENSATING,
+            StepState.PREPARING,
+        ):
             entry["finishedAt"] = rfc3339(step.updated_at)
         if step.error:
             entry["error"] = step.error
+        if step.conflicts:
+            entry["conflicts"] = list(step.conflicts[:MAX_STEP_CONFLICTS])
+        if state.mode == "two_phase":
+            entry["lastResource"] = step.last_resource
+            if step.prepared and step.prepared.get("digest"):
+                entry["preparedDigest"] = str(step.prepared["digest"])
         steps.append(entry)
         if step.result or step.state is StepState.FAILED:
             results.append(_result_entry(step, names))
@@ -241,11 +291,34 @@ def status_of_journal(
     }
     if state.failed_sandbox_id:
         status["failedSandboxId"] = state.failed_sandbox_id
+    if state.steps:  # an up-front failure ran no mode at all
+        status["mode"] = MODES[state.mode]
+    if state.mode == "two_phase":
+        status["twoPhase"] = two_phase_status(state)
     if terminal:
         status["completedAt"] = rfc3339(state.finished_at or state.updated_at)
     if generation is not None:
         status["observedGeneration"] = generation
     return status
+
+
+MAX_STEP_CONFLICTS = 20
+
+
+def two_phase_status(state: JournalState) -> dict[str, Any]:
+    """``status.twoPhase`` of a two-phase attempt (the resume point of a restarted operator)."""
+    out: dict[str, Any] = {"attempt": state.attempt, "reason": state.reason.value}
+    if not state.phase.is_terminal:
+        out["stage"] = STAGES.get(state.phase, "Preparing")
+    for key, value in (
+        ("txid", state.txid),
+        ("digest", state.digest),
+        ("approvedDigest", state.approved_digest),
+        ("decidedAt", rfc3339(state.decided_at)),
+    ):
+        if value:
+            out[key] = value
+    return out
 
 
 def _result_entry(step: JournalStep, names: Mapping[str, str]) -> dict[str, Any]:
@@ -286,6 +359,8 @@ def journal_of_status(plan_id: str, status: Mapping[str, Any]) -> JournalState |
             error=raw.get("error"),
             started_at=_parse_time(raw.get("startedAt")),
             updated_at=_parse_time(raw.get("finishedAt")) or datetime.now(UTC),
+            conflicts=[str(c) for c in raw.get("conflicts") or []],
+            last_resource=bool(raw.get("lastResource", False)),
         )
         if result is not None and result.get("success"):
             step.result = {
@@ -300,12 +375,38 @@ def journal_of_status(plan_id: str, status: Mapping[str, Any]) -> JournalState |
                 "metadata": {},
             }
         steps.append(step)
-    journal_phase = JOURNAL_PHASES[str(phase)]
+    journal_phase: JournalPhase = JOURNAL_PHASES[str(phase)]
+    two_phase = status.get("twoPhase")
+    extra: dict[str, Any] = {}
+    reason = JournalReason.IN_PROGRESS
+    if status.get("mode") == "TwoPhase" and isinstance(two_phase, Mapping):
+        if not journal_phase.is_terminal:
+            journal_phase = JOURNAL_STAGES.get(str(two_phase.get("stage")), JournalPhase.PREPARING)
+        reason = JournalReason(str(two_phase.get("reason") or JournalReason.IN_PROGRESS.value))
+        txid = two_phase.get("txid")
+        extra = {
+            "mode": "two_phase",
+            "attempt": int(two_phase.get("attempt") or 1),
+            "txid": txid,
+            "digest": two_phase.get("digest"),
+            "approved_digest": two_phase.get("approvedDigest"),
+            "decided_at": _parse_time(two_phase.get("decidedAt")),
+        }
+        for raw, step in zip(steps_raw, steps, strict=True):
+            if raw.get("preparedDigest") and txid:
+                step.prepared = {
+                    "sandbox_id": step.sandbox_id,
+                    "txid": txid,
+                    "digest": raw["preparedDigest"],
+                    "summary": None,
+                    "details": {},
+                }
     return JournalState(
         plan_id=plan_id,
         phase=journal_phase,
-        reason=JournalReason.IN_PROGRESS,
+        reason=reason,
         steps=steps,
+        **extra,
         failed_sandbox_id=status.get("failedSandboxId"),
         rolled_back_ids=list(status.get("rolledBackIds") or []),
         failed_rollback_ids=list(status.get("failedRollbackIds") or []),

@@ -205,6 +205,27 @@ def plancommit_saga(namespace: str | None, name: str, **_: Any) -> None:
     runtime().plancommits.reconcile(str(namespace), name)
 
 
+@kopf.on.field(
+    GROUP, VERSION, PLANCOMMIT_PLURAL, id="approval", field="spec.approvedDigest", timeout=TIMEOUT
+)
+def plancommit_approval(namespace: str | None, name: str, **_: Any) -> None:
+    """spec.approvedDigest changed: decide on the approval now (issue 9, §2)."""
+    runtime().plancommits.reconcile(str(namespace), name)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLANCOMMIT_PLURAL,
+    id="approval-wait",
+    interval=SETTINGS.ttl_check_interval_seconds,
+    when=lambda status, **_: status.get("phase") == "AwaitingApproval",
+)
+def plancommit_approval_wait(namespace: str | None, name: str, **_: Any) -> None:
+    """A PlanCommit awaiting approval: expire it after approvalTimeoutSeconds (issue 9, §2)."""
+    runtime().plancommits.reconcile(str(namespace), name)
+
+
 @kopf.on.delete(GROUP, VERSION, PLANCOMMIT_PLURAL, id="plan-cleanup", timeout=TIMEOUT)
 def plancommit_delete(body: kopf.Body, **_: Any) -> None:
     """Finalizer: with cleanupPolicy Delete, delete the plan's Sandboxes."""

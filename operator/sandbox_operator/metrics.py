@@ -1,6 +1,8 @@
 """Prometheus metrics (prometheus-client), served by :func:`serve` from the startup handler.
 
 Issue 3, "Observability": reconciles, commits, compensations, failed compensations, durations.
+Issue 9: plan reviews, approvals (matched / mismatched), expiries, two-phase outcomes and
+fallbacks to the saga.
 """
 
 from __future__ import annotations
@@ -43,6 +45,31 @@ PLAN_COMMIT_SECONDS = Histogram(
     "sandbox_operator_plan_commit_duration_seconds",
     "Duration of a PlanCommit from start to terminal phase in seconds.",
     ["action"],
+)
+
+PLAN_REVIEWS = Counter(
+    "sandbox_operator_plan_reviews_total",
+    "PlanCommit reviews computed, by outcome (ok|error).",
+    ["outcome"],
+)
+PLAN_APPROVALS = Counter(
+    "sandbox_operator_plan_approvals_total",
+    "Approved digests seen on PlanCommits, by result (matched|mismatched).",
+    ["result"],
+)
+PLAN_EXPIRIES = Counter(
+    "sandbox_operator_plan_expiries_total",
+    "PlanCommits that ended Expired (approvalTimeoutSeconds elapsed without an approval).",
+)
+TWO_PHASE_OUTCOMES = Counter(
+    "sandbox_operator_two_phase_commits_total",
+    "Finished two-phase plan commits, by outcome (committed|failed|changed_since_approval|"
+    "interrupted).",
+    ["outcome"],
+)
+TWO_PHASE_FALLBACKS = Counter(
+    "sandbox_operator_two_phase_fallbacks_total",
+    "TwoPhase PlanCommits that ran as a saga because two phases could not be used.",
 )
 
 

@@ -202,13 +202,43 @@ class PlanCommitAction(StrEnum):
     ROLLBACK = "Rollback"
 
 
+class PlanCommitMode(StrEnum):
+    """``PlanCommit.spec.mode`` (issue 9, §1): how a Commit is carried out."""
+
+    TWO_PHASE = "TwoPhase"
+    """Prepare every sandbox, decide, then apply: a conflict touches no original."""
+    SAGA = "Saga"
+    """Commit one after another, compensating the landed ones on failure (seed 002)."""
+
+
+class PlanCommitApproval(StrEnum):
+    """``PlanCommit.spec.approval`` (issue 9, §2)."""
+
+    REQUIRED = "Required"
+    """Stop at ``AwaitingApproval`` after the review until ``approvedDigest`` names it."""
+    NOT_REQUIRED = "NotRequired"
+
+
 class PlanCommitSpec(_Model):
-    """``PlanCommit.spec``."""
+    """``PlanCommit.spec``.
+
+    ``approved_digest`` (``"sha256:<64 hex>"``) is the reviewed plan digest a person approved;
+    ``approval_timeout_seconds`` ends an unapproved PlanCommit as ``Expired`` (issue 9, §2).
+    """
 
     plan_id: str
     action: PlanCommitAction = PlanCommitAction.COMMIT
     message: str | None = None
     cleanup_policy: str = "Retain"
+    mode: PlanCommitMode = PlanCommitMode.TWO_PHASE
+    approval: PlanCommitApproval = PlanCommitApproval.NOT_REQUIRED
+    approved_digest: str | None = None
+    approval_timeout_seconds: int | None = None
+
+    @property
+    def approval_required(self) -> bool:
+        """True when the Commit waits for ``approvedDigest`` after its review."""
+        return self.approval is PlanCommitApproval.REQUIRED
 
 
 class PlanCommitPhase(StrEnum):
@@ -220,6 +250,8 @@ class PlanCommitPhase(StrEnum):
     ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
+    AWAITING_APPROVAL = "AwaitingApproval"  # reviewed; waits for spec.approvedDigest (issue 9)
+    EXPIRED = "Expired"  # approvalTimeoutSeconds elapsed without an approval; nothing touched
 
     @property
     def is_terminal(self) -> bool:
@@ -228,6 +260,7 @@ class PlanCommitPhase(StrEnum):
             PlanCommitPhase.COMMITTED,
             PlanCommitPhase.ROLLED_BACK,
             PlanCommitPhase.FAILED,
+            PlanCommitPhase.EXPIRED,
         )
 
 
@@ -242,6 +275,9 @@ class StepState(StrEnum):
     COMPENSATED = "Compensated"
     COMPENSATION_FAILED = "CompensationFailed"
     SKIPPED = "Skipped"
+    PREPARING = "Preparing"  # two-phase: the sandbox is being prepared (original untouched)
+    PREPARED = "Prepared"
+    ABORTED = "Aborted"  # two-phase: what was prepared was dropped
 
 
 class JournalStep(_Model):

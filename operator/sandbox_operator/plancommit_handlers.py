@@ -1,9 +1,17 @@
-"""PlanCommit logic: the plan's atomic commit (or rollback) as a crash-safe saga.
+"""PlanCommit logic: the plan's atomic commit (or rollback), two-phase or as a crash-safe saga.
 
 The algorithm is the core's :class:`~sandbox_core.saga.PlanCommitSaga` (seed 002, "Atomic Commit":
 rollbackable first, LIFO compensation; cases 20 and 22 recovery policy); this module only feeds it
 the plan's Sandboxes and a journal kept on the PlanCommit's status
 (:class:`~sandbox_operator.journal.PlanCommitStatusJournal`). No second copy of the algorithm.
+
+Mode TwoPhase (the default, issue 9) runs :class:`~sandbox_core.two_phase.TwoPhasePlanCommit`
+instead: every sandbox is prepared before any original is touched. Before it the plan is
+reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the PlanCommit
+waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed digest
+(:mod:`sandbox_operator.approval`), and the coordinator verifies the prepared changes still
+hash to it (reason ``ChangedSinceApproval`` otherwise, nothing touched). A plan that cannot run
+in two phases runs as the saga with condition ``TwoPhase=False`` reason ``FellBackToSaga``.
 
 Policies (docs/operator-design.md):
 
@@ -33,20 +41,31 @@ Policies (docs/operator-design.md):
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
-from sandbox_core.errors import PlanRerunRequiredError
+from sandbox_core.errors import PlanRerunRequiredError, TwoPhaseUnavailableError
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 from sandbox_core.protocol import utc_now
-from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan
+from sandbox_core.review import review_plan
+from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
+from sandbox_core.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
 from sandbox_operator import metrics
-from sandbox_operator.conditions import find_condition, set_condition
+from sandbox_operator.approval import (
+    ApprovalState,
+    approval_decision,
+    review_message,
+    review_status,
+)
+from sandbox_operator.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.deletion import CLAIMS, deletion_began
 from sandbox_operator.errors import is_not_found
 from sandbox_operator.events import EventSink
@@ -56,7 +75,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal
+from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
 from sandbox_operator.k8s import Api
 from sandbox_operator.models import (
     GROUP,
@@ -65,6 +84,7 @@ from sandbox_operator.models import (
     SANDBOX_PLURAL,
     VERSION,
     PlanCommitAction,
+    PlanCommitMode,
     PlanCommitPhase,
     PlanCommitSpec,
 )
@@ -95,6 +115,41 @@ class DeletionGuardedHandle:
         """Refuse a Sandbox being deleted; else the wrapped commit."""
         self._check()
         return self.wrapped.commit(message)
+
+    def prepare(self, txid: str, message: str | None = None) -> Any:
+        """Refuse a Sandbox being deleted (nothing is staged); else the wrapped prepare.
+
+        ``apply_prepared`` is not guarded: after the decision the plan only rolls forward.
+        """
+        self._check()
+        return self.wrapped.prepare(txid, message)
+
+
+class FallbackGuardJournal:
+    """The PlanCommit journal seen by the two-phase coordinator (issue 9, §1 step 4).
+
+    When a participant refuses to prepare with ``TwoPhaseUnavailableError`` the coordinator
+    aborts every step, ends its journal ``failed`` and raises; the operator then runs the
+    saga. That terminal save is written as phase ``aborting`` instead, so the PlanCommit never
+    shows ``Failed`` / ``Finished=True`` for an instant before its saga (a crash right there is
+    recovered as an interrupted two-phase attempt: aborted again, nothing touched).
+    """
+
+    def __init__(self, journal: PlanCommitStatusJournal) -> None:
+        self.journal = journal
+
+    def load(self) -> JournalState | None:
+        """The wrapped journal's state."""
+        return self.journal.load()
+
+    def save(self, state: JournalState) -> None:
+        """Save through, holding back the terminal save of an unavailable two-phase attempt."""
+        unavailable = any(
+            (step.error or "").startswith(TwoPhaseUnavailableError.__name__) for step in state.steps
+        )
+        if state.phase.is_terminal and unavailable:
+            state = state.model_copy(update={"phase": JournalPhase.ABORTING, "finished_at": None})
+        self.journal.save(state)
 
 
 def _created_key(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -128,6 +183,40 @@ def blocking_plancommit(me: Mapping[str, Any], others: list[dict[str, Any]]) -> 
     return None
 
 
+def older_plancommits(me: Mapping[str, Any], others: list[dict[str, Any]]) -> int:
+    """How many PlanCommits of the same plan were created before ``me``.
+
+    ``1 +`` this is the attempt number the two-phase transaction id derives from, so successive
+    PlanCommits of one plan never prepare under the same txid.
+    """
+    plan_id = (me.get("spec") or {}).get("planId")
+    my_key = _created_key(me)
+    return sum(
+        1
+        for other in others
+        if other["metadata"].get("uid") != me["metadata"].get("uid")
+        and (other.get("spec") or {}).get("planId") == plan_id
+        and _created_key(other) < my_key
+    )
+
+
+def two_phase_outcome(state: JournalState) -> str:
+    """Label of :data:`metrics.TWO_PHASE_OUTCOMES` for a terminal two-phase journal."""
+    if state.phase is JournalPhase.COMMITTED:
+        return "committed"
+    if state.reason is JournalReason.CHANGED_SINCE_APPROVAL:
+        return "changed_since_approval"
+    if state.reason is JournalReason.INTERRUPTED:
+        return "interrupted"
+    return "failed"
+
+
+def _parse_rfc3339(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
 class PlanCommitLogic:
     """The PlanCommit handlers' logic; one instance per operator process."""
 
@@ -138,6 +227,10 @@ class PlanCommitLogic:
         self.events = events
         self._compensation_retries: dict[str, int] = {}  # PlanCommit uid -> retries so far
         self.claims = CLAIMS
+        # The create, approval and approval-timer handlers of one PlanCommit may run at once
+        # (kopf runs timers beside change handlers): one reconcile per PlanCommit at a time.
+        self._reconcile_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
 
     # -- plan sandboxes -----------------------------------------------------------------------
 
@@ -190,10 +283,20 @@ class PlanCommitLogic:
     def reconcile(self, namespace: str, name: str) -> None:
         """Run, resume or ignore (terminal) the PlanCommit ``namespace/name``.
 
+        Called by the create handler, on a change of ``spec.approvedDigest`` and by the timer of
+        PlanCommits awaiting approval; one call per PlanCommit runs at a time. Awaiting an
+        approval returns normally (the next call decides again).
+
         Raises:
             kopf.TemporaryError: blocked by another PlanCommit, or the journal could not be
                 written (the retry resumes from the journal).
         """
+        with self._locks_guard:
+            lock = self._reconcile_locks[f"{namespace}/{name}"]
+        with lock:
+            self._reconcile(namespace, name)
+
+    def _reconcile(self, namespace: str, name: str) -> None:
         body = self.api.get(PLANCOMMIT_PLURAL, namespace, name)
         status = dict(body.get("status") or {})
         spec = PlanCommitSpec.model_validate(dict(body.get("spec") or {}))
@@ -204,14 +307,16 @@ class PlanCommitLogic:
         if deletion_began(body) and not status.get("sandboxes"):
             logger.info("PlanCommit %s/%s deleted before it started: nothing done", namespace, name)
             return
-        blocker = blocking_plancommit(body, self.api.list(PLANCOMMIT_PLURAL, namespace))
+        others = self.api.list(PLANCOMMIT_PLURAL, namespace)
+        blocker = blocking_plancommit(body, others)
         if blocker is not None:
             self._block(body, blocker)
         started = time.monotonic()
         recovering = bool(status.get("sandboxes"))
         targets = self.plan_targets(namespace, spec.plan_id, deleting=recovering)
+        attempt = 1 + older_plancommits(body, others)
         with self._claimed(targets, f"PlanCommit {namespace}/{name}") as targets:
-            self._run(body, spec, status, targets, started)
+            self._run(body, spec, status, targets, started, attempt)
 
     @contextmanager
     def _claimed(
@@ -232,6 +337,7 @@ class PlanCommitLogic:
         status: dict[str, Any],
         targets: list[tuple[SandboxTarget, Any]],
         started: float,
+        attempt: int = 1,
     ) -> None:
         generation = body["metadata"].get("generation")
         by_id = {t.sandbox_id: t for t, _ in targets}
@@ -251,7 +357,7 @@ class PlanCommitLogic:
         try:
             with metrics.reconcile_timer("PlanCommit", spec.action.value.lower()):
                 if spec.action is PlanCommitAction.COMMIT:
-                    state = self._commit(spec, journal, targets, by_id, body)
+                    state = self._commit(spec, journal, targets, by_id, body, attempt)
                 else:
                     state = self._rollback(spec, journal, targets, by_id, body)
         except JournalWriteError as exc:
@@ -264,10 +370,15 @@ class PlanCommitLogic:
             if spec.action is PlanCommitAction.COMMIT:
                 metrics.COMPENSATIONS.inc(len(state.rolled_back_ids))
                 metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
+            if state.mode == "two_phase":
+                metrics.TWO_PHASE_OUTCOMES.labels(two_phase_outcome(state)).inc()
             self._compensation_retries.pop(str(body["metadata"].get("uid")), None)
             self._announce(body, journal, state)
             self._cleanup_after_success(body, spec, PlanCommitPhase(journal.status["phase"]))
         elif state is not None and state.failed_rollback_ids:
+            self._retry_compensation(body, state)
+        elif state is not None and state.mode == "two_phase" and state.steps:
+            # An abort or an apply after the decision failed: recover again later.
             self._retry_compensation(body, state)
 
     def _retry_compensation(self, body: Mapping[str, Any], state: JournalState) -> None:
@@ -282,11 +393,18 @@ class PlanCommitLogic:
         delay = min(
             self.settings.retry_delay_seconds * 2**retries, MAX_COMPENSATION_RETRY_DELAY_SECONDS
         )
-        message = (
-            f"rollback failed for sandboxes {', '.join(state.failed_rollback_ids)} of plan "
-            f"{state.plan_id}; retrying in {delay:.0f}s"
-        )
-        metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
+        if state.failed_rollback_ids:
+            message = (
+                f"rollback failed for sandboxes {', '.join(state.failed_rollback_ids)} of plan "
+                f"{state.plan_id}; retrying in {delay:.0f}s"
+            )
+            metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))
+        else:
+            message = (
+                f"two-phase commit of plan {state.plan_id} is unfinished in phase "
+                f"{state.phase.value}: {state.error or 'a participant failed'}; retrying in "
+                f"{delay:.0f}s"
+            )
         self.events(body, "Warning", "CompensationFailed", message)
         raise kopf.TemporaryError(message, delay=delay)
 
@@ -351,10 +469,13 @@ class PlanCommitLogic:
         targets: list[tuple[SandboxTarget, SandboxState | None]],
         by_id: Mapping[str, SandboxTarget],
         body: Mapping[str, Any],
+        attempt: int = 1,
     ) -> JournalState | None:
-        saga = PlanCommitSaga(journal, on_change=self._on_change(by_id, journal.name))
+        on_change = self._on_change(by_id, journal.name)
         if journal.load() is not None:
-            return saga.recover(self._resolver(by_id))
+            # Either mode: the coordinator hands a saga journal to the saga's recovery.
+            coordinator = TwoPhasePlanCommit(journal, on_change=on_change)
+            return coordinator.recover(self._resolver(by_id))
         waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
         if waiting:
             message = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
@@ -370,10 +491,262 @@ class PlanCommitLogic:
             return self._nothing_to_do(journal, spec, targets)
         handles = [DeletionGuardedHandle(self.executor.open(t), self._guard(t)) for t in usable]
         message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
+        approved: str | None = None
+        if spec.mode is PlanCommitMode.TWO_PHASE or spec.approval_required:
+            digest = self._review(body, spec, journal, handles)
+            if spec.approval_required:
+                if digest is None:
+                    return self._fail_up_front(
+                        journal,
+                        spec,
+                        "ReviewFailed",
+                        "the plan could not be reviewed, so it cannot be approved: "
+                        + str(
+                            (
+                                find_condition(journal.status.get("conditions"), "Reviewed") or {}
+                            ).get("message")
+                            or "unknown error"
+                        ),
+                    )
+                approved = self._approval(body, spec, journal, digest)
+                if approved is None:
+                    return None  # awaiting approval, or Expired (written and announced)
+        if spec.mode is PlanCommitMode.TWO_PHASE:
+            return self._two_phase(
+                spec, journal, handles, body, attempt, message, approved, on_change
+            )
+        return self._saga(spec, journal, handles, attempt, message, approved, None, on_change)
+
+    # -- review and approval (issue 9, §2) ------------------------------------------------------
+
+    def _review(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        handles: list[Any],
+    ) -> str | None:
+        """The plan digest of ``status.review``, computing and recording it first when absent
+        (condition ``Reviewed``, Event ``Reviewed``). None when the review failed (condition
+        ``Reviewed=False`` reason ``ReviewFailed`` and a Warning Event)."""
+        existing = journal.status.get("review") or {}
+        if existing.get("digest"):
+            return str(existing["digest"])
         try:
-            saga.run(spec.plan_id, handles, message=message)
+            review = review_plan(spec.plan_id, handles)
+        except Exception as exc:  # a strategy without review, an unreadable sandbox
+            metrics.PLAN_REVIEWS.labels("error").inc()
+            text = f"review of plan {spec.plan_id} failed: {type(exc).__name__}: {exc}"
+            conditions = set_condition(
+                journal.status.get("conditions"),
+                "Reviewed",
+                "False",
+                "ReviewFailed",
+                text,
+                journal.generation,
+            )
+            journal.write({"conditions": conditions})
+            self.events(body, "Warning", "ReviewFailed", text)
+            return None
+        metrics.PLAN_REVIEWS.labels("ok").inc()
+        recorded = review_status(review, journal.names, rfc3339(datetime.now(UTC)) or "")
+        text = review_message(recorded)
+        conditions = set_condition(
+            journal.status.get("conditions"),
+            "Reviewed",
+            "True",
+            "Reviewed",
+            text,
+            journal.generation,
+        )
+        journal.write({"review": recorded, "conditions": conditions})
+        self.events(body, "Normal", "Reviewed", text)
+        return str(recorded["digest"])
+
+    def _approval(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        digest: str,
+    ) -> str | None:
+        """The approved digest when ``spec.approvedDigest`` matches the review; else record the
+        wait (phase ``AwaitingApproval``, ``Approved=False`` reason ``AwaitingApproval`` or
+        ``DigestMismatch``) or the expiry (phase ``Expired``) and return None."""
+        review = journal.status.get("review") or {}
+        reviewed_at = _parse_rfc3339(review.get("reviewedAt")) or datetime.now(UTC)
+        decision = approval_decision(spec, digest, reviewed_at, datetime.now(UTC))
+        conditions = journal.status.get("conditions")
+        current = find_condition(conditions, "Approved") or {}
+        generation = journal.generation
+        if decision.state is ApprovalState.MATCHED:
+            if current.get("status") != "True":
+                text = f"spec.approvedDigest matches the reviewed plan digest {digest}"
+                journal.write(
+                    {
+                        "conditions": set_condition(
+                            conditions, "Approved", "True", "DigestMatched", text, generation
+                        )
+                    }
+                )
+                metrics.PLAN_APPROVALS.labels("matched").inc()
+                self.events(body, "Normal", "Approved", text)
+            return digest
+        if decision.state is ApprovalState.EXPIRED:
+            self._expire(body, spec, journal, digest)
+            return None
+        if decision.state is ApprovalState.MISMATCH:
+            reason = "DigestMismatch"
+            text = (
+                f"spec.approvedDigest {spec.approved_digest} is not the reviewed plan digest "
+                f"{digest}; nothing is committed until it names the reviewed digest"
+            )
+        else:
+            reason = "AwaitingApproval"
+            text = f"reviewed plan digest {digest}; set spec.approvedDigest to it to commit" + (
+                f" (expires in {decision.remaining_seconds:.0f}s)"
+                if decision.remaining_seconds is not None
+                else ""
+            )
+        changed = current.get("reason") != reason or (
+            reason == "DigestMismatch"
+            and str(spec.approved_digest) not in str(current.get("message"))
+        )
+        if changed or journal.status.get("phase") != PlanCommitPhase.AWAITING_APPROVAL.value:
+            conditions = set_condition(conditions, "Approved", "False", reason, text, generation)
+            conditions = set_finished(
+                conditions, False, "", "awaiting the approval of the reviewed plan", generation
+            )
+            journal.write(
+                {
+                    "phase": PlanCommitPhase.AWAITING_APPROVAL.value,
+                    "conditions": conditions,
+                    "observedGeneration": generation,
+                }
+            )
+            if reason == "DigestMismatch":
+                metrics.PLAN_APPROVALS.labels("mismatched").inc()
+                self.events(body, "Warning", "DigestMismatch", text)
+            else:
+                self.events(body, "Normal", "AwaitingApproval", text)
+        return None
+
+    def _expire(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        digest: str,
+    ) -> None:
+        """End the PlanCommit ``Expired``: approvalTimeoutSeconds passed, nothing committed."""
+        text = (
+            f"no approval of plan digest {digest} within {spec.approval_timeout_seconds}s of "
+            "the review; nothing was committed"
+        )
+        generation = journal.generation
+        conditions = set_condition(
+            journal.status.get("conditions"), "Approved", "False", "Expired", text, generation
+        )
+        conditions = set_condition(conditions, "Committed", "False", "Expired", text, generation)
+        conditions = set_finished(conditions, True, "Expired", text, generation)
+        journal.write(
+            {
+                "phase": PlanCommitPhase.EXPIRED.value,
+                "conditions": conditions,
+                "completedAt": rfc3339(datetime.now(UTC)),
+                "observedGeneration": generation,
+            }
+        )
+        metrics.PLAN_EXPIRIES.inc()
+        metrics.COMMITS.labels(spec.action.value, PlanCommitPhase.EXPIRED.value).inc()
+        self.events(body, "Warning", "Expired", text)
+
+    # -- the commit itself --------------------------------------------------------------------
+
+    def _two_phase(
+        self,
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        handles: list[Any],
+        body: Mapping[str, Any],
+        attempt: int,
+        message: str,
+        approved: str | None,
+        on_change: Callable[[Any], None],
+    ) -> JournalState | None:
+        """Two phases (issue 9, §1); a plan that cannot use them runs the saga instead."""
+        reason = two_phase_unavailable_reason(handles)
+        if reason is None:
+            coordinator = TwoPhasePlanCommit(FallbackGuardJournal(journal), on_change=on_change)
+            try:
+                coordinator.run(
+                    spec.plan_id,
+                    handles,
+                    attempt=attempt,
+                    message=message,
+                    approved_digest=approved,
+                )
+            except TwoPhaseUnavailableError as exc:
+                reason = str(exc)
+            except AtomicCommitError as exc:
+                logger.warning("PlanCommit %s: %s", journal.name, exc)  # recorded in the journal
+            else:
+                self._count_steps(journal)
+                return journal.last_state
+        metrics.TWO_PHASE_FALLBACKS.inc()
+        text = f"the plan cannot be committed in two phases, so it runs as a saga: {reason}"
+        conditions = set_condition(
+            journal.status.get("conditions"),
+            "TwoPhase",
+            "False",
+            "FellBackToSaga",
+            text,
+            journal.generation,
+        )
+        journal.write({"conditions": conditions})
+        self.events(body, "Warning", "FellBackToSaga", text)
+        return self._saga(spec, journal, handles, attempt + 1, message, approved, reason, on_change)
+
+    def _saga(
+        self,
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        handles: list[Any],
+        attempt: int,
+        message: str,
+        approved: str | None,
+        fallback: str | None,
+        on_change: Callable[[Any], None],
+    ) -> JournalState | None:
+        """The saga (seed 002). With an approval the plan is reviewed again right before it:
+        changes since the approval refuse it (``ChangedSinceApproval``), nothing touched."""
+        if approved is not None:
+            try:
+                now = review_plan(spec.plan_id, handles).digest
+            except Exception as exc:
+                return self._fail_up_front(
+                    journal, spec, "ReviewFailed", f"the plan could not be reviewed again: {exc}"
+                )
+            if now != approved:
+                return self._fail_up_front(
+                    journal,
+                    spec,
+                    JournalReason.CHANGED_SINCE_APPROVAL.value,
+                    f"plan {spec.plan_id} changed since approval: its changes hash to {now}, "
+                    f"the approval named {approved}; nothing was changed",
+                    JournalReason.CHANGED_SINCE_APPROVAL,
+                )
+        saga = PlanCommitSaga(journal, on_change=on_change)
+        try:
+            saga.run(
+                spec.plan_id, handles, attempt=attempt, message=message, fallback_reason=fallback
+            )
         except AtomicCommitError as exc:
             logger.warning("PlanCommit %s: %s", journal.name, exc)  # recorded in the journal
+        self._count_steps(journal)
+        return journal.last_state
+
+    def _count_steps(self, journal: PlanCommitStatusJournal) -> None:
         for step in journal.last_state.steps if journal.last_state else []:
             outcome = (
                 "ok"
@@ -385,7 +758,6 @@ class PlanCommitLogic:
                 outcome = "error"
             if outcome:
                 metrics.SANDBOX_COMMITS.labels(step.strategy, outcome).inc()
-        return journal.last_state
 
     def _guard(self, target: SandboxTarget) -> Callable[[], None]:
         """Raises SandboxError when ``target``'s object is gone, replaced or being deleted."""
@@ -424,13 +796,18 @@ class PlanCommitLogic:
         )
 
     def _fail_up_front(
-        self, journal: PlanCommitStatusJournal, spec: PlanCommitSpec, reason: str, message: str
+        self,
+        journal: PlanCommitStatusJournal,
+        spec: PlanCommitSpec,
+        reason: str,
+        message: str,
+        journal_reason: JournalReason = JournalReason.COMMIT_FAILED,
     ) -> JournalState:
         """End the PlanCommit ``Failed`` before any sandbox was touched (condition ``reason``)."""
         state = JournalState(
             plan_id=spec.plan_id,
             phase=JournalPhase.FAILED,
-            reason=JournalReason.COMMIT_FAILED,
+            reason=journal_reason,
             error=message,
             finished_at=utc_now(),
         )
@@ -473,25 +850,20 @@ class PlanCommitLogic:
                 ],
             )
             journal.save(state)
-        for step in state.steps:
-            if step.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED):
-                continue
-            step.state = StepState.COMPENSATING
-            step.started_at = step.started_at or utc_now()
-            journal.save(state)
-            try:
-                self._discard(step, by_id.get(step.sandbox_id), by_id, journal.name)
-            except Exception as exc:  # every sandbox is attempted; failures are named
-                step.state = StepState.COMPENSATION_FAILED
-                step.error = f"{type(exc).__name__}: {exc}"
-                state.failed_rollback_ids.append(step.sandbox_id)
-                metrics.FAILED_COMPENSATIONS.inc()
-            else:
-                step.state = StepState.COMPENSATED
-                state.rolled_back_ids.append(step.sandbox_id)
-                metrics.COMPENSATIONS.inc()
-            step.updated_at = utc_now()
-            journal.save(state)
+        # The core's one compensation loop (issue 9: no second copy here).
+        run_compensations(
+            state,
+            [
+                (step, by_id.get(step.sandbox_id))
+                for step in state.steps
+                if step.state not in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+            ],
+            lambda step, target: self._discard(step, target, by_id, journal.name),
+            journal.save,
+            on_done=lambda _step, _target, exc: (
+                metrics.COMPENSATIONS if exc is None else metrics.FAILED_COMPENSATIONS
+            ).inc(),
+        )
         state.phase = JournalPhase.FAILED if state.failed_rollback_ids else JournalPhase.ROLLED_BACK
         state.reason = (
             JournalReason.COMPENSATION_FAILED

@@ -36,9 +36,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sandbox_core import _prepared
 from sandbox_core._fs_utils import (
     Baseline,
     TreeChanges,
+    change_digest,
     compute_changes_at,
     copy_and_snapshot,
     link_closure,
@@ -52,7 +54,7 @@ from sandbox_core._fs_utils import (
 )
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 
 GIT_ADMIN_PRIVATE = "private"
 
@@ -156,6 +158,9 @@ class CopyOnWriteSandbox(BaseSandbox):
             if self._backup_dir.exists():
                 shutil.rmtree(self._backup_dir)
             sync_tree(self.tree_dir, source, changes=changes, backup_dir=self._backup_dir)
+        return self._result(changes, message)
+
+    def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
         metadata: dict[str, object] = {"strategy": self.strategy}
         if message:
             metadata["message"] = message
@@ -168,6 +173,43 @@ class CopyOnWriteSandbox(BaseSandbox):
             metadata=metadata,
         )
 
+    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+
+    def _do_review(self) -> ChangeSummary:
+        """The sandbox's own changes, the conflicts a commit would refuse now, and their
+        digest (:func:`~sandbox_core._fs_utils.change_digest`); no lock, nothing written."""
+        source = self._source()
+        changes, conflicts = self._split_changes(source)
+        return _prepared.summary(
+            self, source, self.tree_dir, changes, change_digest(self.tree_dir, source, changes),
+            conflicts,
+        )  # fmt: skip
+
+    def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        """Stage the commit beside the original (same filesystem), named after ``txid`` and
+        this sandbox's id, with a fsynced journal; see :mod:`sandbox_core._prepared`.
+
+        Raises:
+            SandboxCommitError: a conflict (``conflicts`` set; nothing staged) or staging failed.
+        """
+        source = self._source()
+        with lock_tree(source):
+            recover_sync(source)
+            changes = self._changes_to_apply(source)
+            return _prepared.prepare(
+                self, self.base_dir, txid, source, self.tree_dir, changes,
+                backup_dir=self._backup_dir, result=self._result(changes, message),
+            )  # fmt: skip
+
+    def _do_apply_prepared(self, txid: str) -> CommitResult:
+        """Renames only; a concurrent change to a staged path refuses with nothing touched;
+        idempotent after a crash (see :mod:`sandbox_core._prepared`)."""
+        source = self._source()
+        return _prepared.apply(self, self.base_dir, txid, source, backup_dir=self._backup_dir)
+
+    def _do_abort_prepared(self, txid: str) -> None:
+        _prepared.abort(self, self.base_dir, txid, self._source())
+
     def _do_rollback(self) -> None:
         self._reset_tree()
 
@@ -179,6 +221,8 @@ class CopyOnWriteSandbox(BaseSandbox):
         self._reset_tree()
 
     def _do_cleanup(self) -> None:
+        # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
+        _prepared.discard_all(self, self._source())
         if self.base_dir.exists():
             shutil.rmtree(self.base_dir)
 
@@ -195,29 +239,36 @@ class CopyOnWriteSandbox(BaseSandbox):
             SandboxCommitError: with ``conflicts`` (sorted relative paths) when a path changed
                 both in the sandbox and in the original.
         """
-        baseline = self._read_manifest()
-        pending = pending_since(baseline, source, self.tree_dir, exclude=self._exclude())
-        drift, touched = pending.drift, pending.touched
-        changes = compute_changes_at(source, self.tree_dir, pending.candidates)
-        if not drift:
-            return changes
-        # A path the original changed since create: a conflict when the sandbox changed it
-        # too (or it shares an inode with a path the commit replaces), else the original's
-        # version is kept.
-        conflicts = sorted(rel for rel in changes.paths if rel in drift and rel in touched)
-        ours = [p for p in changes.paths if p not in drift]
-        conflicts += sorted((link_closure(self.tree_dir, source, ours) - set(ours)) & drift)
+        changes, conflicts = self._split_changes(source)
         if conflicts:
             raise SandboxCommitError(
                 f"commit of sandbox {self.sandbox_id} refused: {len(conflicts)} path(s) changed "
                 f"in both the sandbox and the original: {', '.join(conflicts[:10])}",
                 conflicts=conflicts,
             )
-        return TreeChanges(
+        return changes
+
+    def _split_changes(self, source: Path) -> tuple[TreeChanges, list[str]]:
+        """The sandbox's own changes (paths changed only in the original left out) and the
+        conflicts: paths changed on both sides since create (sorted)."""
+        baseline = self._read_manifest()
+        pending = pending_since(baseline, source, self.tree_dir, exclude=self._exclude())
+        drift, touched = pending.drift, pending.touched
+        changes = compute_changes_at(source, self.tree_dir, pending.candidates)
+        if not drift:
+            return changes, []
+        # A path the original changed since create: a conflict when the sandbox changed it
+        # too (or it shares an inode with a path the commit replaces), else the original's
+        # version is kept.
+        conflicts = sorted(rel for rel in changes.paths if rel in drift and rel in touched)
+        ours = [p for p in changes.paths if p not in drift]
+        conflicts += sorted((link_closure(self.tree_dir, source, ours) - set(ours)) & drift)
+        kept = TreeChanges(
             added=[p for p in changes.added if p not in drift],
             changed=[p for p in changes.changed if p not in drift],
             deleted=[p for p in changes.deleted if p not in drift],
         )
+        return kept, conflicts
 
     def _reset_tree(self) -> None:
         """Make the copy equal to the original again and re-take the manifest.

@@ -54,11 +54,14 @@ recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
 import shutil
 import stat
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,7 @@ from sandbox_core._git import (
     registrations_of,
     repository_lock,
     repository_owner,
+    worktree_entry,
 )
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
@@ -92,7 +96,7 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.paths import TRAVERSAL_MESSAGE
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
 
 logger = logging.getLogger("sandbox_core.git_worktree")
@@ -115,6 +119,73 @@ _PHASE_ERRORS: dict[str, tuple[type[SandboxError], type[SandboxError], type[Sand
     "other": (SandboxError, SandboxLockedError, SandboxPermissionError),
 }
 _NOT_UPTODATE = "not uptodate. Cannot merge."
+# Two-phase plan commit: what prepare recorded, per transaction id and sandbox (issue 9).
+_PREPARED_ROOT = "refs/sandbox/prepared/"
+
+
+def _change_digest(base: str, tree: str) -> str:
+    """``sha256:<hex>`` naming a sandbox's exact change: its base commit and its tree (git's
+    ids cover every path's content and mode, and the deletions)."""
+    return "sha256:" + hashlib.sha256(f"git_worktree\0{base}\0{tree}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The sandbox branch after ``add -A`` + commit: its tip, the tip's tree, and the commit the
+    tip was made on when the snapshot made a new commit (None when the tree was unchanged)."""
+
+    tip: str
+    tree: str
+    parent: str | None
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """Paths a change adds, changes and deletes (sorted), the regular files whose executable
+    bit it flips, lines added and removed in text files, and bytes of new content."""
+
+    added: list[str]
+    changed: list[str]
+    deleted: list[str]
+    executable: set[str]
+    lines_added: int
+    lines_removed: int
+    size: int
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted([*self.added, *self.changed, *self.deleted])
+
+    def to_summary(self, sandbox: BaseSandbox, digest: str, conflicts: list[str]) -> ChangeSummary:
+        return ChangeSummary(
+            sandbox_id=sandbox.sandbox_id,
+            resource_id=sandbox.resource_id,
+            strategy=sandbox.strategy,
+            digest=digest,
+            added=self.added,
+            changed=self.changed,
+            deleted=self.deleted,
+            lines_added=self.lines_added,
+            lines_removed=self.lines_removed,
+            bytes_changed=self.size,
+            conflicts=conflicts,
+        )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a commit will do, decided with the original untouched (``prepare``): move ``ref``
+    from ``old`` to ``new`` (``how``: no-op, fast-forward or merge), writing ``paths`` (the
+    regular files of ``executable`` change their executable bit); ``half_written``: paths an
+    interrupted earlier apply left half-written, put back before they are written again."""
+
+    ref: str
+    old: str
+    new: str
+    how: str
+    paths: list[str]
+    executable: set[str]
+    half_written: list[str]
 
 
 def _truthy(value: object) -> bool:
@@ -816,29 +887,52 @@ class GitWorktreeSandbox(BaseSandbox):
             ) from exc
 
     def _merge_back(self, message: str | None) -> CommitResult:
+        """One-shot commit: the two-phase steps back to back under one repository lock.
+
+        :meth:`_plan` does everything that can fail without touching the original, then
+        :meth:`_apply` moves files, index and ref; the same two steps as ``prepare`` and
+        ``apply_prepared``, without the prepared refs in between.
+        """
         context = self._require_context()
         meta = context.metadata
         text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
         original = self._original_git("commit")
-        tip = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
+        snap = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
         base = str(meta["base_commit"])
-        added, changed, deleted, executable = self._classify(original, base, tip)
+        added, changed, deleted, executable = self._classify(original, base, snap.tip)
         base_paths = (sorted([*added, *changed, *deleted]), executable)
         with repository_lock(str(meta["git_common_dir"])):
             for _attempt in range(_CAS_ATTEMPTS):
-                ref, old = self._current_target(original, SandboxCommitError)
-                new, how = self._merge_result(original, base, tip, old, text)
-                original.run("update-ref", self._tag("pre-commit"), old)
-                # A fast-forward from the base writes exactly the paths the sandbox changed.
-                known = base_paths if (old, new) == (base, tip) else None
-                if new == old or self._apply(original, ref, old, new, SandboxCommitError, known):
+                plan = self._plan(original, snap, text, base_paths)
+                original.run("update-ref", self._tag("pre-commit"), plan.old)
+                if plan.new == plan.old or self._apply(
+                    original,
+                    plan.ref,
+                    plan.old,
+                    plan.new,
+                    SandboxCommitError,
+                    (plan.paths, plan.executable),
+                    checked=plan.half_written,
+                ):
                     break
             else:
-                raise SandboxCommitError(f"{ref} kept moving during the commit; retry later")
+                raise SandboxCommitError(f"{plan.ref} kept moving during the commit; retry later")
+        return self._result(plan, snap.tip, (added, changed, deleted), text)
+
+    def _result(
+        self,
+        plan: _Plan,
+        tip: str,
+        lists: tuple[list[str], list[str], list[str]],
+        text: str,
+        **extra: Any,
+    ) -> CommitResult:
+        meta = self._meta()
+        added, changed, deleted = lists
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
-            commit_ref=new,
+            commit_ref=plan.new,
             changed_files=changed,
             added_files=added,
             deleted_files=deleted,
@@ -847,14 +941,57 @@ class GitWorktreeSandbox(BaseSandbox):
                 "branch": meta["target_ref"] or "HEAD",
                 "sandbox_branch": meta["branch"],
                 "sandbox_commit": tip,
-                "pre_commit_sha": old,
+                "pre_commit_sha": plan.old,
                 "pre_commit_tag": self._tag("pre-commit"),
-                "landed_as": how,
+                "landed_as": plan.how,
                 "message": text,
+                **extra,
             },
         )
 
-    def _snapshot(self, worktree: GitCommand, message: str) -> str:
+    def _plan(
+        self,
+        original: GitCommand,
+        snap: _Snapshot,
+        text: str,
+        base_paths: tuple[list[str], set[str]],
+        after: str | None = None,
+    ) -> _Plan:
+        """Everything of a commit that can fail, with the original untouched (prepare).
+
+        Finds the target ref and its tip (``after`` instead of the tip when another prepared
+        commit of the same transaction lands there first), computes the merge (writing the merge
+        commit object only), the paths it changes, refuses uncommitted work on them and checks
+        that git may write them.
+
+        Raises:
+            SandboxCommitError: HEAD moved to another ref; :class:`SandboxConflictError` for a
+                merge conflict or overlapping local work; :class:`SandboxPermissionError`.
+            GitFailure: git failed.
+        """
+        base = str(self._meta()["base_commit"])
+        ref, current = self._current_target(original, SandboxCommitError)
+        old = after or current
+        new, how = self._merge_result(original, base, snap, old, text)
+        # A fast-forward from the base writes exactly the paths the sandbox changed.
+        if new == old:
+            known: tuple[list[str], set[str]] = ([], set())
+        elif (old, new) == (base, snap.tip):
+            known = base_paths
+        else:
+            added, changed, deleted, executable = self._classify(original, old, new)
+            known = (sorted([*added, *changed, *deleted]), executable)
+        paths, executable = known
+        half: list[str] = []
+        if paths:
+            conflicts, half = self._overlap(original, old, new, paths)
+            if conflicts:
+                raise self._overlap_error(SandboxCommitError, conflicts)
+            top = Path(str(self._meta()["original_toplevel"]))
+            self._check_writable(original, top, paths, SandboxCommitError)
+        return _Plan(ref, old, new, how, paths, executable, half)
+
+    def _snapshot(self, worktree: GitCommand, message: str) -> _Snapshot:
         """Stage everything and commit it on the sandbox branch; returns the branch tip.
 
         The branch and the ``committed`` tag move in one ref transaction; the tag is written
@@ -872,25 +1009,30 @@ class GitWorktreeSandbox(BaseSandbox):
             )
         new = head
         updates = []
+        parent = None
         if tree != head_tree:
             new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
+            parent = head
             updates.append(f"update {branch} {new} {head}\n")
         updates.append(f"update {self._tag('committed')} {new}\n")
         worktree.run(
             "update-ref", "-m", "sandbox-core: snapshot", "--stdin", stdin="".join(updates)
         )
-        return new
+        return _Snapshot(new, tree, parent)
 
     def _merge_result(
-        self, original: GitCommand, base: str, tip: str, old: str, message: str
+        self, original: GitCommand, base: str, snap: _Snapshot, old: str, message: str
     ) -> tuple[str, str]:
         """(commit the target should point at, how): no-op, fast-forward or merge commit.
 
         Raises:
             SandboxConflictError: the merge conflicts (nothing touched).
         """
+        tip = snap.tip
         if tip == base:
             return old, "no-op"
+        if old == base and snap.parent == base:
+            return tip, "fast-forward"  # the snapshot's parent is the base: no merge-base needed
         common = original.run("merge-base", old, tip, ok=(0, 1)).out
         if common == tip:
             return old, "no-op"  # it already landed (never commit twice)
@@ -926,12 +1068,17 @@ class GitWorktreeSandbox(BaseSandbox):
         new: str,
         error: type[SandboxCommitError] | type[SandboxRollbackError],
         known: tuple[list[str], set[str]] | None = None,
+        *,
+        checked: list[str] | None = None,
     ) -> bool:
         """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
 
         Only the paths that differ between the two commits are written (``paths`` when the
         caller knows them); uncommitted work on any of them refuses the move with the original
-        untouched. Stale stat data in the index (content unchanged) is refreshed, never a
+        untouched (``checked``: the caller has just done that check and the writability check
+        under the repository lock, and these are the half-written paths it found). Paths an
+        interrupted earlier attempt left half-written are put back from the index first, then
+        written again. Stale stat data in the index (content unchanged) is refreshed, never a
         conflict (case 29). Owners and modes of the written files are kept. Returns False when
         the ref moved concurrently (the files are put back first).
         """
@@ -939,18 +1086,19 @@ class GitWorktreeSandbox(BaseSandbox):
             added, changed, deleted, executable = self._classify(original, old, new)
             known = (sorted([*added, *changed, *deleted]), executable)
         paths, executable = known
-        overlap = _collisions(paths, self._local_changes(original, paths))
-        if overlap:
-            # diff-index trusts stat data: refresh it first (only on this rare path).
-            original.run("update-index", "-q", "--refresh", ok=(0, 1))
-            overlap = self._not_yet_at(original, new, overlap)
-        if overlap:
-            raise self._overlap_error(error, overlap)
         top = Path(str(self._meta()["original_toplevel"]))
-        self._check_writable(original, top, paths, error)
+        half = checked
+        if half is None:
+            conflicts, half = self._overlap(original, old, new, paths)
+            if conflicts:
+                raise self._overlap_error(error, conflicts)
+            self._check_writable(original, top, paths, error)
         lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
         if lock.exists():  # refuse before writing files that a failed ref move would revert
             raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
+        if half:
+            self._touched = True
+            self._restore_from_index(original, half)
         owners = _Owners(top, paths, executable)
         self._touched = True
         updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
@@ -1004,13 +1152,7 @@ class GitWorktreeSandbox(BaseSandbox):
         written = sorted(self._local_changes(original, paths) & set(paths))
         if not written:
             return
-        tracked = set(original.run("ls-files", "-z", "--", *written).nul_fields())
-        restore = "\0".join(rel for rel in written if rel in tracked)
-        original.run("checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128))
-        top = Path(str(self._meta()["original_toplevel"]))
-        for rel in written:
-            if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
-                (top / rel).unlink()
+        self._restore_from_index(original, written)
         for folder in owners.created_folders():
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only the empty folders read-tree made
@@ -1092,28 +1234,89 @@ class GitWorktreeSandbox(BaseSandbox):
                 "trust the repository's owner (option trust_repository_owner=true), and retry.",
             )
 
-    @staticmethod
-    def _not_yet_at(original: GitCommand, commit: str, paths: list[str]) -> list[str]:
-        """Those of ``paths`` whose index entry or file differs from ``commit``.
-
-        A path already equal to ``commit`` in both is the trace of an interrupted earlier
-        attempt (files written, ref not yet moved), not the user's work; the two-tree
-        ``read-tree`` keeps it as it is, so the retried commit completes (crash recovery).
-        """
-        differing: set[str] = set()
-        for cached in ((), ("--cached",)):
-            listed = original.run(
-                "--literal-pathspecs",
-                "diff-index",
-                *cached,
-                "--name-only",
-                "-z",
-                commit,
-                "--",
-                *paths,
+    def _restore_from_index(self, original: GitCommand, paths: list[str]) -> None:
+        """Put ``paths`` back as the original's index has them: tracked paths are checked out
+        from it, files it does not track are removed (they hold what a merge wrote)."""
+        tracked = set(original.run("ls-files", "-z", "--", *paths).nul_fields())
+        restore = "\0".join(rel for rel in paths if rel in tracked)
+        if restore:
+            original.run(
+                "checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128)
             )
-            differing.update(listed.nul_fields())
-        return [path for path in paths if path in differing]
+        top = Path(str(self._meta()["original_toplevel"]))
+        for rel in paths:
+            if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
+                (top / rel).unlink()
+
+    def _overlap(
+        self, original: GitCommand, old: str, new: str, paths: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """(paths with the user's uncommitted work, paths an interrupted apply half-wrote).
+
+        Read-only (no lock, the index file is not written): a ``status`` limited to ``paths``
+        (content compared where stat data is stale), then, for the paths it lists, the trace
+        of an earlier interrupted attempt is told from the user's work by content (see
+        :meth:`_trace_split`).
+        """
+        overlap = _collisions(paths, self._local_changes(original, paths))
+        if not overlap:
+            return [], []
+        return self._trace_split(original, old, new, overlap)
+
+    def _trace_split(
+        self, original: GitCommand, old: str, new: str, paths: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """Split changed ``paths`` into (the user's work, half-written by an earlier attempt).
+
+        A path whose file already holds ``new``'s content and mode is the trace of an earlier
+        attempt that was interrupted (crash recovery): done when its index entry is ``new``'s
+        too (``read-tree`` finished, the ref did not move), half-written when the index still
+        has ``old``'s entry (``read-tree`` stopped before writing the index). Anything else is
+        the user's work. Compared by content without git's stat cache, so nothing is written.
+        """
+        wanted = self._tree_entries(original, new, paths)
+        before = self._tree_entries(original, old, paths)
+        staged: dict[str, tuple[str, str] | None] = {}
+        for entry in original.run(
+            "--literal-pathspecs", "ls-files", "-s", "-z", "--", *paths
+        ).nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, oid, stage = info.split()[:3]
+            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else None
+        top = Path(str(self._meta()["original_toplevel"]))
+        id_length = len(old)
+        user: list[str] = []
+        half: list[str] = []
+        for rel in paths:
+            target = wanted.get(rel)
+            if target is not None and target[0] == "160000":
+                on_disk = target if staged.get(rel) == target else None  # gitlink: index only
+            else:
+                on_disk = worktree_entry(top / rel, id_length)
+            if on_disk != target:
+                user.append(rel)
+            elif staged.get(rel) == target:
+                continue  # done: index and file already at new
+            elif staged.get(rel) == before.get(rel):
+                half.append(rel)
+            else:
+                user.append(rel)
+        return sorted(user), sorted(half)
+
+    @staticmethod
+    def _tree_entries(
+        original: GitCommand, treeish: str, paths: list[str]
+    ) -> dict[str, tuple[str, str]]:
+        """{path: (mode, object id)} of ``paths`` in ``treeish`` (absent paths left out)."""
+        listed = original.run(
+            "--literal-pathspecs", "ls-tree", "-r", "--full-tree", "-z", treeish, "--", *paths
+        )
+        entries: dict[str, tuple[str, str]] = {}
+        for entry in listed.nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, _kind, oid = info.split()[:3]
+            entries[rel] = (mode, oid)
+        return entries
 
     def _overlap_error(
         self,
@@ -1211,6 +1414,352 @@ class GitWorktreeSandbox(BaseSandbox):
             )
         return expected, sha
 
+    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+
+    def _do_review(self) -> ChangeSummary:
+        """What a commit would change now, read with no lock and nothing moved.
+
+        The worktree is staged into a throw-away copy of its index (``GIT_INDEX_FILE``), so
+        neither the sandbox branch nor its index changes; the tree written there names the
+        exact content and git modes. ``digest`` = sha256 over the base commit and that tree
+        (:func:`_change_digest`): ``prepare`` commits the same tree, so it reports the same
+        digest while nothing changed. Conflicts are the paths the merge with the original's
+        current tip conflicts on and the paths with uncommitted work in the original's working
+        tree; ``"HEAD"`` when the original's HEAD is no longer on the ref it was on at create.
+        """
+        worktree = self._worktree_git_or(SandboxError, "review")
+        meta = self._meta()
+        base = str(meta["base_commit"])
+        try:
+            tree = self._staged_tree(worktree)
+            original = self._original_git()
+            summary = self._summarise(original, base, tree)
+            conflicts = self._review_conflicts(original, worktree, base, tree, summary)
+        except GitFailure as exc:
+            raise _translate(
+                exc, "other", f"review of sandbox {self.sandbox_id}", self._sandbox_dir()
+            ) from exc
+        return summary.to_summary(self, _change_digest(base, tree), conflicts)
+
+    def _staged_tree(self, worktree: GitCommand) -> str:
+        """Tree id of the worktree as ``add -A`` would stage it, via a throw-away index."""
+        admin = Path(worktree.git_dir)
+        scratch = admin / f"sandbox-core-review-{os.getpid()}-{threading.get_ident()}.index"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copyfile(admin / "index", scratch)  # its stat cache keeps add -A cheap
+            staged = worktree.with_index_file(str(scratch))
+            staged.run("add", "-A")
+            return staged.run("write-tree").out
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                scratch.unlink()
+
+    @staticmethod
+    def _summarise(original: GitCommand, base: str, tree: str) -> _Summary:
+        """What ``base`` -> ``tree`` adds, changes and deletes, with line and byte counts."""
+        fields = original.run(
+            "diff-tree", "-r", "--no-renames", "-z", "--raw", "--numstat", base, tree
+        ).nul_fields()
+        added: list[str] = []
+        changed: list[str] = []
+        deleted: list[str] = []
+        executable: set[str] = set()
+        blobs: list[str] = []
+        lines_added = lines_removed = 0
+        index = 0
+        while index < len(fields):
+            entry = fields[index]
+            if entry.startswith(":"):
+                old_mode, new_mode, _old_id, new_id, status = entry[1:].split()[:5]
+                path = fields[index + 1]
+                index += 2
+                {"A": added, "D": deleted}.get(status[0], changed).append(path)
+                if {old_mode, new_mode} == {"100644", "100755"}:
+                    executable.add(path)
+                if status[0] != "D" and new_mode != "160000":
+                    blobs.append(new_id)
+                continue
+            plus, minus, _path = entry.split("\t", 2)
+            lines_added += int(plus) if plus.isdigit() else 0  # "-" for a binary file
+            lines_removed += int(minus) if minus.isdigit() else 0
+            index += 1
+        size = 0
+        if blobs:
+            sizes = original.run(
+                "cat-file", "--batch-check=%(objectsize)", stdin="".join(f"{b}\n" for b in blobs)
+            )
+            size = sum(int(line) for line in sizes.out.split() if line.isdigit())
+        return _Summary(
+            sorted(added),
+            sorted(changed),
+            sorted(deleted),
+            executable,
+            lines_added,
+            lines_removed,
+            size,
+        )
+
+    def _review_conflicts(
+        self,
+        original: GitCommand,
+        worktree: GitCommand,
+        base: str,
+        tree: str,
+        summary: _Summary,
+    ) -> list[str]:
+        """What would refuse a commit now (read-only; the merge writes objects only)."""
+        sha, symbolic = original.run(
+            "rev-parse", "HEAD", "--symbolic-full-name", "HEAD"
+        ).out.splitlines()[:2]
+        if symbolic != (self._meta()["target_ref"] or "HEAD"):
+            return ["HEAD"]
+        paths = summary.paths
+        if not paths:
+            return []
+        new = tree
+        if sha != base:
+            # The original moved since create: merge as the commit would, on a commit object
+            # of the staged tree (written, never referenced: left to git's gc).
+            probe = worktree.run("commit-tree", tree, "-p", "HEAD", "-m", "sandbox-core review")
+            merged = original.run(
+                "merge-tree",
+                "--write-tree",
+                "--name-only",
+                "--no-messages",
+                "-z",
+                sha,
+                probe.out,
+                ok=(0, 1),
+            )
+            fields = merged.nul_fields()
+            if merged.status == 1:
+                return sorted(set(fields[1:]))
+            new = fields[0]
+            added, changed, deleted, _modes = self._classify(original, sha, new)
+            paths = sorted([*added, *changed, *deleted])
+            if not paths:
+                return []
+        conflicts, _half = self._overlap(original, sha, new, paths)
+        return conflicts
+
+    def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        """Commit the sandbox branch, merge, check, and record it all under refs named after
+        ``txid``: ``refs/sandbox/prepared/<txid>/<sandbox_id>/{new,old,tip}`` (the commit the
+        target moves to, the target's expected old value, the sandbox commit), written in one
+        ref transaction with the ``pre-commit`` tag. The original's files, index and refs are
+        untouched. Another sandbox of the same repository prepared under the same ``txid`` is
+        chained: this merge is computed on top of the commit that one moves the target to.
+
+        Raises:
+            SandboxConflictError: merge conflict or overlapping local work (``conflicts``).
+            SandboxCommitLockedError / SandboxCommitPermissionError / SandboxCommitError.
+        """
+        self._check_txid(txid)
+        context = self._require_context()
+        text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
+        original = self._original_git("commit")
+        try:
+            snap = self._snapshot(self._worktree_git_or(SandboxCommitError, "prepare"), text)
+            base = str(context.metadata["base_commit"])
+            summary = self._summarise(original, base, snap.tree)
+            base_paths = (summary.paths, summary.executable)
+            prefix = self._prepared_prefix(txid)
+            with repository_lock(str(context.metadata["git_common_dir"])):
+                after = self._chained_after(original, txid)
+                plan = self._plan(original, snap, text, base_paths, after)
+                updates = [
+                    f"update {prefix}new {plan.new}\n",
+                    f"update {prefix}old {plan.old}\n",
+                    f"update {prefix}tip {snap.tip}\n",
+                    f"update {self._tag('pre-commit')} {plan.old}\n",
+                ]
+                original.run(
+                    "update-ref",
+                    "-m",
+                    f"sandbox-core: prepare {txid}",
+                    "--stdin",
+                    stdin="".join(updates),
+                )
+        except GitFailure as exc:
+            raise _translate(
+                exc, "commit", f"prepare of sandbox {self.sandbox_id} failed", self.original_path
+            ) from exc
+        digest = _change_digest(base, snap.tree)
+        return PreparedCommit(
+            sandbox_id=self.sandbox_id,
+            txid=txid,
+            digest=digest,
+            summary=summary.to_summary(self, digest, []),
+            details={
+                "prepared_ref": prefix.rstrip("/"),
+                "target_ref": plan.ref,
+                "expected_old": plan.old,
+                "merge_commit": plan.new,
+                "sandbox_commit": snap.tip,
+                "landed_as": plan.how,
+            },
+        )
+
+    def _do_apply_prepared(self, txid: str) -> CommitResult:
+        """Move the original to the prepared merge: files and index for the changed paths, then
+        the target ref by compare-and-swap against the prepared old value.
+
+        Idempotent: a crash at any point inside leaves either nothing done, half-written paths
+        (put back and rewritten), files and index done (kept), or the ref moved (then this only
+        returns the result). If the target moved since prepare (someone else wrote the
+        repository between prepare and apply), nothing is touched and
+        :class:`SandboxCommitError` is raised: the coordinator decides.
+        """
+        self._check_txid(txid)
+        meta = self._meta()
+        original = self._original_git("commit")
+        self._touched = False
+        try:
+            with repository_lock(str(meta["git_common_dir"])):
+                plan, tip, text = self._read_prepared(original, txid)
+                ref, current = self._current_target(original, SandboxCommitError)
+                if current != plan.old and plan.new != plan.old:
+                    landed = (
+                        current == plan.new
+                        or original.run(
+                            "merge-base", "--is-ancestor", plan.new, current, ok=(0, 1)
+                        ).status
+                        == 0
+                    )
+                    if not landed:
+                        raise SandboxCommitError(
+                            f"{ref} moved from {plan.old} to {current} after sandbox "
+                            f"{self.sandbox_id} was prepared under {txid}: something else wrote "
+                            f"{self.original_path} between prepare and apply. Nothing was "
+                            "changed; abort the plan commit and commit it again."
+                        )
+                    top = Path(str(meta["original_toplevel"]))
+                    self._move_submodules(original, top, plan.old, plan.new, plan.paths)
+                elif plan.new != plan.old and not self._apply(
+                    original,
+                    ref,
+                    plan.old,
+                    plan.new,
+                    SandboxCommitError,
+                    (plan.paths, plan.executable),
+                ):
+                    raise SandboxCommitError(
+                        f"{ref} moved during the apply of sandbox {self.sandbox_id}; "
+                        "nothing was changed"
+                    )
+            base = str(meta["base_commit"])
+            added, changed, deleted, _modes = self._classify(original, base, tip)
+        except GitFailure as exc:
+            raise _translate(
+                exc,
+                "commit",
+                f"apply of the prepared commit of sandbox {self.sandbox_id} failed",
+                self.original_path,
+                untouched=not self._touched,
+            ) from exc
+        return self._result(plan, tip, (added, changed, deleted), text, txid=txid)
+
+    def _do_abort_prepared(self, txid: str) -> None:
+        """Delete the prepared refs of ``txid``; merge objects are left to git's gc."""
+        self._check_txid(txid)
+        if self._context is None:
+            return
+        git_cmd = self._common_git()
+        if git_cmd is None:
+            return
+        try:
+            self._delete_matching(git_cmd, self._prepared_prefix(txid))
+        except GitFailure as exc:
+            raise _translate(
+                exc,
+                "other",
+                f"abort of the prepared commit of sandbox {self.sandbox_id}",
+                self.original_path,
+            ) from exc
+
+    @staticmethod
+    def _check_txid(txid: str) -> None:
+        if len(txid) > 64 or not _is_safe_component(txid):
+            raise ValueError(f"invalid transaction id {txid!r}: [A-Za-z0-9._-], at most 64")
+
+    def _prepared_prefix(self, txid: str) -> str:
+        return f"{_PREPARED_ROOT}{txid}/{self.sandbox_id}/"
+
+    def _read_prepared(self, original: GitCommand, txid: str) -> tuple[_Plan, str, str]:
+        """(plan, sandbox commit, message) recorded by ``prepare`` under ``txid``."""
+        prefix = self._prepared_prefix(txid)
+        listed = original.run(
+            "for-each-ref", "--format=%(refname)%00%(objectname)%00%(contents)%00", prefix
+        ).stdout.split("\0")
+        refs = {}
+        messages = {}
+        for name, sha, contents in zip(listed[0::3], listed[1::3], listed[2::3], strict=False):
+            key = name.strip().removeprefix(prefix)
+            refs[key] = sha
+            messages[key] = contents.strip()
+        if not {"new", "old", "tip"} <= refs.keys():
+            raise SandboxCommitError(
+                f"sandbox {self.sandbox_id} has no commit prepared under {txid} "
+                f"(no {prefix}new/old/tip): prepare it first"
+            )
+        old, new = refs["old"], refs["new"]
+        if new == old:
+            known: tuple[list[str], set[str]] = ([], set())
+        else:
+            added, changed, deleted, executable = self._classify(original, old, new)
+            known = (sorted([*added, *changed, *deleted]), executable)
+        how = "no-op" if new == old else "fast-forward" if new == refs["tip"] else "merge"
+        ref = str(self._meta()["target_ref"] or "HEAD")
+        plan = _Plan(ref, old, new, how, known[0], known[1], [])
+        return plan, refs["tip"], messages["tip"]
+
+    def _chained_after(self, original: GitCommand, txid: str) -> str | None:
+        """The commit the target will be at once the sandboxes of this repository prepared
+        before this one under ``txid`` are applied (in prepare order); None when there is none.
+
+        Chained by value: a prepared sandbox whose expected old value is the target's current
+        tip goes first, then the one expecting its result, and so on.
+        """
+        listed = original.run(
+            "for-each-ref", "--format=%(refname) %(objectname)", f"{_PREPARED_ROOT}{txid}/"
+        )
+        moves: dict[str, dict[str, str]] = {}
+        for line in listed.out.splitlines():
+            name, _, sha = line.partition(" ")
+            sid, _, kind = name.removeprefix(f"{_PREPARED_ROOT}{txid}/").partition("/")
+            if sid != self.sandbox_id:
+                moves.setdefault(sid, {})[kind] = sha
+        if not moves:
+            return None
+        _ref, head = self._current_target(original, SandboxCommitError)
+        start = head
+        for _ in range(len(moves)):
+            step = next(
+                (m["new"] for m in moves.values() if m.get("old") == head and m.get("new") != head),
+                None,
+            )
+            if step is None:
+                break
+            head = step
+        return head if head != start else None
+
+    def _common_git(self) -> GitCommand | None:
+        """Ref-only commands addressed by the common dir (the original checkout may be gone);
+        None when the repository itself is gone."""
+        common = str(self._meta()["git_common_dir"])
+        if not Path(common).is_dir():
+            return None
+        trusted, run_as = self._trust("other")
+        return GitCommand(common, common, trusted=trusted, run_as=run_as)
+
+    def _delete_matching(self, git_cmd: GitCommand, prefix: str) -> None:
+        """Delete every ref under ``prefix`` in one ref transaction."""
+        listed = git_cmd.run("for-each-ref", "--format=%(refname)", prefix)
+        found = [line for line in listed.out.splitlines() if line]
+        if found:
+            git_cmd.run("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in found))
+
     # -- rollback ---------------------------------------------------------------------------
 
     def _do_rollback(self) -> None:
@@ -1288,11 +1837,21 @@ class GitWorktreeSandbox(BaseSandbox):
             ) from exc
 
     def _delete_refs(self, original: GitCommand, *refs: str) -> None:
-        """Delete ``refs`` and every ``sandbox/<id>/*`` tag in one ref transaction."""
+        """Delete ``refs``, every ``sandbox/<id>/*`` tag and every ref prepared for this sandbox
+        under any transaction id, in one ref transaction."""
         listed = original.run(
-            "for-each-ref", "--format=%(refname)", f"refs/tags/sandbox/{self.sandbox_id}/", *refs
+            "for-each-ref",
+            "--format=%(refname)",
+            f"refs/tags/sandbox/{self.sandbox_id}/",
+            _PREPARED_ROOT,
+            *refs,
         )
-        found = [line for line in listed.out.splitlines() if line]
+        found = [
+            line
+            for line in listed.out.splitlines()
+            if line
+            and (not line.startswith(_PREPARED_ROOT) or line.split("/")[-2] == self.sandbox_id)
+        ]
         if found:
             original.run("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in found))
 

@@ -2,12 +2,21 @@
 
 It bypasses all isolation: writes are immediately permanent and cannot be rolled back, so
 ``rollbackable`` is False and a warning is logged at creation.
+
+Two-phase plan commit (issue 9, §1): review, prepare and apply are trivial, since the writes
+already went to the original. ``prepares_durably`` is True: ``prepare`` stages nothing and holds
+nothing in this process, so a crash loses nothing and a fresh process can apply or abort from
+the txid alone; the sandbox therefore never takes the last-resource slot (which stays free for a
+SQLite participant). What two phases cannot do for it: its writes are visible before the
+decision and stay when the plan is aborted (the plan's review shows it with no paths).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from sandbox_core.base import BaseSandbox, logger
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 
 
 class NoSandbox(BaseSandbox):
@@ -15,6 +24,7 @@ class NoSandbox(BaseSandbox):
 
     strategy = "none"
     rollbackable = False
+    prepares_durably = True
 
     def _do_create(self, plan_id: str) -> SandboxContext:
         logger.warning(
@@ -50,3 +60,37 @@ class NoSandbox(BaseSandbox):
 
     def _do_cleanup(self) -> None:
         """Nothing was created, and the original is never removed."""
+
+    # -- two-phase plan commit (issue 9): nothing to stage, the writes already landed ----------
+
+    def _do_review(self) -> ChangeSummary:
+        """No change set is kept: the digest names the pass-through itself (stable)."""
+        return ChangeSummary(
+            sandbox_id=self.sandbox_id,
+            resource_id=self.resource_id,
+            strategy=self.strategy,
+            digest=self._digest(),
+        )
+
+    def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        return PreparedCommit(
+            sandbox_id=self.sandbox_id,
+            txid=txid,
+            digest=self._digest(),
+            summary=self._do_review(),
+            details={"isolation": "none"},
+        )
+
+    def _do_apply_prepared(self, txid: str) -> CommitResult:
+        return CommitResult(
+            sandbox_id=self.sandbox_id,
+            success=True,
+            metadata={"strategy": self.strategy, "txid": txid},
+        )
+
+    def _do_abort_prepared(self, txid: str) -> None:
+        """Nothing was staged; writes already made are not undone (see the module docstring)."""
+
+    def _digest(self) -> str:
+        text = f"none:{self.resource_id}:{self.original_path}"
+        return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -54,12 +54,14 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core import _overlay_mount as kernel
+from sandbox_core import _prepared
 from sandbox_core._fs_utils import (
     Baseline,
     Entry,
     LinkMap,
     TreeChanges,
     backup_directory,
+    change_digest,
     compute_changes_at,
     copy_and_snapshot,
     copy_entry,
@@ -67,6 +69,7 @@ from sandbox_core._fs_utils import (
     diff_entries,
     entry_of,
     link_closure,
+    lock_tree,
     pending_since,
     recover_sync,
     reset_copy,
@@ -77,8 +80,13 @@ from sandbox_core._fs_utils import (
 )
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
 from sandbox_core.base import BaseSandbox, logger
-from sandbox_core.errors import SandboxCreationError, SandboxError, SandboxStateError
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.errors import (
+    SandboxCreationError,
+    SandboxError,
+    SandboxStateError,
+    TwoPhaseUnavailableError,
+)
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
 
 MODES = ("auto", "kernel", "fallback")
@@ -328,6 +336,116 @@ class OverlaySandbox(BaseSandbox):
         shutil.rmtree(stage)
         return changes
 
+    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+
+    def _change_set(self, original: Path) -> tuple[TreeChanges, TreeChanges, bool]:
+        """``(changes, staged, expand_links)``: the changes a commit reports, the paths it
+        stages (kernel mode adds the other names of changed hard-link groups, as
+        :meth:`_commit_kernel` does), and whether staging still expands link groups. Read from
+        the merged view (kernel: only the paths the upper layer names; fallback: the paths the
+        sandbox touched since create, so the original's own changes are kept). Nothing is
+        written."""
+        merged = self.base_path / "merged"
+        if self.overlay_mode != "kernel":
+            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
+            changes = compute_changes_at(original, merged, pending.touched)
+            return changes, changes, True
+        self._require_mounted()
+        layer_changes = kernel.changes_from_upper(
+            self.upper_dir, original, str(self._meta("xattr_namespace")), merged
+        )
+        # The merged view stands in for the stage mirror of the one-shot commit: it holds
+        # exactly what that mirror copies out of it.
+        changes = tree_changes_of(layer_changes, original, merged)
+        replaced = [c.path for c in layer_changes if c.kind == "replace"]
+        changes = _union(changes, compute_changes_at(original, merged, replaced))
+        roots = set(replaced)
+        covered = roots | {c.path for c in layer_changes} | set(changes.paths)
+        extra = sorted(
+            rel
+            for rel in link_closure(merged, original, changes.paths) - covered
+            if not any(anc in roots for anc in _ancestors(rel))
+        )
+        return changes, _union(changes, TreeChanges(changed=extra)), False
+
+    def _do_review(self) -> ChangeSummary:
+        """What a commit would land now and its digest; overlay commits have no conflicts (the
+        sandbox's paths win, the original's other changes are kept). Nothing is written."""
+        original = self._original()
+        merged = self.base_path / "merged"
+        changes, staged, expand = self._change_set(original)
+        digest = change_digest(merged, original, staged, expand_links=expand)
+        return _prepared.summary(self, original, merged, changes, digest, [])
+
+    def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        """Stage the commit on the original's filesystem (beside it, not in the upper layer's
+        filesystem), named after ``txid``, fsynced; the original and the mount are untouched.
+
+        Raises:
+            TwoPhaseUnavailableError: kernel mode and the original is a mount point: its staging
+                area would be a child of the mounted lower directory, which is never written
+                while mounted (the plan falls back to the saga, or fails up front).
+            SandboxError: kernel mode and the overlay is not mounted.
+        """
+        original = self._original()
+        if self.overlay_mode == "kernel" and (
+            original.parent.stat().st_dev != original.stat().st_dev
+        ):
+            raise TwoPhaseUnavailableError(
+                f"overlay sandbox {self.sandbox_id}: the original {original} is a mount point; "
+                "a kernel-mode prepare would write into the mounted lower directory"
+            )
+        with lock_tree(original):
+            if self.overlay_mode != "kernel":
+                recover_sync(original)  # never while a lower directory is mounted
+            changes, staged, expand = self._change_set(original)
+            return _prepared.prepare(
+                self, self.base_path, txid, original, self.base_path / "merged", staged,
+                backup_dir=self._commit_area() / "backup", expand_links=expand,
+                result=self._result(changes, message),
+            )  # fmt: skip
+
+    def _do_apply_prepared(self, txid: str) -> CommitResult:
+        """Renames only (kernel mode: unmounted around them, then remounted over an empty upper
+        layer); refused with nothing touched when a staged path changed in the original since
+        prepare; idempotent after a crash (see :mod:`sandbox_core._prepared`)."""
+        merged = self.base_path / "merged"
+        kernel_mode = self.overlay_mode == "kernel"
+
+        def before() -> None:
+            self._commit_area().mkdir(parents=True, exist_ok=True)
+            if kernel_mode and kernel.is_overlay_mounted(merged):
+                kernel.unmount(merged)  # the lower directory is written only while unmounted
+
+        def after() -> None:
+            if kernel_mode:
+                self._remount_empty()
+
+        result = _prepared.apply(
+            self, self.base_path, txid, self._original(),
+            backup_dir=self._commit_area() / "backup", before=before, after=after,
+        )  # fmt: skip
+        if result.changed_files or result.added_files or result.deleted_files:
+            self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
+        return result
+
+    def _do_abort_prepared(self, txid: str) -> None:
+        _prepared.abort(self, self.base_path, txid, self._original())
+
+    def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
+        return CommitResult(
+            sandbox_id=self.sandbox_id,
+            success=True,
+            changed_files=changes.changed,
+            added_files=changes.added,
+            deleted_files=changes.deleted,
+            metadata={
+                "strategy": self.strategy,
+                "overlay_mode": self.overlay_mode,
+                "message": message,
+            },
+        )
+
     def _swap_in_empty_upper(self, original: Path, backup: Path) -> None:
         layout = self._layout()
         kept = [(d, d.with_name(d.name + ".old")) for d in (self.upper_dir, self.work_dir)]
@@ -394,6 +512,8 @@ class OverlaySandbox(BaseSandbox):
     # -- cleanup and reopen -----------------------------------------------------------------
 
     def _do_cleanup(self) -> None:
+        # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
+        _prepared.discard_all(self, self._original())
         self._discard_artefacts()
         self._merged_dir = None
 
@@ -421,6 +541,8 @@ class OverlaySandbox(BaseSandbox):
         live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)
         if self.overlay_mode != "kernel" or self._status not in live:
             return
+        if _prepared.txids_in(self.base_path, _prepared.APPLYING):
+            return  # a decided two-phase apply was cut short: apply_prepared remounts after it
         if not kernel.is_overlay_mounted(self._merged_dir):
             try:
                 recover_sync(self._original())

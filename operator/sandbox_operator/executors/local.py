@@ -30,6 +30,7 @@ from sandbox_core import (
     dsn_secrets,
 )
 from sandbox_core.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
+from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import FaultInjected
 from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
 from sandbox_operator.settings import Settings
@@ -56,8 +57,12 @@ def core_options(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
 class FaultingSandbox:
     """Wraps a core sandbox so the settings' fault hooks can fail its commit or rollback.
 
-    Test-only fault injection (common brief: mocks only to inject faults); a pass-through when
-    the resource id is not named in ``fault_fail_commit`` / ``fault_fail_rollback``.
+    It is the local executor's handle: the saga drives ``commit``/``rollback``, the two-phase
+    coordinator ``review``/``prepare``/``apply_prepared``/``abort_prepared``/``prepares_durably``
+    (issue 9), all the wrapped ``BaseSandbox``'s; ``fault_fail_commit`` also fails ``prepare``.
+
+        Test-only fault injection (common brief: mocks only to inject faults); a pass-through when
+        the resource id is not named in ``fault_fail_commit`` / ``fault_fail_rollback``.
     """
 
     def __init__(self, sandbox: BaseSandbox, settings: Settings) -> None:
@@ -89,6 +94,32 @@ class FaultingSandbox:
         if self.inner.resource_id in self._settings.fault_fail_commit:
             raise FaultInjected(f"injected commit failure for resource {self.inner.resource_id}")
         return self.inner.commit(message)
+
+    @property
+    def prepares_durably(self) -> bool:
+        """The wrapped sandbox's ``prepares_durably`` (issue 9: SQLite is a last resource)."""
+        return bool(getattr(self.inner, "prepares_durably", True))
+
+    def review(self) -> ChangeSummary:
+        """The wrapped sandbox's change summary (issue 9, §2)."""
+        return self.inner.review()
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
+        """Prepare the two-phase commit, unless a commit fault is injected for this resource
+        (the injected failure happens before anything is staged)."""
+        if self._settings.fault_commit_delay_seconds:
+            time.sleep(self._settings.fault_commit_delay_seconds)  # test-only slow prepare
+        if self.inner.resource_id in self._settings.fault_fail_commit:
+            raise FaultInjected(f"injected commit failure for resource {self.inner.resource_id}")
+        return self.inner.prepare(txid, message)
+
+    def apply_prepared(self, txid: str) -> CommitResult:
+        """Apply what :meth:`prepare` staged under ``txid`` (idempotent)."""
+        return self.inner.apply_prepared(txid)
+
+    def abort_prepared(self, txid: str) -> None:
+        """Drop what :meth:`prepare` staged under ``txid`` (idempotent)."""
+        self.inner.abort_prepared(txid)
 
     def rollback(self) -> None:
         """Roll back, unless a fault is injected for this resource."""

@@ -1,0 +1,274 @@
+"""Two-phase commit of the directory strategies (issue 9): the sandbox's side.
+
+``copy_on_write`` and ``overlay`` (both modes) prepare, apply and abort through these functions;
+the filesystem work is :func:`~sandbox_core._fs_utils.stage_sync` /
+:func:`~sandbox_core._fs_utils.apply_staged` / :func:`~sandbox_core._fs_utils.abort_staged`.
+
+Names: the staging area is ``prepared_dir_for(original, "<txid>.<sandbox_id>")``, a hidden
+sibling of the original on its filesystem (a hidden child when the original is a mount point),
+so two sandboxes of one original in one plan never share one. The sandbox keeps a record
+``<sandbox dir>/prepared-<txid>.json`` (``state``: ``prepared`` -> ``applying`` -> ``applied``,
+the staged ``digest`` and the ``CommitResult``), written atomically and fsynced, so that apply and
+abort work from the txid alone in a fresh process (reopened sandbox):
+
+- prepare: stage (fsync) then write the record ``prepared``; a failure removes both.
+- apply: under ``lock_tree(original)``, a ``prepared`` record is first checked against the
+  original (stamps of every path the apply replaces, taken at prepare: a concurrent change
+  refuses with ``SandboxCommitError(conflicts=[...])`` and nothing touched), the old pre-commit
+  backup is dropped, and the record says ``applying`` before the first rename; then the renames
+  (rolled forward after a crash), then ``applied``. An ``applied`` record returns its result.
+  The replaced entries are kept in the strategy's pre-commit backup exactly as the one-shot
+  commit keeps them, so ``rollback()`` from COMMITTED (compensation) works the same.
+- abort: removes the area and the record; idempotent; refused (``SandboxError``) once the apply
+  has begun (after the decision only apply may finish it).
+- ``recover_sync`` (run by every one-shot sync and commit) never touches these areas. When the
+  plan's journal is lost, the sandbox's ``cleanup()`` removes its staged areas (and finishes
+  the bookkeeping of one whose renames all landed); a half-applied one makes cleanup fail with
+  a ``SandboxError`` naming the txid to apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sandbox_core._fs_utils import (
+    TreeChanges,
+    abort_staged,
+    apply_staged,
+    change_stats,
+    lock_tree,
+    prepared_keys,
+    stage_sync,
+    staged_state,
+    verify_staged,
+)
+from sandbox_core.base import BaseSandbox
+from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+
+PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
+_RECORD_PREFIX = "prepared-"
+
+
+def key_for(sandbox: BaseSandbox, txid: str) -> str:
+    """The staging key of ``txid`` for this sandbox: ``<txid>.<sandbox_id>``."""
+    return f"{txid}.{sandbox.sandbox_id}"
+
+
+def _record_path(home: Path, txid: str) -> Path:
+    return home / f"{_RECORD_PREFIX}{txid}.json"
+
+
+def read_record(home: Path, txid: str) -> dict[str, Any] | None:
+    """The sandbox's record of ``txid``, or None."""
+    try:
+        data: dict[str, Any] = json.loads(_record_path(home, txid).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    return data
+
+
+def _write_record(home: Path, txid: str, record: dict[str, Any]) -> None:
+    path = _record_path(home, txid)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def txids_in(home: Path, state: str) -> list[str]:
+    """Txids whose record in ``home`` has ``state``."""
+    found: list[str] = []
+    if not home.is_dir():
+        return found
+    for path in home.glob(f"{_RECORD_PREFIX}*.json"):
+        txid = path.name[len(_RECORD_PREFIX) : -len(".json")]
+        record = read_record(home, txid)
+        if record is not None and record.get("state") == state:
+            found.append(txid)
+    return sorted(found)
+
+
+def summary(
+    sandbox: BaseSandbox,
+    old_root: Path,
+    new_root: Path,
+    changes: TreeChanges,
+    digest: str,
+    conflicts: list[str],
+) -> ChangeSummary:
+    """The :class:`ChangeSummary` of ``changes`` (``old_root``: the original; ``new_root``: the
+    tree whose content would land)."""
+    lines_added, lines_removed, size = change_stats(old_root, new_root, changes)
+    return ChangeSummary(
+        sandbox_id=sandbox.sandbox_id,
+        resource_id=sandbox.resource_id,
+        strategy=sandbox.strategy,
+        digest=digest,
+        added=list(changes.added),
+        changed=list(changes.changed),
+        deleted=list(changes.deleted),
+        lines_added=lines_added,
+        lines_removed=lines_removed,
+        bytes_changed=size,
+        conflicts=list(conflicts),
+    )
+
+
+def prepare(
+    sandbox: BaseSandbox,
+    home: Path,
+    txid: str,
+    original: Path,
+    source: Path,
+    changes: TreeChanges,
+    *,
+    backup_dir: Path,
+    result: CommitResult,
+    expand_links: bool = True,
+) -> PreparedCommit:
+    """Stage ``changes`` from ``source`` for ``original`` under ``txid`` and record it.
+
+    Raises:
+        SandboxStateError: ``txid`` is already being applied or was applied.
+        OSError: staging failed (nothing is left staged).
+    """
+    key = key_for(sandbox, txid)
+    record = read_record(home, txid)
+    if record is not None and record.get("state") != PREPARED:
+        raise SandboxStateError(
+            f"commit {txid} of sandbox {sandbox.sandbox_id} is already {record.get('state')}"
+        )
+    try:
+        staged = stage_sync(
+            source, original, key, changes=changes, backup_dir=backup_dir,
+            expand_links=expand_links,
+        )  # fmt: skip
+    except FileExistsError as exc:
+        raise SandboxStateError(f"commit {txid} of sandbox {sandbox.sandbox_id}: {exc}") from exc
+    try:
+        review = summary(sandbox, original, source, changes, staged.digest, [])
+        _write_record(
+            home, txid,
+            {"txid": txid, "state": PREPARED, "digest": staged.digest,
+             "staging": staged.path, "result": result.to_dict()},
+        )  # fmt: skip
+    except BaseException:
+        abort_staged(original, key)
+        _record_path(home, txid).unlink(missing_ok=True)
+        raise
+    return PreparedCommit(
+        sandbox_id=sandbox.sandbox_id,
+        txid=txid,
+        digest=staged.digest,
+        summary=review,
+        details={"strategy": sandbox.strategy, "staging": staged.path},
+    )
+
+
+def apply(
+    sandbox: BaseSandbox,
+    home: Path,
+    txid: str,
+    original: Path,
+    *,
+    backup_dir: Path,
+    before: Callable[[], None] | None = None,
+    after: Callable[[], None] | None = None,
+) -> CommitResult:
+    """Apply the commit staged under ``txid`` (see the module docstring). ``before`` runs
+    right before the renames and ``after`` right after them (the kernel overlay unmounts and
+    remounts there); both must be idempotent.
+
+    Raises:
+        SandboxCommitError: nothing prepared under ``txid``, or a staged path changed in the
+            original since prepare (``conflicts``; nothing touched).
+        OSError: a step failed (retry: the apply resumes).
+    """
+    record = read_record(home, txid)
+    if record is None:
+        raise SandboxCommitError(
+            f"nothing is prepared under {txid} for sandbox {sandbox.sandbox_id}"
+        )
+    result = CommitResult.from_dict(record["result"])
+    if record["state"] == APPLIED:
+        return result
+    key = key_for(sandbox, txid)
+    with lock_tree(original):
+        if record["state"] == PREPARED:
+            try:
+                changed = verify_staged(original, key)
+            except FileNotFoundError as exc:
+                raise SandboxCommitError(
+                    f"the staged commit {txid} of sandbox {sandbox.sandbox_id} is gone: {exc}"
+                ) from exc
+            if changed:
+                raise SandboxCommitError(
+                    f"apply of {txid} to sandbox {sandbox.sandbox_id} refused: {len(changed)} "
+                    f"path(s) changed in the original since prepare: {', '.join(changed[:10])}",
+                    conflicts=changed,
+                )
+            if backup_dir.exists():
+                shutil.rmtree(backup_dir)  # a previous commit's, as the one-shot commit drops it
+            record["state"] = APPLYING
+            _write_record(home, txid, record)
+        if before is not None:
+            before()
+        apply_staged(original, key)
+        if after is not None:
+            after()
+        record["state"] = APPLIED
+        _write_record(home, txid, record)
+    return result
+
+
+def abort(sandbox: BaseSandbox, home: Path, txid: str, original: Path) -> None:
+    """Remove what ``prepare`` staged under ``txid`` and its record; idempotent.
+
+    Raises:
+        SandboxError: the apply has begun (only apply may finish it).
+    """
+    record = read_record(home, txid)
+    if record is not None and record.get("state") != PREPARED:
+        raise SandboxError(
+            f"commit {txid} of sandbox {sandbox.sandbox_id} is {record.get('state')}: "
+            "it can only be applied (apply_prepared)"
+        )
+    try:
+        abort_staged(original, key_for(sandbox, txid))
+    except FileExistsError as exc:
+        raise SandboxError(f"cannot abort {txid}: {exc}") from exc
+    _record_path(home, txid).unlink(missing_ok=True)
+
+
+def discard_all(sandbox: BaseSandbox, original: Path) -> None:
+    """Cleanup: remove every staged area of this sandbox (a plan journal lost); one whose
+    renames all landed only has its bookkeeping finished.
+
+    Raises:
+        SandboxError: an area is half applied (apply its txid first).
+    """
+    suffix = f".{sandbox.sandbox_id}"
+    for key in prepared_keys(original, suffix):
+        state = staged_state(original, key)
+        if state == APPLIED:
+            apply_staged(original, key)  # only moves kept entries and drops the area
+        elif state is not None and state != "staged-two-phase":
+            raise SandboxError(
+                f"sandbox {sandbox.sandbox_id}: commit {key.removesuffix(suffix)} is half "
+                "applied to the original; apply_prepared it (or recover the plan) first"
+            )
+        else:
+            abort_staged(original, key)

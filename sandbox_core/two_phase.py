@@ -1,0 +1,595 @@
+"""Two-phase plan commit: every conflict is found before any original is touched (issue 9, §1).
+
+The saga (:mod:`sandbox_core.saga`) commits sandboxes one after another and compensates the
+ones that landed when a later one fails, so a conflict in the last of ten sandboxes changes nine
+originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead:
+
+1. **Prepare** (journal phase ``preparing``): every participant, in commit order, does all the
+   work that can fail without touching its original (``BaseSandbox.prepare(txid)``: merge
+   objects, staged files beside their targets, ``PREPARE TRANSACTION``), each named after the
+   attempt's ``txid`` (:func:`plan_txid`). Each step goes ``preparing -> prepared`` with its
+   ``PreparedCommit`` recorded. Any failure aborts every step (also the failed one) and ends the
+   attempt ``failed`` / ``CommitFailed``: no original touched, sandboxes keep their status.
+2. **Verify**: :func:`~sandbox_core.review.plan_digest` over the prepared digests must equal the
+   approved digest when one is given, else every step is aborted and the attempt ends
+   ``failed`` / ``ChangedSinceApproval``.
+3. **Decide**: with a participant that cannot prepare durably (SQLite holds its writes in an
+   open connection; ``prepares_durably`` False) that participant is the *last resource*: it is
+   prepared after every durable one, its step is marked ``committing`` and its
+   ``apply_prepared(txid)`` **is** the decision. Then the decision record (phase ``applying``,
+   ``decided_at``) is saved: from here recovery rolls forward.
+4. **Apply**: ``apply_prepared(txid)`` of every other participant (renames, compare-and-swap ref
+   updates, ``COMMIT PREPARED``), then phase ``committed``.
+
+Recovery (:meth:`TwoPhasePlanCommit.recover`), from the journal alone in a fresh process:
+
+- phase ``preparing`` / ``aborting``: abort every step that may have staged something
+  (idempotent) and end ``rolled_back`` / ``Interrupted`` (or the reason recorded before the
+  crash); nothing was touched. Exception: a last resource recorded ``committing`` is asked
+  ``commit_landed()``: True means the decision was taken, so recovery records it and rolls
+  forward; False or unknown aborts (unknown is logged: only SQLite is a last resource and it
+  answers from its commit marker).
+- phase ``applying``: ``apply_prepared(txid)`` of every step not yet ``committed``
+  (idempotent), then ``committed``. An apply that still fails keeps the phase ``applying``
+  with the error recorded (call again once the cause is gone; never rolled back: the decision
+  was taken).
+- A terminal journal is returned unchanged; a saga journal is handed to the saga's recovery.
+
+When two phases cannot be used (:func:`two_phase_unavailable_reason`: more than one
+participant cannot prepare durably, or a participant has no prepare; or a prepare raised
+:class:`~sandbox_core.errors.TwoPhaseUnavailableError`, e.g. PostgreSQL with
+``max_prepared_transactions = 0``) :meth:`TwoPhasePlanCommit.run` raises
+``TwoPhaseUnavailableError`` with nothing touched; ``SandboxManager.commit_plan(mode="auto")``
+then falls back to the saga and reports ``fallback_reason`` (see ``docs/two-phase-commit.md``).
+
+Fault injection (tests only), through :func:`sandbox_core.saga.env_fault_hook`
+(``SANDBOX_CORE_FAULT=<point>:<index>`` SIGKILLs, ``SANDBOX_CORE_FAULT_RAISE`` raises): points
+``before_prepare``, ``after_prepare`` (prepared and recorded), ``before_apply``, ``after_apply``
+(applied, not yet recorded) with the 1-based step index in commit order, and
+``after_decision`` with index ``0`` (the decision record is durable, nothing applied yet except
+a last resource).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
+from sandbox_core.journal import (
+    CommitJournal,
+    JournalPhase,
+    JournalReason,
+    JournalState,
+    JournalStep,
+    StepState,
+)
+from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
+from sandbox_core.review import plan_digest
+from sandbox_core.saga import (
+    FaultHook,
+    PlanCommitSaga,
+    SandboxResolver,
+    adopt_landed_commit,
+    commit_order,
+    env_fault_hook,
+    probe_commit_landed,
+)
+
+logger = logging.getLogger("sandbox_core.two_phase")
+
+TWO_PHASE_FAULT_POINTS = (
+    "before_prepare",
+    "after_prepare",
+    "after_decision",
+    "before_apply",
+    "after_apply",
+)
+DECISION_FAULT_INDEX = 0
+"""The index ``after_decision`` is reported with (it belongs to no step)."""
+TXID_MAX_LENGTH = 64
+
+# Steps that may hold something staged under the txid: recovery and failures abort them.
+_ABORTABLE = frozenset(
+    {StepState.PREPARING, StepState.PREPARED, StepState.FAILED, StepState.COMMITTING}
+)
+
+
+def plan_txid(plan_id: str, attempt: int) -> str:
+    """The transaction id of attempt ``attempt`` of ``plan_id`` (issue 9, §1, step 1).
+
+    Deterministic (a fresh process finds the same staged state from the journal), different per
+    attempt, only ``[A-Za-z0-9._-]`` and at most 64 characters, so participants can name files,
+    refs and PostgreSQL global ids after it (``txid + "." + sandbox_id`` stays under 200).
+
+    Returns:
+        ``"tpc.<readable part of plan_id, <= 32>.<10 hex of sha256(plan_id)>.<attempt>"``.
+
+    Raises:
+        ValueError: ``attempt`` is below 1.
+    """
+    if attempt < 1:
+        raise ValueError("attempt must be 1 or more")
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "-", plan_id).strip("-")[:32] or "plan"
+    digest = hashlib.sha256(plan_id.encode("utf-8")).hexdigest()[:10]
+    return f"tpc.{readable}.{digest}.{attempt}"[:TXID_MAX_LENGTH]
+
+
+def two_phase_unavailable_reason(sandboxes: Iterable[Any]) -> str | None:
+    """Why these sandboxes cannot be committed in two phases, or ``None`` when they can.
+
+    Issue 9, §1, step 4: at most one participant may prepare non-durably (the last resource);
+    every participant must offer ``prepare``/``apply_prepared``/``abort_prepared``.
+    """
+    items = list(sandboxes)
+    lacking = [
+        str(sb.sandbox_id)
+        for sb in items
+        if not all(
+            callable(getattr(sb, name, None))
+            for name in ("prepare", "apply_prepared", "abort_prepared")
+        )
+    ]
+    if lacking:
+        return f"sandboxes {', '.join(lacking)} cannot prepare a commit"
+    volatile = [sb for sb in items if not bool(getattr(sb, "prepares_durably", True))]
+    if len(volatile) > 1:
+        named = ", ".join(f"{sb.sandbox_id} ({getattr(sb, 'strategy', '?')})" for sb in volatile)
+        return (
+            f"{len(volatile)} sandboxes cannot prepare durably ({named}); at most one can be "
+            "the last resource of a two-phase commit"
+        )
+    return None
+
+
+def participant_order(sandboxes: Iterable[Any]) -> list[Any]:
+    """Commit order (seed 002: rollbackable first), with the last resource moved to the end."""
+    ordered = commit_order(sandboxes)
+    durable = [sb for sb in ordered if bool(getattr(sb, "prepares_durably", True))]
+    return durable + [sb for sb in ordered if not bool(getattr(sb, "prepares_durably", True))]
+
+
+class TwoPhasePlanCommit:
+    """Runs and recovers one plan's two-phase commit against one journal (issue 9, §1).
+
+    Args:
+        journal: where the attempt is recorded (``mode="two_phase"``).
+        on_change: called with a sandbox after each change of its status (the manager persists
+            it to its store).
+        fault_hook: test-only fault injection; defaults to
+            :func:`~sandbox_core.saga.env_fault_hook`.
+    """
+
+    def __init__(
+        self,
+        journal: CommitJournal,
+        on_change: Callable[[Any], None] | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.journal = journal
+        self._on_change = on_change
+        self._fault_hook = fault_hook if fault_hook is not None else env_fault_hook()
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(
+        self,
+        plan_id: str,
+        sandboxes: list[Any],
+        attempt: int = 1,
+        message: str | None = None,
+        approved_digest: str | None = None,
+    ) -> list[CommitResult]:
+        """Commit ``sandboxes`` all or nothing in two phases (see the module docstring).
+
+        Args:
+            plan_id: the plan.
+            sandboxes: its CREATED/ACTIVE sandboxes (BaseSandbox or an executor handle).
+            attempt: the attempt number (1-based); the txid derives from it.
+            message: commit message for every participant.
+            approved_digest: when given, the plan digest the prepared changes must hash to.
+
+        Returns:
+            One successful :class:`CommitResult` per sandbox in commit order (metadata ``txid``);
+            or one ``CommitResult(success=False)`` whose ``error`` starts with
+            ``"Atomic commit failed"`` and whose metadata holds ``failed_sandbox_id``,
+            ``conflicts``, ``rolled_back_ids`` (always empty), ``failed_rollback_ids`` (empty),
+            ``reason`` (``"CommitFailed"`` | ``"ChangedSinceApproval"``), ``touched_originals``
+            (0 before the decision), ``failed_abort_ids``, ``mode``, ``txid``, ``digest``,
+            ``approved_digest``, ``phase`` and ``attempt``. After the decision an apply that
+            failed keeps the journal ``applying`` (``recover`` finishes it) and the failed
+            result says so.
+
+        Raises:
+            TwoPhaseUnavailableError: the plan cannot use two phases; raised before anything is
+                prepared (too many non-durable participants) or after every prepared step was
+                aborted (a participant refused to prepare). Nothing was touched.
+            SandboxError: the journal could not be written.
+            Exception: a non-sandbox error from a participant, after every step was aborted.
+        """
+        reason = two_phase_unavailable_reason(sandboxes)
+        if reason is not None:
+            raise TwoPhaseUnavailableError(reason)
+        ordered = participant_order(sandboxes)
+        state = JournalState(
+            plan_id=plan_id,
+            attempt=attempt,
+            phase=JournalPhase.PREPARING,
+            mode="two_phase",
+            txid=plan_txid(plan_id, attempt),
+            approved_digest=approved_digest,
+            steps=[_step_for(sb) for sb in ordered],
+        )
+        self._save(state)
+        pairs = list(zip(state.steps, ordered, strict=True))
+        prepared: list[PreparedCommit] = []
+        for index in range(1, len(pairs) + 1):
+            outcome = self._prepare_one(state, pairs, index, message)
+            if isinstance(outcome, CommitResult):
+                return [outcome]
+            prepared.append(outcome)
+        state.digest = plan_digest(prepared)
+        if approved_digest is not None and state.digest != approved_digest:
+            state.error = (
+                f"Atomic commit failed: plan {plan_id} changed since approval: its changes hash "
+                f"to {state.digest}, the approval named {approved_digest}; nothing was changed"
+            )
+            self._abort(state, pairs, JournalReason.CHANGED_SINCE_APPROVAL)
+            return [failure_result(state)]
+        decided = self._decide(state, pairs)
+        if decided is not None:
+            return [decided]
+        return self._apply(state, pairs)
+
+    def _prepare_one(
+        self,
+        state: JournalState,
+        pairs: list[tuple[JournalStep, Any]],
+        index: int,
+        message: str | None,
+    ) -> PreparedCommit | CommitResult:
+        """Prepare step ``index`` (1-based); on failure abort all and return the failed result
+        (or raise, see :meth:`run`)."""
+        txid = _txid(state)
+        step, sandbox = pairs[index - 1]
+        step.state = StepState.PREPARING
+        step.started_at = utc_now()
+        self._save(state)
+        try:
+            self._fault("before_prepare", index, step.sandbox_id)
+            prepared: PreparedCommit = sandbox.prepare(txid, message)
+        except TwoPhaseUnavailableError as exc:
+            self._fail_step(state, step, exc, "cannot prepare in two phases")
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+            raise
+        except SandboxError as exc:
+            self._fail_step(state, step, exc, "could not be prepared")
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+            return failure_result(state)
+        except Exception as exc:
+            self._fail_step(state, step, exc, "could not be prepared")
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+            raise
+        step.state = StepState.PREPARED
+        step.prepared = prepared.to_dict()
+        step.updated_at = utc_now()
+        self._save(state)
+        self._changed(sandbox)
+        self._fault("after_prepare", index, step.sandbox_id)
+        return prepared
+
+    def _decide(
+        self, state: JournalState, pairs: list[tuple[JournalStep, Any]]
+    ) -> CommitResult | None:
+        """Take the decision: the last resource's commit, then the decision record.
+
+        Returns:
+            ``None`` once decided to commit; the failed result when the last resource's commit
+            failed (then every step was aborted).
+        """
+        txid = _txid(state)
+        for index, (step, sandbox) in enumerate(pairs, start=1):
+            if not step.last_resource:
+                continue
+            step.state = StepState.COMMITTING
+            self._save(state)
+            try:
+                self._fault("before_apply", index, step.sandbox_id)
+                result: CommitResult = sandbox.apply_prepared(txid)
+            except SandboxError as exc:
+                self._fail_step(state, step, exc, "(the last resource) could not commit")
+                self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+                return failure_result(state)
+            except Exception as exc:
+                self._fail_step(state, step, exc, "(the last resource) could not commit")
+                self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+                raise
+            self._fault("after_apply", index, step.sandbox_id)
+            self._changed(sandbox)
+            step.state = StepState.COMMITTED
+            step.result = result.to_dict()
+            step.updated_at = utc_now()
+        state.phase = JournalPhase.APPLYING
+        state.decided_at = utc_now()
+        self._save(state)
+        self._fault("after_decision", DECISION_FAULT_INDEX, "")
+        return None
+
+    def _apply(
+        self, state: JournalState, pairs: list[tuple[JournalStep, Any]]
+    ) -> list[CommitResult]:
+        """Apply every step not yet committed (the decision was taken: only forward)."""
+        txid = _txid(state)
+        failed: list[str] = []
+        for index, (step, sandbox) in enumerate(pairs, start=1):
+            if step.state is StepState.COMMITTED:
+                continue
+            try:
+                self._fault("before_apply", index, step.sandbox_id)
+                result: CommitResult = _found(step, sandbox, "apply").apply_prepared(txid)
+            except Exception as exc:  # the decision stands: record, go on, recover retries
+                step.error = f"{type(exc).__name__}: {exc}"
+                step.updated_at = utc_now()
+                failed.append(step.sandbox_id)
+                self._save(state)
+                logger.exception(
+                    "plan %s: apply of sandbox %s failed", state.plan_id, step.sandbox_id
+                )
+                continue
+            self._fault("after_apply", index, step.sandbox_id)
+            self._changed(sandbox)
+            step.state = StepState.COMMITTED
+            step.result = result.to_dict()
+            step.error = None
+            step.updated_at = utc_now()
+            self._save(state)
+        if failed:
+            state.failed_sandbox_id = failed[0]
+            state.error = (
+                f"Atomic commit failed: plan {state.plan_id} was decided (txid {txid}) but the "
+                f"apply of {', '.join(failed)} failed; run recover to finish it (the decision "
+                "stands: it rolls forward)"
+            )
+            self._save(state)
+            return [failure_result(state)]
+        self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
+        return [CommitResult.from_dict(step.result) for step in state.steps if step.result]
+
+    # -- recover -----------------------------------------------------------------------------
+
+    def recover(self, resolve: SandboxResolver) -> JournalState | None:
+        """Finish an interrupted attempt (see the module docstring for the policy).
+
+        Args:
+            resolve: finds the sandbox of a step (live, or reopened from the store).
+
+        Returns:
+            The journal state after recovery, or ``None`` when there is no journal. It is
+            terminal unless an abort or an apply failed again (phase ``aborting`` or
+            ``applying``: call again later). A terminal journal is returned unchanged; a saga
+            journal is recovered by :class:`~sandbox_core.saga.PlanCommitSaga`.
+
+        Raises:
+            SandboxError: the journal could not be read or written.
+        """
+        state = self.journal.load()
+        if state is None or state.phase.is_terminal:
+            return state
+        if state.mode != "two_phase":
+            saga = PlanCommitSaga(
+                self.journal, on_change=self._on_change, fault_hook=self._fault_hook
+            )
+            return saga.recover(resolve)
+        logger.warning(
+            "recovering interrupted two-phase commit of plan %s (attempt %d, phase %s)",
+            state.plan_id,
+            state.attempt,
+            state.phase.value,
+        )
+        pairs = [
+            (step, resolve(step) if step.state is not StepState.PENDING else None)
+            for step in state.steps
+        ]
+        if state.phase in (JournalPhase.PREPARING, JournalPhase.ABORTING, JournalPhase.PENDING):
+            if not self._last_resource_landed(state, pairs):
+                reason = state.reason
+                if reason is JournalReason.IN_PROGRESS:
+                    reason = JournalReason.INTERRUPTED
+                    state.error = (
+                        f"two-phase commit attempt {state.attempt} was interrupted before its "
+                        "decision; every participant was aborted, nothing was changed"
+                    )
+                self._abort(state, pairs, reason)
+                return state
+            state.phase = JournalPhase.APPLYING
+            state.decided_at = state.decided_at or utc_now()
+            self._save(state)
+        self._apply(state, pairs)
+        return state
+
+    def _last_resource_landed(
+        self, state: JournalState, pairs: list[tuple[JournalStep, Any]]
+    ) -> bool:
+        """Whether a last resource recorded ``committing`` did commit (the decision was taken).
+
+        When it did, its step is recorded ``committed`` (the sandbox adopts the landed commit).
+        """
+        for step, sandbox in pairs:
+            if not (step.last_resource and step.state is StepState.COMMITTING):
+                continue
+            landed = probe_commit_landed(sandbox)
+            if landed is not True:
+                if landed is None:
+                    logger.error(
+                        "plan %s: cannot tell whether the last resource %s committed; aborting",
+                        state.plan_id,
+                        step.sandbox_id,
+                    )
+                    step.error = "interrupted; outcome of the last resource unknown, aborted"
+                return False
+            adopt_landed_commit(sandbox)
+            self._changed(sandbox)
+            last = getattr(sandbox, "last_commit", None)
+            step.result = (
+                last.to_dict()
+                if isinstance(last, CommitResult)
+                else CommitResult(sandbox_id=step.sandbox_id, success=True).to_dict()
+            )
+            step.state = StepState.COMMITTED
+            step.updated_at = utc_now()
+            self._save(state)
+            return True
+        return False
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _abort(
+        self, state: JournalState, pairs: list[tuple[JournalStep, Any]], reason: JournalReason
+    ) -> None:
+        """Abort every step that may hold something staged, in reverse order; end the attempt.
+
+        The attempt ends ``failed`` (a step failed, or the digest changed) or ``rolled_back``
+        (interrupted) with ``reason``; when an abort fails it stays ``aborting`` (recover
+        retries it) and the sandbox is named in the error.
+        """
+        txid = _txid(state)
+        state.phase = JournalPhase.ABORTING
+        state.reason = reason
+        self._save(state)
+        failed: list[str] = []
+        for step, sandbox in reversed(pairs):
+            if step.state not in _ABORTABLE:
+                continue
+            try:
+                _found(step, sandbox, "abort").abort_prepared(txid)
+            except Exception as exc:  # every step is attempted; failures are named
+                failed.append(step.sandbox_id)
+                step.error = f"abort failed: {type(exc).__name__}: {exc}"
+                logger.exception(
+                    "plan %s: abort of sandbox %s failed", state.plan_id, step.sandbox_id
+                )
+            else:
+                if step.state is not StepState.FAILED:
+                    step.state = StepState.ABORTED
+            step.updated_at = utc_now()
+            self._save(state)
+        if failed:
+            state.error = (
+                f"{state.error or 'two-phase commit aborted'}; the abort of {', '.join(failed)} "
+                "failed: run recover to finish it (no original was changed)"
+            )
+            self._save(state)
+            return
+        phase = (
+            JournalPhase.ROLLED_BACK if reason is JournalReason.INTERRUPTED else JournalPhase.FAILED
+        )
+        self._finish(state, phase, reason)
+
+    def _fail_step(
+        self, state: JournalState, step: JournalStep, exc: BaseException, what: str
+    ) -> None:
+        step.state = StepState.FAILED
+        step.error = f"{type(exc).__name__}: {exc}"
+        step.conflicts = [str(path) for path in getattr(exc, "conflicts", None) or []]
+        step.updated_at = utc_now()
+        state.failed_sandbox_id = step.sandbox_id
+        state.error = (
+            f"Atomic commit failed: sandbox {step.sandbox_id} (resource {step.resource_id}) "
+            f"{what}: {exc}; every participant was aborted, nothing was changed"
+        )
+        logger.error("%s", state.error)
+
+    def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
+        state.phase = phase
+        state.reason = reason
+        state.finished_at = utc_now()
+        self._save(state)
+
+    def _save(self, state: JournalState) -> None:
+        state.updated_at = utc_now()
+        self.journal.save(state)
+
+    def _changed(self, sandbox: Any) -> None:
+        if self._on_change is not None and sandbox is not None:
+            self._on_change(sandbox)
+
+    def _fault(self, point: str, index: int, sandbox_id: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(point, index, sandbox_id)
+
+
+def failure_result(state: JournalState) -> CommitResult:
+    """The failed ``CommitResult`` a two-phase journal stands for (shape: see ``run``)."""
+    failed = None
+    if state.failed_sandbox_id:
+        try:
+            failed = state.step(state.failed_sandbox_id)
+        except KeyError:
+            failed = None
+    touched = sum(1 for step in state.steps if step.state is StepState.COMMITTED)
+    failed_aborts = [
+        step.sandbox_id for step in state.steps if (step.error or "").startswith("abort failed")
+    ]
+    return CommitResult(
+        sandbox_id=state.failed_sandbox_id or "",
+        success=False,
+        error=state.error or f"Atomic commit failed: {state.reason.value}",
+        metadata={
+            "failed_sandbox_id": state.failed_sandbox_id,
+            "conflicts": list(failed.conflicts) if failed else [],
+            "rolled_back_ids": [],
+            "failed_rollback_ids": [],
+            "failed_abort_ids": failed_aborts,
+            "reason": (
+                state.reason.value
+                if state.reason is not JournalReason.IN_PROGRESS
+                else JournalReason.COMMIT_FAILED.value
+            ),
+            "touched_originals": touched,
+            "mode": "two_phase",
+            "txid": state.txid,
+            "digest": state.digest,
+            "approved_digest": state.approved_digest,
+            "phase": state.phase.value,
+            "attempt": state.attempt,
+        },
+    )
+
+
+def two_phase_results(state: JournalState) -> list[CommitResult]:
+    """The ``commit_plan`` return value a two-phase journal stands for.
+
+    ``committed``: the recorded successful results in commit order; otherwise one failed result
+    (:func:`failure_result`).
+    """
+    if state.phase is JournalPhase.COMMITTED:
+        return [CommitResult.from_dict(step.result) for step in state.steps if step.result]
+    return [failure_result(state)]
+
+
+def _found(step: JournalStep, sandbox: Any, action: str) -> Any:
+    """``sandbox``, or SandboxError when the step's sandbox could not be resolved."""
+    if sandbox is None:
+        raise SandboxError(f"sandbox {step.sandbox_id} cannot be found to {action}")
+    return sandbox
+
+
+def _txid(state: JournalState) -> str:
+    if not state.txid:
+        raise SandboxError(f"two-phase journal of plan {state.plan_id} has no txid")
+    return state.txid
+
+
+def _step_for(sandbox: Any) -> JournalStep:
+    context = getattr(sandbox, "context", None)
+    resource_id = getattr(sandbox, "resource_id", None) or getattr(context, "resource_id", "")
+    return JournalStep(
+        sandbox_id=str(sandbox.sandbox_id),
+        resource_id=str(resource_id or ""),
+        strategy=str(getattr(sandbox, "strategy", "") or ""),
+        rollbackable=bool(getattr(sandbox, "rollbackable", True)),
+        last_resource=not bool(getattr(sandbox, "prepares_durably", True)),
+    )
