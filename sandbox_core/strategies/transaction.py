@@ -941,13 +941,17 @@ class TransactionSandbox(BaseSandbox):
     def _held_statement(
         self, entry: LogEntry, params: Any, logged: bool
     ) -> tuple[list[tuple[Any, ...]], Outcome]:
-        """PostgreSQL: the statement runs under a savepoint in the held transaction."""
+        """PostgreSQL: the statement runs under a savepoint in the held transaction.
+
+        Every statement's effects are measured, so a read that wrote (a function called from a
+        ``SELECT``) is logged like any write (issue 7: its write would be lost on replay).
+        """
         connection = self._open_held()
         self.activate()
         connection.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
-            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
-            if logged:
+            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, True)
+            if logged or outcome.wrote:
                 self._log().append(entry.with_outcome(outcome))
         except BaseException as exc:
             self._undo_statement(connection, exc)
@@ -1205,7 +1209,9 @@ def _run_statement(
         if exc.busy or exc.connection_lost:
             raise
         raise _StatementFailedError(exc) from exc
-    return result.rows, Outcome.of(result.rows, result.rowcount, result.generated_id)
+    return result.rows, Outcome.of(
+        result.rows, result.rowcount, result.generated_id, result.effects
+    )
 
 
 def _finish(connection: Connection) -> None:
