@@ -161,6 +161,7 @@ def test_two_phase_plancommit_with_a_postgres_sandbox_in_the_cluster(
     conditions = {c["type"]: c for c in final.get("conditions") or []}
     # Two-phase, not the saga fallback; the plan was reviewed (status.review's digest).
     assert conditions.get("TwoPhase", {}).get("reason") != "FellBackToSaga", conditions
+    assert conditions.get("Reviewed", {}).get("status") == "True", conditions
     assert str((final.get("review") or {}).get("digest", "")).startswith("sha256:"), final
 
     # On the server: the row, and no prepared transaction left behind.

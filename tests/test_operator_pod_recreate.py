@@ -93,3 +93,10 @@ def test_a_recreated_pod_keeps_the_database_sandbox_and_its_statements(
     assert final["phase"] == "Committed", final
     with sqlite3.connect(database) as connection:
         assert [r[0] for r in connection.execute("SELECT body FROM notes")] == ["kept"]
+    # Through the agent's two-phase routes (issue 9): reviewed, the SQLite sandbox the last
+    # resource (held by the agent between prepare and apply), applied under the plan's txid.
+    assert (cluster.condition("pcommit", "pc-r", "Reviewed") or {}).get("status") == "True"
+    assert (cluster.condition("pcommit", "pc-r", "TwoPhase") or {}).get("status") != "False"
+    record = cluster.status("sandbox", "s-db")["coreRecord"]
+    assert record["status"] == "committed"
+    assert record["last_commit"]["metadata"]["txid"], record["last_commit"]
