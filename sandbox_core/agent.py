@@ -36,6 +36,19 @@ Routes (JSON in and out; errors are ``{"error": {"type", "message"}}``)::
     POST   /v1/sandboxes/{id}/checkpoints         {"phase", "metadata"}
     POST   /v1/checkpoints/{cid}/restore          restore
     DELETE /v1/sandboxes/{id}                     cleanup
+    GET    /v1/sandboxes/{id}/review              change summary (issue 9; no locks, no change)
+    POST   /v1/sandboxes/{id}/prepare             {"txid", "message"} -> the PreparedCommit
+    POST   /v1/sandboxes/{id}/apply-prepared      {"txid"} -> the CommitResult
+    POST   /v1/sandboxes/{id}/abort-prepared      {"txid"}
+
+Two-phase plan commit (issue 9): the three POST routes are idempotent by request id like the
+others, and by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
+again). Their failures are not remembered: a failed apply keeps the sandbox's status so the
+coordinator retries it, and a replayed failure would refuse that retry. A participant that
+cannot prepare durably (``prepares_durably`` false in every sandbox reply: SQLite holds its
+prepared writes in an open connection) is kept in this process between ``prepare`` and
+``apply-prepared``/``abort-prepared``; an agent restart in between loses the prepare, as the
+last resource's contract allows (its ``apply`` is the decision, recovery asks the status).
 
 This module is the only one of ``sandbox_core`` that imports aiohttp; nothing else imports it.
 """
@@ -63,7 +76,12 @@ from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
-from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.errors import (
+    ChangedSinceApprovalError,
+    SandboxCommitError,
+    SandboxError,
+    SandboxStateError,
+)
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
@@ -76,6 +94,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 REPLAY_HEADER = "X-Idempotent-Replay"
 ENV_REF = "env:"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_TXID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # the coordinator's transaction ids (issue 9)
 RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
 
@@ -128,6 +147,8 @@ class Operations:
         self.store = SandboxStore(str(config.state_dir))
         self.factory = SandboxFactory()
         self.checkpoints = CheckpointManager(state_dir=str(config.state_dir))
+        # Prepared participants that cannot prepare durably, by (sandbox id, txid).
+        self._held: dict[tuple[str, str], BaseSandbox] = {}
 
     # -- secrets ------------------------------------------------------------------------------
 
@@ -206,6 +227,7 @@ class Operations:
         reply = describe_sandbox(sandbox)
         del reply["original_path"]
         reply["revision"] = self.revision(sandbox.sandbox_id)
+        reply["prepares_durably"] = bool(getattr(sandbox, "prepares_durably", True))
         return reply
 
     # -- operations ---------------------------------------------------------------------------
@@ -350,6 +372,59 @@ class Operations:
         self._save(sandbox)
         return self.describe(sandbox)
 
+    # -- two-phase plan commit (issue 9) ---------------------------------------------------------
+
+    @staticmethod
+    def _txid(body: dict[str, Any]) -> str:
+        txid = str(body.get("txid") or "")
+        if not _TXID.match(txid):
+            raise AgentError(422, "ValueError", "txid must be 1-64 characters of [A-Za-z0-9._-]")
+        return txid
+
+    def _participant(self, sandbox_id: str, txid: str) -> BaseSandbox:
+        """The sandbox that prepared under ``txid`` when this process holds it, else re-opened."""
+        held = self._held.get((sandbox_id, txid))
+        return held if held is not None else self.load(sandbox_id)
+
+    def review(self, sandbox_id: str) -> dict[str, Any]:
+        """``{"summary": ChangeSummary, "sandbox"}``; nothing changes, nothing is saved."""
+        sandbox = self.load(sandbox_id)
+        return {"summary": sandbox.review().to_dict(), "sandbox": self.describe(sandbox)}
+
+    def prepare(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"prepared": PreparedCommit, "sandbox"}``: stage the commit under ``txid``.
+
+        A participant that does not prepare durably is held in this process for the apply.
+        """
+        txid = self._txid(body)
+        message = body.get("message")
+        sandbox = self._participant(sandbox_id, txid)
+        prepared = sandbox.prepare(txid, str(message) if message is not None else None)
+        if not getattr(sandbox, "prepares_durably", True):
+            self._held[(sandbox_id, txid)] = sandbox
+        self._save(sandbox)
+        return {"prepared": prepared.to_dict(), "sandbox": self.describe(sandbox)}
+
+    def apply_prepared(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"result": CommitResult, "sandbox"}``: apply what ``prepare`` staged (idempotent)."""
+        txid = self._txid(body)
+        sandbox = self._participant(sandbox_id, txid)
+        try:
+            result = sandbox.apply_prepared(txid)
+        finally:
+            self._save(sandbox)
+        self._held.pop((sandbox_id, txid), None)
+        return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
+
+    def abort_prepared(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"sandbox"}``: drop what ``prepare`` staged (idempotent; fine when nothing was)."""
+        txid = self._txid(body)
+        sandbox = self._participant(sandbox_id, txid)
+        sandbox.abort_prepared(txid)
+        self._held.pop((sandbox_id, txid), None)
+        self._save(sandbox)
+        return {"sandbox": self.describe(sandbox)}
+
     def cleanup(self, sandbox_id: str) -> dict[str, Any]:
         """Remove every artefact and forget the sandbox; unknown ids are fine."""
         try:
@@ -403,6 +478,9 @@ def _error_reply(exc: BaseException) -> tuple[int, dict[str, Any]]:
     error: dict[str, Any] = {"type": type_, "message": str(exc)}
     if isinstance(exc, SandboxCommitError) and exc.conflicts:
         error["conflicts"] = list(exc.conflicts)
+    if isinstance(exc, ChangedSinceApprovalError):
+        error["approved_digest"] = exc.approved_digest
+        error["actual_digest"] = exc.actual_digest
     return status, {"error": error}
 
 
@@ -431,7 +509,11 @@ class Agent:
         return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), expected)
 
     async def _run(
-        self, request: web.Request, action: Callable[[], Any], changes: bool
+        self,
+        request: web.Request,
+        action: Callable[[], Any],
+        changes: bool,
+        remember_failures: bool = True,
     ) -> web.Response:
         request_id = request.headers.get(REQUEST_ID_HEADER, "")
         if changes and not _REQUEST_ID.match(request_id):
@@ -449,7 +531,8 @@ class Agent:
                 payload = self.ops.hide(payload)
                 if status == 500:
                     logger.exception("agent: %s %s failed", request.method, request.path)
-            if changes and status < 500:  # a 5xx may pass on retry: not remembered
+            # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
+            if changes and (status < 300 or (status < 500 and remember_failures)):
                 self.journal.put(request_id, status, payload)
             return status, payload, False
 
@@ -532,6 +615,20 @@ class Agent:
         async def cleanup(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.cleanup(sid(request)), True)
 
+        async def review(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.review(sid(request)), False)
+
+        def two_phase(
+            operation: Callable[[str, dict[str, Any]], dict[str, Any]],
+        ) -> Callable[[web.Request], Awaitable[web.Response]]:
+            async def handler(request: web.Request) -> web.Response:
+                body = await _body(request)
+                return await self._run(
+                    request, lambda: operation(sid(request), body), True, remember_failures=False
+                )
+
+            return handler
+
         app.router.add_get("/healthz", healthz)
         app.router.add_post("/v1/sandboxes", create)
         app.router.add_get("/v1/sandboxes/{sid}", status)
@@ -546,6 +643,10 @@ class Agent:
         app.router.add_post("/v1/sandboxes/{sid}/rollback", rollback)
         app.router.add_post("/v1/sandboxes/{sid}/checkpoints", checkpoint)
         app.router.add_post("/v1/checkpoints/{cid}/restore", restore)
+        app.router.add_get("/v1/sandboxes/{sid}/review", review)
+        app.router.add_post("/v1/sandboxes/{sid}/prepare", two_phase(ops.prepare))
+        app.router.add_post("/v1/sandboxes/{sid}/apply-prepared", two_phase(ops.apply_prepared))
+        app.router.add_post("/v1/sandboxes/{sid}/abort-prepared", two_phase(ops.abort_prepared))
         return app
 
 

@@ -63,17 +63,28 @@ class Kubelet:
         command = pod["spec"]["containers"][0]["command"]
         assert command == ["sandbox-core", "serve-workspace"]
         env = {**os.environ, "SANDBOX_SOURCE_DSN": self.dsn}
+        scratch = self.scratch_dir(pod)
         with open(self.work / "agent.log", "ab") as log:
             self.agent = subprocess.Popen(
                 [
                     sys.executable, "-m", "sandbox_core.cli",
-                    "--state-dir", str(self.work / "state"),
-                    "--sandbox-root", str(self.work / "sandboxes"),
+                    "--state-dir", str(scratch / "state"),
+                    "--sandbox-root", str(scratch / "sandboxes"),
                     "serve-workspace", "--host", "127.0.0.1", "--port", str(self.port),
                     "--token-file", str(token_file),
                 ],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
+
+    def scratch_dir(self, pod: dict[str, Any]) -> Path:
+        """The Pod's ``/workspace/scratch`` as the kubelet would give it: the claim's directory
+        (the same for every Pod mounting the claim), or a new directory per Pod for an
+        emptyDir (lost with the Pod)."""
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "scratch")
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim:
+            return self.work / "claims" / claim
+        return self.work / "pods" / pod["metadata"]["uid"] / "scratch"
 
     def _serving(self) -> bool:
         try:

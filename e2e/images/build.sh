@@ -3,7 +3,7 @@
 # debootstrap, the pod sandbox ("pause") image and the project's one image (operator plus
 # workspace). Each comes out as an OCI image-layout tarball that `ctr images import` reads.
 #
-# Usage: e2e/images/build.sh [pause|base|project|all]... [--force]
+# Usage: e2e/images/build.sh [pause|base|project|postgres|all]... [--force]
 #
 # Prints one line per image on stdout, "<image name> <tarball>", e.g.
 #   localhost/sandbox-e2e/pause:3.10 /root/.cache/sandbox-operator/e2e/images/pause.tar
@@ -33,6 +33,7 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 PAUSE_IMAGE="localhost/sandbox-e2e/pause:3.10"
 BASE_IMAGE="localhost/sandbox-e2e/debian:bookworm"
 PROJECT_IMAGE="localhost/sandbox-operator:e2e"
+POSTGRES_IMAGE="localhost/sandbox-e2e/postgres:15"
 # The Dockerfile's runtime packages, plus python3 itself (the Dockerfile's base image has it).
 BASE_PACKAGES="python3,python3-venv,git,rsync,tini,ca-certificates"
 SUITE="bookworm"
@@ -189,6 +190,82 @@ build_base() {
     echo "$BASE_IMAGE $tarball"
 }
 
+# --- PostgreSQL (tier 3 database sandboxes, issue 9) ------------------------------------------
+
+# Debian 12's PostgreSQL 15 from its own debootstrap (the project image stays as small as the
+# Dockerfile's). The entrypoint initialises an empty data directory once, with the superuser
+# password from $POSTGRES_PASSWORD (an env var the Pod fills from a Secret), password logins
+# from the pod network, and max_prepared_transactions above zero for the two-phase commit.
+POSTGRES_PACKAGES="postgresql-15,tini"
+POSTGRES_ROOTFS="$CACHE/rootfs/$SUITE-postgres"
+
+POSTGRES_ENTRYPOINT='#!/bin/sh
+# PostgreSQL for the e2e suite: init once into $PGDATA, then run in the foreground.
+set -eu
+: "${PGDATA:=/var/lib/postgresql/data}" "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"
+BIN=/usr/lib/postgresql/15/bin
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+    mkdir -p "$PGDATA" && chmod 700 "$PGDATA"
+    pwfile=$(mktemp) && printf "%s" "$POSTGRES_PASSWORD" >"$pwfile"
+    "$BIN/initdb" -D "$PGDATA" -U postgres --pwfile="$pwfile" --auth-local=trust \
+        --auth-host=scram-sha-256 >/dev/null
+    rm -f "$pwfile"
+    echo "host all all 0.0.0.0/0 scram-sha-256" >>"$PGDATA/pg_hba.conf"
+fi
+exec "$BIN/postgres" -D "$PGDATA" -c listen_addresses="*" \
+    -c max_prepared_transactions="${POSTGRES_MAX_PREPARED:-64}" \
+    -c unix_socket_directories=/tmp -c fsync=off
+'
+
+build_postgres() {
+    local tarball="$OUT/postgres.tar" stamp="$OUT/postgres.stamp" rstamp="$POSTGRES_ROOTFS.stamp"
+    local key work uid tmp start=$SECONDS
+    if ! stamp_ok "$rstamp" "$POSTGRES_ROOTFS/etc/os-release" "$SUITE $POSTGRES_PACKAGES"; then
+        need debootstrap
+        tmp="$POSTGRES_ROOTFS.tmp"
+        log "debootstrap $SUITE ($POSTGRES_PACKAGES) from $(mirror) (cold: a few minutes)"
+        rm -rf "$tmp"
+        mkdir -p "$(dirname "$POSTGRES_ROOTFS")"
+        debootstrap --variant=minbase --include="$POSTGRES_PACKAGES" "$SUITE" "$tmp" "$(mirror)" \
+            >"$CACHE/debootstrap-postgres.log" 2>&1 ||
+            die "debootstrap failed; see $CACHE/debootstrap-postgres.log"
+        rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin "$tmp"/var/cache/apt/archives/*.deb \
+            "$tmp"/usr/share/doc/* "$tmp"/usr/share/man/* "$tmp"/usr/share/info/*
+        # The package's own cluster is not used: the entrypoint makes one in $PGDATA.
+        rm -rf "$tmp"/var/lib/postgresql/15 "$tmp"/etc/postgresql/15
+        rm -rf "$POSTGRES_ROOTFS"
+        mv "$tmp" "$POSTGRES_ROOTFS"
+        echo "$SUITE $POSTGRES_PACKAGES" >"$rstamp"
+    fi
+    key="postgres $(cat "$rstamp") $(sha256sum "$0" | cut -c1-16)"
+    if stamp_ok "$stamp" "$tarball" "$key"; then
+        log "PostgreSQL image is cached ($tarball)"
+    else
+        need umoci
+        log "packing the PostgreSQL image"
+        work="$(mktemp -d "$OUT/postgres.XXXXXX")"
+        printf '%s' "$POSTGRES_ENTRYPOINT" >"$POSTGRES_ROOTFS/usr/local/bin/e2e-postgres"
+        chmod 0755 "$POSTGRES_ROOTFS/usr/local/bin/e2e-postgres"
+        uid="$(awk -F: '$1 == "postgres" {print $3 ":" $4}' "$POSTGRES_ROOTFS/etc/passwd")"
+        [[ -n "$uid" ]] || die "no postgres user in $POSTGRES_ROOTFS"
+        tar_rootfs "$POSTGRES_ROOTFS" "$work/layer.tar"
+        umoci init --layout "$work/oci"
+        umoci new --image "$work/oci:15"
+        umoci raw add-layer --image "$work/oci:15" --history.created "$EPOCH" "$work/layer.tar"
+        umoci config --image "$work/oci:15" --created "$EPOCH" --history.created "$EPOCH" \
+            --architecture amd64 --os linux --config.user "$uid" \
+            --config.env PATH=/usr/lib/postgresql/15/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            --config.env PGDATA=/var/lib/postgresql/data --config.exposedports 5432/tcp \
+            --config.entrypoint /usr/bin/tini --config.entrypoint -- \
+            --config.cmd /usr/local/bin/e2e-postgres
+        tar_layout "$work/oci" "$tarball"
+        rm -rf "$work"
+        echo "$key" >"$stamp"
+        log "PostgreSQL image built in $((SECONDS - start))s"
+    fi
+    echo "$POSTGRES_IMAGE $tarball"
+}
+
 # --- the project's image ---------------------------------------------------------------------
 
 # The inputs of the project image: any change rebuilds it.
@@ -293,8 +370,8 @@ TARGETS=()
 for arg in "$@"; do
     case "$arg" in
         --force) FORCE=1 ;;
-        pause | base | project) TARGETS+=("$arg") ;;
-        all) TARGETS+=(pause project) ;;
+        pause | base | project | postgres) TARGETS+=("$arg") ;;
+        all) TARGETS+=(pause project postgres) ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
             exit 0

@@ -366,7 +366,11 @@ def test_overlay_is_privileged_only_when_allowed() -> None:
 def test_scratch_volume_is_sized_per_strategy() -> None:
     assert scratch_size("copy_on_write", "20Gi", "1Gi") == "20Gi"
     assert scratch_size("git_worktree", "20Gi", "1Gi") == "1Gi"
-    assert scratch_size("none", None, "1Gi") is None
+    assert scratch_size("git_worktree", None, "1Gi", "4Gi") == "4Gi"
+    # transaction_rollback and none keep their state on a small claim that outlives the Pod.
+    assert scratch_size("none", None, "1Gi") == scratch_size("transaction_rollback", None, "1Gi")
+    assert scratch_size("transaction_rollback", None, "1Gi") == "256Mi"
+    assert scratch_size("transaction_rollback", None, "1Gi", "512Mi") == "512Mi"
     pvc = build_scratch_pvc(pod_target(), "3Gi")
     assert pvc["spec"]["resources"]["requests"]["storage"] == "3Gi"
     assert pvc["metadata"]["name"] == child_name(pod_target(), "scratch")

@@ -23,6 +23,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sandbox_core.errors import (
+    ChangedSinceApprovalError,
+    SandboxCommitError,
+    SandboxError,
+    SandboxStateError,
+    TwoPhaseUnavailableError,
+)
 from sandbox_operator.errors import ExecutorError
 
 AGENT_PORT = 8471
@@ -54,7 +61,25 @@ def request_id(*parts: object) -> str:
     return f"{parts[0]}-{hashlib.sha256(text.encode()).hexdigest()[:40]}"
 
 
-class AgentNotFound(ExecutorError):  # noqa: N818 - named for the HTTP status it stands for
+class AgentRefused(ExecutorError):  # noqa: N818 - named for what the agent did
+    """The agent refused the call (HTTP 4xx): the core's error as the agent reported it.
+
+    ``error_type`` is the core exception's class name (``SandboxCommitError``,
+    ``TwoPhaseUnavailableError``...), ``detail`` the agent's message, ``conflicts`` the
+    conflicting paths or statements of a refused commit or prepare (empty otherwise, read by
+    the saga and the two-phase coordinator like a core ``SandboxCommitError``'s), ``error`` the
+    whole error object of the reply.
+    """
+
+    def __init__(self, message: str, *, error: dict[str, Any], retryable: bool = False) -> None:
+        super().__init__(message, retryable=retryable)
+        self.error = dict(error)
+        self.error_type = str(error.get("type") or "Error")
+        self.detail = str(error.get("message") or message)
+        self.conflicts = [str(c) for c in error.get("conflicts") or []]
+
+
+class AgentNotFound(AgentRefused):
     """The agent has no such sandbox or checkpoint (HTTP 404)."""
 
 
@@ -111,13 +136,37 @@ class AgentClient:
             error: dict[str, Any] = found if isinstance(found, dict) else {}
             message = f"{error.get('type', 'Error')}: {error.get('message', exc.reason)}"
             if exc.code == 404:
-                raise AgentNotFound(message, retryable=False) from None
+                raise AgentNotFound(message, error=error) from None
             if exc.code == 401:
                 raise ExecutorError(f"{what}: refused (token)", retryable=True) from None
-            raise ExecutorError(message, retryable=exc.code >= 500) from None
+            if exc.code >= 500:
+                raise ExecutorError(message, retryable=True) from None
+            raise AgentRefused(message, error=error) from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ExecutorError(f"{what}: {type(reason).__name__}", retryable=True) from None
+
+
+def core_error(exc: AgentRefused) -> SandboxError:
+    """The core exception the agent's refusal stands for, so that callers of a remote sandbox
+    see what a local one raises: ``SandboxStateError``, ``ChangedSinceApprovalError`` (with
+    both digests), ``TwoPhaseUnavailableError``, ``SandboxCommitError`` (with ``conflicts``;
+    also for any commit, prepare or replay error), else ``SandboxError``. The message is the
+    agent's (never a DSN: the agent hides secrets in every reply)."""
+    kind, message = exc.error_type, exc.detail
+    if kind == "SandboxStateError":
+        return SandboxStateError(message)
+    if kind == "ChangedSinceApprovalError":
+        return ChangedSinceApprovalError(
+            message,
+            approved_digest=str(exc.error.get("approved_digest") or ""),
+            actual_digest=str(exc.error.get("actual_digest") or ""),
+        )
+    if kind == "TwoPhaseUnavailableError":
+        return TwoPhaseUnavailableError(message)
+    if exc.conflicts or "Commit" in kind or "Conflict" in kind or "Replay" in kind:
+        return SandboxCommitError(message, conflicts=exc.conflicts or None)
+    return SandboxError(message)
 
 
 def _decode(raw: bytes, what: str, *, strict: bool = True) -> dict[str, Any]:

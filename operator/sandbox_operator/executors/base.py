@@ -1,7 +1,7 @@
 """The one small interface between the handlers and the core (DESIGN.md, "executors").
 
 Two implementations: :mod:`.local` (the core in the operator's process) and :mod:`.pod` (the
-core's CLI in a workspace Pod through the exec API). Handlers only see this module's types.
+core in a workspace Pod, called through its workspace agent). Handlers only see this module's types.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from ulid import ULID
 
 from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.models import SandboxOptions, SandboxSource, WorkspaceSpec
 
 DEFAULT_MODES = {
@@ -122,7 +123,16 @@ class CheckpointInfo:
 
 @runtime_checkable
 class SandboxHandle(Protocol):
-    """The duck type the core's ``PlanCommitSaga`` drives: one sandbox, local or remote."""
+    """The duck type the core's ``PlanCommitSaga`` and ``TwoPhasePlanCommit`` drive: one
+    sandbox, local (the core's ``BaseSandbox``) or remote (the pod executor's agent handle).
+
+    The two-phase members follow ``sandbox_core.base`` (issue 9): ``review`` and ``prepare``
+    never touch the original nor change the status; ``apply_prepared`` and ``abort_prepared``
+    are idempotent per transaction id; ``prepares_durably`` is False for a participant that
+    can only be the last resource (SQLite). Errors are the core's (``SandboxCommitError`` with
+    ``conflicts``, ``TwoPhaseUnavailableError``, ``SandboxStateError``); a remote handle adds
+    retryable ``ExecutorError`` for an unreachable agent.
+    """
 
     @property
     def sandbox_id(self) -> str: ...
@@ -136,6 +146,17 @@ class SandboxHandle(Protocol):
     def commit(self, message: str | None = None) -> CommitResult: ...
 
     def rollback(self) -> None: ...
+
+    @property
+    def prepares_durably(self) -> bool: ...
+
+    def review(self) -> ChangeSummary: ...
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit: ...
+
+    def apply_prepared(self, txid: str) -> CommitResult: ...
+
+    def abort_prepared(self, txid: str) -> None: ...
 
 
 class Executor(Protocol):

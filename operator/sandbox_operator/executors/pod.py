@@ -1,8 +1,10 @@
 """Pod executor: one workspace Pod per Sandbox, driven through its workspace agent.
 
 DESIGN.md, "Where the work happens": the Pod mounts the original's volume at
-``/workspace/source`` and a strategy-specific scratch volume at ``/workspace/scratch`` (worktree:
-small; copy_on_write: sized like the source; overlay: upper/work dirs). Its main process is the
+``/workspace/source`` and a strategy-specific scratch claim at ``/workspace/scratch`` (worktree:
+small; copy_on_write: sized like the source; overlay: upper/work dirs; transaction_rollback and
+none: a small claim for the agent's state, the statement log and the request journal, so that a
+re-made Pod re-opens the sandbox instead of losing it). Its main process is the
 workspace agent (``sandbox_core.agent``, issue 8): the operator calls it over the pod network
 with a per-Sandbox token (HMAC of the Sandbox uid; handed over in a Secret mounted as a file),
 one HTTP round trip per operation, idempotent by request id. There is no exec path.
@@ -30,10 +32,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_core import CommitResult, SandboxStateError, SandboxStatus
+from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
+    AgentRefused,
+    core_error,
     derive_token,
     read_key,
     request_id,
@@ -68,7 +73,10 @@ SANDBOX_UID_LABEL = "sandbox.cleveragents.io/sandbox-uid"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKSPACE_COMPONENT = "workspace"
 TOKEN_DIR = "/var/run/sandbox-agent"  # noqa: S105 - a directory, not a token
-NO_SCRATCH = frozenset({"none", "transaction_rollback"})
+# Strategies whose scratch holds only the agent's state (records, statement log, request
+# journal): a small claim, still a claim, so that it outlives the Pod (issue 8).
+STATE_ONLY = frozenset({"none", "transaction_rollback"})
+STATE_SCRATCH_SIZE = "256Mi"
 
 
 def label_value(text: str) -> str:
@@ -92,16 +100,21 @@ def labels_for(target: SandboxTarget) -> dict[str, str]:
     }
 
 
-def scratch_size(strategy: str, source_size: str | None, default: str) -> str | None:
-    """PVC size of the scratch volume; None when the strategy needs none.
+def scratch_size(
+    strategy: str, source_size: str | None, default: str, requested: str | None = None
+) -> str:
+    """PVC size of the scratch claim (Kubernetes quantity).
 
-    copy_on_write copies the whole source, so it gets the source's size when known.
+    copy_on_write copies the whole source, so it gets the source's size when known; else
+    ``requested`` (``spec.workspace.scratch.size``) or ``default`` (the chart's). The
+    state-only strategies (transaction_rollback, none) get ``requested`` or
+    :data:`STATE_SCRATCH_SIZE`: their state must survive the Pod, but it is small.
     """
-    if strategy in NO_SCRATCH:
-        return None
+    if strategy in STATE_ONLY:
+        return requested or STATE_SCRATCH_SIZE
     if strategy == "copy_on_write" and source_size:
         return source_size
-    return default
+    return requested or default
 
 
 def build_scratch_pvc(
@@ -396,6 +409,75 @@ class RemoteSandbox:
             self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
         )
 
+    # -- two-phase plan commit (issue 9) -------------------------------------------------------
+
+    @property
+    def prepares_durably(self) -> bool:
+        """Whether the agent's sandbox survives a crash between prepare and apply (SQLite does
+        not: it can only be the plan's last resource)."""
+        return bool(self.reply.get("prepares_durably", True))
+
+    def _two_phase(self, path: str, body: dict[str, Any], rid: str) -> dict[str, Any]:
+        """One two-phase call; the agent's refusal raised as the core error it stands for
+        (transport failures stay retryable ``ExecutorError``s)."""
+        try:
+            payload = self._executor.call(
+                self._target, "POST", self._path(path), body, request_id=rid
+            )
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return payload
+
+    def review(self) -> ChangeSummary:
+        """``GET .../review``: what a commit would change now (no locks, nothing changes).
+
+        Raises:
+            SandboxStateError: not CREATED/ACTIVE. SandboxError: the changes could not be read.
+        """
+        try:
+            payload = self._executor.call(self._target, "GET", self._path("/review"))
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return ChangeSummary.from_dict(payload["summary"])
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
+        """``POST .../prepare``; a retry after a lost reply (same state seen) is a replay.
+
+        Raises:
+            SandboxCommitError: would fail (``conflicts`` set for a conflict).
+            TwoPhaseUnavailableError: this sandbox cannot prepare.
+            SandboxStateError: not CREATED/ACTIVE.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("prepare", self.sandbox_id, txid, message or "", _state_key(self.reply))
+        payload = self._two_phase("/prepare", {"txid": txid, "message": message}, rid)
+        return PreparedCommit.from_dict(payload["prepared"])
+
+    def apply_prepared(self, txid: str) -> CommitResult:
+        """``POST .../apply-prepared``: idempotent per ``txid`` (the agent answers a repeat with
+        the recorded result), so the request id is the txid's alone.
+
+        Raises:
+            SandboxCommitError: the apply failed; the status is unchanged (retry).
+            SandboxStateError: neither CREATED/ACTIVE nor COMMITTED by ``txid``.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("apply-prepared", self.sandbox_id, txid)
+        payload = self._two_phase("/apply-prepared", {"txid": txid}, rid)
+        return CommitResult.from_dict(payload["result"])
+
+    def abort_prepared(self, txid: str) -> None:
+        """``POST .../abort-prepared``: idempotent, fine when nothing was prepared.
+
+        Raises:
+            SandboxError: the staged state could not be removed (retry).
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("abort-prepared", self.sandbox_id, txid, _state_key(self.reply))
+        self._two_phase("/abort-prepared", {"txid": txid}, rid)
+
     def activate(self) -> None:
         """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
         rid = request_id("activate", self.sandbox_id, _state_key(self.reply))
@@ -465,16 +547,15 @@ class PodExecutor:
         size = scratch_size(
             target.strategy,
             self.source_size(target),
-            (scratch.size if scratch else None) or self.settings.scratch_volume_size,
+            self.settings.scratch_volume_size,
+            scratch.size if scratch else None,
         )
         self._create_if_absent(build_token_secret(target, self.token(target)), owner)
         if self.settings.network_policy:
             self._create_if_absent(build_network_policy(target, self.settings), owner)
-        claim = None
-        if size is not None:
-            pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
-            claim = pvc["metadata"]["name"]
-            self._create_if_absent(pvc, owner)
+        pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
+        claim = pvc["metadata"]["name"]
+        self._create_if_absent(pvc, owner)
         pod = build_workspace_pod(target, self.settings, claim)
         self._create_if_absent(pod, owner)
         return str(pod["metadata"]["name"])
