@@ -223,7 +223,6 @@ class CopyOnWriteSandbox(BaseSandbox):
         self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
-        _prepared.forget_applied(self.base_dir)
         with lock_tree(self._source()):
             # A commit killed mid-sync is finished or undone first (its backup then says what
             # to undo); else the reset below would copy a half-applied original (case 20).
@@ -290,6 +289,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         One walk of each tree; only differing paths are copied (O(changes)), and the manifest
         is updated at those paths instead of being re-taken by a third walk.
         """
+        _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
         baseline = reset_copy(
             self._read_manifest(), self._source(), self.tree_dir, exclude=self._exclude()
         )

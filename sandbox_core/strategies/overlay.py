@@ -485,7 +485,6 @@ class OverlaySandbox(BaseSandbox):
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
         area = self._commit_area()
-        _prepared.forget_applied(self.base_path)
         if self.overlay_mode == "kernel":
             kernel.unmount(self.base_path / "merged")  # never write a mounted lower dir
         # A commit killed mid-sync is finished or undone first (case 20): only a finished one
@@ -500,6 +499,7 @@ class OverlaySandbox(BaseSandbox):
         self._reset_view()
 
     def _reset_view(self) -> None:
+        _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
             kernel.unmount(merged)
