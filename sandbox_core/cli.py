@@ -17,7 +17,8 @@ Exit codes:
     5  commit refused because of conflicts; nothing was changed
     6  atomic plan commit failed and every committed sandbox was compensated
     7  atomic plan commit failed and at least one compensation failed (``recover`` retries it;
-       ``recover`` exits 7 too while a compensation still fails, case 21)
+       ``recover`` exits 7 too while a compensation still fails, case 21); for a two-phase
+       commit: an abort, or an apply after the decision, failed and ``recover`` finishes it
     8  a lock file left by another process (e.g. git's index.lock) blocks it; nothing changed
     9  permission denied, or the resource's owner is another user not trusted; nothing changed
     10 ``commit-plan`` refused: the plan changed since the approved digest
@@ -572,6 +573,8 @@ def commit_plan(
                 list(meta.get("failed_rollback_ids", [])),
             )
             code = EXIT_COMPENSATION_FAILED if error.failed_rollback_ids else EXIT_COMPENSATED
+            if meta.get("mode") == "two_phase" and meta.get("phase") in ("applying", "aborting"):
+                code = EXIT_COMPENSATION_FAILED  # left open: `recover` finishes it
             if not state.json_output:
                 click.echo(f"  rolled back: {', '.join(error.rolled_back_ids) or '(none)'}")
                 if error.failed_rollback_ids:
@@ -672,10 +675,14 @@ def recover(state: CliState, plan_id: str) -> None:
         payload = {"plan_id": plan_id, "journal": journal.model_dump(mode="json")}
         if not journal.phase.is_terminal:
             # Case 21: a compensation failed again; the journal stays open for the next run.
+            # Two-phase (issue 9): an abort or an apply after the decision failed again.
+            still = (
+                f"compensation still failing for {', '.join(journal.failed_rollback_ids)}"
+                if journal.mode == "saga"
+                else f"two-phase {journal.phase.value} not finished ({journal.error})"
+            )
             error = AtomicCommitError(
-                f"plan {plan_id}: compensation still failing for "
-                f"{', '.join(journal.failed_rollback_ids)}; run recover again once the cause "
-                "is fixed",
+                f"plan {plan_id}: {still}; run recover again once the cause is fixed",
                 journal.rolled_back_ids,
                 journal.failed_rollback_ids,
             )
