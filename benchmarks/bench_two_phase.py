@@ -23,6 +23,7 @@ to the end of the last.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
@@ -121,6 +122,7 @@ def ratio(value: float, anchor: float) -> str:
 
 
 def main() -> None:
+    logging.getLogger("sandbox_core").setLevel(logging.CRITICAL)  # the conflicts are expected
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=10)
     parser.add_argument("--files", type=int, default=200)
