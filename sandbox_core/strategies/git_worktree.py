@@ -46,6 +46,14 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
   ref moved.
 
+- Two-phase plan commit (issue 9, ``docs/git-worktree.md``): ``review`` stages the worktree into
+  a throw-away index (nothing moves; digest = sha256 over base commit and tree), ``prepare``
+  commits the sandbox branch and merges with the original untouched, recording
+  ``refs/sandbox/prepared/<txid>/<sandbox_id>/{new,old,tip}``; ``apply_prepared`` writes the
+  changed paths and moves the target by compare-and-swap (idempotent after a crash);
+  ``abort_prepared`` and ``cleanup`` delete the prepared refs. The one-shot commit is the same
+  plan + apply under one lock.
+
 Extras beyond the protocol: ``create_checkpoint_ref`` / ``restore_checkpoint_ref`` /
 ``delete_checkpoint_ref`` / ``checkpoint_names`` (CheckpointManager), ``commit_landed`` (saga
 recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
@@ -1617,7 +1625,7 @@ class GitWorktreeSandbox(BaseSandbox):
         self._touched = False
         try:
             with repository_lock(str(meta["git_common_dir"])):
-                plan, tip, text = self._read_prepared(original, txid)
+                plan, tip, text, lists = self._read_prepared(original, txid)
                 ref, current = self._current_target(original, SandboxCommitError)
                 if current != plan.old and plan.new != plan.old:
                     landed = (
@@ -1648,8 +1656,6 @@ class GitWorktreeSandbox(BaseSandbox):
                         f"{ref} moved during the apply of sandbox {self.sandbox_id}; "
                         "nothing was changed"
                     )
-            base = str(meta["base_commit"])
-            added, changed, deleted, _modes = self._classify(original, base, tip)
         except GitFailure as exc:
             raise _translate(
                 exc,
@@ -1658,7 +1664,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 self.original_path,
                 untouched=not self._touched,
             ) from exc
-        return self._result(plan, tip, (added, changed, deleted), text, txid=txid)
+        return self._result(plan, tip, lists, text, txid=txid)
 
     def _do_abort_prepared(self, txid: str) -> None:
         """Delete the prepared refs of ``txid``; merge objects are left to git's gc."""
@@ -1686,8 +1692,11 @@ class GitWorktreeSandbox(BaseSandbox):
     def _prepared_prefix(self, txid: str) -> str:
         return f"{_PREPARED_ROOT}{txid}/{self.sandbox_id}/"
 
-    def _read_prepared(self, original: GitCommand, txid: str) -> tuple[_Plan, str, str]:
-        """(plan, sandbox commit, message) recorded by ``prepare`` under ``txid``."""
+    def _read_prepared(
+        self, original: GitCommand, txid: str
+    ) -> tuple[_Plan, str, str, tuple[list[str], list[str], list[str]]]:
+        """(plan, sandbox commit, message, (added, changed, deleted) of the sandbox's change)
+        recorded by ``prepare`` under ``txid``."""
         prefix = self._prepared_prefix(txid)
         listed = original.run(
             "for-each-ref", "--format=%(refname)%00%(objectname)%00%(contents)%00", prefix
@@ -1703,16 +1712,22 @@ class GitWorktreeSandbox(BaseSandbox):
                 f"sandbox {self.sandbox_id} has no commit prepared under {txid} "
                 f"(no {prefix}new/old/tip): prepare it first"
             )
-        old, new = refs["old"], refs["new"]
+        old, new, tip = refs["old"], refs["new"], refs["tip"]
+        base = str(self._meta()["base_commit"])
+        added, changed, deleted, executable = self._classify(original, base, tip)
         if new == old:
             known: tuple[list[str], set[str]] = ([], set())
-        else:
-            added, changed, deleted, executable = self._classify(original, old, new)
+        elif (old, new) == (base, tip):  # a fast-forward from the base: the sandbox's paths
             known = (sorted([*added, *changed, *deleted]), executable)
-        how = "no-op" if new == old else "fast-forward" if new == refs["tip"] else "merge"
+        else:
+            moved_added, moved_changed, moved_deleted, moved_modes = self._classify(
+                original, old, new
+            )
+            known = (sorted([*moved_added, *moved_changed, *moved_deleted]), moved_modes)
+        how = "no-op" if new == old else "fast-forward" if new == tip else "merge"
         ref = str(self._meta()["target_ref"] or "HEAD")
         plan = _Plan(ref, old, new, how, known[0], known[1], [])
-        return plan, refs["tip"], messages["tip"]
+        return plan, tip, messages["tip"], (added, changed, deleted)
 
     def _chained_after(self, original: GitCommand, txid: str) -> str | None:
         """The commit the target will be at once the sandboxes of this repository prepared
