@@ -25,8 +25,8 @@ Exit codes:
        (ChangedSinceApproval, issue 9); every participant was aborted, nothing changed
     11 ``commit-plan --two-phase`` refused: the plan cannot be committed in two phases
        (TwoPhaseUnavailableError: more than one participant that cannot prepare durably, or a
-       PostgreSQL server with max_prepared_transactions = 0); nothing changed. Without
-       ``--two-phase``/``--saga`` the plan falls back to the saga instead and says so.
+       PostgreSQL server with max_prepared_transactions = 0); nothing changed. With ``--auto``
+       the plan falls back to the saga instead and says so.
 """
 
 from __future__ import annotations
@@ -512,7 +512,13 @@ def restore(state: CliState, checkpoint_id: str) -> None:
     "--saga",
     "mode",
     flag_value="saga",
-    help="The saga: commit one by one and compensate on failure (seed 002).",
+    help="The saga (the default): commit one by one and compensate on failure (seed 002).",
+)
+@click.option(
+    "--auto",
+    "mode",
+    flag_value="auto",
+    help="Two phases when the plan can use them, else the saga (the result says why).",
 )
 @click.option(
     "--approved-digest",
@@ -529,9 +535,10 @@ def commit_plan(
 ) -> None:
     """Atomically commit every sandbox of PLAN_ID: all committed, or none changed.
 
-    Default: two phases (every conflict found before any original is touched, issue 9), falling
-    back to the saga when two phases cannot be used (the result says why, ``fallback_reason``).
-    ``--two-phase`` refuses that fallback; ``--saga`` commits one by one and compensates (LIFO).
+    ``--two-phase``: every conflict is found before any original is touched (issue 9); refused
+    (exit 11) when the plan cannot use two phases. ``--auto``: two phases, falling back to the
+    saga when they cannot be used (the result says why, ``fallback_reason``). Default
+    (``--saga``): the seed's saga, commit one by one and compensate (LIFO) on failure.
     """
 
     def run() -> None:
@@ -540,7 +547,7 @@ def commit_plan(
             manager.reopen_plan(plan_id)  # under the lock: never act on a stale status
             results = manager.commit_plan(
                 plan_id,
-                mode="auto" if mode is None else "saga" if mode == "saga" else "two_phase",
+                mode="two_phase" if mode == "two_phase" else "auto" if mode == "auto" else "saga",
                 message=message,
                 approved_digest=approved_digest,
             )

@@ -131,7 +131,7 @@ def test_two_last_resources_exit_11_with_two_phase_and_fall_back_without(
     out = run(env, "commit-plan", "p", "--two-phase", expect=11)
     assert out["error"]["type"] == "TwoPhaseUnavailableError"
     assert "last resource" in out["error"]["message"]
-    done = run(env, "commit-plan", "p")
+    done = run(env, "commit-plan", "p", "--auto")
     assert all(r["success"] for r in done["results"])
     assert {r["metadata"]["mode"] for r in done["results"]} == {"saga"}
     assert all("last resource" in r["metadata"]["fallback_reason"] for r in done["results"])
