@@ -23,6 +23,7 @@ to the end of the last.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
@@ -103,9 +104,17 @@ def one_run(mode: str, count: int, files: int, changed: int, conflict: bool) -> 
         return {"seconds": elapsed, "touched": float(len(log)), "window": window}
 
 
-def median_run(mode: str, repeat: int, **kwargs: Any) -> dict[str, float]:
-    runs = [one_run(mode, **kwargs) for _ in range(repeat)]
-    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+def paired_runs(repeat: int, **kwargs: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """Medians of ``repeat`` two-phase and saga runs, interleaved so load drifts hit both."""
+    runs: dict[str, list[dict[str, float]]] = {"two_phase": [], "saga": []}
+    for _ in range(repeat):
+        for mode in runs:
+            runs[mode].append(one_run(mode, **kwargs))
+    two, saga = (
+        {key: statistics.median(r[key] for r in runs[mode]) for key in runs[mode][0]}
+        for mode in ("two_phase", "saga")
+    )
+    return two, saga
 
 
 def ratio(value: float, anchor: float) -> str:
@@ -113,6 +122,7 @@ def ratio(value: float, anchor: float) -> str:
 
 
 def main() -> None:
+    logging.getLogger("sandbox_core").setLevel(logging.CRITICAL)  # the conflicts are expected
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=10)
     parser.add_argument("--files", type=int, default=200)
@@ -123,8 +133,7 @@ def main() -> None:
     shape = {"count": args.sandboxes, "files": args.files, "changed": args.changed}
     rows = []
     for conflict in (True, False):
-        two = median_run("two_phase", args.repeat, conflict=conflict, **shape)
-        saga = median_run("saga", args.repeat, conflict=conflict, **shape)
+        two, saga = paired_runs(args.repeat, conflict=conflict, **shape)
         label = "last sandbox conflicts" if conflict else "plan succeeds"
         rows.append(
             (

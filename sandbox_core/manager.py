@@ -58,6 +58,7 @@ logger = logging.getLogger("sandbox_core.manager")
 PlanCommitMode = Literal["two_phase", "saga", "auto"]
 PLAN_COMMIT_MODES: tuple[str, ...] = ("two_phase", "saga", "auto")
 
+
 class SandboxManager:
     """Thread-safe manager of sandboxes per plan (seed 002, "SandboxManager").
 
