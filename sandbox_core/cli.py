@@ -17,15 +17,16 @@ Exit codes:
     5  commit refused because of conflicts; nothing was changed
     6  atomic plan commit failed and every committed sandbox was compensated
     7  atomic plan commit failed and at least one compensation failed (``recover`` retries it;
-       ``recover`` exits 7 too while a compensation still fails, case 21)
+       ``recover`` exits 7 too while a compensation still fails, case 21); for a two-phase
+       commit: an abort, or an apply after the decision, failed and ``recover`` finishes it
     8  a lock file left by another process (e.g. git's index.lock) blocks it; nothing changed
     9  permission denied, or the resource's owner is another user not trusted; nothing changed
     10 ``commit-plan`` refused: the plan changed since the approved digest
        (ChangedSinceApproval, issue 9); every participant was aborted, nothing changed
     11 ``commit-plan --two-phase`` refused: the plan cannot be committed in two phases
        (TwoPhaseUnavailableError: more than one participant that cannot prepare durably, or a
-       PostgreSQL server with max_prepared_transactions = 0); nothing changed. Without
-       ``--two-phase``/``--saga`` the plan falls back to the saga instead and says so.
+       PostgreSQL server with max_prepared_transactions = 0); nothing changed. With ``--auto``
+       the plan falls back to the saga instead and says so.
 """
 
 from __future__ import annotations
@@ -511,7 +512,13 @@ def restore(state: CliState, checkpoint_id: str) -> None:
     "--saga",
     "mode",
     flag_value="saga",
-    help="The saga: commit one by one and compensate on failure (seed 002).",
+    help="The saga (the default): commit one by one and compensate on failure (seed 002).",
+)
+@click.option(
+    "--auto",
+    "mode",
+    flag_value="auto",
+    help="Two phases when the plan can use them, else the saga (the result says why).",
 )
 @click.option(
     "--approved-digest",
@@ -528,9 +535,10 @@ def commit_plan(
 ) -> None:
     """Atomically commit every sandbox of PLAN_ID: all committed, or none changed.
 
-    Default: two phases (every conflict found before any original is touched, issue 9), falling
-    back to the saga when two phases cannot be used (the result says why, ``fallback_reason``).
-    ``--two-phase`` refuses that fallback; ``--saga`` commits one by one and compensates (LIFO).
+    ``--two-phase``: every conflict is found before any original is touched (issue 9); refused
+    (exit 11) when the plan cannot use two phases. ``--auto``: two phases, falling back to the
+    saga when they cannot be used (the result says why, ``fallback_reason``). Default
+    (``--saga``): the seed's saga, commit one by one and compensate (LIFO) on failure.
     """
 
     def run() -> None:
@@ -539,7 +547,7 @@ def commit_plan(
             manager.reopen_plan(plan_id)  # under the lock: never act on a stale status
             results = manager.commit_plan(
                 plan_id,
-                mode="auto" if mode is None else "saga" if mode == "saga" else "two_phase",
+                mode="two_phase" if mode == "two_phase" else "auto" if mode == "auto" else "saga",
                 message=message,
                 approved_digest=approved_digest,
             )
@@ -572,6 +580,8 @@ def commit_plan(
                 list(meta.get("failed_rollback_ids", [])),
             )
             code = EXIT_COMPENSATION_FAILED if error.failed_rollback_ids else EXIT_COMPENSATED
+            if meta.get("mode") == "two_phase" and meta.get("phase") in ("applying", "aborting"):
+                code = EXIT_COMPENSATION_FAILED  # left open: `recover` finishes it
             if not state.json_output:
                 click.echo(f"  rolled back: {', '.join(error.rolled_back_ids) or '(none)'}")
                 if error.failed_rollback_ids:
@@ -672,10 +682,14 @@ def recover(state: CliState, plan_id: str) -> None:
         payload = {"plan_id": plan_id, "journal": journal.model_dump(mode="json")}
         if not journal.phase.is_terminal:
             # Case 21: a compensation failed again; the journal stays open for the next run.
+            # Two-phase (issue 9): an abort or an apply after the decision failed again.
+            still = (
+                f"compensation still failing for {', '.join(journal.failed_rollback_ids)}"
+                if journal.mode == "saga"
+                else f"two-phase {journal.phase.value} not finished ({journal.error})"
+            )
             error = AtomicCommitError(
-                f"plan {plan_id}: compensation still failing for "
-                f"{', '.join(journal.failed_rollback_ids)}; run recover again once the cause "
-                "is fixed",
+                f"plan {plan_id}: {still}; run recover again once the cause is fixed",
                 journal.rolled_back_ids,
                 journal.failed_rollback_ids,
             )

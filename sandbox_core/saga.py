@@ -102,6 +102,7 @@ FAULT_POINTS = (
 class InjectedFaultError(SandboxError):
     """Raised by the ``$SANDBOX_CORE_FAULT_RAISE`` fault hook (tests only)."""
 
+
 FaultHook = Callable[[str, int, str], None]
 """``(point, step_index, sandbox_id) -> None``; see the module docstring."""
 

@@ -42,9 +42,7 @@ class SandboxStatus(StrEnum):
     def assert_transition(current: SandboxStatus, target: SandboxStatus) -> None:
         """Raise :class:`SandboxStateError` unless ``current -> target`` is allowed."""
         if not SandboxStatus.can_transition(current, target):
-            raise SandboxStateError(
-                f"Invalid status transition: {current.value} -> {target.value}"
-            )
+            raise SandboxStateError(f"Invalid status transition: {current.value} -> {target.value}")
 
     @property
     def is_terminal(self) -> bool:

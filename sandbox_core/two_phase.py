@@ -7,9 +7,10 @@ originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead
 1. **Prepare** (journal phase ``preparing``): every participant, in commit order, does all the
    work that can fail without touching its original (``BaseSandbox.prepare(txid)``: merge
    objects, staged files beside their targets, ``PREPARE TRANSACTION``), each named after the
-   attempt's ``txid`` (:func:`plan_txid`). Each step goes ``preparing -> prepared`` with its
-   ``PreparedCommit`` recorded. Any failure aborts every step (also the failed one) and ends the
-   attempt ``failed`` / ``CommitFailed``: no original touched, sandboxes keep their status.
+   attempt's ``txid`` (:func:`plan_txid`). Each step is recorded ``prepared`` with its
+   ``PreparedCommit`` once its prepare returned. Any failure aborts every step (also the failed
+   one) and ends the attempt ``failed`` / ``CommitFailed``: no original touched, sandboxes keep
+   their status.
 2. **Verify**: :func:`~sandbox_core.review.plan_digest` over the prepared digests must equal the
    approved digest when one is given, else every step is aborted and the attempt ends
    ``failed`` / ``ChangedSinceApproval``.
@@ -23,12 +24,13 @@ originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead
 
 Recovery (:meth:`TwoPhasePlanCommit.recover`), from the journal alone in a fresh process:
 
-- phase ``preparing`` / ``aborting``: abort every step that may have staged something
-  (idempotent) and end ``rolled_back`` / ``Interrupted`` (or the reason recorded before the
-  crash); nothing was touched. Exception: a last resource recorded ``committing`` is asked
-  ``commit_landed()``: True means the decision was taken, so recovery records it and rolls
-  forward; False or unknown aborts (unknown is logged: only SQLite is a last resource and it
-  answers from its commit marker).
+- phase ``preparing`` / ``aborting``: abort every step not recorded ``aborted`` (idempotent,
+  and safe when nothing was staged; a step's start of prepare is not journaled) and end
+  ``rolled_back`` / ``Interrupted`` (or the reason recorded before the crash); nothing was
+  touched. Exception: a last resource recorded ``committing`` is asked ``commit_landed()``: True
+  means the decision was taken, so recovery records it and rolls forward; False or unknown
+  aborts (unknown is logged: only SQLite is a last resource and it answers from its commit
+  marker).
 - phase ``applying``: ``apply_prepared(txid)`` of every step not yet ``committed``
   (idempotent), then ``committed``. An apply that still fails keeps the phase ``applying``
   with the error recorded (call again once the cause is gone; never rolled back: the decision
@@ -255,9 +257,10 @@ class TwoPhasePlanCommit:
         (or raise, see :meth:`run`)."""
         txid = _txid(state)
         step, sandbox = pairs[index - 1]
+        # Not saved yet: recovery of a ``preparing`` journal aborts every step anyway (abort is
+        # safe when nothing was prepared), which saves one journal write per participant.
         step.state = StepState.PREPARING
         step.started_at = utc_now()
-        self._save(state)
         try:
             self._fault("before_prepare", index, step.sandbox_id)
             prepared: PreparedCommit = sandbox.prepare(txid, message)
@@ -334,18 +337,18 @@ class TwoPhasePlanCommit:
                 step.error = f"{type(exc).__name__}: {exc}"
                 step.updated_at = utc_now()
                 failed.append(step.sandbox_id)
-                self._save(state)
                 logger.exception(
                     "plan %s: apply of sandbox %s failed", state.plan_id, step.sandbox_id
                 )
                 continue
             self._fault("after_apply", index, step.sandbox_id)
             self._changed(sandbox)
+            # Recorded with the next save only: recovery re-applies every step not recorded
+            # committed, and apply_prepared is idempotent per txid (one write per apply saved).
             step.state = StepState.COMMITTED
             step.result = result.to_dict()
             step.error = None
             step.updated_at = utc_now()
-            self._save(state)
         if failed:
             state.failed_sandbox_id = failed[0]
             state.error = (
@@ -389,10 +392,7 @@ class TwoPhasePlanCommit:
             state.attempt,
             state.phase.value,
         )
-        pairs = [
-            (step, resolve(step) if step.state is not StepState.PENDING else None)
-            for step in state.steps
-        ]
+        pairs = [(step, resolve(step)) for step in state.steps]
         if state.phase in (JournalPhase.PREPARING, JournalPhase.ABORTING, JournalPhase.PENDING):
             if not self._last_resource_landed(state, pairs):
                 reason = state.reason
@@ -402,7 +402,7 @@ class TwoPhasePlanCommit:
                         f"two-phase commit attempt {state.attempt} was interrupted before its "
                         "decision; every participant was aborted, nothing was changed"
                     )
-                self._abort(state, pairs, reason)
+                self._abort(state, pairs, reason, every_step=True)
                 return state
             state.phase = JournalPhase.APPLYING
             state.decided_at = state.decided_at or utc_now()
@@ -447,9 +447,17 @@ class TwoPhasePlanCommit:
     # -- helpers -----------------------------------------------------------------------------
 
     def _abort(
-        self, state: JournalState, pairs: list[tuple[JournalStep, Any]], reason: JournalReason
+        self,
+        state: JournalState,
+        pairs: list[tuple[JournalStep, Any]],
+        reason: JournalReason,
+        *,
+        every_step: bool = False,
     ) -> None:
         """Abort every step that may hold something staged, in reverse order; end the attempt.
+
+        ``every_step`` (recovery) aborts the steps recorded ``pending`` too: a step's start of
+        prepare is not journaled, so any of them may have staged something before the crash.
 
         The attempt ends ``failed`` (a step failed, or the digest changed) or ``rolled_back``
         (interrupted) with ``reason``; when an abort fails it stays ``aborting`` (recover
@@ -461,7 +469,9 @@ class TwoPhasePlanCommit:
         self._save(state)
         failed: list[str] = []
         for step, sandbox in reversed(pairs):
-            if step.state not in _ABORTABLE:
+            if step.state in (StepState.ABORTED, StepState.COMMITTED):
+                continue
+            if not (every_step or step.state in _ABORTABLE):
                 continue
             try:
                 _found(step, sandbox, "abort").abort_prepared(txid)

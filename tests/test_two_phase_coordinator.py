@@ -220,3 +220,27 @@ def test_plan_txid_is_safe_and_deterministic() -> None:
     assert plan_txid("p", 1) != plan_txid("p", 2)
     with pytest.raises(ValueError):
         plan_txid("p", 0)
+
+
+def test_apply_failing_after_the_decision_stays_open_and_recover_finishes(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    originals = _plan(tmp_path, manager, 3)
+    sandboxes = manager.list_sandboxes("plan")
+
+    def hook(point: str, index: int, sandbox_id: str) -> None:
+        if (point, index) == ("before_apply", 2):
+            raise InjectedFaultError("disk unplugged")
+
+    journal = MemoryCommitJournal()
+    results = TwoPhasePlanCommit(journal, fault_hook=hook).run("plan", sandboxes)
+    assert not results[0].success
+    meta = results[0].metadata
+    assert meta["phase"] == "applying" and meta["touched_originals"] == 2
+    assert meta["failed_sandbox_id"] == sandboxes[1].sandbox_id
+    assert "run recover" in (results[0].error or "")
+    assert _texts(originals) == ["new 0\n", "base\n", "new 2\n"]
+    by_id = {sb.sandbox_id: sb for sb in sandboxes}
+    state = TwoPhasePlanCommit(journal).recover(lambda step: by_id[step.sandbox_id])
+    assert state is not None and state.phase is JournalPhase.COMMITTED
+    assert _texts(originals) == [f"new {i}\n" for i in range(3)]
+    assert leftovers(originals) == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import stat
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,7 @@ from hypothesis import given
 
 from sandbox_core import _fs_utils
 from sandbox_core.base import BaseSandbox
-from sandbox_core.errors import SandboxCommitError, SandboxError
+from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
@@ -265,6 +264,10 @@ def test_apply_equals_the_one_shot_commit_and_rolls_back(sandbox: BaseSandbox) -
     assert staged_beside(src) == []
     sandbox.rollback()  # compensation from COMMITTED
     same(tree_state(src), before, "original after rollback from COMMITTED")
+    sandbox.activate()
+    with pytest.raises(SandboxCommitError, match="nothing is prepared"):
+        sandbox.apply_prepared(TXID)  # undone: the old result is not given again
+    assert sandbox.status is SandboxStatus.ACTIVE
 
 
 @modes
@@ -423,7 +426,77 @@ def test_prepare_apply_and_prepare_abort_keep_the_trees_exact(
 
 
 def test_staging_keys_are_checked(tmp_path: Path) -> None:
-    for bad in ("", "../x", "a/b", ".hidden", "x" * 200):
+    for bad in ("", "../x", "a/b", "x y", "x" * 200):
         with pytest.raises(ValueError):
             _fs_utils.prepared_dir_for(tmp_path, bad)
-    assert stat.S_ISDIR(os.stat(tmp_path).st_mode)
+    assert _fs_utils.prepared_dir_for(tmp_path, "plan-1.1.ID").endswith("prepared-plan-1.1.ID")
+
+
+@modes
+def test_a_txid_that_would_leave_its_directory_is_refused(sandbox: BaseSandbox) -> None:
+    src = original_of(sandbox)
+    before = sorted(os.listdir(src.parent))
+    edit(sandbox)
+    with pytest.raises(SandboxCommitError, match="invalid two-phase staging key"):
+        sandbox.prepare("../../escape")
+    with pytest.raises(SandboxCommitError, match="invalid two-phase staging key"):
+        sandbox.apply_prepared("../escape")
+    with pytest.raises(SandboxError, match="invalid two-phase staging key"):
+        sandbox.abort_prepared("a/b")
+    assert sorted(os.listdir(src.parent)) == before
+    assert sandbox.status is SandboxStatus.ACTIVE
+
+
+@pytest.fixture
+def mounted_source(tmp_path: Path) -> Iterator[Path]:
+    """An original that is a mount point (a tmpfs), so its staging area is a hidden child."""
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(src)], check=True)
+    try:
+        (src / "a.txt").write_text("one\n")
+        yield src
+    finally:
+        subprocess.run(["umount", "-l", str(src)], check=True)
+
+
+@pytest.mark.overlay_kernel  # needs root to mount the tmpfs
+@pytest.mark.parametrize("kind", ["copy_on_write", "overlay-fallback"])
+def test_a_mount_point_original_stages_inside_itself_invisibly(
+    mounted_source: Path, tmp_path: Path, kind: str
+) -> None:
+    src = mounted_source
+    sandbox = new_sandbox(kind, src, tmp_path / "root")
+    sandbox.create("tpc")
+    try:
+        Path(sandbox.get_path("a.txt")).write_text("two\n")
+        digest = sandbox.review().digest
+        prepared = sandbox.prepare(TXID)
+        staging = Path(prepared.details["staging"])
+        assert staging.parent == src and staging.name.startswith(".sandbox-staging-prepared-")
+        assert sandbox.review().digest == digest  # the staged area is not a change
+        assert _fs_utils.recover_sync(src) == [] and staging.is_dir()
+        sandbox.apply_prepared(TXID)
+        assert (src / "a.txt").read_text() == "two\n"
+        assert staged_beside(src) == []
+    finally:
+        sandbox.cleanup()
+
+
+@pytest.mark.overlay_kernel
+def test_a_kernel_overlay_of_a_mount_point_cannot_prepare(
+    mounted_source: Path, tmp_path: Path
+) -> None:
+    """Its staging area would be written inside the mounted lower directory: refused up front,
+    so the plan falls back to the saga (or fails) with nothing touched."""
+    sandbox = new_sandbox("overlay-kernel", mounted_source, tmp_path / "root")
+    sandbox.create("tpc")
+    try:
+        Path(sandbox.get_path("a.txt")).write_text("two\n")
+        with pytest.raises(TwoPhaseUnavailableError, match="mount point"):
+            sandbox.prepare(TXID)
+        assert (mounted_source / "a.txt").read_text() == "one\n"
+        assert staged_beside(mounted_source) == []
+        assert sandbox.status is SandboxStatus.ACTIVE
+    finally:
+        sandbox.cleanup()

@@ -3,9 +3,14 @@
 what the sandbox saw"). Real SQLite files (WAL and rollback journal) and a real PostgreSQL.
 
 What holds (plain tests): SQLite ``AUTOINCREMENT`` ids burnt by the application between the
-sandbox's insert and its commit are caught as a divergence, in both journal modes.
+sandbox's insert and its commit are caught as a divergence, in both journal modes; an upsert that
+inserted in the sandbox but would update on replay is a divergence (what each statement wrote is
+recorded and compared: ``Result.effects``); a write made by a function called from a ``SELECT``
+is logged and survives a reconnect (tests/test_db_effects.py checks the kind on every backend).
 
-What breaks (strict xfail, described in the reasons): writes and reads the log does not verify.
+A key computed from data (``max(id) + 1``) in a table whose key is not the rowid is recorded
+with the insert and compared on replay, so an application row taking that key is a divergence,
+not a re-linked child.
 """
 
 from __future__ import annotations
@@ -75,12 +80,6 @@ def test_autoincrement_id_burnt_by_the_application_is_a_divergence(
     assert rows(path, "SELECT * FROM child") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a key the sandbox read back (SELECT) is not verified on replay: in a table whose "
-    "key is not a rowid alias (INT PRIMARY KEY), an application row taking the key the sandbox "
-    "computed re-links the sandbox's child to the application's parent (case 32's kind)",
-)
 @pytest.mark.parametrize("journal", JOURNALS)
 def test_child_is_not_relinked_when_the_key_is_not_a_rowid_alias(
     tmp_path: Path, journal: str
@@ -103,12 +102,6 @@ def test_child_is_not_relinked_when_the_key_is_not_a_rowid_alias(
     assert owner in ([], [("sandbox",)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an upsert (INSERT ... ON CONFLICT DO UPDATE) that inserted in the sandbox updates "
-    "the application's row on replay; with a non-integer key the outcome (1 row changed, no "
-    "generated id compared) looks the same, so the application's value is overwritten",
-)
 @pytest.mark.parametrize("journal", JOURNALS)
 def test_upsert_that_inserted_in_the_sandbox_does_not_overwrite_on_replay(
     tmp_path: Path, journal: str
@@ -129,12 +122,6 @@ def test_upsert_that_inserted_in_the_sandbox_does_not_overwrite_on_replay(
     assert rows(path, "SELECT v, hits FROM kv") == [("app", 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a write made by a function called from a plain SELECT is not in the statement log: "
-    "after close() (or a lost connection) the replay drops it silently and commit lands only "
-    "part of what the sandbox saw",
-)
 def test_write_through_a_select_survives_a_reconnect(
     postgres_schema_dsn: str,  # noqa: F811
     tmp_path: Path,

@@ -58,6 +58,9 @@ class Outcome:
         rows: how many rows it returned.
         rows_sha256: digest of the returned rows in a canonical JSON form.
         preview: the start of that JSON form, for error messages.
+        effects: what the statement wrote (``Result.effects``: rows inserted, updated and
+            deleted per table, or whether an insert assigned a rowid), ``None`` when unknown;
+            compared only when both runs know it.
     """
 
     rowcount: int
@@ -65,9 +68,16 @@ class Outcome:
     rows: int
     rows_sha256: str
     preview: str
+    effects: str | None = None
 
     @classmethod
-    def of(cls, rows: Sequence[tuple[Any, ...]], rowcount: int, last_id: int | None) -> Outcome:
+    def of(
+        cls,
+        rows: Sequence[tuple[Any, ...]],
+        rowcount: int,
+        last_id: int | None,
+        effects: str | None = None,
+    ) -> Outcome:
         """The outcome of a statement that returned ``rows`` and changed ``rowcount`` rows."""
         # Rows compare as a multiset: without ORDER BY a replay may return them in another order.
         encoded = sorted(
@@ -82,17 +92,26 @@ class Outcome:
             rows=len(rows),
             rows_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
             preview=preview,
+            effects=effects,
         )
 
+    @property
+    def wrote(self) -> bool:
+        """True when the statement is known to have written rows (``effects`` says so)."""
+        return self.effects is not None and self.effects not in ("{}", '{"rowid":false}')
+
     def to_json(self) -> dict[str, Any]:
-        """The log form."""
-        return {
+        """The log form (``effects`` only when known, so older logs read the same)."""
+        data: dict[str, Any] = {
             "rowcount": self.rowcount,
             "last_id": self.last_id,
             "rows": self.rows,
             "rows_sha256": self.rows_sha256,
             "preview": self.preview,
         }
+        if self.effects is not None:
+            data["effects"] = self.effects
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
@@ -104,6 +123,7 @@ class Outcome:
             rows=int(data["rows"]),
             rows_sha256=str(data["rows_sha256"]),
             preview=str(data.get("preview", "")),
+            effects=None if data.get("effects") is None else str(data["effects"]),
         )
 
     def difference(self, replayed: Outcome) -> str | None:
@@ -115,6 +135,12 @@ class Outcome:
             found.append(f"generated id {replayed.last_id} instead of {self.last_id}")
         if self.rowcount != replayed.rowcount:
             found.append(f"changed {replayed.rowcount} rows instead of {self.rowcount}")
+        if (
+            self.effects is not None
+            and replayed.effects is not None
+            and self.effects != replayed.effects
+        ):
+            found.append(f"wrote {replayed.effects} instead of {self.effects}")
         return ", ".join(found) or None
 
 

@@ -22,6 +22,15 @@ Policies:
   the original since create is a conflict: nothing is written and
   ``SandboxCommitError(conflicts=[...])`` is raised (the sandbox stays ACTIVE). Paths changed
   only in the original are kept.
+- Two-phase plan commit (issue 9, :mod:`sandbox_core._prepared`): ``review`` reports the
+  changes, their text lines and bytes, the conflicts above and a digest over the exact change
+  (content, type, mode, owner, xattrs, link targets, hard-link groups, deletions); ``prepare``
+  applies the same conflict rules and stages the new entries beside the original under
+  ``.<name>.sandbox-staging-prepared-<txid>.<sandbox_id>`` (fsynced, its digest equal to the
+  review's when nothing changed in between); ``apply_prepared`` re-checks the staged paths'
+  stamps under ``lock_tree`` (a concurrent change refuses with nothing touched), then only
+  renames, keeping ``precommit/`` as the one-shot commit does; ``abort_prepared`` drops the
+  area. ``cleanup`` removes areas whose plan journal was lost.
 - Linked git worktree (``.git`` is a file, case 05): the copy gets its own admin directory
   (its own index and a detached HEAD at the source's commit, sharing only the object store), so
   ``git add``/``git commit`` in the sandbox never touch the source's index or branch. ``.git`` is
@@ -276,6 +285,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         One walk of each tree; only differing paths are copied (O(changes)), and the manifest
         is updated at those paths instead of being re-taken by a third walk.
         """
+        _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
         baseline = reset_copy(
             self._read_manifest(), self._source(), self.tree_dir, exclude=self._exclude()
         )

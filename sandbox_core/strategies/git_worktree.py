@@ -46,6 +46,14 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
   ref moved.
 
+- Two-phase plan commit (issue 9, ``docs/git-worktree.md``): ``review`` stages the worktree into
+  a throw-away index (nothing moves; digest = sha256 over base commit and tree), ``prepare``
+  commits the sandbox branch and merges with the original untouched, recording
+  ``refs/sandbox/prepared/<txid>/<sandbox_id>/{new,old,tip}``; ``apply_prepared`` writes the
+  changed paths and moves the target by compare-and-swap (idempotent after a crash);
+  ``abort_prepared`` and ``cleanup`` delete the prepared refs. The one-shot commit is the same
+  plan + apply under one lock.
+
 Extras beyond the protocol: ``create_checkpoint_ref`` / ``restore_checkpoint_ref`` /
 ``delete_checkpoint_ref`` / ``checkpoint_names`` (CheckpointManager), ``commit_landed`` (saga
 recovery), ``diff`` (CLI) and ``missing_artifacts`` (after reopen).
@@ -1237,7 +1245,8 @@ class GitWorktreeSandbox(BaseSandbox):
     def _restore_from_index(self, original: GitCommand, paths: list[str]) -> None:
         """Put ``paths`` back as the original's index has them: tracked paths are checked out
         from it, files it does not track are removed (they hold what a merge wrote)."""
-        tracked = set(original.run("ls-files", "-z", "--", *paths).nul_fields())
+        listed = original.run("--literal-pathspecs", "ls-files", "-z", "--", *paths)
+        tracked = set(listed.nul_fields())
         restore = "\0".join(rel for rel in paths if rel in tracked)
         if restore:
             original.run(
@@ -1282,7 +1291,8 @@ class GitWorktreeSandbox(BaseSandbox):
         ).nul_fields():
             info, _, rel = entry.partition("\t")
             mode, oid, stage = info.split()[:3]
-            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else None
+            # An unmerged path (stages 1-3) is never a trace of ours.
+            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else ("", "unmerged")
         top = Path(str(self._meta()["original_toplevel"]))
         id_length = len(old)
         user: list[str] = []
@@ -1617,7 +1627,7 @@ class GitWorktreeSandbox(BaseSandbox):
         self._touched = False
         try:
             with repository_lock(str(meta["git_common_dir"])):
-                plan, tip, text = self._read_prepared(original, txid)
+                plan, tip, text, lists = self._read_prepared(original, txid)
                 ref, current = self._current_target(original, SandboxCommitError)
                 if current != plan.old and plan.new != plan.old:
                     landed = (
@@ -1632,7 +1642,8 @@ class GitWorktreeSandbox(BaseSandbox):
                             f"{ref} moved from {plan.old} to {current} after sandbox "
                             f"{self.sandbox_id} was prepared under {txid}: something else wrote "
                             f"{self.original_path} between prepare and apply. Nothing was "
-                            "changed; abort the plan commit and commit it again."
+                            f"changed. Move {ref} back to {plan.old} and apply again, or abort "
+                            "the plan commit (before its decision) and commit it again."
                         )
                     top = Path(str(meta["original_toplevel"]))
                     self._move_submodules(original, top, plan.old, plan.new, plan.paths)
@@ -1648,8 +1659,6 @@ class GitWorktreeSandbox(BaseSandbox):
                         f"{ref} moved during the apply of sandbox {self.sandbox_id}; "
                         "nothing was changed"
                     )
-            base = str(meta["base_commit"])
-            added, changed, deleted, _modes = self._classify(original, base, tip)
         except GitFailure as exc:
             raise _translate(
                 exc,
@@ -1658,7 +1667,7 @@ class GitWorktreeSandbox(BaseSandbox):
                 self.original_path,
                 untouched=not self._touched,
             ) from exc
-        return self._result(plan, tip, (added, changed, deleted), text, txid=txid)
+        return self._result(plan, tip, lists, text, txid=txid)
 
     def _do_abort_prepared(self, txid: str) -> None:
         """Delete the prepared refs of ``txid``; merge objects are left to git's gc."""
@@ -1686,8 +1695,11 @@ class GitWorktreeSandbox(BaseSandbox):
     def _prepared_prefix(self, txid: str) -> str:
         return f"{_PREPARED_ROOT}{txid}/{self.sandbox_id}/"
 
-    def _read_prepared(self, original: GitCommand, txid: str) -> tuple[_Plan, str, str]:
-        """(plan, sandbox commit, message) recorded by ``prepare`` under ``txid``."""
+    def _read_prepared(
+        self, original: GitCommand, txid: str
+    ) -> tuple[_Plan, str, str, tuple[list[str], list[str], list[str]]]:
+        """(plan, sandbox commit, message, (added, changed, deleted) of the sandbox's change)
+        recorded by ``prepare`` under ``txid``."""
         prefix = self._prepared_prefix(txid)
         listed = original.run(
             "for-each-ref", "--format=%(refname)%00%(objectname)%00%(contents)%00", prefix
@@ -1703,16 +1715,22 @@ class GitWorktreeSandbox(BaseSandbox):
                 f"sandbox {self.sandbox_id} has no commit prepared under {txid} "
                 f"(no {prefix}new/old/tip): prepare it first"
             )
-        old, new = refs["old"], refs["new"]
+        old, new, tip = refs["old"], refs["new"], refs["tip"]
+        base = str(self._meta()["base_commit"])
+        added, changed, deleted, executable = self._classify(original, base, tip)
         if new == old:
             known: tuple[list[str], set[str]] = ([], set())
-        else:
-            added, changed, deleted, executable = self._classify(original, old, new)
+        elif (old, new) == (base, tip):  # a fast-forward from the base: the sandbox's paths
             known = (sorted([*added, *changed, *deleted]), executable)
-        how = "no-op" if new == old else "fast-forward" if new == refs["tip"] else "merge"
+        else:
+            moved_added, moved_changed, moved_deleted, moved_modes = self._classify(
+                original, old, new
+            )
+            known = (sorted([*moved_added, *moved_changed, *moved_deleted]), moved_modes)
+        how = "no-op" if new == old else "fast-forward" if new == tip else "merge"
         ref = str(self._meta()["target_ref"] or "HEAD")
         plan = _Plan(ref, old, new, how, known[0], known[1], [])
-        return plan, refs["tip"], messages["tip"]
+        return plan, tip, messages["tip"], (added, changed, deleted)
 
     def _chained_after(self, original: GitCommand, txid: str) -> str | None:
         """The commit the target will be at once the sandboxes of this repository prepared

@@ -30,6 +30,17 @@ Both modes keep the replaced entries in ``commit/backup`` for rollback from COMM
 (``undo_sync``) and report ``CommitResult`` file lists as ``_fs_utils.TreeChanges`` (the same
 path-level lists as ``copy_on_write``: directories included, a type swap is "changed").
 
+Two-phase plan commit (issue 9, :mod:`sandbox_core._prepared`), both modes: ``review`` and
+``prepare`` read the same change set as ``commit`` (kernel: the paths the upper layer names,
+read through the merged view while mounted; fallback: the paths the sandbox touched); prepare
+stages them on the original's filesystem (a hidden sibling named after the txid and the sandbox
+id, never in the upper layer's filesystem) without unmounting; ``apply_prepared`` re-checks the
+staged paths (a concurrent change refuses with nothing touched), then unmounts (kernel), renames,
+remounts over an empty upper layer, keeping ``commit/backup`` for rollback from COMMITTED. A
+kernel-mode original that is a mount point cannot prepare (its staging area would be written
+inside the mounted lower directory): ``TwoPhaseUnavailableError``. Overlay commits report no
+conflicts (the sandbox's paths win, as in the one-shot commit).
+
 Checkpoints (seed 002, "snapshot of the upper layer"): :meth:`OverlaySandbox.
 create_checkpoint_snapshot` / :meth:`OverlaySandbox.restore_checkpoint_snapshot`, called by
 ``CheckpointManager`` for the ``overlay_snapshot`` kind.
@@ -485,6 +496,7 @@ class OverlaySandbox(BaseSandbox):
         self._reset_view()
 
     def _reset_view(self) -> None:
+        _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
             kernel.unmount(merged)
@@ -535,7 +547,9 @@ class OverlaySandbox(BaseSandbox):
 
         Before remounting, a commit interrupted by a crash (the overlay is unmounted while the
         original is written) is finished or undone by ``recover_sync``, so the lower directory
-        is consistent before it is mounted again.
+        is consistent before it is mounted again. After a crash in the middle of a decided
+        two-phase apply nothing is remounted: ``apply_prepared`` finishes the renames and
+        remounts over an empty upper layer.
         """
         self._merged_dir = self.base_path / "merged"
         live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)

@@ -37,6 +37,16 @@ Never applied twice: the marker row ``(sandbox_id, ...)`` goes into the bookkeep
 writes. :meth:`TransactionSandbox.commit_landed` reports whether it exists; ``commit()`` looks for
 it first and, when found, returns the recorded result instead of applying the statements again.
 
+Two-phase plan commit (issue 9; docs/transaction-strategy.md): ``prepare(txid)`` replays (verified)
+and writes the marker, then PostgreSQL ``PREPARE TRANSACTION '<txid>.<sandbox_id>'`` (durable;
+``max_prepared_transactions = 0`` is a :class:`TwoPhaseUnavailableError` found before replaying)
+or, on SQLite, keeps the ``BEGIN IMMEDIATE`` transaction open in this process (not durable: the
+plan's last resource). ``apply_prepared`` is ``COMMIT PREPARED`` / ``COMMIT``, settled by the
+marker when repeated; ``abort_prepared`` is ``ROLLBACK PREPARED`` / ``ROLLBACK``. After a crash a
+SQLite apply refuses unless the marker says the commit landed (it never replays silently).
+``review()`` summarises the log (write statements, tables, digest) and dry-replays it for
+conflicts.
+
 Passwords are never stored (``_dsn``): the record, context and messages hold the redacted DSN; the
 password lives in this process's memory, or comes from libpq's ``PGPASSWORD`` / password file, or
 from :meth:`TransactionSandbox.use_credentials` after a reopen.
@@ -941,13 +951,17 @@ class TransactionSandbox(BaseSandbox):
     def _held_statement(
         self, entry: LogEntry, params: Any, logged: bool
     ) -> tuple[list[tuple[Any, ...]], Outcome]:
-        """PostgreSQL: the statement runs under a savepoint in the held transaction."""
+        """PostgreSQL: the statement runs under a savepoint in the held transaction.
+
+        Every statement's effects are measured, so a read that wrote (a function called from a
+        ``SELECT``) is logged like any write (issue 7: its write would be lost on replay).
+        """
         connection = self._open_held()
         self.activate()
         connection.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
-            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
-            if logged:
+            rows, outcome = _run_statement(connection, entry.sql, params, entry.many, True)
+            if logged or outcome.wrote:
                 self._log().append(entry.with_outcome(outcome))
         except BaseException as exc:
             self._undo_statement(connection, exc)
@@ -1205,7 +1219,9 @@ def _run_statement(
         if exc.busy or exc.connection_lost:
             raise
         raise _StatementFailedError(exc) from exc
-    return result.rows, Outcome.of(result.rows, result.rowcount, result.generated_id)
+    return result.rows, Outcome.of(
+        result.rows, result.rowcount, result.generated_id, result.effects
+    )
 
 
 def _finish(connection: Connection) -> None:
