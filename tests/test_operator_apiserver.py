@@ -160,7 +160,7 @@ def test_plancommit_failure_compensates_and_names_the_ids(
     (repo / "f.txt").write_text("main\n")  # a conflicting commit on the original (case 03)
     git(repo, "commit", "-qam", "main moved")
     head_before = git(repo, "rev-parse", "HEAD")
-    cluster.create(plancommit_manifest("pc-bad", "plan-bad"))
+    cluster.create(plancommit_manifest("pc-bad", "plan-bad", mode="Saga"))
     status = cluster.wait_phase("pcommit", "pc-bad", {"Failed", "Committed", "RolledBack"})
     copy_id = cluster.status("sandbox", "a-copy")["sandboxId"]
     git_id = cluster.status("sandbox", "b-git")["sandboxId"]
@@ -200,7 +200,8 @@ def test_terminal_plancommit_is_never_reprocessed_across_restarts(
     status = cluster.wait_phase("pcommit", "pc3", {"Failed", "Committed", "RolledBack"})
     assert status["phase"] == "Failed"
     assert status["rolledBackIds"] == []
-    assert cluster.condition("pcommit", "pc3", "RolledBack")["reason"] == "NothingToRollBack"
+    # TwoPhase (the default): the conflict is found at prepare, every prepared sandbox aborted.
+    assert cluster.condition("pcommit", "pc3", "RolledBack")["reason"] == "Aborted"
     assert (data / "g.txt").read_text() == "d0\n"
     events_before = len(cluster.events("pc3"))
     for _ in range(3):
@@ -241,7 +242,7 @@ def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
     head_before = git(plan["repo"], "rev-parse", "HEAD")
     operator.stop()
     operator.start({"SANDBOX_CORE_FAULT": fault})
-    cluster.create(plancommit_manifest("pc-crash", "plan-crash"))
+    cluster.create(plancommit_manifest("pc-crash", "plan-crash", mode="Saga"))
     assert operator.wait_exit(90) != 0  # the fault hook killed it
     mid = cluster.status("pcommit", "pc-crash")
     assert mid["phase"] == "Committing"
@@ -476,7 +477,7 @@ def test_a_failed_compensation_is_named_and_retried_until_it_succeeds(
         )
         write_in_sandbox(ready(cluster, f"s-{key}"), "g.txt", "1\n")
     ids = {key: cluster.status("sandbox", f"s-{key}")["sandboxId"] for key in ("a", "b", "c")}
-    cluster.create(plancommit_manifest("pc-rf", "plan-rf"))
+    cluster.create(plancommit_manifest("pc-rf", "plan-rf", mode="Saga"))
     wait_for(
         lambda: (cluster.condition("pcommit", "pc-rf", "RollbackFailed") or {}).get("status")
         == "True",
@@ -541,7 +542,7 @@ def test_a_new_plancommit_after_a_rolled_back_one_never_commits_half_the_plan(
             sandbox_manifest(f"s-{key}", "plan-38", "copy_on_write", dirs[key], f"res-{key}")
         )
         write_in_sandbox(ready(cluster, f"s-{key}"), "g.txt", "1\n")
-    cluster.create(plancommit_manifest("pc-38", "plan-38"))
+    cluster.create(plancommit_manifest("pc-38", "plan-38", mode="Saga"))
     first = cluster.wait_phase("pcommit", "pc-38", {"Failed", "Committed", "RolledBack"})
     assert first["phase"] == "Failed"
     assert cluster.status("sandbox", "s-a")["phase"] == "RolledBack"

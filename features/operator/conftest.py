@@ -135,6 +135,18 @@ def _apply_plancommit(cluster: Cluster, name: str, plan: str) -> None:
     cluster.create(plancommit_manifest(name, plan))
 
 
+@when(parsers.parse('I apply a Saga PlanCommit "{name}" of plan "{plan}"'))
+def _apply_saga_plancommit(cluster: Cluster, name: str, plan: str) -> None:
+    cluster.create(plancommit_manifest(name, plan, mode="Saga"))
+
+
+@then(parsers.parse('PlanCommit "{name}" rolled back nothing'))
+def _rolled_back_nothing(cluster: Cluster, name: str) -> None:
+    status = cluster.status("pcommit", name)
+    assert status["rolledBackIds"] == [] and status["mode"] == "TwoPhase", status
+    assert cluster.condition("pcommit", name, "RolledBack")["reason"] == "Aborted"
+
+
 @when("the operator dies and a new operator starts")
 def _restart(operator: OperatorProcess) -> None:
     assert operator.wait_exit(90) != 0

@@ -30,10 +30,22 @@ Feature: The sandbox operator on a real API server
     And an Active "copy_on_write" Sandbox "sa" of plan "p2" over "data" where "g.txt" is written as "d1"
     And an Active "git_worktree" Sandbox "sb" of plan "p2" over "repo" where "f.txt" is written as "sandbox"
     And "repo" file "f.txt" is committed on the original as "main"
-    When I apply a PlanCommit "pc2" of plan "p2"
+    When I apply a Saga PlanCommit "pc2" of plan "p2"
     Then PlanCommit "pc2" ends in phase "Failed" with condition "Committed" "False"
     And the "Committed" condition of PlanCommit "pc2" names Sandbox "sb"
     And the rolled-back ids of PlanCommit "pc2" are the id of Sandbox "sa"
+    And "data" file "g.txt" contains "d0"
+
+  Scenario: A conflicting two-phase PlanCommit touches no original
+    Given a git repository "repo" with file "f.txt" containing "line1"
+    And a directory "data" with file "g.txt" containing "d0"
+    And an Active "copy_on_write" Sandbox "sa" of plan "p4" over "data" where "g.txt" is written as "d1"
+    And an Active "git_worktree" Sandbox "sb" of plan "p4" over "repo" where "f.txt" is written as "sandbox"
+    And "repo" file "f.txt" is committed on the original as "main"
+    When I apply a PlanCommit "pc4" of plan "p4"
+    Then PlanCommit "pc4" ends in phase "Failed" with condition "Committed" "False"
+    And the "Committed" condition of PlanCommit "pc4" names Sandbox "sb"
+    And PlanCommit "pc4" rolled back nothing
     And "data" file "g.txt" contains "d0"
 
   Scenario: An operator killed in the middle of a PlanCommit ends all or nothing
@@ -42,7 +54,7 @@ Feature: The sandbox operator on a real API server
     And an Active "git_worktree" Sandbox "sa" of plan "p3" over "repo" where "f.txt" is written as "r1"
     And an Active "copy_on_write" Sandbox "sb" of plan "p3" over "data" where "g.txt" is written as "d1"
     And the operator will be killed right after the first sandbox commit is journaled
-    When I apply a PlanCommit "pc3" of plan "p3"
+    When I apply a Saga PlanCommit "pc3" of plan "p3"
     And the operator dies and a new operator starts
     Then PlanCommit "pc3" ends in a terminal phase
     And either both originals hold the new content or neither does

@@ -71,7 +71,7 @@ def two_sandbox_plan(cluster: Cluster, tmp_path: Path, plan: str) -> dict[str, A
     cluster.create(sandbox_manifest("sa-git", plan, "git_worktree", repo))
     cluster.create(sandbox_manifest("sb-copy", plan, "copy_on_write", data))
     out: dict[str, Any] = {"repo": repo, "data": data, "head": git(repo, "rev-parse", "HEAD")}
-    for name, file, text in (("sa-git", "f.txt", "r1\n"), ("sb-copy", "g.txt", "d1\n")):
+    for name, file, text in (("sa-git", "f.txt", "r1 (sandbox)\n"), ("sb-copy", "g.txt", "d1\n")):
         status = active(cluster, name)
         (Path(status["sandboxPath"]) / file).write_text(text)
         out[name] = status
@@ -159,7 +159,7 @@ def test_approval_required_waits_refuses_a_wrong_digest_and_commits_with_the_rig
     assert [s["state"] for s in status["sandboxes"]] == ["Committed", "Committed"]
     approved = cluster.condition("pcommit", "pc-ap", "Approved")
     assert (approved["status"], approved["reason"]) == ("True", "DigestMatched")
-    assert (plan["repo"] / "f.txt").read_text() == "r1\n"
+    assert (plan["repo"] / "f.txt").read_text() == "r1 (sandbox)\n"
     assert (plan["data"] / "g.txt").read_text() == "d1\n"
     assert (plan["data"] / "new.txt").read_text() == "n\n"
     assert ("Normal", "Approved") in reasons(cluster, "pc-ap")
@@ -285,7 +285,7 @@ def test_an_operator_killed_mid_two_phase_resumes_from_the_status_journal(
         assert status["twoPhase"]["reason"] == "Interrupted"
         assert_untouched(plan)
     else:  # after it: the apply rolls forward
-        assert (plan["repo"] / "f.txt").read_text() == "r1\n"
+        assert (plan["repo"] / "f.txt").read_text() == "r1 (sandbox)\n"
         assert (plan["data"] / "g.txt").read_text() == "d1\n"
         assert sorted(p.name for p in plan["data"].iterdir()) == ["g.txt", "new.txt"]
 
