@@ -97,7 +97,9 @@ def start_postgres(kube: Kube, namespace: str, password: str) -> str:
     kube.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/postgres", "--timeout=180s")
     wait_until("PostgreSQL accepts queries", lambda: _answers(kube, namespace), 60)
     assert psql(kube, namespace, "SHOW max_prepared_transactions") == "16"
-    psql(kube, namespace, f"CREATE TABLE {TABLE} (id serial PRIMARY KEY, body text NOT NULL)")
+    # No serial column: the actor's process consumes a sequence value that the verified replay
+    # in the agent would not get again (docs/transaction-strategy.md, replay verification).
+    psql(kube, namespace, f"CREATE TABLE {TABLE} (body text PRIMARY KEY)")
     return str(kube.json("get", "pod", "postgres", "-n", namespace)["status"]["podIP"])
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, TypeAlias, TypeVar
 
-from sandbox_operator.models import WorkspaceSpec, dump
+from sandbox_operator.models import PlanCommitApproval, WorkspaceSpec, dump
 
 from sandbox_client.errors import NotFoundError, RefusedError, error_for
 from sandbox_client.models import (
@@ -24,8 +24,10 @@ from sandbox_client.models import (
     CheckpointSpec,
     Condition,
     PlanCommitAction,
+    PlanCommitPhase,
     PlanCommitResult,
     PlanCommitSpec,
+    PlanReview,
     SandboxInfo,
     SandboxOptions,
     SandboxPhase,
@@ -129,12 +131,20 @@ def checkpoint_manifest(
 
 
 def plancommit_manifest(
-    plan_id: str, action: PlanCommitAction, message: str | None, cleanup_policy: str = "Retain"
+    plan_id: str,
+    action: PlanCommitAction,
+    message: str | None,
+    cleanup_policy: str = "Retain",
+    *,
+    approval_required: bool = False,
 ) -> dict[str, Any]:
-    """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``)."""
+    """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``);
+    with ``approval_required`` it stops at ``AwaitingApproval`` after its review (issue 9)."""
     spec = PlanCommitSpec(
         plan_id=plan_id, action=action, message=message, cleanup_policy=cleanup_policy
     )
+    if approval_required:
+        spec = spec.model_copy(update={"approval": PlanCommitApproval.REQUIRED})
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
     meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
     return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": dump(spec)}
@@ -266,6 +276,44 @@ def plancommit_done(name: str) -> Predicate[PlanCommitResult]:
             return None
         result = PlanCommitResult.from_object(obj)
         return result if result.done else None
+
+    return check
+
+
+def awaiting_approval(plan_id: str, objects: Objects) -> dict[str, Any] | None:
+    """The newest PlanCommit of ``plan_id`` that waits for an approval (``approval: Required``
+    and not terminal), or None."""
+    waiting = []
+    for obj in objects.values():
+        spec = PlanCommitSpec.model_validate(obj.get("spec") or {})
+        phase = PlanCommitPhase((obj.get("status") or {}).get("phase") or "Pending")
+        if spec.plan_id == plan_id and spec.approval_required and not phase.is_terminal:
+            waiting.append(obj)
+    waiting.sort(key=lambda o: str(o["metadata"].get("creationTimestamp") or ""))
+    return waiting[-1] if waiting else None
+
+
+def plancommit_reviewed(name: str) -> Predicate[PlanReview]:
+    """Done when PlanCommit ``name`` shows its review (``status.review``) and has left
+    ``Pending`` (``AwaitingApproval`` when it waits for the approval).
+
+    Raises (from the predicate): ``NotFoundError`` when it is deleted; the typed error of its
+    ``Reviewed`` (or ``Committed``) condition when it ended without a review.
+    """
+
+    def check(objects: Objects) -> PlanReview | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        review = PlanReview.from_object(obj)
+        # The operator writes the review, then the phase: a review is shown once the
+        # PlanCommit moved past Pending (waiting, or already deciding with an approval).
+        if review is not None and review.phase is not PlanCommitPhase.PENDING:
+            return review
+        result = PlanCommitResult.from_object(obj)
+        if result.done:
+            raise error_for(*_failure(result.conditions, "Reviewed", "Committed"))
+        return None
 
     return check
 

@@ -55,6 +55,7 @@ from sandbox_client.models import (
     HistoryEntry,
     PlanCommitAction,
     PlanCommitResult,
+    PlanReview,
     SandboxInfo,
     SandboxOptions,
 )
@@ -613,6 +614,66 @@ class Plan:
     ) -> PlanCommitResult:
         """As :meth:`sandbox_client.Plan.rollback`."""
         return await self._plancommit(PlanCommitAction.ROLLBACK, None, wait, timeout, on_progress)
+
+    async def _awaiting_approval(self) -> dict[str, Any] | None:
+        objects = await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+        return _logic.awaiting_approval(self.plan_id, {o["metadata"]["name"]: o for o in objects})
+
+    async def review(
+        self, *, message: str | None = None, timeout: float = DEFAULT_COMMIT_TIMEOUT
+    ) -> PlanReview:
+        """As :meth:`sandbox_client.Plan.review` (a PlanCommit with ``approval: Required``)."""
+        waiting = await self._awaiting_approval()
+        if waiting is None:
+            body = _logic.plancommit_manifest(
+                self.plan_id, PlanCommitAction.COMMIT, message, approval_required=True
+            )
+            waiting = await self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(waiting["metadata"]["name"])
+        return await self.client.wait(
+            PLANCOMMIT_PLURAL,
+            _logic.plancommit_reviewed(name),
+            timeout,
+            f"review of plan {self.plan_id} ({name})",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    async def approve(
+        self,
+        digest: str,
+        *,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """As :meth:`sandbox_client.Plan.approve` (sets ``spec.approvedDigest``)."""
+        waiting = await self._awaiting_approval()
+        if waiting is None:
+            raise NotFoundError(
+                "NotFound", f"no PlanCommit of plan {self.plan_id} is waiting for an approval"
+            )
+        name = str(waiting["metadata"]["name"])
+        patched = await self.client.patch_object(
+            PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
+        )
+        if not wait:
+            return PlanCommitResult.from_object(patched)
+        done = _logic.plancommit_done(name)
+
+        def check(found: _logic.Objects) -> PlanCommitResult | None:
+            if on_progress is not None and name in found:
+                on_progress(PlanCommitResult.from_object(found[name]))
+            return done(found)
+
+        return await self.client.wait(
+            PLANCOMMIT_PLURAL,
+            check,
+            timeout,
+            f"plancommit {name} of plan {self.plan_id}",
+            namespace=self.namespace,
+            name=name,
+        )
 
     async def commits(self) -> list[PlanCommitResult]:
         """As :meth:`sandbox_client.Plan.commits`."""

@@ -47,6 +47,7 @@ from sandbox_client.models import (
     HistoryEntry,
     PlanCommitAction,
     PlanCommitResult,
+    PlanReview,
     SandboxInfo,
     SandboxOptions,
 )
@@ -735,6 +736,98 @@ class Plan:
         """Discard the changes of every Sandbox of the plan (a PlanCommit with action
         Rollback); the result as in :meth:`commit`."""
         return self._plancommit(PlanCommitAction.ROLLBACK, None, wait, timeout, on_progress)
+
+    def review(
+        self, *, message: str | None = None, timeout: float = DEFAULT_COMMIT_TIMEOUT
+    ) -> PlanReview:
+        """The review of the plan's changes (issue 9, §2): per sandbox the files added,
+        changed and deleted, lines, bytes, statements and conflicts, and the plan ``digest``.
+
+        The review is made by a PlanCommit with ``approval: Required`` that then waits at
+        ``AwaitingApproval``: the one already waiting for this plan, else a new one (with
+        ``message``). Nothing is applied before :meth:`approve` names the digest.
+
+        Raises:
+            WaitTimeoutError: no review within ``timeout`` seconds.
+            OperationFailedError / RefusedError: the PlanCommit ended without a review (the
+                ``Reviewed`` condition's reason, e.g. ``ReviewFailed``).
+        """
+        waiting = _logic.awaiting_approval(
+            self.plan_id,
+            {
+                o["metadata"]["name"]: o
+                for o in self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+            },
+        )
+        if waiting is None:
+            body = _logic.plancommit_manifest(
+                self.plan_id, PlanCommitAction.COMMIT, message, approval_required=True
+            )
+            waiting = self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(waiting["metadata"]["name"])
+        return self.client.wait(
+            PLANCOMMIT_PLURAL,
+            _logic.plancommit_reviewed(name),
+            timeout,
+            f"review of plan {self.plan_id} ({name})",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    def approve(
+        self,
+        digest: str,
+        *,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """Approve the reviewed plan: set ``spec.approvedDigest`` of the PlanCommit waiting for
+        it, which then commits exactly the reviewed changes (a sandbox changed since fails
+        the commit with ``ChangedSinceApproval``; a digest that is not the reviewed one is
+        refused with ``Approved=False DigestMismatch`` and the PlanCommit keeps waiting).
+
+        Args:
+            digest: the :attr:`PlanReview.digest` a person approved (``"sha256:<64 hex>"``).
+            wait: watch until the PlanCommit finished (else return it as it is now).
+
+        Returns:
+            The commit's result, as :meth:`commit` returns it.
+
+        Raises:
+            NotFoundError: no PlanCommit of the plan waits for an approval (call :meth:`review`).
+            RefusedError: ``Invalid`` when ``digest`` is not ``sha256:`` + 64 hex.
+            WaitTimeoutError: not finished within ``timeout`` seconds.
+        """
+        objects = self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+        waiting = _logic.awaiting_approval(
+            self.plan_id, {o["metadata"]["name"]: o for o in objects}
+        )
+        if waiting is None:
+            raise NotFoundError(
+                "NotFound", f"no PlanCommit of plan {self.plan_id} is waiting for an approval"
+            )
+        name = str(waiting["metadata"]["name"])
+        patched = self.client.patch_object(
+            PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
+        )
+        if not wait:
+            return PlanCommitResult.from_object(patched)
+        done = _logic.plancommit_done(name)
+
+        def check(found: _logic.Objects) -> PlanCommitResult | None:
+            if on_progress is not None and name in found:
+                on_progress(PlanCommitResult.from_object(found[name]))
+            return done(found)
+
+        return self.client.wait(
+            PLANCOMMIT_PLURAL,
+            check,
+            timeout,
+            f"plancommit {name} of plan {self.plan_id}",
+            namespace=self.namespace,
+            name=name,
+        )
 
     def commits(self) -> list[PlanCommitResult]:
         """The plan's PlanCommits (commits and rollbacks), by name."""

@@ -43,7 +43,7 @@ from sandbox_client.errors import (
     SandboxClientError,
     WaitTimeoutError,
 )
-from sandbox_client.models import PlanCommitPhase, PlanCommitResult, SandboxInfo
+from sandbox_client.models import PlanCommitPhase, PlanCommitResult, PlanReview, SandboxInfo
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -317,6 +317,76 @@ def commit(options: Options, plan_id: str, wait: bool, message: str | None, time
         click.echo(f"plancommit.sandbox.cleveragents.io/{result.name} created")
     else:
         _emit(options, result.raw, _result_text(result))
+    sys.exit(_result_exit(result) if wait else EXIT_OK)
+
+
+def _review_text(review: PlanReview, wide: bool) -> str:
+    rows = [
+        [
+            row.name or row.sandbox_id,
+            row.strategy,
+            f"+{row.added} ~{row.changed} -{row.deleted}",
+            f"+{row.lines_added} -{row.lines_removed}",
+            str(row.bytes),
+            str(row.statements),
+            str(len(row.conflicts)),
+            row.digest if wide else row.digest[:19],
+        ]
+        for row in review.sandboxes
+    ]
+    headers = ["SANDBOX", "STRATEGY", "FILES", "LINES", "BYTES", "STATEMENTS", "CONFLICTS"]
+    text = _table([*headers, "DIGEST"], rows)
+    if wide:
+        for row in review.sandboxes:
+            for line in [*row.paths, *(f"! {c}" for c in row.conflicts)]:
+                text += f"\n  {row.name or row.sandbox_id}: {line}"
+    return (
+        f"{text}\nplancommit/{review.plancommit} {review.phase.value}"
+        f"{' (truncated)' if review.truncated else ''}\ndigest: {review.digest}"
+    )
+
+
+@cli.command()
+@click.argument("plan_id", metavar="PLAN")
+@click.option("-m", "--message", default=None, help="Commit message of the reviewed commit.")
+@_timeout_option("5m")
+@_common
+def review(options: Options, plan_id: str, message: str | None, timeout: str) -> None:
+    """Review PLAN's changes before they land (issue 9): a PlanCommit with approval Required
+    is made (or the waiting one reused) and its review printed; approve it with
+    ``approve PLAN --digest D``. Nothing is applied."""
+    with options.client() as client:
+        plan = Plan(client, plan_id, options.namespace)
+        if not plan.sandboxes():
+            raise NotFoundError("NotFound", f"plan {plan_id} has no sandboxes")
+        found = plan.review(message=message, timeout=parse_duration(timeout))
+    data = found.model_dump(mode="json", by_alias=True)
+    _emit(options, data, _review_text(found, options.output == "wide"))
+
+
+@cli.command()
+@click.argument("plan_id", metavar="PLAN")
+@click.option(
+    "--digest",
+    required=True,
+    help="The reviewed plan digest you approve (sha256:...; from `kubectl sandbox review`).",
+)
+@click.option("--wait/--no-wait", default=True, help="Wait for the commit's outcome.")
+@_timeout_option("5m")
+@_common
+def approve(options: Options, plan_id: str, digest: str, wait: bool, timeout: str) -> None:
+    """Approve the reviewed PLAN by its digest: the waiting PlanCommit then commits exactly
+    the reviewed changes (exit codes as ``commit --wait``)."""
+    progress = _Progress()
+    with options.client() as client:
+        plan = Plan(client, plan_id, options.namespace)
+        try:
+            result = plan.approve(
+                digest, wait=wait, timeout=parse_duration(timeout), on_progress=progress
+            )
+        finally:
+            progress.done()
+    _emit(options, result.raw, _result_text(result))
     sys.exit(_result_exit(result) if wait else EXIT_OK)
 
 

@@ -51,7 +51,9 @@ __all__ = [
     "PlanCommitPhase",
     "PlanCommitResult",
     "PlanCommitSpec",
+    "PlanReview",
     "PvcSource",
+    "ReviewedSandbox",
     "SandboxInfo",
     "SandboxOptions",
     "SandboxPhase",
@@ -237,6 +239,77 @@ class PlanCommitResult(_View):
     def condition(self, type_: str) -> Condition | None:
         """The condition of ``type_`` (e.g. ``"Committed"``), or None."""
         return find(self.conditions, type_)
+
+
+class ReviewedSandbox(_View):
+    """One sandbox's row of a plan review (``status.review.sandboxes[]``, issue 9 §2).
+
+    Counts of files ``added``/``changed``/``deleted``; ``paths`` the first ones (each
+    ``"A path"``, ``"M path"`` or ``"D path"``); ``lines_added``/``lines_removed`` of text;
+    ``bytes`` of new content; ``statements`` of a database sandbox; ``conflicts`` that would
+    refuse the commit now; ``digest`` (``"sha256:<hex>"``) of its exact changes.
+    """
+
+    name: str = ""
+    sandbox_id: str = ""
+    resource_id: str = ""
+    strategy: str = ""
+    digest: str = ""
+    added: int = 0
+    changed: int = 0
+    deleted: int = 0
+    paths: list[str] = Field(default_factory=list)
+    lines_added: int = 0
+    lines_removed: int = 0
+    bytes: int = 0
+    statements: int = 0
+    conflicts: list[str] = Field(default_factory=list)
+
+
+class PlanReview(_View):
+    """The review of a plan, as a PlanCommit with ``approval: Required`` shows it
+    (``status.review``; issue 9 §2). Approve it with its ``digest``: the commit then applies
+    exactly these changes, or fails with ``ChangedSinceApproval`` touching nothing.
+
+    ``plancommit`` names the PlanCommit waiting for the approval; ``phase`` is its phase
+    (``AwaitingApproval`` while it waits); ``reviewed_at`` RFC 3339; ``truncated`` when the
+    rows hold only the first paths of a sandbox.
+    """
+
+    plancommit: str
+    namespace: str
+    plan_id: str
+    phase: PlanCommitPhase = PlanCommitPhase.PENDING
+    digest: str
+    reviewed_at: str = ""
+    truncated: bool = False
+    has_conflicts: bool = False
+    approved_digest: str | None = None
+    sandboxes: list[ReviewedSandbox] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> PlanReview | None:
+        """Build from a raw PlanCommit object; None while it has no ``status.review``."""
+        status = obj.get("status") or {}
+        review = status.get("review") or {}
+        if not review.get("digest"):
+            return None
+        meta = obj.get("metadata") or {}
+        spec = PlanCommitSpec.model_validate(obj.get("spec") or {})
+        return cls(
+            plancommit=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            plan_id=spec.plan_id,
+            phase=PlanCommitPhase(status.get("phase") or PlanCommitPhase.PENDING.value),
+            digest=str(review["digest"]),
+            reviewed_at=str(review.get("reviewedAt") or ""),
+            truncated=bool(review.get("truncated")),
+            has_conflicts=bool(review.get("hasConflicts")),
+            approved_digest=spec.approved_digest,
+            sandboxes=[ReviewedSandbox.model_validate(r) for r in review.get("sandboxes") or []],
+            conditions=conditions_of(obj),
+        )
 
 
 class HistoryEntry(_View):

@@ -40,6 +40,7 @@ Routes (JSON in and out; errors are ``{"error": {"type", "message"}}``)::
     POST   /v1/sandboxes/{id}/prepare             {"txid", "message"} -> the PreparedCommit
     POST   /v1/sandboxes/{id}/apply-prepared      {"txid"} -> the CommitResult
     POST   /v1/sandboxes/{id}/abort-prepared      {"txid"}
+    GET    /v1/sandboxes/{id}/commit-landed       {"landed": true|false|null} (recovery probe)
 
 Two-phase plan commit (issue 9): the three POST routes are idempotent by request id like the
 others, and by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
@@ -425,6 +426,15 @@ class Operations:
         self._save(sandbox)
         return {"sandbox": self.describe(sandbox)}
 
+    def commit_landed(self, sandbox_id: str) -> dict[str, Any]:
+        """``{"landed": bool | None}``: the strategy's ``commit_landed()`` (did a commit whose
+        outcome was lost reach the original?), None when the strategy cannot tell. Recovery
+        asks it of a last resource recorded committing (issue 9) and of an interrupted saga."""
+        sandbox = self.load(sandbox_id)
+        probe = getattr(sandbox, "commit_landed", None)
+        answer = probe() if callable(probe) else None
+        return {"landed": answer if isinstance(answer, bool) else None}
+
     def cleanup(self, sandbox_id: str) -> dict[str, Any]:
         """Remove every artefact and forget the sandbox; unknown ids are fine."""
         try:
@@ -618,6 +628,9 @@ class Agent:
         async def review(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.review(sid(request)), False)
 
+        async def landed(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.commit_landed(sid(request)), False)
+
         def two_phase(
             operation: Callable[[str, dict[str, Any]], dict[str, Any]],
         ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -644,6 +657,7 @@ class Agent:
         app.router.add_post("/v1/sandboxes/{sid}/checkpoints", checkpoint)
         app.router.add_post("/v1/checkpoints/{cid}/restore", restore)
         app.router.add_get("/v1/sandboxes/{sid}/review", review)
+        app.router.add_get("/v1/sandboxes/{sid}/commit-landed", landed)
         app.router.add_post("/v1/sandboxes/{sid}/prepare", two_phase(ops.prepare))
         app.router.add_post("/v1/sandboxes/{sid}/apply-prepared", two_phase(ops.apply_prepared))
         app.router.add_post("/v1/sandboxes/{sid}/abort-prepared", two_phase(ops.abort_prepared))

@@ -123,9 +123,11 @@ def test_sqlite_last_resource_is_held_by_the_agent_between_prepare_and_apply(
     # A retried prepare (lost reply) with the same state seen is a replay, not a second prepare.
     again = RemoteSandbox(remote._executor, remote._target, dict(reply_before_prepare(remote)))
     assert again.prepare(TXID, "m") == prepared
+    assert handle(agent, "transaction_rollback").commit_landed() is False
     result = handle(agent, "transaction_rollback").apply_prepared(TXID)
     assert result.success and result.metadata["txid"] == TXID
     assert rows(database) == ["one"]
+    assert handle(agent, "transaction_rollback").commit_landed() is True  # the marker row
     # apply is idempotent per txid: a repeat (a fresh handle, a retry) returns the same result.
     repeat = handle(agent, "transaction_rollback")
     assert repeat.status is SandboxStatus.COMMITTED

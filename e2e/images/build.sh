@@ -194,7 +194,8 @@ build_base() {
 
 # Debian 12's PostgreSQL 15 from its own debootstrap (the project image stays as small as the
 # Dockerfile's). The entrypoint initialises an empty data directory once, with the superuser
-# password from $POSTGRES_PASSWORD (an env var the Pod fills from a Secret), password logins
+# password from $POSTGRES_PASSWORD (an env var the Pod fills from a Secret), UTF8 (minbase has
+# no locale: initdb would pick SQL_ASCII, whose text psycopg returns as bytes), password logins
 # from the pod network, and max_prepared_transactions above zero for the two-phase commit.
 POSTGRES_PACKAGES="postgresql-15,tini"
 POSTGRES_ROOTFS="$CACHE/rootfs/$SUITE-postgres"
@@ -207,7 +208,7 @@ BIN=/usr/lib/postgresql/15/bin
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     mkdir -p "$PGDATA" && chmod 700 "$PGDATA"
     pwfile=$(mktemp) && printf "%s" "$POSTGRES_PASSWORD" >"$pwfile"
-    "$BIN/initdb" -D "$PGDATA" -U postgres --pwfile="$pwfile" --auth-local=trust \
+    "$BIN/initdb" -D "$PGDATA" -U postgres --pwfile="$pwfile" -E UTF8 --locale=C --auth-local=trust \
         --auth-host=scram-sha-256 >/dev/null
     rm -f "$pwfile"
     echo "host all all 0.0.0.0/0 scram-sha-256" >>"$PGDATA/pg_hba.conf"

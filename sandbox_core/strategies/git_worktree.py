@@ -1457,7 +1457,9 @@ class GitWorktreeSandbox(BaseSandbox):
         scratch = admin / f"sandbox-core-review-{os.getpid()}-{threading.get_ident()}.index"
         try:
             with contextlib.suppress(FileNotFoundError):
-                shutil.copyfile(admin / "index", scratch)  # its stat cache keeps add -A cheap
+                # Its stat cache keeps add -A cheap; copy2 keeps the index's mtime, which git's
+                # racy-entry check needs (a same-size edit in the second of the checkout).
+                shutil.copy2(admin / "index", scratch)
             staged = worktree.with_index_file(str(scratch))
             staged.run("add", "-A")
             return staged.run("write-tree").out

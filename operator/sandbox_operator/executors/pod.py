@@ -478,6 +478,17 @@ class RemoteSandbox:
         rid = request_id("abort-prepared", self.sandbox_id, txid, _state_key(self.reply))
         self._two_phase("/abort-prepared", {"txid": txid}, rid)
 
+    def commit_landed(self) -> bool | None:
+        """``GET .../commit-landed``: did a commit whose outcome was lost reach the original?
+        None when the strategy cannot tell or the agent cannot be asked (recovery then treats
+        the outcome as unknown, as ``sandbox_core.saga.probe_commit_landed`` does)."""
+        try:
+            payload = self._executor.call(self._target, "GET", self._path("/commit-landed"))
+        except (ExecutorError, WorkspaceNotReady):
+            return None
+        answer = payload.get("landed")
+        return answer if isinstance(answer, bool) else None
+
     def activate(self) -> None:
         """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
         rid = request_id("activate", self.sandbox_id, _state_key(self.reply))
