@@ -105,10 +105,14 @@ def test_the_agent_admits_the_operator_and_no_other_pod(
     # ... but the agent's port is closed to it, and so is every other port of the workspace Pod.
     assert connect(kube, namespace, originals.pod, ip, AGENT_PORT) == "timeout"
     assert connect(kube, namespace, originals.pod, ip, LISTENER_PORTS[0]) == "timeout"
+
     # The kubelet's readiness probe (from the node, not a Pod) still reaches the agent.
-    pod = kube.json("get", "pod", status["workspacePod"], "-n", namespace)
-    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert ready["Ready"] == "True"
+    def ready() -> bool:
+        pod = kube.json("get", "pod", status["workspacePod"], "-n", namespace)
+        conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        return conditions.get("Ready") == "True"
+
+    wait_until("the workspace Pod Ready", ready, 30)
 
 
 def test_workspace_egress_is_denied_unless_the_field_opens_it(
