@@ -2,7 +2,8 @@
 workspace Pods that are watched, shaped and suspended.
 
 - agent calls with the Sandbox's token succeed; without a token or with a wrong one they are
-  refused (401), from any Pod;
+  refused (401), even from the operator's Pod (other Pods cannot connect at all:
+  e2e/test_network_policy.py);
 - a deleted workspace Pod is made again and the sandbox re-opened from its scratch claim, with
   its changes; Ready follows the Pod in between;
 - suspend deletes the Pod and keeps the claim; resume brings every change back;
@@ -71,13 +72,15 @@ def test_agent_calls_need_the_sandboxs_token(
     pod = pod_of(kube, namespace, status)
     url = f"http://{pod['status']['podIP']}:{AGENT_PORT}/v1/sandboxes/{status['sandboxId']}"
     token = agent_token(kube, operator_release, sandbox_uid(kube, namespace, "s-git"))
-    # From a Pod that is not the operator: no token, a wrong one, another Sandbox's: refused.
-    assert call_from(kube, namespace, originals.pod, url, "-")[0] == 401
-    assert call_from(kube, namespace, originals.pod, url, "0" * 64)[0] == 401
-    other = agent_token(kube, operator_release, str(uuid.uuid4()))
-    assert call_from(kube, namespace, originals.pod, url, other)[0] == 401
-    # The operator's own call (from its Pod) with the right token is served.
+    # No token, a wrong one, another Sandbox's: refused, even from the operator's Pod (the only
+    # one the NetworkPolicy lets connect: e2e/test_network_policy.py).
     operator_pod = operator_release.pod_names(kube)[0]
+    ns = operator_release.namespace
+    assert call_from(kube, ns, operator_pod, url, "-")[0] == 401
+    assert call_from(kube, ns, operator_pod, url, "0" * 64)[0] == 401
+    other = agent_token(kube, operator_release, str(uuid.uuid4()))
+    assert call_from(kube, ns, operator_pod, url, other)[0] == 401
+    # The operator's own call with the right token is served.
     code, body = call_from(kube, operator_release.namespace, operator_pod, url, token)
     assert code == 200, body
     assert json.loads(body)["status"] == "active"

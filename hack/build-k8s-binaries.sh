@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Build the Kubernetes binaries the tests need (kube-apiserver, kubectl, etcd, helm and,
-# with --all, the rest of a control plane plus kubelet and kube-proxy) from the Go module
-# proxy only, and cache them outside the repository.
+# with --all, the rest of a control plane plus kubelet, kube-proxy and a NetworkPolicy
+# controller) from the Go module proxy only, and cache them outside the repository.
 #
 # Usage: hack/build-k8s-binaries.sh [--all] [--force] [--help]
 #
-#   --all     also build kube-controller-manager, kube-scheduler, kubelet, kube-proxy
+#   --all     also build kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
+#             kube-network-policies (the e2e cluster's NetworkPolicy enforcement)
 #   --force   rebuild even when the cache is warm
 #
 # Environment:
 #   K8S_VERSION         Kubernetes version           (default v1.35.4)
 #   ETCD_VERSION        etcd server version          (default v3.6.16)
 #   HELM_VERSION        helm version                 (default v3.22.0)
+#   NETPOL_VERSION      sigs.k8s.io/kube-network-policies version (default v0.8.0)
 #   SANDBOX_K8S_CACHE   cache root (default $HOME/.cache/sandbox-operator/k8s)
 #
 # Binaries land in "$SANDBOX_K8S_CACHE/<K8S_VERSION>/bin". All progress goes to stderr;
@@ -29,6 +31,9 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+NETPOL_VERSION="${NETPOL_VERSION:-v0.8.0}"
+# Applied to kube-network-policies before the build (docs/testing-tiers.md, "NetworkPolicy").
+NETPOL_PATCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/patches/kube-network-policies-$NETPOL_VERSION.patch"
 CACHE_ROOT="${SANDBOX_K8S_CACHE:-$HOME/.cache/sandbox-operator/k8s}"
 # Bump when the way binaries are built changes, so warm caches are rebuilt.
 RECIPE=1
@@ -77,6 +82,7 @@ CORE_BINS=(kube-apiserver kubectl)
 ALL_BINS=(kube-controller-manager kube-scheduler kubelet kube-proxy)
 ETCD_BINS=(etcd etcdctl)
 HELM_BINS=(helm)
+NETPOL_BINS=(kube-network-policies)
 
 # One stamp line per component: "<component> <key>". The key changes whenever the
 # binaries of that component would come out different.
@@ -85,6 +91,7 @@ key_for() {
         k8s-core | k8s-all) echo "k8s=$K8S_VERSION go=$GO_VERSION recipe=$RECIPE" ;;
         etcd) echo "etcd=$ETCD_VERSION go=$GO_VERSION recipe=$RECIPE" ;;
         helm) echo "helm=$HELM_VERSION go=$GO_VERSION recipe=$RECIPE" ;;
+        netpol) echo "netpol=$NETPOL_VERSION patch=$(sha256sum <"$NETPOL_PATCH" | cut -c1-16) go=$GO_VERSION recipe=$RECIPE" ;;
     esac
 }
 
@@ -94,6 +101,7 @@ bins_for() {
         k8s-all) echo "${ALL_BINS[*]}" ;;
         etcd) echo "${ETCD_BINS[*]}" ;;
         helm) echo "${HELM_BINS[*]}" ;;
+        netpol) echo "${NETPOL_BINS[*]}" ;;
     esac
 }
 
@@ -119,7 +127,7 @@ mark_fresh() {
 }
 
 COMPONENTS=(etcd helm k8s-core)
-[[ "$ALL" == 1 ]] && COMPONENTS+=(k8s-all)
+[[ "$ALL" == 1 ]] && COMPONENTS+=(k8s-all netpol)
 
 # Fast path: everything is there, no lock, no go invocations beyond `go env`.
 stale=()
@@ -308,6 +316,37 @@ build_helm() {
     log "built helm in $((SECONDS - start))s"
 }
 
+# --- kube-network-policies ----------------------------------------------------------------
+
+# The SIG Network NetworkPolicy controller (nfqueue + nftables), run by e2e/cluster as a host
+# process. Two small changes are patched in (hack/patches/): packets go to the nfqueue through
+# the xtables NFQUEUE target (nft_compat) because kernels without CONFIG_NFT_QUEUE, like this
+# machine's, refuse the native nftables queue expression; and a --kubeconfig flag, because the
+# upstream binary only knows the in-cluster configuration of a Pod.
+build_netpol() {
+    local mod="$MOD_DIR/kube-network-policies" out start info src
+    start=$SECONDS
+    log "building kube-network-policies $NETPOL_VERSION"
+    [[ -f "$NETPOL_PATCH" ]] || die "no patch for kube-network-policies $NETPOL_VERSION ($NETPOL_PATCH)"
+    info="$(cd "$MOD_DIR" && go mod download -json "sigs.k8s.io/kube-network-policies@$NETPOL_VERSION")" ||
+        die "cannot download sigs.k8s.io/kube-network-policies@$NETPOL_VERSION from the module proxy"
+    src="$(jq -r .Dir <<<"$info")"
+    rm -rf "$mod"
+    cp -r "$src" "$mod"
+    chmod -R u+w "$mod"
+    out="$(mktemp -d "$VERSION_DIR/build.XXXXXX")"
+    (
+        cd "$mod"
+        git apply --whitespace=nowarn "$NETPOL_PATCH"
+        # -mod=mod: the patch imports a client-go package the upstream go.sum may not list.
+        go build -mod=mod -trimpath -ldflags "-s -w" -o "$out/kube-network-policies" ./cmd
+    )
+    install_bins "$out" "${NETPOL_BINS[@]}"
+    rm -rf "$out"
+    mark_fresh netpol
+    log "built kube-network-policies in $((SECONDS - start))s"
+}
+
 total_start=$SECONDS
 for c in "${stale[@]}"; do
     # Another run may have built it while we waited for the lock.
@@ -318,6 +357,7 @@ for c in "${stale[@]}"; do
         k8s-core | k8s-all) build_k8s "$c" ;;
         etcd) build_etcd ;;
         helm) build_helm ;;
+        netpol) build_netpol ;;
     esac
 done
 log "done in $((SECONDS - total_start))s; binaries in $BIN_DIR"

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(containerd runc containernetworking-plugins debootstrap umoci iptables curl)
+packages=(containerd runc containernetworking-plugins debootstrap umoci iptables nftables curl)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
