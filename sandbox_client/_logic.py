@@ -137,17 +137,27 @@ def plancommit_manifest(
     cleanup_policy: str = "Retain",
     *,
     approval_required: bool = False,
+    mode: str | None = None,
 ) -> dict[str, Any]:
     """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``);
-    with ``approval_required`` it stops at ``AwaitingApproval`` after its review (issue 9)."""
-    spec = PlanCommitSpec(
-        plan_id=plan_id, action=action, message=message, cleanup_policy=cleanup_policy
-    )
+    with ``approval_required`` it stops at ``AwaitingApproval`` after its review, ``mode``
+    (``"TwoPhase"`` | ``"Saga"``) chooses the protocol (issue 9; unset: the operator's default,
+    TwoPhase). Only the fields given are sent."""
+    fields: dict[str, Any] = {
+        "plan_id": plan_id,
+        "action": action,
+        "message": message,
+        "cleanup_policy": cleanup_policy,
+    }
     if approval_required:
-        spec = spec.model_copy(update={"approval": PlanCommitApproval.REQUIRED})
+        fields["approval"] = PlanCommitApproval.REQUIRED
+    if mode is not None:
+        fields["mode"] = mode
+    spec = PlanCommitSpec(**fields)
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
     meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
-    return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": dump(spec)}
+    body = spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+    return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": body}
 
 
 def request_id() -> str:

@@ -572,8 +572,9 @@ class Plan:
         wait: bool,
         timeout: float,
         on_progress: ProgressCallback | None,
+        mode: str | None = None,
     ) -> PlanCommitResult:
-        body = _logic.plancommit_manifest(self.plan_id, action, message)
+        body = _logic.plancommit_manifest(self.plan_id, action, message, mode=mode)
         created = await self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
         name = str(created["metadata"]["name"])
         if not wait:
@@ -601,9 +602,12 @@ class Plan:
         message: str | None = None,
         timeout: float = DEFAULT_COMMIT_TIMEOUT,
         on_progress: ProgressCallback | None = None,
+        mode: str | None = None,
     ) -> PlanCommitResult:
         """As :meth:`sandbox_client.Plan.commit` (a failed commit is a result)."""
-        return await self._plancommit(PlanCommitAction.COMMIT, message, wait, timeout, on_progress)
+        return await self._plancommit(
+            PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode
+        )
 
     async def rollback(
         self,

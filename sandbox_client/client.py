@@ -682,8 +682,9 @@ class Plan:
         wait: bool,
         timeout: float,
         on_progress: ProgressCallback | None,
+        mode: str | None = None,
     ) -> PlanCommitResult:
-        body = _logic.plancommit_manifest(self.plan_id, action, message)
+        body = _logic.plancommit_manifest(self.plan_id, action, message, mode=mode)
         created = self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
         name = str(created["metadata"]["name"])
         if not wait:
@@ -711,6 +712,7 @@ class Plan:
         message: str | None = None,
         timeout: float = DEFAULT_COMMIT_TIMEOUT,
         on_progress: ProgressCallback | None = None,
+        mode: str | None = None,
     ) -> PlanCommitResult:
         """Commit every Sandbox of the plan, all or nothing (a PlanCommit; seed 002, "Atomic
         Commit").
@@ -719,12 +721,14 @@ class Plan:
         ``rolled_back_ids`` / ``failed_rollback_ids`` name the compensated sandboxes; the
         ``Committed`` condition has the reason (``Conflict``, ``SandboxCommitFailed``) and the
         message. With ``wait=False`` the just-created PlanCommit is returned (``done`` False).
-        ``on_progress`` is called with every observed state while waiting.
+        ``on_progress`` is called with every observed state while waiting. ``mode``:
+        ``"TwoPhase"`` (the operator's default: a failure touches no original, so
+        ``rolled_back_ids`` stays empty) or ``"Saga"`` (landed sandboxes are compensated).
 
         Raises:
             WaitTimeoutError: not finished within ``timeout`` seconds.
         """
-        return self._plancommit(PlanCommitAction.COMMIT, message, wait, timeout, on_progress)
+        return self._plancommit(PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode)
 
     def rollback(
         self,

@@ -297,9 +297,17 @@ def _result_text(result: PlanCommitResult) -> str:
 @click.argument("plan_id", metavar="PLAN")
 @click.option("--wait/--no-wait", default=False, help="Wait for the outcome (progress on stderr).")
 @click.option("-m", "--message", default=None, help="Commit message (git_worktree commits).")
+@click.option(
+    "--mode",
+    type=click.Choice(["TwoPhase", "Saga"]),
+    default=None,
+    help="Commit protocol (default: the operator's, TwoPhase).",
+)
 @_timeout_option("5m")
 @_common
-def commit(options: Options, plan_id: str, wait: bool, message: str | None, timeout: str) -> None:
+def commit(
+    options: Options, plan_id: str, wait: bool, message: str | None, mode: str | None, timeout: str
+) -> None:
     """Commit every Sandbox of PLAN, all or nothing (creates a PlanCommit)."""
     seconds = parse_duration(timeout)
     progress = _Progress()
@@ -308,7 +316,9 @@ def commit(options: Options, plan_id: str, wait: bool, message: str | None, time
         if not plan.sandboxes():
             raise NotFoundError("NotFound", f"plan {plan_id} has no sandboxes")
         try:
-            result = plan.commit(wait=wait, message=message, timeout=seconds, on_progress=progress)
+            result = plan.commit(
+                wait=wait, message=message, timeout=seconds, on_progress=progress, mode=mode
+            )
         finally:
             progress.done()
     if options.output == "name":

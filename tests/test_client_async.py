@@ -123,7 +123,7 @@ def test_async_failed_commit_is_a_typed_result(env: ClientEnv, tmp_path: Path) -
             git(repo, "commit", "-qam", "moved")
             head = git(repo, "rev-parse", "HEAD")
 
-            result = await plan.commit()
+            result = await plan.commit(mode="Saga")  # compensation: the saga
 
             assert not result.committed and result.phase.value == "Failed"
             landed = {(await copy.info()).sandbox_id, (await over.info()).sandbox_id}

@@ -140,7 +140,7 @@ def test_failed_commit_is_a_typed_result_with_the_rolled_back_ids(
     git(repo, "commit", "-qam", "main moved")
     head = git(repo, "rev-parse", "HEAD")
 
-    result = plan.commit(timeout=120)
+    result = plan.commit(timeout=120, mode="Saga")  # compensation: the saga
 
     assert not result.committed and result.done
     assert result.phase.value == "Failed"

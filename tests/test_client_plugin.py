@@ -146,7 +146,7 @@ def test_failed_commit_exit_code_and_rolled_back_ids(
     (repo / "f.txt").write_text("main\n")
     git(repo, "commit", "-qam", "main moved")
 
-    failed = run(env, "commit", "plug-bad", "--wait", "-o", "json")
+    failed = run(env, "commit", "plug-bad", "--wait", "--mode", "Saga", "-o", "json")
 
     assert failed.exit_code == EXIT_COMPENSATED, failed.stderr
     status = json.loads(failed.stdout)["status"]
