@@ -243,7 +243,8 @@ def test_pg_prepare_then_abort_leaves_the_database_unchanged(pg: Pg) -> None:
 
     assert pg.prepared() == []
     assert pg.names() == []
-    assert pg.run("SELECT to_regclass('sandbox_commits') IS NULL") == [(True,)]
+    # The bookkeeping table is made (empty) before PREPARE, in its own transaction: no marker.
+    assert pg.run("SELECT count(*) FROM sandbox_commits") == [(0,)]
     assert sandbox.status is SandboxStatus.ACTIVE
     assert [s["sql"] for s in sandbox.statements()] == ["INSERT INTO items VALUES ('a')"]
     # The plan can be retried: the log replays into a new transaction.
@@ -664,3 +665,24 @@ def test_sqlite_prepare_waits_for_another_writer_then_reports_busy(
     sandbox.prepare("tx-busy")
     sandbox.apply_prepared("tx-busy")
     assert names(path) == ["a"]
+
+
+@pg_mark
+def test_pg_two_sandboxes_of_one_database_prepare_in_one_plan_without_a_bookkeeping_table(
+    pg: Pg,
+) -> None:
+    """The bookkeeping table is created before PREPARE, so a second sandbox of the same
+    database does not wait on the first one's prepared CREATE TABLE (found in tier 2)."""
+    from sandbox_core.journal import MemoryCommitJournal
+    from sandbox_core.two_phase import TwoPhasePlanCommit
+
+    assert pg.run("SELECT to_regclass('sandbox_commits') IS NULL") == [(True,)]
+    first, second = pg.sandbox(timeout_seconds=3), pg.sandbox(timeout_seconds=3)
+    first.execute("INSERT INTO items VALUES ('a')")
+    second.execute("INSERT INTO items VALUES ('b')")
+
+    results = TwoPhasePlanCommit(MemoryCommitJournal()).run("plan-2pc", [first, second])
+
+    assert [r.success for r in results] == [True, True]
+    assert pg.names() == ["a", "b"]
+    assert pg.prepared() == []

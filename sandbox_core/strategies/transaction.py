@@ -541,6 +541,11 @@ class TransactionSandbox(BaseSandbox):
             connection = self._connect()
             try:
                 setting = int(connection.execute("SHOW max_prepared_transactions")[0][0])
+                if setting:
+                    # Created (empty) in its own autocommit transaction: made inside a prepared
+                    # one, its catalog lock would block every other sandbox of the database
+                    # preparing in the same plan until COMMIT PREPARED.
+                    self._ensure_bookkeeping_table(connection)
                 committed = self._read_marker(connection) is not None
                 return setting, committed, self._pending_gids(connection)
             finally:
@@ -1158,7 +1163,8 @@ class TransactionSandbox(BaseSandbox):
             "message": message,
         }
 
-    def _write_marker(self, connection: Connection, marker: dict[str, Any]) -> None:
+    def _ensure_bookkeeping_table(self, connection: Connection) -> str:
+        """Create the bookkeeping table when missing; returns its (checked) name."""
         table = check_identifier(self._bookkeeping_table)
         if not connection.table_exists(table):
             connection.execute(
@@ -1166,6 +1172,10 @@ class TransactionSandbox(BaseSandbox):
                 "sandbox_id TEXT PRIMARY KEY, resource_id TEXT NOT NULL, plan_id TEXT NOT NULL, "
                 "committed_at TEXT NOT NULL, statement_count INTEGER NOT NULL, message TEXT)"
             )
+        return table
+
+    def _write_marker(self, connection: Connection, marker: dict[str, Any]) -> None:
+        table = self._ensure_bookkeeping_table(connection)
         p = connection.placeholder
         connection.execute(
             f"INSERT INTO {table} (sandbox_id, resource_id, plan_id, committed_at, "  # noqa: S608 - identifier checked
