@@ -156,6 +156,7 @@ def plancommit_manifest(
     spec = PlanCommitSpec(**fields)
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
     meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
+    # Only the fields set here: mode and approval keep the server's defaults (issue 9).
     body = spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
     return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": body}
 

@@ -137,7 +137,7 @@ def test_request_commit_reports_a_failure_with_rolled_back_ids(
     data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
     repo = make_repo(tmp_path / "repo", {"f.txt": "line1\n"})
     plan = Plan(client, "mcp-bad")
-    copy = plan.add_sandbox("data", "copy_on_write", data)
+    plan.add_sandbox("data", "copy_on_write", data)
     plan.add_sandbox("repo", "git_worktree", repo)
     plan.wait_ready(timeout=90)
 
@@ -153,7 +153,7 @@ def test_request_commit_reports_a_failure_with_rolled_back_ids(
 
     result = asyncio.run(agent())
     assert result["committed"] is False and result["phase"] == "Failed"
-    assert result["rolled_back_ids"] == [copy.info().sandbox_id]
+    assert result["rolled_back_ids"] == []  # TwoPhase default: nothing landed, nothing undone
     committed = next(c for c in result["conditions"] if c["type"] == "Committed")
     assert committed["status"] == "False"
     assert committed["reason"] in ("Conflict", "SandboxCommitFailed")

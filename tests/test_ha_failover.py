@@ -119,7 +119,7 @@ def test_standby_takes_over_a_plancommit_killed_mid_saga(
     assert _handler_records(first), "the leader reconciled the Sandboxes"
     assert not _handler_records(second), "the standby must not reconcile anything"
     cluster.operator = None
-    cluster.create(plancommit_manifest("pc-ha", "plan-ha"))
+    cluster.create(plancommit_manifest("pc-ha", "plan-ha", mode="Saga"))  # saga fault points
     assert first.wait_exit(90) != 0  # SIGKILLed by the fault hook, mid-saga
     killed_at = _records(first)[-1]["at"]
     mid = cluster.status("pcommit", "pc-ha")
