@@ -163,7 +163,8 @@ class Result:
         generated_id: the id the database generated for it, when asked and when there is one:
             SQLite ``last_insert_rowid()`` after an insert into a table with an
             ``INTEGER PRIMARY KEY``; PostgreSQL ``lastval()`` when the statement changed it.
-        effects: what the statement wrote, as canonical JSON, when asked (``capture_id``) and
+        effects: what the statement wrote, as canonical JSON, when asked (``capture_id`` and
+            ``effects``, both arguments of :meth:`Connection.run`) and
             when the backend can tell: PostgreSQL ``{"<schema>.<table>": [inserted, updated,
             deleted]}`` for every user table whose counts in ``pg_stat_xact_user_tables``
             moved (``{}`` for a statement that wrote nothing, so a function called from a
@@ -244,23 +245,30 @@ class Connection:
         return self._sqlite is None
 
     def run(
-        self, sql: str, params: Any = None, *, many: bool = False, capture_id: bool = False
+        self,
+        sql: str,
+        params: Any = None,
+        *,
+        many: bool = False,
+        capture_id: bool = False,
+        effects: bool = True,
     ) -> Result:
         """Run one statement (once per parameter set when ``many``).
 
         With ``capture_id`` the result also says which id the database generated for the
         statement (see :class:`Result`); this costs a few more round trips on PostgreSQL.
+        ``effects=False`` skips measuring what it wrote (``Result.effects`` stays ``None``).
 
         Raises:
             DatabaseError: the statement failed (flags say whether it is retryable).
         """
         try:
             if self._sqlite is not None:
-                return self._run_sqlite(self._sqlite, sql, params, many, capture_id)
+                return self._run_sqlite(self._sqlite, sql, params, many, capture_id, effects)
             if self._pg is None:
                 raise DatabaseError("the connection is closed", connection_lost=True)
             before = self._pg_lastval() if capture_id else None
-            counts = self._pg_write_counts() if capture_id else None
+            counts = self._pg_write_counts() if capture_id and effects else None
             with self._pg.cursor() as pg_cursor:
                 if many:
                     pg_cursor.executemany(sql, [p if p is not None else () for p in params])
@@ -270,10 +278,10 @@ class Connection:
                     rows = list(pg_cursor.fetchall()) if pg_cursor.description else []
                 rowcount = pg_cursor.rowcount
             after = self._pg_lastval() if capture_id else None
-            effects = None
+            written = None
             if counts is not None:
-                effects = _effects_json(_count_delta(counts, self._pg_write_counts()))
-            return Result(rows, rowcount, after if after != before else None, effects)
+                written = _effects_json(_count_delta(counts, self._pg_write_counts()))
+            return Result(rows, rowcount, after if after != before else None, written)
         except (sqlite3.Error, psycopg.Error) as exc:
             raise self._translate(exc) from exc
 
@@ -286,7 +294,13 @@ class Connection:
         self.run(sql, list(seq_of_params), many=True)
 
     def _run_sqlite(
-        self, db: sqlite3.Connection, sql: str, params: Any, many: bool, capture_id: bool
+        self,
+        db: sqlite3.Connection,
+        sql: str,
+        params: Any,
+        many: bool,
+        capture_id: bool,
+        effects_wanted: bool = True,
     ) -> Result:
         # Tables the statement itself inserts into (not its triggers: last_insert_rowid()
         # reverts after a trigger), reported by SQLite's authorizer while it prepares it.
@@ -302,7 +316,7 @@ class Connection:
         # last_insert_rowid() keeps its value when a statement inserts nothing, and rowids of
         # different tables collide: a sentinel set just before tells "assigned one" for sure.
         # Not for a statement that reads last_insert_rowid() itself (it would see the sentinel).
-        probe = capture_id and "last_insert_rowid" not in sql.lower()
+        probe = capture_id and effects_wanted and "last_insert_rowid" not in sql.lower()
         if probe:
             db.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_ROWID_PROBE} (x)")
             db.execute(

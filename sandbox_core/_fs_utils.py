@@ -1717,6 +1717,10 @@ def change_digest(
     return _digest_ops(ops, lambda index: os.path.join(source_s, ops[index]["path"]))
 
 
+_TEXT_LIMIT = 8 << 20
+"""Files larger than this (bytes) count as binary in :func:`change_stats` (no line diff)."""
+
+
 def _text_lines(path: str) -> list[str] | None:
     try:
         st = os.lstat(path)
@@ -1724,6 +1728,8 @@ def _text_lines(path: str) -> list[str] | None:
         return []
     if not stat.S_ISREG(st.st_mode):
         return []
+    if st.st_size > _TEXT_LIMIT:
+        return None
     return _read_text(path, _entry(path, st))
 
 
@@ -1731,8 +1737,8 @@ def change_stats(
     old_root: StrPath, new_root: StrPath, changes: TreeChanges
 ) -> tuple[int, int, int]:
     """``(lines_added, lines_removed, bytes)`` of a change set: text lines added and removed
-    (a unified diff's ``+``/``-`` lines; binary files count none) and the size in bytes of
-    the new content of added and changed regular files.
+    (a unified diff's ``+``/``-`` lines; binary files, and files over 8 MiB, count none) and
+    the size in bytes of the new content of added and changed regular files.
 
     Raises:
         OSError: a file cannot be read.

@@ -298,6 +298,32 @@ def test_apply_is_idempotent_and_commit_landed_and_rollback_work(tmp_path: Path)
     assert git(repo, "for-each-ref", "refs/tags/sandbox/") == ""
 
 
+def test_nothing_changed_reviews_empty_and_applies_as_a_no_op(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", BASE)
+    sandbox = new_sandbox(repo, tmp_path / "root")
+    summary = sandbox.review()
+    assert (summary.added, summary.changed, summary.deleted, summary.conflicts) == ([], [], [], [])
+    assert (summary.lines_added, summary.bytes_changed) == (0, 0)
+    before = original_state(repo)
+    prepared = sandbox.prepare("tx-empty")
+    assert prepared.digest == summary.digest
+    assert sandbox.apply_prepared("tx-empty").metadata["landed_as"] == "no-op"
+    assert original_state(repo) == before
+
+
+def test_detached_head_original_moves_its_head_by_compare_and_swap(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", BASE)
+    git(repo, "checkout", "-q", "--detach")
+    sandbox = new_sandbox(repo, tmp_path / "root")
+    edit(sandbox)
+    prepared = sandbox.prepare("tx-detached")
+    result = GitWorktreeSandbox.reopen(sandbox.to_record()).apply_prepared("tx-detached")
+    assert result.metadata["branch"] == "HEAD"
+    assert git(repo, "rev-parse", "HEAD") == prepared.details["merge_commit"]
+    assert git(repo, "status", "--porcelain") == ""
+    assert git(repo, "rev-parse", "main") != git(repo, "rev-parse", "HEAD"), "main stays"
+
+
 def test_a_branch_moved_between_prepare_and_apply_is_refused_untouched(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", BASE)
     sandbox = new_sandbox(repo, tmp_path / "root")

@@ -1245,7 +1245,8 @@ class GitWorktreeSandbox(BaseSandbox):
     def _restore_from_index(self, original: GitCommand, paths: list[str]) -> None:
         """Put ``paths`` back as the original's index has them: tracked paths are checked out
         from it, files it does not track are removed (they hold what a merge wrote)."""
-        tracked = set(original.run("ls-files", "-z", "--", *paths).nul_fields())
+        listed = original.run("--literal-pathspecs", "ls-files", "-z", "--", *paths)
+        tracked = set(listed.nul_fields())
         restore = "\0".join(rel for rel in paths if rel in tracked)
         if restore:
             original.run(
@@ -1290,7 +1291,8 @@ class GitWorktreeSandbox(BaseSandbox):
         ).nul_fields():
             info, _, rel = entry.partition("\t")
             mode, oid, stage = info.split()[:3]
-            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else None
+            # An unmerged path (stages 1-3) is never a trace of ours.
+            staged[rel] = (mode, oid) if stage == "0" and rel not in staged else ("", "unmerged")
         top = Path(str(self._meta()["original_toplevel"]))
         id_length = len(old)
         user: list[str] = []
@@ -1640,7 +1642,8 @@ class GitWorktreeSandbox(BaseSandbox):
                             f"{ref} moved from {plan.old} to {current} after sandbox "
                             f"{self.sandbox_id} was prepared under {txid}: something else wrote "
                             f"{self.original_path} between prepare and apply. Nothing was "
-                            "changed; abort the plan commit and commit it again."
+                            f"changed. Move {ref} back to {plan.old} and apply again, or abort "
+                            "the plan commit (before its decision) and commit it again."
                         )
                     top = Path(str(meta["original_toplevel"]))
                     self._move_submodules(original, top, plan.old, plan.new, plan.paths)

@@ -939,7 +939,9 @@ class TransactionSandbox(BaseSandbox):
             # transaction never has to upgrade a read snapshot that another writer made stale.
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
             self._refuse_if_committed(connection)
-            self._replay(connection, log.read())
+            # Effects are compared at commit, prepare and review; not on every statement's
+            # replay (it would double the cost of a long log's replay for no earlier safety).
+            self._replay(connection, log.read(), effects=False)
             self.activate()
             rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
             if logged:
@@ -996,7 +998,9 @@ class TransactionSandbox(BaseSandbox):
         self._held = connection
         return connection
 
-    def _replay(self, connection: Connection, entries: list[LogEntry]) -> None:
+    def _replay(
+        self, connection: Connection, entries: list[LogEntry], *, effects: bool = True
+    ) -> None:
         """Run the logged statements again, checking each against its recorded outcome.
 
         Raises:
@@ -1007,7 +1011,7 @@ class TransactionSandbox(BaseSandbox):
         for index, entry in enumerate(entries, start=1):
             try:
                 _, outcome = _run_statement(
-                    connection, entry.sql, entry.driver_params(), entry.many, True
+                    connection, entry.sql, entry.driver_params(), entry.many, True, effects
                 )
             except _StatementFailedError as exc:
                 raise _DivergedError(
@@ -1205,16 +1209,22 @@ class TransactionSandbox(BaseSandbox):
 
 
 def _run_statement(
-    connection: Connection, sql: str, params: Any, many: bool, capture: bool
+    connection: Connection,
+    sql: str,
+    params: Any,
+    many: bool,
+    capture: bool,
+    effects: bool = True,
 ) -> tuple[list[tuple[Any, ...]], Outcome]:
-    """Run one statement and capture its outcome (the generated id only when ``capture``).
+    """Run one statement and capture its outcome (the generated id only when ``capture``, what
+    it wrote only when ``effects`` too; unmeasured effects are not compared).
 
     Raises:
         _StatementFailedError: the database refused the statement itself.
         DatabaseError: busy or connection lost (retryable).
     """
     try:
-        result = connection.run(sql, params, many=many, capture_id=capture)
+        result = connection.run(sql, params, many=many, capture_id=capture, effects=effects)
     except DatabaseError as exc:
         if exc.busy or exc.connection_lost:
             raise
