@@ -270,10 +270,15 @@ def sandbox_manifest(
 
 
 def plancommit_manifest(
-    name: str, plan: str, *, cleanup: str = "Retain", action: str = "Commit"
+    name: str,
+    plan: str,
+    *,
+    cleanup: str = "Retain",
+    action: str = "Commit",
+    mode: str | None = None,
 ) -> dict[str, Any]:
-    """A PlanCommit of every Sandbox of ``plan``."""
-    return {
+    """A PlanCommit of every Sandbox of ``plan`` (``mode`` unset: the CRD's default, TwoPhase)."""
+    manifest: dict[str, Any] = {
         "apiVersion": "sandbox.cleveragents.io/v1alpha1",
         "kind": "PlanCommit",
         "metadata": {"name": name},
@@ -284,6 +289,9 @@ def plancommit_manifest(
             "cleanupPolicy": cleanup,
         },
     }
+    if mode is not None:
+        manifest["spec"]["mode"] = mode
+    return manifest
 
 
 def active(kube: Kube, namespace: str, name: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from e2e.conftest import (
     Originals,
     Release,
@@ -75,31 +77,43 @@ def test_three_strategies_commit_atomically(
     assert kube.condition("plancommit", namespace, "commit-three", "Committed")["status"] == "True"
 
 
+@pytest.mark.parametrize("mode", ["Saga", "TwoPhase"])
 def test_injected_failure_compensates_and_leaves_originals(
-    kube: Kube, namespace: str, originals: Originals
+    kube: Kube, namespace: str, originals: Originals, mode: str
 ) -> None:
-    statuses = three_sandbox_plan(kube, namespace, "plan-fail")
+    """The last sandbox conflicts. Saga: the two before it land and are compensated; TwoPhase
+    (issue 9): the conflict is found while preparing and no original is touched at all."""
+    plan = f"plan-fail-{mode.lower()}"
+    statuses = three_sandbox_plan(kube, namespace, plan)
     # The fault: main moves on under the git sandbox, on the same line.
     originals.sh("printf 'main moved\\n' > repos/app/f.txt")
     originals.git("commit", "-qam", "main moved")
     before = originals_state(originals)
 
-    kube.apply(namespace, plancommit_manifest("commit-fail", "plan-fail"))
+    kube.apply(namespace, plancommit_manifest("commit-fail", plan, mode=mode))
     status = kube.wait_phase("plancommit", namespace, "commit-fail", TERMINAL)
     ids = {name: s["sandboxId"] for name, s in statuses.items()}
     assert status["phase"] == "Failed", status
     assert status["failedSandboxId"] == ids["c-git"]
-    assert sorted(status["rolledBackIds"]) == sorted([ids["a-copy"], ids["b-overlay"]])
     assert status["failedRollbackIds"] == []
-    assert [s["state"] for s in status["sandboxes"]] == ["Compensated", "Compensated", "Failed"]
+    states = [s["state"] for s in status["sandboxes"]]
+    if mode == "Saga":
+        assert sorted(status["rolledBackIds"]) == sorted([ids["a-copy"], ids["b-overlay"]])
+        assert states == ["Compensated", "Compensated", "Failed"]
+    else:
+        assert status["rolledBackIds"] == []
+        assert states == ["Aborted", "Aborted", "Failed"]
 
     committed = kube.condition("plancommit", namespace, "commit-fail", "Committed")
     assert committed["status"] == "False"
     assert committed["reason"] in ("Conflict", "SandboxCommitFailed")
     assert ids["c-git"] in committed["message"]
     rolled = kube.condition("plancommit", namespace, "commit-fail", "RolledBack")
-    assert rolled["status"] == "True"
-    assert ids["a-copy"] in rolled["message"] and ids["b-overlay"] in rolled["message"]
+    if mode == "Saga":
+        assert rolled["status"] == "True"
+        assert ids["a-copy"] in rolled["message"] and ids["b-overlay"] in rolled["message"]
+    else:
+        assert rolled["reason"] == "Aborted", rolled
     assert (
         kube.condition("plancommit", namespace, "commit-fail", "RollbackFailed")["status"]
         == "False"
