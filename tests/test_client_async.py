@@ -126,8 +126,8 @@ def test_async_failed_commit_is_a_typed_result(env: ClientEnv, tmp_path: Path) -
             result = await plan.commit(mode="Saga")  # compensation: the saga
 
             assert not result.committed and result.phase.value == "Failed"
-            # TwoPhase, the PlanCommit default (issue 9): nothing landed, nothing to undo.
-            assert result.rolled_back_ids == []
+            landed = {(await copy.info()).sandbox_id, (await over.info()).sandbox_id}
+            assert set(result.rolled_back_ids) == landed
             assert result.failed_sandbox_id == (await tree.info()).sandbox_id
             assert result.failed_rollback_ids == []
             condition = result.condition("Committed")

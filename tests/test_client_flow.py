@@ -144,10 +144,8 @@ def test_failed_commit_is_a_typed_result_with_the_rolled_back_ids(
 
     assert not result.committed and result.done
     assert result.phase.value == "Failed"
-    git_id = worktree.info().sandbox_id
-    # TwoPhase, the PlanCommit default (issue 9): the conflict is found at prepare, so no
-    # original was changed and nothing needed compensating.
-    assert result.rolled_back_ids == []
+    copy_id, git_id = copy.info().sandbox_id, worktree.info().sandbox_id
+    assert result.rolled_back_ids == [copy_id]
     assert result.failed_rollback_ids == []
     assert result.failed_sandbox_id == git_id
     condition = result.condition("Committed")
@@ -155,8 +153,8 @@ def test_failed_commit_is_a_typed_result_with_the_rolled_back_ids(
     assert condition.reason in ("Conflict", "SandboxCommitFailed")
     assert worktree.name in condition.message
     rolled = result.condition("RolledBack")
-    assert rolled is not None and rolled.reason == "Aborted"
-    assert (data / "g.txt").read_text() == "d0\n"  # never touched
+    assert rolled is not None and copy_id in rolled.message
+    assert (data / "g.txt").read_text() == "d0\n"  # compensated
     assert git(repo, "rev-parse", "HEAD") == head  # the original is exactly as it was
     assert [c.name for c in plan.commits()] == [result.name]
     assert client.history(worktree.name)[0].outcome == "Failed"

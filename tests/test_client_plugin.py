@@ -151,7 +151,7 @@ def test_failed_commit_exit_code_and_rolled_back_ids(
     assert failed.exit_code == EXIT_COMPENSATED, failed.stderr
     status = json.loads(failed.stdout)["status"]
     assert status["phase"] == "Failed"
-    assert status["rolledBackIds"] == []  # TwoPhase default: nothing landed, nothing undone
+    assert status["rolledBackIds"] == [copy.info().sandbox_id]
     assert status["failedRollbackIds"] == []
     assert (data / "g.txt").read_text() == "d0\n"
     back = run(env, "rollback", "plug-bad")  # a bare name that is no Sandbox: the plan
