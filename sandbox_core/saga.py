@@ -277,8 +277,8 @@ def run_compensations(
     return failures
 
 
-class PlanCommitSaga:
-    """Runs and recovers one plan's atomic commit against one journal.
+class JournaledPlanCommit:
+    """What both plan commit protocols share: the journal, the change callback, the fault hook.
 
     Args:
         journal: where the attempt is recorded.
@@ -296,6 +296,35 @@ class PlanCommitSaga:
         self.journal = journal
         self._on_change = on_change
         self._fault_hook = fault_hook if fault_hook is not None else env_fault_hook()
+
+    def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
+        state.phase = phase
+        state.reason = reason
+        state.finished_at = utc_now()
+        self._save(state)
+
+    def _save(self, state: JournalState) -> None:
+        state.updated_at = utc_now()
+        self.journal.save(state)
+
+    def _changed(self, sandbox: Any) -> None:
+        if self._on_change is not None and sandbox is not None:
+            self._on_change(sandbox)
+
+    def _fault(self, point: str, index: int, sandbox_id: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(point, index, sandbox_id)
+
+
+class PlanCommitSaga(JournaledPlanCommit):
+    """Runs and recovers one plan's atomic commit against one journal.
+
+    Args:
+        journal: where the attempt is recorded.
+        on_change: called with a sandbox after each change of its status (the manager persists
+            it to its store).
+        fault_hook: test-only fault injection; defaults to :func:`env_fault_hook`.
+    """
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -556,12 +585,6 @@ class PlanCommitSaga:
             phase, reason = JournalPhase.FAILED, JournalReason.COMPENSATION_FAILED
         self._finish(state, phase, reason)
 
-    def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
-        state.phase = phase
-        state.reason = reason
-        state.finished_at = utc_now()
-        self._save(state)
-
     def _failure_result(self, state: JournalState) -> CommitResult:
         failed = state.step(state.failed_sandbox_id) if state.failed_sandbox_id else None
         return CommitResult(
@@ -577,17 +600,6 @@ class PlanCommitSaga:
             },
         )
 
-    def _save(self, state: JournalState) -> None:
-        state.updated_at = utc_now()
-        self.journal.save(state)
-
-    def _changed(self, sandbox: Any) -> None:
-        if self._on_change is not None:
-            self._on_change(sandbox)
-
-    def _fault(self, point: str, index: int, sandbox_id: str) -> None:
-        if self._fault_hook is not None:
-            self._fault_hook(point, index, sandbox_id)
 
 
 def results_from_journal(state: JournalState) -> list[CommitResult]:

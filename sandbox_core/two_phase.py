@@ -57,12 +57,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
-    CommitJournal,
     JournalPhase,
     JournalReason,
     JournalState,
@@ -72,12 +71,11 @@ from sandbox_core.journal import (
 from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
 from sandbox_core.review import plan_digest
 from sandbox_core.saga import (
-    FaultHook,
+    JournaledPlanCommit,
     PlanCommitSaga,
     SandboxResolver,
     adopt_landed_commit,
     commit_order,
-    env_fault_hook,
     probe_commit_landed,
 )
 
@@ -154,7 +152,7 @@ def participant_order(sandboxes: Iterable[Any]) -> list[Any]:
     return durable + [sb for sb in ordered if not bool(getattr(sb, "prepares_durably", True))]
 
 
-class TwoPhasePlanCommit:
+class TwoPhasePlanCommit(JournaledPlanCommit):
     """Runs and recovers one plan's two-phase commit against one journal (issue 9, §1).
 
     Args:
@@ -164,16 +162,6 @@ class TwoPhasePlanCommit:
         fault_hook: test-only fault injection; defaults to
             :func:`~sandbox_core.saga.env_fault_hook`.
     """
-
-    def __init__(
-        self,
-        journal: CommitJournal,
-        on_change: Callable[[Any], None] | None = None,
-        fault_hook: FaultHook | None = None,
-    ) -> None:
-        self.journal = journal
-        self._on_change = on_change
-        self._fault_hook = fault_hook if fault_hook is not None else env_fault_hook()
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -512,23 +500,6 @@ class TwoPhasePlanCommit:
         )
         logger.error("%s", state.error)
 
-    def _finish(self, state: JournalState, phase: JournalPhase, reason: JournalReason) -> None:
-        state.phase = phase
-        state.reason = reason
-        state.finished_at = utc_now()
-        self._save(state)
-
-    def _save(self, state: JournalState) -> None:
-        state.updated_at = utc_now()
-        self.journal.save(state)
-
-    def _changed(self, sandbox: Any) -> None:
-        if self._on_change is not None and sandbox is not None:
-            self._on_change(sandbox)
-
-    def _fault(self, point: str, index: int, sandbox_id: str) -> None:
-        if self._fault_hook is not None:
-            self._fault_hook(point, index, sandbox_id)
 
 
 def failure_result(state: JournalState) -> CommitResult:
