@@ -25,6 +25,7 @@ from tests.operator.support import (
     make_dir,
     make_repo,
     plancommit_manifest,
+    run_operator,
     sandbox_manifest,
     wait_for,
 )
@@ -41,18 +42,9 @@ def cluster(local_apiserver: Any) -> Cluster:  # noqa: F811 - the imported fixtu
 @pytest.fixture
 def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:  # noqa: F811
     """The operator (not started yet: tests start it, some with fault hooks)."""
-    work = tmp_path / "operator"
-    work.mkdir()
-    process = OperatorProcess(local_apiserver, cluster.namespace, work)
-    cluster.operator = process
-    yield process
-    if process.process is not None and process.process.poll() is None:
-        # Let the finalizers remove what the test made (worktrees, copies, overlay mounts).
-        cluster.kubectl("delete", "sandboxes,checkpoints", "--all", "--timeout=60s", check=False)
-    process.stop()
-    print(process.logs()[-8000:])  # shown by pytest when the test failed
-    # Case 15: every status field the operator writes is declared; nothing is pruned.
-    assert "Patching failed with inconsistencies" not in process.logs()
+    yield from run_operator(
+        local_apiserver, cluster, tmp_path, cleanup_kinds="sandboxes,checkpoints"
+    )
 
 
 def ready(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -479,8 +471,9 @@ def test_a_failed_compensation_is_named_and_retried_until_it_succeeds(
     ids = {key: cluster.status("sandbox", f"s-{key}")["sandboxId"] for key in ("a", "b", "c")}
     cluster.create(plancommit_manifest("pc-rf", "plan-rf", mode="Saga"))
     wait_for(
-        lambda: (cluster.condition("pcommit", "pc-rf", "RollbackFailed") or {}).get("status")
-        == "True",
+        lambda: (
+            (cluster.condition("pcommit", "pc-rf", "RollbackFailed") or {}).get("status") == "True"
+        ),
         90,
         "RollbackFailed=True",
     )

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -292,3 +292,32 @@ class OperatorProcess:
     def logs(self) -> str:
         """All operator logs so far."""
         return "\n".join(p.read_text(errors="replace") for p in self.log_paths if p.exists())
+
+
+def run_operator(
+    server: Any,
+    cluster: Cluster,
+    tmp_path: Path,
+    *,
+    cleanup_kinds: str = "sandboxes,checkpoints",
+    check_pruning: bool = True,
+) -> Iterator[OperatorProcess]:
+    """The body of the tier-2 ``operator`` fixtures: yields an operator of ``cluster``'s
+    namespace (not started: tests start it, some with fault hooks), then lets its finalizers
+    remove what the test made, stops it and prints its log (shown when the test failed).
+
+    Args:
+        cleanup_kinds: the kinds deleted before the operator stops (``kubectl delete``).
+        check_pruning: assert that no status field the operator wrote was pruned (case 15).
+    """
+    work = tmp_path / "operator"
+    work.mkdir()
+    process = OperatorProcess(server, cluster.namespace, work)
+    cluster.operator = process
+    yield process
+    if process.process is not None and process.process.poll() is None:
+        cluster.kubectl("delete", cleanup_kinds, "--all", "--timeout=60s", check=False)
+    process.stop()
+    print(process.logs()[-8000:])
+    if check_pruning:
+        assert "Patching failed with inconsistencies" not in process.logs()

@@ -20,6 +20,7 @@ from tests.operator.support import (
     OperatorProcess,
     checkpoint_manifest,
     make_dir,
+    run_operator,
     sandbox_manifest,
 )
 
@@ -33,15 +34,8 @@ def cluster(local_apiserver: Any) -> Cluster:  # noqa: F811 - the imported fixtu
 
 @pytest.fixture
 def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:  # noqa: F811
-    work = tmp_path / "operator"
-    work.mkdir()
-    process = OperatorProcess(local_apiserver, cluster.namespace, work)
-    cluster.operator = process
-    yield process
-    if process.process is not None and process.process.poll() is None:
-        cluster.kubectl("delete", "sandboxes,checkpoints", "--all", "--timeout=60s", check=False)
-    process.stop()
-    print(process.logs()[-8000:])
+    """The operator (not started yet: tests start it, some with fault hooks)."""
+    yield from run_operator(local_apiserver, cluster, tmp_path)
 
 
 def test_a_checkpoint_whose_status_was_lost_gets_the_same_snapshot_back(

@@ -37,6 +37,7 @@ from tests.operator.support import (
     git,
     make_repo,
     plancommit_manifest,
+    run_operator,
     sandbox_manifest,
     wait_for,
 )
@@ -54,15 +55,10 @@ def cluster(local_apiserver: Any) -> Cluster:  # noqa: F811 - the imported fixtu
 
 @pytest.fixture
 def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:  # noqa: F811
-    work = tmp_path / "operator"
-    work.mkdir()
-    process = OperatorProcess(local_apiserver, cluster.namespace, work)
-    cluster.operator = process
-    yield process
-    if process.process is not None and process.process.poll() is None:
-        cluster.kubectl("delete", "sandbox-all", "--all", "--timeout=60s", check=False)
-    process.stop()
-    print(process.logs()[-8000:])
+    """The operator (not started yet: tests start it, some with fault hooks)."""
+    yield from run_operator(
+        local_apiserver, cluster, tmp_path, cleanup_kinds="sandbox-all", check_pruning=False
+    )
 
 
 def active(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tests.operator.support import (
     make_dir,
     make_repo,
     plancommit_manifest,
+    run_operator,
     sandbox_manifest,
     wait_for,
 )
@@ -45,17 +46,8 @@ def cluster(local_apiserver: Any) -> Cluster:  # noqa: F811 - the imported fixtu
 
 @pytest.fixture
 def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:  # noqa: F811
-    """The operator (tests start it, some with fault hooks)."""
-    work = tmp_path / "operator"
-    work.mkdir()
-    process = OperatorProcess(local_apiserver, cluster.namespace, work)
-    cluster.operator = process
-    yield process
-    if process.process is not None and process.process.poll() is None:
-        cluster.kubectl("delete", "sandboxes", "--all", "--timeout=60s", check=False)
-    process.stop()
-    print(process.logs()[-8000:])  # shown by pytest when the test failed
-    assert "Patching failed with inconsistencies" not in process.logs()
+    """The operator (not started yet: tests start it, some with fault hooks)."""
+    yield from run_operator(local_apiserver, cluster, tmp_path, cleanup_kinds="sandboxes")
 
 
 def active(cluster: Cluster, name: str) -> dict[str, Any]:
