@@ -873,13 +873,17 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name is not None else None
+
+
+_LIBC = _load_libc()
+
+
 def _exchange(a: str, b: str) -> bool:
     """Atomically swap two paths with ``renameat2(RENAME_EXCHANGE)``; False if unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
+    renameat2 = getattr(_LIBC, "renameat2", None) if _LIBC is not None else None
     if renameat2 is None:
         return False
     rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
@@ -1642,9 +1646,28 @@ def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
     return sorted(changed)
 
 
+def _syncfs(path: str) -> bool:
+    """``syncfs(2)`` of the filesystem holding ``path``: one call makes everything written to
+    it durable. False where the C library has no ``syncfs`` (the caller fsyncs file by file)."""
+    syncfs = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
+    if syncfs is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+    return True
+
+
 def _fsync_tree(root: str) -> None:
-    """fsync every file and directory below ``root`` and ``root`` itself (staged data first,
-    so the journal that names it is never durable before it)."""
+    """Make every file and directory below ``root`` durable (staged data first, so the journal
+    that names it is never durable before it): one ``syncfs`` of its filesystem, which costs
+    one flush instead of one per staged file, else an fsync of each."""
+    if _syncfs(root):
+        return
     for _, path, st in _walk(root, ()):
         if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
