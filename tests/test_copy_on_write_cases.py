@@ -72,8 +72,8 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def shm_root(tmp_path: Path) -> Iterator[Path]:
-    path = SHM / f"cow-{tmp_path.name}"
-    path.mkdir()
+    # Unique per run: two test runs on one machine (CI beside a developer) share /dev/shm.
+    path = Path(tempfile.mkdtemp(prefix=f"cow-{tmp_path.name}-", dir=SHM))
     yield path
     subprocess.run(["rm", "-rf", str(path)], check=True)
 

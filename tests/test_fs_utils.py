@@ -7,6 +7,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +57,8 @@ def _leftovers(parent: Path) -> list[str]:
 def shm_dir(tmp_path: Path) -> Iterator[Path]:
     """A private directory on /dev/shm (tmpfs: another filesystem than tmp_path here)."""
     assert os.stat(SHM).st_dev != os.stat(tmp_path).st_dev
-    path = SHM / f"fsutils-{tmp_path.name}"
-    path.mkdir()
+    # Unique per run: two test runs on one machine (CI beside a developer) share /dev/shm.
+    path = Path(tempfile.mkdtemp(prefix=f"fsutils-{tmp_path.name}-", dir=SHM))
     yield path
     subprocess.run(["rm", "-rf", str(path)], check=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,8 @@ def fsu_backup(fsu: State, name: str) -> None:
 
 @when("the fsu tree is backed up to tmpfs")
 def fsu_backup_tmpfs(fsu: State) -> None:
-    shm = SHM / f"fsu-{fsu['tmp'].name}"
-    shm.mkdir()
+    # Unique per run: two test runs on one machine share /dev/shm.
+    shm = Path(tempfile.mkdtemp(prefix=f"fsu-{fsu['tmp'].name}-", dir=SHM))
     fsu["shm"] = shm
     assert os.stat(shm).st_dev != os.stat(fsu["tmp"]).st_dev
     backup_directory(fsu["src"], shm / "backup")
