@@ -228,17 +228,10 @@ class SandboxManager:
         require_non_empty("plan_id", plan_id)
         journal = journal if journal is not None else self.journal_for(plan_id)
         with self._plan_lock(plan_id):
-            previous = journal.load()
-            if previous is not None and not previous.phase.is_terminal:
-                recovered = self.recover(plan_id, journal)
-                assert recovered is not None  # it was loaded just above
-                return _journal_results(recovered)
-            tracked = self.list_sandboxes(plan_id)
-            refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
-            sandboxes = [sb for sb in tracked if sb.status.can_commit]
-            if not sandboxes:
-                return []
-            attempt = previous.attempt + 1 if previous is not None else 1
+            started = self._begin_attempt(plan_id, journal)
+            if isinstance(started, list):
+                return started
+            sandboxes, attempt = started
             saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
             return saga.run(plan_id, sandboxes, attempt=attempt, message=message)
 
@@ -289,17 +282,10 @@ class SandboxManager:
             raise ValueError(f"mode must be one of {', '.join(PLAN_COMMIT_MODES)}, not {mode!r}")
         journal = journal if journal is not None else self.journal_for(plan_id)
         with self._plan_lock(plan_id):
-            previous = journal.load()
-            if previous is not None and not previous.phase.is_terminal:
-                recovered = self.recover(plan_id, journal)
-                assert recovered is not None  # it was loaded just above
-                return _journal_results(recovered)
-            tracked = self.list_sandboxes(plan_id)
-            refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
-            sandboxes = [sb for sb in tracked if sb.status.can_commit]
-            if not sandboxes:
-                return []
-            attempt = previous.attempt + 1 if previous is not None else 1
+            started = self._begin_attempt(plan_id, journal)
+            if isinstance(started, list):
+                return started
+            sandboxes, attempt = started
             fallback: str | None = None
             if mode != "saga":
                 fallback = two_phase_unavailable_reason(sandboxes)
@@ -356,6 +342,25 @@ class SandboxManager:
         with self._plan_lock(plan_id):
             sandboxes = [sb for sb in self.list_sandboxes(plan_id) if sb.status.can_commit]
             return review_plan(plan_id, sandboxes)
+
+    def _begin_attempt(
+        self, plan_id: str, journal: CommitJournal
+    ) -> list[CommitResult] | tuple[list[Any], int]:
+        """What both plan commits do first, under the plan lock: an unfinished attempt is
+        recovered and its results returned; a plan that could only land in part is refused
+        (case 38); ``[]`` when nothing is committable; else the committable sandboxes and the
+        new attempt's number."""
+        previous = journal.load()
+        if previous is not None and not previous.phase.is_terminal:
+            recovered = self.recover(plan_id, journal)
+            assert recovered is not None  # it was loaded just above
+            return _journal_results(recovered)
+        tracked = self.list_sandboxes(plan_id)
+        refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
+        sandboxes = [sb for sb in tracked if sb.status.can_commit]
+        if not sandboxes:
+            return []
+        return sandboxes, previous.attempt + 1 if previous is not None else 1
 
     def recover(self, plan_id: str, journal: CommitJournal | None = None) -> JournalState | None:
         """Finish an interrupted ``commit_all`` or ``commit_plan`` of ``plan_id`` (cases 20 and 22).
