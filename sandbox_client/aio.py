@@ -2,8 +2,9 @@
 
 Built on ``kubernetes_asyncio``. Every method that talks to the API server or the file system is
 a coroutine; shapes, units and errors are those of the synchronous method of the same name
-(which documents them in full). File operations run the one
-:class:`~sandbox_client.files.FileOperations` interface in a worker thread. Typical use::
+(which documents them in full). File operations: the workspace agent's are awaited
+(:class:`~sandbox_client.agent_files.AsyncAgentFileOperations`), the local executor's run the
+blocking :class:`~sandbox_client.files.FileOperations` in a worker thread. Typical use::
 
     async with SandboxClient() as client:
         async with Plan(client, "plan-1", "default") as plan:
@@ -31,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandbox_client import _logic
 from sandbox_client._config import default_namespace, kubeconfig_path
+from sandbox_client.agent_files import AsyncAgentFileOperations, AsyncPodProxyTransport
 from sandbox_client.client import (
     DEFAULT_COMMIT_TIMEOUT,
     DEFAULT_OPERATION_TIMEOUT,
@@ -43,7 +45,13 @@ from sandbox_client.errors import (
     WaitTimeoutError,
     from_api_exception,
 )
-from sandbox_client.files import FileOperations, operations_for
+from sandbox_client.files import (
+    AGENT_EXECUTOR,
+    AsyncFileOperations,
+    FileOperations,
+    ThreadedFileOperations,
+    operations_for,
+)
 from sandbox_client.history import sandbox_history
 from sandbox_client.models import (
     CHECKPOINT_PLURAL,
@@ -99,6 +107,7 @@ class SandboxClient:
         self._lock = asyncio.Lock()
         self.namespace = namespace or default_namespace(self._path, context)
         self.files = files
+        self._agent_files: AsyncAgentFileOperations | None = None
 
     async def _api(self) -> k8s.ApiClient:
         async with self._lock:
@@ -334,9 +343,17 @@ class SandboxClient:
         """As :meth:`sandbox_client.SandboxClient.plan`."""
         return Plan(self, plan_id, namespace, keep=keep)
 
-    def files_for(self, info: SandboxInfo) -> FileOperations:
-        """As :meth:`sandbox_client.SandboxClient.files_for`."""
-        return self.files if self.files is not None else operations_for(info)
+    async def files_for(self, info: SandboxInfo) -> AsyncFileOperations:
+        """As :meth:`sandbox_client.SandboxClient.files_for`, awaitable."""
+        if self.files is not None:
+            return ThreadedFileOperations(self.files)
+        if info.executor == AGENT_EXECUTOR:
+            if self._agent_files is None:
+                self._agent_files = AsyncAgentFileOperations(
+                    AsyncPodProxyTransport(await self._api())
+                )
+            return self._agent_files
+        return ThreadedFileOperations(operations_for(info))
 
 
 class Sandbox:
@@ -366,14 +383,14 @@ class Sandbox:
             describe=lambda objs: _logic.describe_sandboxes(objs, [self.name]),
         )
 
-    async def _files(self) -> tuple[FileOperations, SandboxInfo]:
+    async def _files(self) -> tuple[AsyncFileOperations, SandboxInfo]:
         info = await self.info()
-        return self.client.files_for(info), info
+        return await self.client.files_for(info), info
 
     async def read_bytes(self, path: str) -> bytes:
         """As :meth:`sandbox_client.Sandbox.read_bytes`."""
         files, info = await self._files()
-        return await asyncio.to_thread(files.read_file, info, path)
+        return await files.read_file(info, path)
 
     async def read_file(self, path: str, encoding: str = "utf-8") -> str:
         """As :meth:`sandbox_client.Sandbox.read_file`."""
@@ -383,17 +400,17 @@ class Sandbox:
         """As :meth:`sandbox_client.Sandbox.write_file`."""
         data = content.encode(encoding) if isinstance(content, str) else content
         files, info = await self._files()
-        await asyncio.to_thread(files.write_file, info, path, data)
+        await files.write_file(info, path, data)
 
     async def list_files(self, path: str = "") -> list[str]:
         """As :meth:`sandbox_client.Sandbox.list_files`."""
         files, info = await self._files()
-        return await asyncio.to_thread(files.list_files, info, path)
+        return await files.list_files(info, path)
 
     async def diff(self) -> str:
         """As :meth:`sandbox_client.Sandbox.diff`."""
         files, info = await self._files()
-        return await asyncio.to_thread(files.diff, info)
+        return await files.diff(info)
 
     async def checkpoint(
         self,

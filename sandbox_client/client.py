@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_client import _logic
 from sandbox_client._config import default_namespace, kubeconfig_path
+from sandbox_client.agent_files import AgentFileOperations, PodProxyTransport
 from sandbox_client.errors import (
     NotFoundError,
     SandboxClientError,
@@ -85,7 +86,9 @@ class SandboxClient:
         api_client: a ready ``kubernetes.client.ApiClient`` (then ``kubeconfig`` and
             ``context`` are ignored).
         files: the :class:`~sandbox_client.files.FileOperations` to use for every sandbox;
-            default chosen per sandbox from ``status.executor``.
+            default chosen per sandbox from ``status.executor`` (``local``: the sandbox path;
+            ``pod``: the workspace agent through the API server's pod proxy, with this
+            client's credentials).
 
     Raises:
         SandboxClientError: reason ``ConfigError`` when no configuration can be loaded.
@@ -117,6 +120,7 @@ class SandboxClient:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.files = files
+        self.agent_files = AgentFileOperations(PodProxyTransport(api_client))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -357,7 +361,7 @@ class SandboxClient:
 
     def files_for(self, info: SandboxInfo) -> FileOperations:
         """The file operations serving ``info`` (the client's ``files`` when set)."""
-        return self.files if self.files is not None else operations_for(info)
+        return self.files if self.files is not None else operations_for(info, self.agent_files)
 
 
 class Sandbox:

@@ -3,9 +3,11 @@
 :class:`FileOperations` is what the client calls for ``read_file``, ``write_file``,
 ``list_files`` and ``diff``. :class:`LocalFileOperations` serves Sandboxes of the *local*
 executor (``status.executor == "local"``): the operator runs the core on paths this process can
-reach, so the client works on ``status.sandboxPath`` directly. Sandboxes of the pod executor get
-their implementation with the workspace agent (issue 8); until then :func:`operations_for`
-refuses them with reason ``NoFileOperations``.
+reach, so the client works on ``status.sandboxPath`` directly. Sandboxes of the pod executor
+(``status.executor == "pod"``) are served by
+:class:`~sandbox_client.agent_files.AgentFileOperations`: their workspace agent (issue 8),
+reached through the API server's pod proxy. :class:`AsyncFileOperations` is the same interface
+with awaitable methods (the async client; :class:`ThreadedFileOperations` adapts a blocking one).
 
 Every path is resource-relative and goes through ``sandbox_core.resolve_inside``: absolute
 paths, ``..`` and symlinks that resolve outside the sandbox are refused with reason
@@ -14,6 +16,7 @@ paths, ``..`` and symlinks that resolve outside the sandbox are refused with rea
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -203,24 +206,73 @@ def _git_diff(worktree: Path, base: str) -> str:
         return git("diff", "--cached", "--no-color", "--no-ext-diff", base, env=env)
 
 
-_REGISTRY: dict[str, FileOperations] = {"local": LocalFileOperations()}
+@runtime_checkable
+class AsyncFileOperations(Protocol):
+    """:class:`FileOperations` with awaitable methods (same arguments, results and errors)."""
+
+    async def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """As :meth:`FileOperations.read_file`."""
+        ...
+
+    async def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """As :meth:`FileOperations.write_file`."""
+        ...
+
+    async def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """As :meth:`FileOperations.list_files`."""
+        ...
+
+    async def diff(self, sandbox: SandboxInfo) -> str:
+        """As :meth:`FileOperations.diff`."""
+        ...
 
 
-def operations_for(sandbox: SandboxInfo) -> FileOperations:
-    """The :class:`FileOperations` for the sandbox's executor (``status.executor``).
+class ThreadedFileOperations:
+    """:class:`AsyncFileOperations` running a blocking :class:`FileOperations` in a worker
+    thread (the local executor's file system calls)."""
+
+    def __init__(self, files: FileOperations) -> None:
+        self.files = files
+
+    async def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """As :meth:`FileOperations.read_file`."""
+        return await asyncio.to_thread(self.files.read_file, sandbox, path)
+
+    async def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """As :meth:`FileOperations.write_file`."""
+        await asyncio.to_thread(self.files.write_file, sandbox, path, data)
+
+    async def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """As :meth:`FileOperations.list_files`."""
+        return await asyncio.to_thread(self.files.list_files, sandbox, path)
+
+    async def diff(self, sandbox: SandboxInfo) -> str:
+        """As :meth:`FileOperations.diff`."""
+        return await asyncio.to_thread(self.files.diff, sandbox)
+
+
+_LOCAL = LocalFileOperations()
+AGENT_EXECUTOR = "pod"
+
+
+def operations_for(sandbox: SandboxInfo, agent: FileOperations | None = None) -> FileOperations:
+    """The :class:`FileOperations` for the sandbox's executor (``status.executor``): the local
+    paths for ``local``, ``agent`` (the client's
+    :class:`~sandbox_client.agent_files.AgentFileOperations`) for ``pod``.
 
     Raises:
         RefusedError: reason ``NoFileOperations`` for an executor without an implementation
-            here (``pod``: the workspace agent of issue 8), or ``InvalidState`` before the
-            operator reported one.
+            here (or ``pod`` without ``agent``), ``InvalidState`` before the operator
+            reported one.
     """
     if not sandbox.executor:
         raise RefusedError("InvalidState", f"sandbox {sandbox.name} is not provisioned yet")
-    found = _REGISTRY.get(sandbox.executor)
-    if found is None:
-        raise RefusedError(
-            "NoFileOperations",
-            f"sandbox {sandbox.name} runs on the {sandbox.executor} executor; this client "
-            f"has file operations for: {', '.join(sorted(_REGISTRY))}",
-        )
-    return found
+    if sandbox.executor == "local":
+        return _LOCAL
+    if sandbox.executor == AGENT_EXECUTOR and agent is not None:
+        return agent
+    raise RefusedError(
+        "NoFileOperations",
+        f"sandbox {sandbox.name} runs on the {sandbox.executor} executor; this client "
+        "has file operations for: local, pod (with a Kubernetes API client)",
+    )

@@ -6,7 +6,8 @@ call costs one HTTP round trip instead of an exec that starts a Python process.
 
 Security:
 
-- Every request except ``GET /healthz`` carries ``Authorization: Bearer <token>``; the token is
+- Every request except ``GET /healthz`` carries ``Authorization: Bearer <token>`` (or, through
+  the API server's pod proxy, ``X-Sandbox-Agent-Token: <token>``); the token is
   read from a file (a Secret the operator creates per Sandbox, mounted as a file: never an
   environment variable or an argument) and compared in constant time. No token file, no service.
 - A DSN arrives as a reference, ``env:NAME`` (the kubelet filled ``NAME`` from the Sandbox's
@@ -92,6 +93,10 @@ logger = logging.getLogger("sandbox_core.agent")
 DEFAULT_PORT = 8471
 TOKEN_FILE = "/var/run/sandbox-agent/token"  # noqa: S105 - a path, not a token
 REQUEST_ID_HEADER = "X-Request-Id"
+# The token for callers that reach the agent through the API server's pod proxy (the engine's
+# client, issue 10): the API server consumes ``Authorization`` (its own credentials) and never
+# forwards it, so the proxied request carries the agent token in this header instead.
+TOKEN_HEADER = "X-Sandbox-Agent-Token"  # noqa: S105 - a header name, not a token
 REPLAY_HEADER = "X-Idempotent-Replay"
 ENV_REF = "env:"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
@@ -514,9 +519,13 @@ class Agent:
         """True when the request carries the token of this Pod (constant-time compare)."""
         expected = self._token()
         header = request.headers.get("Authorization", "")
-        if expected is None or not header.startswith("Bearer "):
+        if header.startswith("Bearer "):
+            offered = header[len("Bearer ") :].strip()
+        else:
+            offered = request.headers.get(TOKEN_HEADER, "").strip()
+        if expected is None or not offered:
             return False
-        return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), expected)
+        return hmac.compare_digest(offered.encode(), expected)
 
     async def _run(
         self,

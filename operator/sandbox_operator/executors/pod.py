@@ -56,6 +56,7 @@ from sandbox_operator.models import (
     PLAN_LABEL,
     ROLLBACKABLE_STRATEGIES,
 )
+from sandbox_operator.naming import child_object_name
 from sandbox_operator.settings import Settings
 
 SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
@@ -87,8 +88,7 @@ def label_value(text: str) -> str:
 
 def child_name(target: SandboxTarget, suffix: str) -> str:
     """DNS-1123 name of a child object: ``sbx-<sandbox name>-<suffix>`` cut to 63 chars."""
-    base = re.sub(r"[^a-z0-9-]", "-", target.name.lower())
-    return f"sbx-{base}"[: 62 - len(suffix)].rstrip("-") + f"-{suffix}"
+    return child_object_name(target.name, suffix)
 
 
 def labels_for(target: SandboxTarget) -> dict[str, str]:

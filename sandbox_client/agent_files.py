@@ -1,0 +1,564 @@
+"""File operations of pod-executor Sandboxes through their workspace agent (issue 10, section 1).
+
+A pod-executor Sandbox lives in a workspace Pod whose main process is the workspace agent
+(``sandbox_core.agent``, issue 8). The engine's client runs outside the cluster, so it reaches the
+agent the way ``kubectl`` reaches a Pod: through the API server's **pod proxy**
+(``/api/v1/namespaces/{ns}/pods/{pod}/proxy/...``, the ``pods/proxy`` subresource), with the
+client's own kubeconfig credentials. The API server picks the Pod's first declared container
+port, which is the agent's (the operator declares no other). The agent token is read from the
+Sandbox's Secret (``sbx-<sandbox>-agent``, key ``token``; ``sandbox_operator.naming``) and sent
+in ``X-Sandbox-Agent-Token``: the API server consumes ``Authorization`` for its own credentials
+and does not forward it. The token is never logged, never put in a message or an argument.
+
+The protocol is written once, sans-IO: each operation is a *flow*, a generator that yields
+:class:`AgentRequest` objects and receives :class:`AgentReply` objects; :class:`AgentFileOperations`
+drives the flows with a blocking :class:`AgentTransport`, :class:`AsyncAgentFileOperations` with
+an awaitable one. Transports: :class:`PodProxyTransport` / :class:`AsyncPodProxyTransport`
+(the API server's pod proxy) and :class:`DirectTransport` (a base URL and a token: tests and
+in-cluster callers that may reach the Pod's address).
+
+Errors are those of :class:`~sandbox_client.files.LocalFileOperations`: ``RefusedError``
+(``PathTraversal``, ``ReservedPath``, ``InvalidState``; ``Forbidden`` when RBAC refuses the
+proxy or the Secret), ``NotFoundError`` (``NotFound``), ``OperationFailedError`` (``IOError``).
+Traversal is refused here before any request (absolute paths, ``..``, NUL) and again by the
+agent (symlinks resolving outside the sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+from sandbox_operator.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
+
+from sandbox_client.errors import (
+    NotFoundError,
+    OperationFailedError,
+    RefusedError,
+    SandboxClientError,
+    from_api_exception,
+)
+from sandbox_client.models import SandboxInfo, SandboxPhase
+from sandbox_core.agent import REQUEST_ID_HEADER, TOKEN_HEADER
+from sandbox_core.paths import TRAVERSAL_MESSAGE
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_SECONDS = 60.0
+_HIDDEN = frozenset({".git"})
+_WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK)
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """One call to the agent: ``path`` is the agent's route (``/v1/sandboxes/{id}/files``)."""
+
+    method: str
+    path: str
+    query: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    request_id: str = ""
+
+    def headers(self, token: str) -> dict[str, str]:
+        """Headers of the request, with ``token`` (never logged by this module)."""
+        out = {TOKEN_HEADER: token, "Accept": "application/json"}
+        if self.body is not None:
+            out["Content-Type"] = "application/octet-stream"
+        if self.request_id:
+            out[REQUEST_ID_HEADER] = self.request_id
+        return out
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    """The HTTP status and body of a reply (the agent's, or the API server's own refusal)."""
+
+    status: int
+    body: bytes
+
+
+Flow: TypeAlias = Generator[AgentRequest, AgentReply, T]
+
+
+class AgentTransport(Protocol):
+    """Sends one request to the agent of ``sandbox``'s workspace Pod (blocking)."""
+
+    def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """The reply, whatever its status.
+
+        Raises:
+            SandboxClientError: the agent cannot be reached (``IOError``), the Secret is
+                missing (``InvalidState``) or RBAC refuses (``Forbidden``).
+        """
+        ...
+
+
+class AsyncAgentTransport(Protocol):
+    """:class:`AgentTransport`, awaitable."""
+
+    async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """As :meth:`AgentTransport.send`."""
+        ...
+
+
+# -- the protocol, sans-IO ----------------------------------------------------------------------
+
+
+def checked_path(path: str) -> str:
+    """``path`` as the agent's ``?path=`` value (``"."`` for the root), refused lexically first.
+
+    Raises:
+        RefusedError: ``PathTraversal`` (absolute, ``..``, NUL); ``ReservedPath`` (``.git``).
+    """
+    relative = path.strip()
+    if not relative or relative in (".", "./"):
+        return "."
+    if "\x00" in relative:
+        raise RefusedError("PathTraversal", f"{TRAVERSAL_MESSAGE}: {path!r}")
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or relative.startswith("\\") or ".." in pure.parts:
+        raise RefusedError("PathTraversal", f"{TRAVERSAL_MESSAGE}: {path}")
+    if any(part in _HIDDEN for part in pure.parts):
+        raise RefusedError("ReservedPath", f"{path}: the sandbox's git metadata is off limits")
+    return pure.as_posix()
+
+
+def _route(sandbox: SandboxInfo, suffix: str) -> str:
+    if not sandbox.sandbox_id or not sandbox.workspace_pod:
+        raise RefusedError(
+            "InvalidState",
+            f"sandbox {sandbox.name} has no workspace agent yet (phase {sandbox.phase})",
+        )
+    return f"/v1/sandboxes/{urllib.parse.quote(sandbox.sandbox_id, safe='')}/{suffix}"
+
+
+def _payload(reply: AgentReply) -> Any:
+    try:
+        return json.loads(reply.body or b"{}")
+    except ValueError:
+        return None
+
+
+def error_of(reply: AgentReply, what: str) -> SandboxClientError:
+    """The typed error of a failed reply (the agent's ``{"error"}`` or an API ``Status``)."""
+    payload = _payload(reply)
+    found = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(found, dict):  # the agent's own refusal
+        kind, message = str(found.get("type") or ""), str(found.get("message") or "")
+        text = f"{what}: {message}"
+        if reply.status == 404:
+            return NotFoundError("NotFound", text)
+        if reply.status == 401:
+            return OperationFailedError("IOError", f"{what}: the agent refused the token")
+        if TRAVERSAL_MESSAGE.lower() in message.lower():
+            return RefusedError("PathTraversal", text)
+        if reply.status in (409, 422) or kind in ("IsADirectoryError", "NotADirectoryError"):
+            return RefusedError("InvalidState", text)
+        return OperationFailedError("IOError", text)
+    if isinstance(payload, dict) and payload.get("kind") == "Status":
+        # The API server answered itself: no such Pod, RBAC, or the Pod is unreachable.
+        error = from_api_exception(reply.status, None, reply.body)
+        if reply.status == 403:
+            return error
+        if reply.status in (400, 404):
+            return RefusedError("InvalidState", f"{what}: workspace pod: {error.message}")
+        return OperationFailedError("IOError", f"{what}: {error.message}")
+    return OperationFailedError("IOError", f"{what}: HTTP {reply.status}")
+
+
+def _json_of(reply: AgentReply, what: str) -> dict[str, Any]:
+    if not 200 <= reply.status < 300:
+        raise error_of(reply, what)
+    payload = _payload(reply)
+    if not isinstance(payload, dict):
+        raise OperationFailedError("IOError", f"{what}: the reply is not a JSON object")
+    return payload
+
+
+def read_flow(sandbox: SandboxInfo, path: str) -> Flow[bytes]:
+    """``GET .../files?path=`` -> the file's bytes."""
+    rel = checked_path(path)
+    if rel == ".":
+        raise RefusedError("InvalidState", f"{path!r} is a directory")
+    what = f"read {rel} in {sandbox.name}"
+    reply = yield AgentRequest("GET", _route(sandbox, "files"), {"path": rel})
+    payload = _json_of(reply, what)  # typed errors (a RefusedError is a ValueError) pass
+    try:
+        return base64.b64decode(payload["content_b64"], validate=True)
+    except (KeyError, ValueError) as exc:
+        raise OperationFailedError("IOError", f"{what}: malformed reply") from exc
+
+
+def write_flow(sandbox: SandboxInfo, path: str, data: bytes) -> Flow[None]:
+    """``PUT .../files?path=`` with a fresh request id (a retry of the same id is a replay)."""
+    if sandbox.phase not in _WRITABLE:
+        raise RefusedError(
+            "InvalidState",
+            f"sandbox {sandbox.name} is {sandbox.phase.value if sandbox.phase else 'new'}; "
+            "writes need an Active sandbox",
+        )
+    rel = checked_path(path)
+    if rel == ".":
+        raise RefusedError("InvalidState", f"{path!r} is a directory")
+    request = AgentRequest(
+        "PUT", _route(sandbox, "files"), {"path": rel}, data, f"write-{uuid.uuid4().hex}"
+    )
+    _json_of((yield request), f"write {rel} in {sandbox.name}")
+
+
+def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
+    """``GET .../list?path=`` per directory (breadth first) -> sorted resource-relative files.
+
+    Symlinks are listed, not followed out of the sandbox (the agent refuses those).
+    """
+    start = checked_path(path)
+    route = _route(sandbox, "list")
+    what = f"list {start} in {sandbox.name}"
+    first = yield AgentRequest("GET", route, {"path": start})
+    if first.status == 404 and start != ".":
+        # Not a directory: a file is listed as itself (as LocalFileOperations does).
+        parent = PurePosixPath(start).parent.as_posix()
+        up = yield AgentRequest("GET", route, {"path": parent})
+        entries = _json_of(up, what).get("entries") or [] if up.status == 200 else []
+        name = PurePosixPath(start).name
+        if any(e.get("name") == name and e.get("type") != "dir" for e in entries):
+            return [start]
+        raise NotFoundError("NotFound", f"{path}: no such directory in {sandbox.name}")
+    out: list[str] = []
+    pending = [(start, first)]
+    while pending:
+        directory, reply = pending.pop()
+        for entry in _json_of(reply, f"list {directory} in {sandbox.name}").get("entries") or []:
+            name = str(entry.get("name") or "")
+            if not name or name in _HIDDEN:
+                continue
+            rel = name if directory == "." else f"{directory}/{name}"
+            if entry.get("type") != "dir":
+                out.append(rel)
+                continue
+            below = yield AgentRequest("GET", route, {"path": rel})
+            if below.status == 422 and isinstance(error_of(below, what), RefusedError):
+                out.append(rel)  # a symlink to a directory outside the sandbox: listed, not read
+                continue
+            pending.append((rel, below))
+    return sorted(out)
+
+
+def diff_flow(sandbox: SandboxInfo) -> Flow[str]:
+    """``GET .../diff`` -> the unified diff (``""`` when equal)."""
+    reply = yield AgentRequest("GET", _route(sandbox, "diff"))
+    return str(_json_of(reply, f"diff of {sandbox.name}").get("diff") or "")
+
+
+def run_flow(flow: Flow[T], send: Callable[[AgentRequest], AgentReply]) -> T:
+    """Drive ``flow`` with a blocking ``send``; its return value."""
+    try:
+        request = next(flow)
+        while True:
+            request = flow.send(send(request))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def arun_flow(flow: Flow[T], send: Callable[[AgentRequest], Awaitable[AgentReply]]) -> T:
+    """Drive ``flow`` with an awaitable ``send``; its return value."""
+    try:
+        request = next(flow)
+        while True:
+            request = flow.send(await send(request))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+# -- the operations -----------------------------------------------------------------------------
+
+
+class AgentFileOperations:
+    """:class:`~sandbox_client.files.FileOperations` through the workspace agent (blocking).
+
+    Args:
+        transport: how requests reach the agent (:class:`PodProxyTransport` by default in
+            :class:`~sandbox_client.SandboxClient`).
+    """
+
+    def __init__(self, transport: AgentTransport) -> None:
+        self.transport = transport
+
+    def _run(self, sandbox: SandboxInfo, flow: Flow[T]) -> T:
+        return run_flow(flow, lambda request: self.transport.send(sandbox, request))
+
+    def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """The file's content. Raises: ``RefusedError`` (``PathTraversal``, ``InvalidState``),
+        ``NotFoundError``, ``OperationFailedError`` (``IOError``)."""
+        return self._run(sandbox, read_flow(sandbox, path))
+
+    def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """Create or replace the file (parents made by the agent). Raises: ``RefusedError``
+        (``PathTraversal``; ``InvalidState`` when not writable or a directory),
+        ``OperationFailedError`` (``IOError``)."""
+        self._run(sandbox, write_flow(sandbox, path, data))
+
+    def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """Resource-relative files below ``path`` (recursive, sorted). Raises: ``RefusedError``
+        (``PathTraversal``), ``NotFoundError``."""
+        return self._run(sandbox, list_flow(sandbox, path))
+
+    def diff(self, sandbox: SandboxInfo) -> str:
+        """The agent's unified diff against the original. Raises: ``OperationFailedError``."""
+        return self._run(sandbox, diff_flow(sandbox))
+
+
+class AsyncAgentFileOperations:
+    """:class:`AgentFileOperations` with awaitable methods (same names, same errors)."""
+
+    def __init__(self, transport: AsyncAgentTransport) -> None:
+        self.transport = transport
+
+    async def _run(self, sandbox: SandboxInfo, flow: Flow[T]) -> T:
+        async def send(request: AgentRequest) -> AgentReply:
+            return await self.transport.send(sandbox, request)
+
+        return await arun_flow(flow, send)
+
+    async def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
+        """As :meth:`AgentFileOperations.read_file`."""
+        return await self._run(sandbox, read_flow(sandbox, path))
+
+    async def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
+        """As :meth:`AgentFileOperations.write_file`."""
+        await self._run(sandbox, write_flow(sandbox, path, data))
+
+    async def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
+        """As :meth:`AgentFileOperations.list_files`."""
+        return await self._run(sandbox, list_flow(sandbox, path))
+
+    async def diff(self, sandbox: SandboxInfo) -> str:
+        """As :meth:`AgentFileOperations.diff`."""
+        return await self._run(sandbox, diff_flow(sandbox))
+
+
+# -- transports ---------------------------------------------------------------------------------
+
+
+def proxy_path(sandbox: SandboxInfo, request: AgentRequest) -> str:
+    """The API server path of ``request`` through the pod proxy of ``sandbox``'s workspace Pod."""
+    namespace = urllib.parse.quote(sandbox.namespace, safe="")
+    pod = urllib.parse.quote(sandbox.workspace_pod, safe="")
+    return f"/api/v1/namespaces/{namespace}/pods/{pod}/proxy{request.path}"
+
+
+def secret_name(sandbox: SandboxInfo) -> str:
+    """Name of the Secret holding ``sandbox``'s agent token (made by the pod executor)."""
+    return child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
+
+
+def _token_of(secret_data: dict[str, Any] | None, sandbox: SandboxInfo) -> str:
+    encoded = (secret_data or {}).get(AGENT_TOKEN_KEY)
+    if not encoded:
+        raise RefusedError("InvalidState", f"secret {secret_name(sandbox)} holds no agent token")
+    return base64.b64decode(encoded).decode().strip()
+
+
+def _cache_key(sandbox: SandboxInfo) -> tuple[str, str, str]:
+    uid = str((sandbox.raw.get("metadata") or {}).get("uid") or "")
+    return sandbox.namespace, sandbox.name, uid
+
+
+def _api_error(exc: Any, what: str) -> SandboxClientError:
+    error = from_api_exception(exc.status, exc.reason, exc.body)
+    if exc.status == 404:
+        return RefusedError("InvalidState", f"{what}: not found (not a pod-executor sandbox yet)")
+    return error
+
+
+def _reply_of(exc: Any, method: str) -> AgentReply:
+    """The reply an ``ApiException`` carries (a non-2xx status), or ``IOError`` without one."""
+    if not exc.status:
+        raise OperationFailedError("IOError", f"agent {method}: {exc.reason}") from None
+    body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+    return AgentReply(int(exc.status), body)
+
+
+class PodProxyTransport:
+    """:class:`AgentTransport` through the API server's pod proxy (``kubernetes`` client).
+
+    The Secret is read once per Sandbox (name, namespace and uid) and kept in memory. RBAC the
+    caller needs in the Sandbox's namespace: ``get`` on ``secrets`` and ``get``, ``update`` on
+    ``pods/proxy`` (docs/client.md, "RBAC").
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient`` (the client's own credentials).
+        timeout_seconds: limit of one request.
+    """
+
+    def __init__(self, api_client: Any, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.api_client = api_client
+        self.timeout_seconds = timeout_seconds
+        self._tokens: dict[tuple[str, str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def token(self, sandbox: SandboxInfo) -> str:
+        """The agent token of ``sandbox`` from its Secret (cached).
+
+        Raises:
+            RefusedError: ``InvalidState`` (no Secret, no token), ``Forbidden`` (RBAC).
+        """
+        key = _cache_key(sandbox)
+        with self._lock:
+            if key in self._tokens:
+                return self._tokens[key]
+        from kubernetes import client as k8s
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            secret = k8s.CoreV1Api(self.api_client).read_namespaced_secret(
+                secret_name(sandbox), sandbox.namespace
+            )
+        except ApiException as exc:
+            raise _api_error(exc, f"secret {secret_name(sandbox)}") from None
+        token = _token_of(secret.data, sandbox)
+        with self._lock:
+            self._tokens[key] = token
+        return token
+
+    def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """As :meth:`AgentTransport.send` (one HTTPS request to the API server)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        headers = request.headers(self.token(sandbox))
+        resource = proxy_path(sandbox, request)
+        query = list(request.query.items())
+        client = self.api_client
+        try:
+            if hasattr(client, "param_serialize"):  # kubernetes >= 31
+                method, url, headers, body, _ = client.param_serialize(
+                    method=request.method,
+                    resource_path=resource,
+                    query_params=query,
+                    header_params=headers,
+                    body=request.body,
+                    auth_settings=["BearerToken"],
+                )
+                response = client.call_api(
+                    method, url, header_params=headers, body=body,
+                    _request_timeout=self.timeout_seconds,
+                )  # fmt: skip
+                response.read()
+                return AgentReply(int(response.status), bytes(response.data or b""))
+            raw = client.call_api(
+                resource, request.method, query_params=query, header_params=headers,
+                body=request.body, auth_settings=["BearerToken"], _preload_content=False,
+                _return_http_data_only=True, _request_timeout=self.timeout_seconds,
+            )  # fmt: skip
+            return AgentReply(int(raw.status), bytes(raw.data or b""))
+        except ApiException as exc:  # older clients raise for a non-2xx reply
+            return _reply_of(exc, request.method)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {request.method} via the API server: {type(exc).__name__}"
+            ) from None
+
+
+class AsyncPodProxyTransport:
+    """:class:`AsyncAgentTransport` through the pod proxy (``kubernetes_asyncio`` client);
+    same Secret, cache and RBAC as :class:`PodProxyTransport`."""
+
+    def __init__(self, api_client: Any, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.api_client = api_client
+        self.timeout_seconds = timeout_seconds
+        self._tokens: dict[tuple[str, str, str], str] = {}
+
+    async def token(self, sandbox: SandboxInfo) -> str:
+        """As :meth:`PodProxyTransport.token`."""
+        key = _cache_key(sandbox)
+        if key in self._tokens:
+            return self._tokens[key]
+        from kubernetes_asyncio import client as k8s
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            secret = await k8s.CoreV1Api(self.api_client).read_namespaced_secret(
+                secret_name(sandbox), sandbox.namespace
+            )
+        except ApiException as exc:
+            raise _api_error(exc, f"secret {secret_name(sandbox)}") from None
+        self._tokens[key] = _token_of(secret.data, sandbox)
+        return self._tokens[key]
+
+    async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """As :meth:`AgentTransport.send`."""
+        import aiohttp
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        headers = request.headers(await self.token(sandbox))
+        try:
+            response = await self.api_client.call_api(
+                proxy_path(sandbox, request), request.method,
+                query_params=list(request.query.items()), header_params=headers,
+                body=request.body, auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=self.timeout_seconds,
+            )  # fmt: skip
+            try:
+                return AgentReply(int(response.status), await response.read())
+            finally:
+                response.release()
+        except ApiException as exc:
+            return _reply_of(exc, request.method)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {request.method} via the API server: {type(exc).__name__}"
+            ) from None
+
+
+class DirectTransport:
+    """:class:`AgentTransport` straight to an agent's base URL (``http://host:port``) with a
+    known token: for tests with a local agent process, and callers inside the cluster that the
+    workspace Pod's NetworkPolicy admits (by default only the operator)."""
+
+    def __init__(
+        self, base_url: str, token: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self.timeout_seconds = timeout_seconds
+
+    def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """As :meth:`AgentTransport.send` (``urllib``; the sandbox only names the route)."""
+        url = self.base_url + request.path
+        if request.query:
+            url += "?" + urllib.parse.urlencode(request.query)
+        http = urllib.request.Request(  # noqa: S310 - http(s) URL given by the caller
+            url, data=request.body, method=request.method, headers=request.headers(self._token)
+        )
+        try:
+            with urllib.request.urlopen(http, timeout=self.timeout_seconds) as reply:  # noqa: S310
+                return AgentReply(int(reply.status), reply.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return AgentReply(int(exc.code), exc.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {request.method}: {type(exc).__name__}"
+            ) from None
+
+
+class AsyncDirectTransport:
+    """:class:`DirectTransport`, awaitable (the blocking call runs in a worker thread)."""
+
+    def __init__(self, direct: DirectTransport) -> None:
+        self.direct = direct
+
+    async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
+        """As :meth:`DirectTransport.send`."""
+        return await asyncio.to_thread(self.direct.send, sandbox, request)

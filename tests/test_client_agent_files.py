@@ -1,0 +1,344 @@
+"""The client's file operations on pod-executor Sandboxes: a real workspace agent process
+(``sandbox-core serve-workspace``) reached (1) straight at its address through the transport seam
+and (2) through the real tier-2 kube-apiserver's pod proxy, with the client's kubeconfig
+credentials and the token read from the Sandbox's Secret (issue 10, section 1).
+
+Tier 2 has no kubelet: the test plays its part (it runs the Pod's process and reports the Pod's
+status with ``podIP``). The API server refuses to proxy to loopback addresses, so the agent
+listens on this machine's first non-loopback IPv4 address, which the API server dials like a
+Pod IP. Errors carry the same types and reasons as LocalFileOperations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sandbox_operator.executors.agent_client import AgentClient, derive_token
+
+from sandbox_client import SandboxClient, aio
+from sandbox_client.agent_files import (
+    AgentFileOperations,
+    AsyncAgentFileOperations,
+    AsyncDirectTransport,
+    DirectTransport,
+    secret_name,
+)
+from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
+from sandbox_client.files import operations_for
+from sandbox_client.models import SandboxInfo
+from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
+from tests.apiserver.harness import free_port
+from tests.gitrepo import GIT_ENV, make_repo
+from tests.operator.support import Cluster
+
+KEY = b"c" * 32
+UID = "5f1d7c2e-0000-4aaa-8bbb-0c0d0e0f1011"
+SANDBOX_ID = "01J0CL1ENTAGENTF1LES0000AB"
+NAME = "repo-sbx"
+POD = "sbx-repo-sbx-ws"
+TOKEN = derive_token(KEY, UID)
+
+
+def host_address() -> str:
+    """This machine's first non-loopback IPv4 address (the API server proxies to it)."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout
+    for address in out.split():
+        if "." in address and not address.startswith("127."):
+            return address
+    raise AssertionError(f"no non-loopback IPv4 address on this machine: {out!r}")
+
+
+class Agent:
+    """``sandbox-core serve-workspace`` on the host address with a token file."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.host = host_address()
+        self.port = free_port()
+        self.token_file = work / "token"
+        self.token_file.write_text(TOKEN)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> Agent:
+        with open(self.work / "agent.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sandbox_core.cli",
+                    "--state-dir", str(self.work / "state"),
+                    "--sandbox-root", str(self.work / "sandboxes"),
+                    "serve-workspace", "--host", self.host, "--port", str(self.port),
+                    "--token-file", str(self.token_file),
+                ],
+                env={**os.environ, **GIT_ENV}, stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as reply:  # noqa: S310
+                    if reply.read() == b"ok":
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError((self.work / "agent.log").read_text())
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[Agent, Path]]:
+    """A running agent with one Active git_worktree sandbox of a real repository."""
+    repo = make_repo(tmp_path / "repo", {"README.md": "r0\n", "src/app.py": "print('v0')\n"})
+    work = tmp_path / "agent"
+    work.mkdir()
+    process = Agent(work).start()
+    body = {
+        "plan_id": "plan-a", "resource_id": "repo", "strategy": "git_worktree",
+        "original": str(repo), "sandbox_id": SANDBOX_ID,
+    }  # fmt: skip
+    calls = AgentClient(process.url, TOKEN, timeout_seconds=30)
+    calls.call("POST", "/v1/sandboxes", body, request_id="create-1")
+    calls.call("POST", f"/v1/sandboxes/{SANDBOX_ID}/activate", request_id="activate-1")
+    yield process, repo
+    process.stop()
+    assert TOKEN not in (work / "agent.log").read_text()
+
+
+def sandbox_info(namespace: str = "ns", phase: str = "Active") -> SandboxInfo:
+    """The Sandbox as the client would read it once the pod executor provisioned it."""
+    return SandboxInfo.from_object(
+        {
+            "metadata": {"name": NAME, "namespace": namespace, "uid": UID},
+            "spec": {
+                "planId": "plan-a",
+                "resourceId": "repo",
+                "strategy": "git_worktree",
+                "source": {"persistentVolumeClaim": {"claimName": "src"}},
+            },
+            "status": {
+                "phase": phase,
+                "executor": "pod",
+                "sandboxId": SANDBOX_ID,
+                "workspacePod": POD,
+            },
+        }
+    )
+
+
+def exercise(files: AgentFileOperations, info: SandboxInfo, repo: Path) -> None:
+    """The FileOperations contract against the agent; the original is never touched."""
+    files.write_file(info, "src/new/deep.txt", b"hello\x00bytes")
+    files.write_file(info, "README.md", b"r1\n")
+    assert files.read_file(info, "src/new/deep.txt") == b"hello\x00bytes"
+    assert files.read_file(info, "README.md") == b"r1\n"
+    assert files.list_files(info) == ["README.md", "src/app.py", "src/new/deep.txt"]
+    assert files.list_files(info, "src") == ["src/app.py", "src/new/deep.txt"]
+    assert files.list_files(info, "src/app.py") == ["src/app.py"]
+    diff = files.diff(info)
+    assert "+r1" in diff and "src/new/deep.txt" in diff
+    assert (repo / "README.md").read_text() == "r0\n"
+    for bad in ("../escape.txt", "/etc/passwd", "src/../../x", "a\x00b"):
+        with pytest.raises(RefusedError) as refused:
+            files.write_file(info, bad, b"x")
+        assert refused.value.reason == "PathTraversal"
+        with pytest.raises(RefusedError) as refused:
+            files.read_file(info, bad)
+        assert refused.value.reason == "PathTraversal"
+    with pytest.raises(RefusedError) as reserved:
+        files.read_file(info, ".git/config")
+    assert reserved.value.reason == "ReservedPath"
+    with pytest.raises(NotFoundError) as missing:
+        files.read_file(info, "no/such.txt")
+    assert missing.value.reason == "NotFound"
+    with pytest.raises(NotFoundError):
+        files.list_files(info, "no/such/dir")
+    with pytest.raises(RefusedError) as finished:
+        files.write_file(sandbox_info(info.namespace, phase="Committed"), "x.txt", b"x")
+    assert finished.value.reason == "InvalidState"
+
+
+def test_agent_file_operations_straight_to_a_real_agent(agent: tuple[Agent, Path]) -> None:
+    process, repo = agent
+    files = AgentFileOperations(DirectTransport(process.url, TOKEN, timeout_seconds=30))
+    exercise(files, sandbox_info(), repo)
+
+
+def test_the_agent_refuses_a_symlink_out_of_the_sandbox(agent: tuple[Agent, Path]) -> None:
+    """A symlink resolving outside passes the client's lexical check: the agent refuses it."""
+    process, _ = agent
+    sandbox_dir = next((process.work / "sandboxes").rglob("README.md")).parent
+    (sandbox_dir / "out").symlink_to("/etc")
+    files = AgentFileOperations(DirectTransport(process.url, TOKEN, timeout_seconds=30))
+    with pytest.raises(RefusedError) as refused:
+        files.read_file(sandbox_info(), "out/hostname")
+    assert refused.value.reason == "PathTraversal"
+    assert "out" in files.list_files(sandbox_info())
+
+
+def test_a_wrong_token_is_an_io_error_that_does_not_show_the_token(
+    agent: tuple[Agent, Path],
+) -> None:
+    process, _ = agent
+    wrong = "f" * 64
+    files = AgentFileOperations(DirectTransport(process.url, wrong, timeout_seconds=30))
+    with pytest.raises(OperationFailedError) as refused:
+        files.read_file(sandbox_info(), "README.md")
+    assert refused.value.reason == "IOError"
+    assert wrong not in str(refused.value) and TOKEN not in str(refused.value)
+
+
+def test_an_unreachable_agent_is_an_io_error() -> None:
+    files = AgentFileOperations(DirectTransport(f"http://127.0.0.1:{free_port()}", TOKEN, 5))
+    with pytest.raises(OperationFailedError) as failed:
+        files.read_file(sandbox_info(), "README.md")
+    assert failed.value.reason == "IOError"
+
+
+def test_async_agent_file_operations_straight_to_a_real_agent(agent: tuple[Agent, Path]) -> None:
+    process, _ = agent
+    files = AsyncAgentFileOperations(AsyncDirectTransport(DirectTransport(process.url, TOKEN)))
+    info = sandbox_info()
+
+    async def flow() -> None:
+        await files.write_file(info, "a/b.txt", b"async\n")
+        assert await files.read_file(info, "a/b.txt") == b"async\n"
+        assert "a/b.txt" in await files.list_files(info)
+        assert "a/b.txt" in await files.diff(info)
+        with pytest.raises(RefusedError):
+            await files.read_file(info, "../x")
+
+    asyncio.run(flow())
+
+
+def test_operations_for_picks_the_agent_for_the_pod_executor() -> None:
+    agent_ops = AgentFileOperations(DirectTransport("http://127.0.0.1:1", TOKEN))
+    assert operations_for(sandbox_info(), agent_ops) is agent_ops
+    with pytest.raises(RefusedError) as refused:
+        operations_for(sandbox_info())
+    assert refused.value.reason == "NoFileOperations"
+
+
+# -- through the API server's pod proxy ---------------------------------------------------------
+
+
+def pod_manifest(port: int) -> dict[str, Any]:
+    """The workspace Pod's shape that matters to the proxy: the agent's port, declared first."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": POD},
+        "spec": {
+            "containers": [
+                {
+                    "name": "workspace",
+                    "image": "sandbox-operator:test",
+                    "ports": [{"name": "agent", "containerPort": port, "protocol": "TCP"}],
+                }
+            ]
+        },
+    }
+
+
+@pytest.fixture
+def proxied(
+    local_apiserver: Any,  # noqa: F811 - the fixture
+    agent: tuple[Agent, Path],
+) -> tuple[Cluster, Agent, Path]:
+    """A namespace with the Sandbox's token Secret and its workspace Pod (status reported
+    Ready at the agent's address, as a kubelet would)."""
+    process, repo = agent
+    cluster = Cluster.fresh(local_apiserver, prefix="cli-agent")
+    cluster.kubectl("create", "serviceaccount", "default", check=False)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret_name(sandbox_info())},
+        "data": {"token": base64.b64encode(TOKEN.encode()).decode()},
+    }
+    cluster.create(secret)
+    cluster.create(pod_manifest(process.port))
+    status = {
+        "status": {
+            "phase": "Running",
+            "podIP": process.host,
+            "podIPs": [{"ip": process.host}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+    }
+    cluster.kubectl(
+        "patch", "pod", POD, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+    )
+    return cluster, process, repo
+
+
+@pytest.mark.apiserver
+def test_agent_file_operations_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,  # noqa: F811 - the fixture
+) -> None:
+    cluster, _, repo = proxied
+    info = sandbox_info(cluster.namespace)
+    with SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+        files = client.files_for(info)
+        assert files is client.agent_files
+        exercise(client.agent_files, info, repo)
+
+
+@pytest.mark.apiserver
+def test_async_agent_file_operations_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,  # noqa: F811 - the fixture
+) -> None:
+    cluster, _, _ = proxied
+    info = sandbox_info(cluster.namespace)
+
+    async def flow() -> None:
+        async with aio.SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+            files = await client.files_for(info)
+            await files.write_file(info, "x/y.txt", b"proxied\n")
+            assert await files.read_file(info, "x/y.txt") == b"proxied\n"
+            assert "x/y.txt" in await files.list_files(info, "x")
+            assert "x/y.txt" in await files.diff(info)
+            with pytest.raises(NotFoundError):
+                await files.read_file(info, "nope.txt")
+
+    asyncio.run(flow())
+
+
+@pytest.mark.apiserver
+def test_pod_proxy_errors_are_typed(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,  # noqa: F811 - the fixture
+) -> None:
+    """No workspace Pod, no Secret: InvalidState, never a raw ApiException."""
+    cluster, _, _ = proxied
+    with SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+        gone = sandbox_info(cluster.namespace).model_copy(update={"workspace_pod": "no-such-pod"})
+        with pytest.raises(RefusedError) as no_pod:
+            client.agent_files.read_file(gone, "README.md")
+        assert no_pod.value.reason == "InvalidState"
+        other = SandboxInfo.from_object(
+            {**sandbox_info(cluster.namespace).raw, "metadata": {
+                "name": "other", "namespace": cluster.namespace, "uid": "u2"}}
+        )  # fmt: skip
+        with pytest.raises(RefusedError) as no_secret:
+            client.agent_files.read_file(other, "README.md")
+        assert no_secret.value.reason == "InvalidState"
+        assert TOKEN not in str(no_secret.value)
