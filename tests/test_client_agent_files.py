@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sandbox_operator.executors.agent_client import AgentClient, derive_token
 
 from sandbox_client import SandboxClient, aio
@@ -342,3 +343,71 @@ def test_pod_proxy_errors_are_typed(
             client.agent_files.read_file(other, "README.md")
         assert no_secret.value.reason == "InvalidState"
         assert TOKEN not in str(no_secret.value)
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "client.md"
+
+
+def documented_role() -> dict[str, Any]:
+    """The engine's Role exactly as docs/client.md ("RBAC") shows it."""
+    section = DOC.read_text().split("### RBAC", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    role = yaml.safe_load(block)
+    assert role["kind"] == "Role"
+    return dict(role)
+
+
+def engine_kubeconfig(
+    cluster: Cluster, server: Any, work: Path, rules: list[dict[str, Any]]
+) -> Path:
+    """A kubeconfig of a ServiceAccount bound to a Role with ``rules`` (bearer token auth: the
+    API server consumes ``Authorization``, so the agent token must travel in its own header)."""
+    name = f"engine-{len(rules)}"
+    role = {**documented_role(), "metadata": {"name": name}, "rules": rules}
+    cluster.create(role)
+    cluster.kubectl("create", "serviceaccount", name)
+    cluster.kubectl(
+        "create", "rolebinding", name, f"--role={name}",
+        f"--serviceaccount={cluster.namespace}:{name}",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", name).stdout.strip()
+    admin = yaml.safe_load(Path(server.kubeconfig_path).read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": name,
+                "context": {"cluster": "c", "user": name, "namespace": cluster.namespace},
+            }
+        ],
+        "current-context": name,
+    }
+    path = work / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.apiserver
+def test_the_documented_engine_role_is_enough_and_needed(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """As a ServiceAccount with the Role of docs/client.md: the file operations work through
+    the pod proxy. Without ``pods/proxy`` they are refused with ``Forbidden``."""
+    cluster, _, repo = proxied
+    info = sandbox_info(cluster.namespace)
+    rules = documented_role()["rules"]
+    engine = engine_kubeconfig(cluster, local_apiserver, tmp_path, rules)
+    with SandboxClient(kubeconfig=str(engine)) as client:
+        exercise(client.agent_files, info, repo)
+    without_proxy = [r for r in rules if "pods/proxy" not in r["resources"]]
+    limited = engine_kubeconfig(cluster, local_apiserver, tmp_path, without_proxy)
+    with SandboxClient(kubeconfig=str(limited)) as client, pytest.raises(RefusedError) as forbidden:
+        client.agent_files.read_file(info, "README.md")
+    assert forbidden.value.reason == "Forbidden"
+    assert TOKEN not in str(forbidden.value)
