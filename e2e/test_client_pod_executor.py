@@ -1,0 +1,111 @@
+"""Tier 3, issue 10: the engine's client flow against the real cluster with the pod executor.
+
+The client runs where an engine runs, outside the cluster, with the admin kubeconfig: it creates
+a plan of three Sandboxes (git_worktree, copy_on_write, overlay over the originals' claim),
+reads, writes, lists and diffs through their workspace agents (the API server's pod proxy; the
+workspace Pods' NetworkPolicy is in place and unchanged), checkpoints and restores, reviews,
+approves (the commit of exactly the reviewed changes), commits a second plan directly, and cleans
+up. It also measures 100 ``write_file`` + ``read_file`` pairs through the agent (sync client)
+and writes them to ``$E2E_CLIENT_BENCH_OUT`` (default ``/tmp/bench-client-e2e.md``) for
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.conftest import Originals
+from e2e.kube import Kube
+from sandbox_client import Plan, RefusedError, SandboxClient, aio
+
+PAYLOAD = "".join(f"line {n:04d} of a one-kibibyte file.\n" for n in range(32))[:1024]
+BENCH_CALLS = 100
+
+
+def claim(sub_path: str) -> dict[str, Any]:
+    """The source of a Sandbox over ``sub_path`` of the originals' claim."""
+    return {"persistentVolumeClaim": {"claimName": "originals", "subPath": sub_path}}
+
+
+def test_client_flow_through_the_workspace_agents(
+    kube: Kube, namespace: str, originals: Originals
+) -> None:
+    client = SandboxClient(namespace=namespace)
+    plan = Plan(client, "client-e2e", namespace)
+    repo = plan.add_sandbox("repo", "git_worktree", claim("repos/app"))
+    data = plan.add_sandbox("data", "copy_on_write", claim("data"))
+    layer = plan.add_sandbox("layer", "overlay", claim("layer"), options={"overlayMode": "auto"})
+    infos = plan.wait_ready(timeout=300)
+    assert {info.executor for info in infos} == {"pod"}, infos
+    assert all(info.workspace_pod for info in infos)
+
+    repo.write_file("f.txt", "line1\nline2\n")
+    repo.write_file("src/new.py", "x = 1\n")
+    data.write_file("g.txt", "d1\n")
+    layer.write_file("h.txt", "o1\n")
+    assert repo.read_file("f.txt") == "line1\nline2\n"
+    assert repo.list_files() == ["f.txt", "src/new.py"]
+    assert data.list_files() == ["g.txt"]
+    assert "+line2" in repo.diff() and "src/new.py" in repo.diff()
+    assert "+d1" in data.diff()
+    for escape in ("../escape.txt", "/etc/passwd"):
+        with pytest.raises(RefusedError) as refused:
+            repo.write_file(escape, "no")
+        assert refused.value.reason == "PathTraversal"
+    assert originals.read("data/g.txt") == "d0\n"  # nothing lands before the commit
+
+    before = data.checkpoint("before_rewrite", {"step": "e2e"})
+    data.write_file("g.txt", "oops\n")
+    data.restore(before)
+    assert data.read_file("g.txt") == "d1\n"
+
+    review = plan.review(message="e2e: client flow")
+    assert review.digest.startswith("sha256:") and not review.has_conflicts
+    assert len(review.sandboxes) == 3
+    result = plan.approve(review.digest, timeout=300)
+    assert result.committed, result.conditions
+    assert originals.read("repos/app/f.txt") == "line1\nline2\n"
+    assert originals.read("repos/app/src/new.py") == "x = 1\n"
+    assert originals.read("data/g.txt") == "d1\n"
+    assert originals.read("layer/h.txt") == "o1\n"
+
+    # A second plan committed directly, with the async client and the agent benchmark.
+    second = Plan(client, "client-e2e-direct", namespace)
+    work = second.add_sandbox("work", "copy_on_write", claim("data"))
+    second.wait_ready(timeout=300)
+    started = time.perf_counter()
+    for i in range(BENCH_CALLS):
+        work.write_file(f"bench/f{i:03d}.txt", PAYLOAD)
+        assert work.read_file(f"bench/f{i:03d}.txt") == PAYLOAD
+    elapsed = time.perf_counter() - started
+
+    async def with_asyncio() -> None:
+        async with aio.SandboxClient(namespace=namespace) as async_client:
+            sandbox = async_client.sandbox(work.name)
+            await sandbox.write_file("async.txt", "async\n")
+            assert await sandbox.read_file("async.txt") == "async\n"
+            assert "async.txt" in await sandbox.list_files()
+
+    asyncio.run(with_asyncio())
+    committed = second.commit(message="e2e: direct commit", timeout=300)
+    assert committed.committed, committed.conditions
+    assert originals.read("data/async.txt") == "async\n"
+    assert originals.read("data/bench/f099.txt") == PAYLOAD
+
+    plan.delete(cleanup=True)
+    second.delete(cleanup=True)
+    assert plan.sandboxes() == [] and second.sandboxes() == []
+    client.close()
+
+    out = Path(os.environ.get("E2E_CLIENT_BENCH_OUT", "/tmp/bench-client-e2e.md"))  # noqa: S108
+    out.write_text(
+        f"{BENCH_CALLS} x (write_file + read_file) of a 1 KiB file through the workspace agent "
+        f"(sync client, pod proxy, copy_on_write): {elapsed:.3f} s, "
+        f"{elapsed / (2 * BENCH_CALLS) * 1000:.2f} ms per call\n"
+    )
