@@ -15,6 +15,16 @@ per strategy one Active Sandbox. Then, per run, N pairs of ``write_file`` + ``re
   what the local executor's file operations do underneath.
 
 Medians of the runs, printed side by side with the ratio to the anchor.
+
+``--agent`` adds the pod executor's path (issue 10, "through the workspace agent"): a real
+workspace agent process (``sandbox-core serve-workspace``, one git_worktree sandbox) on this
+machine's first non-loopback address, a Pod object whose status points at it, the Sandbox's
+token Secret, and a Sandbox object (status ``executor: pod``) in a namespace no operator
+watches. The same N pairs then go through the sync and the async client, whose calls read the
+Sandbox object and reach the agent through the tier-2 API server's pod proxy, beside the same
+pairs straight to the agent's address (``DirectTransport``: no API server) and through the file
+system on the agent's sandbox path. Tier 3 (a real workspace Pod) measures the sync client
+through the agent in ``e2e/test_client_pod_executor.py``.
 """
 
 from __future__ import annotations
@@ -85,12 +95,114 @@ def through_file_system(root: Path, calls: int, tag: str) -> None:
             assert handle.read() == PAYLOAD
 
 
+def agent_row(server: LocalApiServer, work: Path, calls: int, runs: int) -> str:
+    """The ``--agent`` row (see the module docstring)."""
+    import base64
+    import json
+
+    from sandbox_operator.executors.agent_client import AgentClient
+
+    from sandbox_client.agent_files import AgentFileOperations, DirectTransport, secret_name
+    from tests.test_client_agent_files import (
+        POD,
+        SANDBOX_ID,
+        TOKEN,
+        Agent,
+        pod_manifest,
+        sandbox_info,
+    )
+
+    files = {f"f{i}.txt": PAYLOAD for i in range(20)}
+    repo = make_repo(work / "agent-repo", files)
+    (work / "agent").mkdir()
+    agent = Agent(work / "agent").start()
+    try:
+        calls_ = AgentClient(agent.url, TOKEN, timeout_seconds=30)
+        body = {
+            "plan_id": "bench", "resource_id": "repo", "strategy": "git_worktree",
+            "original": str(repo), "sandbox_id": SANDBOX_ID,
+        }  # fmt: skip
+        calls_.call("POST", "/v1/sandboxes", body, request_id="bench-create")
+        calls_.call("POST", f"/v1/sandboxes/{SANDBOX_ID}/activate", request_id="bench-activate")
+        namespace = "bench-client-agent"  # no operator watches it
+        server.kubectl("create", "namespace", namespace, check=True)
+        cluster = Cluster(server, namespace)
+        cluster.kubectl("create", "serviceaccount", "default", check=False)
+        info = sandbox_info(namespace)
+        token = base64.b64encode(TOKEN.encode()).decode()
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret_name(info)},
+                "data": {"token": token},
+            }
+        )
+        cluster.create(pod_manifest(agent.port))
+        pod_status = {
+            "phase": "Running",
+            "podIP": agent.host,
+            "podIPs": [{"ip": agent.host}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+        cluster.kubectl(
+            "patch", "pod", POD, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": pod_status}),
+        )  # fmt: skip
+        sandbox_object = {
+            "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+            "kind": "Sandbox",
+            "metadata": {"name": info.name},
+            "spec": info.raw["spec"],
+        }
+        cluster.create(sandbox_object)
+        cluster.kubectl(
+            "patch", "sandbox", info.name, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": info.raw["status"]}),
+        )  # fmt: skip
+        kubeconfig = str(server.kubeconfig_path)
+        root = next((work / "agent" / "sandboxes").rglob("f0.txt")).parent
+        direct = AgentFileOperations(DirectTransport(agent.url, TOKEN))
+        direct_info = info
+
+        def straight(tag: str) -> None:
+            for i in range(calls):
+                path = f"bench/{tag}/f{i:03d}.txt"
+                direct.write_file(direct_info, path, PAYLOAD.encode())
+                assert direct.read_file(direct_info, path) == PAYLOAD.encode()
+
+        with SandboxClient(kubeconfig=kubeconfig, namespace=namespace) as client:
+            sandbox = client.sandbox(info.name)
+            sandbox.read_file("f0.txt")  # connection and token outside the measurement
+            ours, async_ours, agent_only, anchor = [], [], [], []
+            for run in range(runs):
+                ours.append(timed(lambda r=run: through_client(sandbox, calls, f"client{r}")))
+                async_ours.append(
+                    through_async_client(kubeconfig, namespace, info.name, calls, f"async{run}")
+                )
+                agent_only.append(timed(lambda r=run: straight(f"direct{r}")))
+                anchor.append(timed(lambda r=run: through_file_system(root, calls, f"fs{r}")))
+    finally:
+        agent.stop()
+    sync_s, async_s = statistics.median(ours), statistics.median(async_ours)
+    direct_s, fs_s = statistics.median(agent_only), statistics.median(anchor)
+    return (
+        f"| git_worktree, pod executor: workspace agent via the pod proxy "
+        f"(straight to the agent: {direct_s:.3f} s) | {sync_s:.3f} s | {async_s:.3f} s | "
+        f"{fs_s * 1000:.1f} ms | {sync_s / fs_s:.0f}x | {async_s / fs_s:.0f}x "
+        f"| {sync_s / (2 * calls) * 1000:.2f} ms |"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--strategies", default="copy_on_write,git_worktree,overlay")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument(
+        "--agent", action="store_true", help="add the pod executor's row (workspace agent)"
+    )
     args = parser.parse_args()
     os.environ.update(GIT_ENV)
     work = Path(tempfile.mkdtemp(prefix="sandbox-bench-client-"))
@@ -154,6 +266,10 @@ def main() -> int:
                         rows.append(line)
                         print(line, flush=True)
                     plan.delete(cleanup=True)
+                if args.agent:
+                    line = agent_row(server, work, args.calls, args.runs)
+                    rows.append(line)
+                    print(line, flush=True)
             finally:
                 operator.stop()
     finally:
