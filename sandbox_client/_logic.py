@@ -1,4 +1,5 @@
-"""Pure logic shared by the sync and the async client: manifests, names and wait predicates.
+"""Pure logic shared by the sync and the async client: manifests, names, wait predicates and
+the state of a list-then-watch wait (:class:`Waiter`).
 
 Nothing here does I/O, so both APIs behave the same and the rules are tested without a cluster.
 A *predicate* takes the current objects of a watch (name -> raw object) and returns a value when
@@ -8,15 +9,17 @@ the wait is over, ``None`` to keep waiting, or raises the typed error that ends 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from sandbox_operator.models import PlanCommitApproval, WorkspaceSpec, dump
 
-from sandbox_client.errors import NotFoundError, RefusedError, error_for
+from sandbox_client.errors import NotFoundError, RefusedError, WaitTimeoutError, error_for
 from sandbox_client.models import (
     API_VERSION,
     PLAN_LABEL,
@@ -342,3 +345,104 @@ def plan_sandboxes(items: list[dict[str, Any]], plan_id: str) -> list[SandboxInf
     """The Sandboxes of ``plan_id`` among ``items``, sorted by name (spec.planId decides)."""
     out = [SandboxInfo.from_object(o) for o in items]
     return sorted((s for s in out if s.spec.plan_id == plan_id), key=lambda s: s.name)
+
+
+def plancommit_progress(
+    name: str, on_progress: Callable[[PlanCommitResult], None] | None
+) -> Predicate[PlanCommitResult]:
+    """:func:`plancommit_done` that also calls ``on_progress`` with every state of ``name``."""
+    done = plancommit_done(name)
+
+    def check(objects: Objects) -> PlanCommitResult | None:
+        if on_progress is not None and name in objects:
+            on_progress(PlanCommitResult.from_object(objects[name]))
+        return done(objects)
+
+    return check
+
+
+def approval_target(plan_id: str, items: list[dict[str, Any]]) -> str:
+    """Name of the PlanCommit of ``plan_id`` waiting for an approval (see
+    :func:`awaiting_approval`) among ``items``.
+
+    Raises:
+        NotFoundError: none waits (the engine must call ``review`` first).
+    """
+    waiting = awaiting_approval(plan_id, {o["metadata"]["name"]: o for o in items})
+    if waiting is None:
+        raise NotFoundError(
+            "NotFound", f"no PlanCommit of plan {plan_id} is waiting for an approval"
+        )
+    return str(waiting["metadata"]["name"])
+
+
+class Waiter(Generic[T]):
+    """The state of one list-then-watch wait, without the I/O (both clients drive it).
+
+    Args:
+        check: the predicate (see the module docstring).
+        timeout: seconds from now.
+        what: what is awaited, for the timeout message.
+        name: watch only this object (a field selector).
+        describe: the last state for the timeout message.
+    """
+
+    def __init__(
+        self,
+        check: Predicate[T],
+        timeout: float,
+        what: str,
+        name: str | None = None,
+        describe: Callable[[Objects], str] | None = None,
+    ) -> None:
+        self.check = check
+        self.timeout = timeout
+        self.what = what
+        self.selector = f"metadata.name={name}" if name else ""
+        self.describe = describe
+        self.deadline = time.monotonic() + timeout
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = ""
+
+    def listed(self, listing: Mapping[str, Any]) -> T | None:
+        """Take a list reply (its items and resourceVersion); the predicate's verdict."""
+        self.objects = {o["metadata"]["name"]: o for o in listing.get("items") or []}
+        self.version = str(listing["metadata"]["resourceVersion"])
+        return self.check(self.objects)
+
+    def watch_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of the next watch (from the last version, until the deadline).
+
+        Raises:
+            WaitTimeoutError: the deadline passed (the message has the last state).
+        """
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            detail = self.describe(self.objects) if self.describe else ""
+            raise WaitTimeoutError(
+                "Timeout", f"{self.what}: not done after {self.timeout:g}s. {detail}".strip()
+            )
+        return {
+            "resource_version": self.version,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": max(1, math.ceil(remaining)),
+            "_request_timeout": remaining + 10,
+            **({"field_selector": self.selector} if self.selector else {}),
+        }
+
+    def seen(self, event: Mapping[str, Any]) -> T | None:
+        """Take one watch event; the predicate's verdict (None for a bookmark)."""
+        obj = event["raw_object"]
+        self.version = str(obj["metadata"]["resourceVersion"])
+        if event["type"] == "BOOKMARK":
+            return None
+        if event["type"] == "DELETED":
+            self.objects.pop(obj["metadata"]["name"], None)
+        else:
+            self.objects[obj["metadata"]["name"]] = obj
+        return self.check(self.objects)
+
+    @property
+    def expired(self) -> bool:
+        """True once the deadline passed."""
+        return time.monotonic() >= self.deadline

@@ -17,8 +17,6 @@ blocking :class:`~sandbox_client.files.FileOperations` in a worker thread. Typic
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -42,7 +40,6 @@ from sandbox_client.client import (
 from sandbox_client.errors import (
     NotFoundError,
     SandboxClientError,
-    WaitTimeoutError,
     from_api_exception,
 )
 from sandbox_client.files import (
@@ -228,31 +225,20 @@ class SandboxClient:
         describe: Callable[[_logic.Objects], str] | None = None,
     ) -> T:
         """As :meth:`sandbox_client.SandboxClient.wait`: list, then watch; never polls."""
-        deadline = time.monotonic() + timeout
-        selector = f"metadata.name={name}" if name else ""
+        waiter = _logic.Waiter(check, timeout, what, name, describe)
         namespace = self._ns(namespace)
         custom = await self._custom()
         while True:
             async with _translated():
-                listing = cast(
-                    dict[str, Any],
-                    await custom.list_namespaced_custom_object(
-                        GROUP, VERSION, namespace, plural, field_selector=selector
-                    ),
+                listing = await custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, field_selector=waiter.selector
                 )
-            objects = {o["metadata"]["name"]: o for o in listing.get("items") or []}
-            version = str(listing["metadata"]["resourceVersion"])
-            done = check(objects)
+            done = waiter.listed(cast(dict[str, Any], listing))
             if done is not None:
                 return done
             gone = False
             while not gone:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    detail = describe(objects) if describe else ""
-                    raise WaitTimeoutError(
-                        "Timeout", f"{what}: not done after {timeout:g}s. {detail}".strip()
-                    )
+                arguments = waiter.watch_arguments()
                 try:
                     async with k8s_watch.Watch() as watcher:
                         stream = watcher.stream(
@@ -261,25 +247,13 @@ class SandboxClient:
                             VERSION,
                             namespace,
                             plural,
-                            resource_version=version,
-                            allow_watch_bookmarks=True,
-                            timeout_seconds=max(1, math.ceil(remaining)),
-                            _request_timeout=remaining + 10,
-                            field_selector=selector,
+                            **arguments,
                         )
                         async for event in stream:
-                            obj = event["raw_object"]
-                            version = str(obj["metadata"]["resourceVersion"])
-                            if event["type"] == "BOOKMARK":
-                                continue
-                            if event["type"] == "DELETED":
-                                objects.pop(obj["metadata"]["name"], None)
-                            else:
-                                objects[obj["metadata"]["name"]] = obj
-                            done = check(objects)
+                            done = waiter.seen(event)
                             if done is not None:
                                 return done
-                            if time.monotonic() >= deadline:
+                            if waiter.expired:
                                 break
                 except ApiException as exc:
                     if exc.status != 410:
@@ -596,16 +570,14 @@ class Plan:
         name = str(created["metadata"]["name"])
         if not wait:
             return PlanCommitResult.from_object(created)
-        done = _logic.plancommit_done(name)
+        return await self._wait_plancommit(name, timeout, on_progress)
 
-        def check(objects: _logic.Objects) -> PlanCommitResult | None:
-            if on_progress is not None and name in objects:
-                on_progress(PlanCommitResult.from_object(objects[name]))
-            return done(objects)
-
+    async def _wait_plancommit(
+        self, name: str, timeout: float, on_progress: ProgressCallback | None
+    ) -> PlanCommitResult:
         return await self.client.wait(
             PLANCOMMIT_PLURAL,
-            check,
+            _logic.plancommit_progress(name, on_progress),
             timeout,
             f"plancommit {name} of plan {self.plan_id}",
             namespace=self.namespace,
@@ -669,32 +641,15 @@ class Plan:
         on_progress: ProgressCallback | None = None,
     ) -> PlanCommitResult:
         """As :meth:`sandbox_client.Plan.approve` (sets ``spec.approvedDigest``)."""
-        waiting = await self._awaiting_approval()
-        if waiting is None:
-            raise NotFoundError(
-                "NotFound", f"no PlanCommit of plan {self.plan_id} is waiting for an approval"
-            )
-        name = str(waiting["metadata"]["name"])
+        name = _logic.approval_target(
+            self.plan_id, await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+        )
         patched = await self.client.patch_object(
             PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
         )
         if not wait:
             return PlanCommitResult.from_object(patched)
-        done = _logic.plancommit_done(name)
-
-        def check(found: _logic.Objects) -> PlanCommitResult | None:
-            if on_progress is not None and name in found:
-                on_progress(PlanCommitResult.from_object(found[name]))
-            return done(found)
-
-        return await self.client.wait(
-            PLANCOMMIT_PLURAL,
-            check,
-            timeout,
-            f"plancommit {name} of plan {self.plan_id}",
-            namespace=self.namespace,
-            name=name,
-        )
+        return await self._wait_plancommit(name, timeout, on_progress)
 
     async def commits(self) -> list[PlanCommitResult]:
         """As :meth:`sandbox_client.Plan.commits`."""

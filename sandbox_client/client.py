@@ -14,8 +14,6 @@ in :mod:`sandbox_client.aio` has the same classes and method names. Typical use 
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -33,7 +31,6 @@ from sandbox_client.agent_files import AgentFileOperations, PodProxyTransport
 from sandbox_client.errors import (
     NotFoundError,
     SandboxClientError,
-    WaitTimeoutError,
     from_api_exception,
 )
 from sandbox_client.files import FileOperations, operations_for
@@ -235,31 +232,19 @@ class SandboxClient:
             WaitTimeoutError: ``timeout`` passed; the message says what and the last state.
             SandboxClientError: whatever ``check`` raises, or an API failure.
         """
-        deadline = time.monotonic() + timeout
-        selector = f"metadata.name={name}" if name else None
+        waiter = _logic.Waiter(check, timeout, what, name, describe)
         namespace = self._ns(namespace)
-        objects: dict[str, dict[str, Any]] = {}
         while True:
             with _translated():
-                listing = cast(
-                    dict[str, Any],
-                    self.custom.list_namespaced_custom_object(
-                        GROUP, VERSION, namespace, plural, field_selector=selector
-                    ),
+                listing = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, field_selector=waiter.selector or None
                 )
-            objects = {o["metadata"]["name"]: o for o in listing.get("items") or []}
-            version = str(listing["metadata"]["resourceVersion"])
-            done = check(objects)
+            done = waiter.listed(cast(dict[str, Any], listing))
             if done is not None:
                 return done
             gone = False
             while not gone:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    detail = describe(objects) if describe else ""
-                    raise WaitTimeoutError(
-                        "Timeout", f"{what}: not done after {timeout:g}s. {detail}".strip()
-                    )
+                arguments = waiter.watch_arguments()
                 watcher = k8s_watch.Watch()  # type: ignore[no-untyped-call]
                 try:
                     stream = watcher.stream(  # type: ignore[no-untyped-call]
@@ -268,25 +253,13 @@ class SandboxClient:
                         VERSION,
                         namespace,
                         plural,
-                        resource_version=version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=max(1, math.ceil(remaining)),
-                        _request_timeout=remaining + 10,
-                        field_selector=selector,
+                        **arguments,
                     )
                     for event in stream:
-                        obj = event["raw_object"]
-                        version = str(obj["metadata"]["resourceVersion"])
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        if event["type"] == "DELETED":
-                            objects.pop(obj["metadata"]["name"], None)
-                        else:
-                            objects[obj["metadata"]["name"]] = obj
-                        done = check(objects)
+                        done = waiter.seen(event)
                         if done is not None:
                             return done
-                        if time.monotonic() >= deadline:
+                        if waiter.expired:
                             break
                 except ApiException as exc:
                     if exc.status != 410:
@@ -693,16 +666,14 @@ class Plan:
         name = str(created["metadata"]["name"])
         if not wait:
             return PlanCommitResult.from_object(created)
-        done = _logic.plancommit_done(name)
+        return self._wait_plancommit(name, timeout, on_progress)
 
-        def check(objects: _logic.Objects) -> PlanCommitResult | None:
-            if on_progress is not None and name in objects:
-                on_progress(PlanCommitResult.from_object(objects[name]))
-            return done(objects)
-
+    def _wait_plancommit(
+        self, name: str, timeout: float, on_progress: ProgressCallback | None
+    ) -> PlanCommitResult:
         return self.client.wait(
             PLANCOMMIT_PLURAL,
-            check,
+            _logic.plancommit_progress(name, on_progress),
             timeout,
             f"plancommit {name} of plan {self.plan_id}",
             namespace=self.namespace,
@@ -807,35 +778,15 @@ class Plan:
             RefusedError: ``Invalid`` when ``digest`` is not ``sha256:`` + 64 hex.
             WaitTimeoutError: not finished within ``timeout`` seconds.
         """
-        objects = self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
-        waiting = _logic.awaiting_approval(
-            self.plan_id, {o["metadata"]["name"]: o for o in objects}
+        name = _logic.approval_target(
+            self.plan_id, self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
         )
-        if waiting is None:
-            raise NotFoundError(
-                "NotFound", f"no PlanCommit of plan {self.plan_id} is waiting for an approval"
-            )
-        name = str(waiting["metadata"]["name"])
         patched = self.client.patch_object(
             PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
         )
         if not wait:
             return PlanCommitResult.from_object(patched)
-        done = _logic.plancommit_done(name)
-
-        def check(found: _logic.Objects) -> PlanCommitResult | None:
-            if on_progress is not None and name in found:
-                on_progress(PlanCommitResult.from_object(found[name]))
-            return done(found)
-
-        return self.client.wait(
-            PLANCOMMIT_PLURAL,
-            check,
-            timeout,
-            f"plancommit {name} of plan {self.plan_id}",
-            namespace=self.namespace,
-            name=name,
-        )
+        return self._wait_plancommit(name, timeout, on_progress)
 
     def commits(self) -> list[PlanCommitResult]:
         """The plan's PlanCommits (commits and rollbacks), by name."""
