@@ -3,10 +3,12 @@
 The client runs where an engine runs, outside the cluster, with the admin kubeconfig: it creates
 a plan of three Sandboxes (git_worktree, copy_on_write, overlay over the originals' claim),
 reads, writes, lists and diffs through their workspace agents (the API server's pod proxy; the
-workspace Pods' NetworkPolicy is in place and unchanged), checkpoints and restores, reviews,
-approves (the commit of exactly the reviewed changes), commits a second plan directly, and cleans
-up. It also measures 100 ``write_file`` + ``read_file`` pairs through the agent (sync client)
-and writes them to ``$E2E_CLIENT_BENCH_OUT`` (default ``/tmp/bench-client-e2e.md``) for
+workspace Pods' NetworkPolicies are in place and unchanged), checkpoints and restores, reviews
+and approves (the commit of exactly the reviewed changes). A second plan is committed directly
+by a ServiceAccount bound to exactly the Role docs/client.md documents (a bearer token: the API
+server consumes ``Authorization``, the agent token travels in its own header); then cleanup.
+It also measures 100 ``write_file`` + ``read_file`` pairs through the agent (sync client) and
+writes them to ``$E2E_CLIENT_BENCH_OUT`` (default ``/tmp/bench-client-e2e.md``) for
 docs/benchmarks.md.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.conftest import Originals
 from e2e.kube import Kube
@@ -33,8 +36,46 @@ def claim(sub_path: str) -> dict[str, Any]:
     return {"persistentVolumeClaim": {"claimName": "originals", "subPath": sub_path}}
 
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "client.md"
+
+
+def engine_kubeconfig(kube: Kube, namespace: str, work: Path) -> str:
+    """A kubeconfig for a ServiceAccount of ``namespace`` bound to the documented Role."""
+    section = DOC.read_text().split("### RBAC", 1)[1]
+    role = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "sandbox-engine"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "sandbox-engine",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "engine", "namespace": namespace}],
+    }
+    kube.kubectl("create", "serviceaccount", "engine", "-n", namespace)
+    kube.apply(namespace, role, binding)
+    token = kube.kubectl("create", "token", "engine", "-n", namespace).strip()
+    admin = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
+    context = next(c["context"] for c in admin["contexts"] if c["name"] == admin["current-context"])
+    cluster = next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": cluster}],
+        "users": [{"name": "engine", "user": {"token": token}}],
+        "contexts": [{"name": "engine", "context": {"cluster": "e2e", "user": "engine"}}],
+        "current-context": "engine",
+    }
+    path = work / "engine.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return str(path)
+
+
 def test_client_flow_through_the_workspace_agents(
-    kube: Kube, namespace: str, originals: Originals
+    kube: Kube, namespace: str, originals: Originals, tmp_path: Path
 ) -> None:
     client = SandboxClient(namespace=namespace)
     plan = Plan(client, "client-e2e", namespace)
@@ -44,6 +85,9 @@ def test_client_flow_through_the_workspace_agents(
     infos = plan.wait_ready(timeout=300)
     assert {info.executor for info in infos} == {"pod"}, infos
     assert all(info.workspace_pod for info in infos)
+    # The workspace Pods' NetworkPolicies are in place: the proxied calls below pass them.
+    policies = kube.json("get", "networkpolicies", "-n", namespace)["items"]
+    assert len(policies) == 3, [p["metadata"]["name"] for p in policies]
 
     repo.write_file("f.txt", "line1\nline2\n")
     repo.write_file("src/new.py", "x = 1\n")
@@ -75,8 +119,11 @@ def test_client_flow_through_the_workspace_agents(
     assert originals.read("data/g.txt") == "d1\n"
     assert originals.read("layer/h.txt") == "o1\n"
 
-    # A second plan committed directly, with the async client and the agent benchmark.
-    second = Plan(client, "client-e2e-direct", namespace)
+    # A second plan committed directly by the engine's own identity (the documented Role),
+    # with the async client and the agent benchmark.
+    engine = engine_kubeconfig(kube, namespace, tmp_path)
+    engine_client = SandboxClient(kubeconfig=engine, namespace=namespace)
+    second = Plan(engine_client, "client-e2e-direct", namespace)
     work = second.add_sandbox("work", "copy_on_write", claim("data"))
     second.wait_ready(timeout=300)
     started = time.perf_counter()
@@ -86,7 +133,7 @@ def test_client_flow_through_the_workspace_agents(
     elapsed = time.perf_counter() - started
 
     async def with_asyncio() -> None:
-        async with aio.SandboxClient(namespace=namespace) as async_client:
+        async with aio.SandboxClient(kubeconfig=engine, namespace=namespace) as async_client:
             sandbox = async_client.sandbox(work.name)
             await sandbox.write_file("async.txt", "async\n")
             assert await sandbox.read_file("async.txt") == "async\n"
@@ -102,6 +149,7 @@ def test_client_flow_through_the_workspace_agents(
     second.delete(cleanup=True)
     assert plan.sandboxes() == [] and second.sandboxes() == []
     client.close()
+    engine_client.close()
 
     out = Path(os.environ.get("E2E_CLIENT_BENCH_OUT", "/tmp/bench-client-e2e.md"))  # noqa: S108
     out.write_text(
