@@ -30,9 +30,11 @@ from sandbox_operator.executors.agent_client import AgentClient, derive_token
 from sandbox_client import SandboxClient, aio
 from sandbox_client.agent_files import (
     AgentFileOperations,
+    AgentReply,
     AsyncAgentFileOperations,
     AsyncDirectTransport,
     DirectTransport,
+    error_of,
     secret_name,
 )
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
@@ -411,3 +413,41 @@ def test_the_documented_engine_role_is_enough_and_needed(
         client.agent_files.read_file(info, "README.md")
     assert forbidden.value.reason == "Forbidden"
     assert TOKEN not in str(forbidden.value)
+
+
+def agent_error(status: int, type_: str, message: str) -> AgentReply:
+    return AgentReply(status, json.dumps({"error": {"type": type_, "message": message}}).encode())
+
+
+def api_status(status: int, reason: str) -> AgentReply:
+    body = {"kind": "Status", "status": "Failure", "reason": reason, "message": f"m {reason}"}
+    return AgentReply(status, json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "reason"),
+    [
+        (agent_error(404, "NotFound", "no file x"), NotFoundError, "NotFound"),
+        (
+            agent_error(422, "ValueError", "Path traversal not allowed"),
+            RefusedError,
+            "PathTraversal",
+        ),
+        (agent_error(409, "SandboxStateError", "committed"), RefusedError, "InvalidState"),
+        (agent_error(500, "IsADirectoryError", "is a dir"), RefusedError, "InvalidState"),
+        (agent_error(500, "OSError", "disk full"), OperationFailedError, "IOError"),
+        (agent_error(401, "Unauthorized", "bad or no token"), OperationFailedError, "IOError"),
+        (api_status(403, "Forbidden"), RefusedError, "Forbidden"),
+        (api_status(404, "NotFound"), RefusedError, "InvalidState"),
+        (api_status(400, "BadRequest"), RefusedError, "InvalidState"),
+        (api_status(503, "ServiceUnavailable"), OperationFailedError, "IOError"),
+        (AgentReply(502, b"<html>bad gateway</html>"), OperationFailedError, "IOError"),
+    ],
+)
+def test_agent_and_api_server_replies_map_to_the_local_error_types(
+    reply: AgentReply, kind: type[Exception], reason: str
+) -> None:
+    """The HTTP failures of both hops become LocalFileOperations' error types and reasons."""
+    error = error_of(reply, "read x in s")
+    assert type(error) is kind
+    assert error.reason == reason
