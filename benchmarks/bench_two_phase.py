@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -83,11 +84,15 @@ def build(root: Path, count: int, files: int, changed: int, conflict: bool) -> l
     return sandboxes
 
 
-def one_run(mode: str, count: int, files: int, changed: int, conflict: bool) -> dict[str, float]:
+def one_run(
+    mode: str, count: int, files: int, changed: int, conflict: bool, settle: bool = True
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-tpc-") as tmp:
         root = Path(tmp)
         log: list[tuple[float, float]] = []
         sandboxes = [Watched(sb, log) for sb in build(root, count, files, changed, conflict)]
+        if settle:
+            os.sync()  # the set-up's dirty pages are not the commit's to write back
         journal = FileCommitJournal(root / "journal.json")
         started = time.perf_counter()
         if mode == "two_phase":

@@ -60,6 +60,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from sandbox_core._fs_utils import deferred_syncfs
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
     JournalPhase,
@@ -216,11 +217,15 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         self._save(state)
         pairs = list(zip(state.steps, ordered, strict=True))
         prepared: list[PreparedCommit] = []
-        for index in range(1, len(pairs) + 1):
-            outcome = self._prepare_one(state, pairs, index, message)
-            if isinstance(outcome, CommitResult):
-                return [outcome]
-            prepared.append(outcome)
+        # Staged files are made durable by one syncfs per filesystem before the decision
+        # record instead of one per participant: until the decision, recovery only aborts, and
+        # an abort removes whatever of a staging area reached the disk.
+        with deferred_syncfs() as flush_staged:
+            for index in range(1, len(pairs) + 1):
+                outcome = self._prepare_one(state, pairs, index, message)
+                if isinstance(outcome, CommitResult):
+                    return [outcome]
+                prepared.append(outcome)
         state.digest = plan_digest(prepared)
         if approved_digest is not None and state.digest != approved_digest:
             state.error = (
@@ -228,6 +233,15 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
                 f"to {state.digest}, the approval named {approved_digest}; nothing was changed"
             )
             self._abort(state, pairs, JournalReason.CHANGED_SINCE_APPROVAL)
+            return [failure_result(state)]
+        try:
+            flush_staged()
+        except OSError as exc:
+            state.error = (
+                f"Atomic commit failed: plan {plan_id}: the staged changes could not be made "
+                f"durable: {exc}; every participant was aborted, nothing was changed"
+            )
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
             return [failure_result(state)]
         decided = self._decide(state, pairs)
         if decided is not None:
@@ -499,7 +513,6 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             f"{what}: {exc}; every participant was aborted, nothing was changed"
         )
         logger.error("%s", state.error)
-
 
 
 def failure_result(state: JournalState) -> CommitResult:
