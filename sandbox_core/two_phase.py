@@ -4,13 +4,17 @@ The saga (:mod:`sandbox_core.saga`) commits sandboxes one after another and comp
 ones that landed when a later one fails, so a conflict in the last of ten sandboxes changes nine
 originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead:
 
-1. **Prepare** (journal phase ``preparing``): every participant, in commit order, does all the
-   work that can fail without touching its original (``BaseSandbox.prepare(txid)``: merge
-   objects, staged files beside their targets, ``PREPARE TRANSACTION``), each named after the
-   attempt's ``txid`` (:func:`plan_txid`). Each step is recorded ``prepared`` with its
-   ``PreparedCommit`` once its prepare returned. Any failure aborts every step (also the failed
-   one) and ends the attempt ``failed`` / ``CommitFailed``: no original touched, sandboxes keep
-   their status.
+1. **Prepare** (journal phase ``preparing``): every participant does all the work that can
+   fail without touching its original (``BaseSandbox.prepare(txid)``: merge objects, staged
+   files beside their targets, ``PREPARE TRANSACTION``), each named after the attempt's
+   ``txid`` (:func:`plan_txid`). Participants whose originals are independent
+   (:func:`independent_chains`) are prepared at once in threads, the others in commit order.
+   Each step is recorded ``prepared`` with its ``PreparedCommit``, written with the decision
+   record (until the decision recovery aborts every step anyway). Staged files become durable
+   by one ``syncfs`` per filesystem before the decision (``deferred_syncfs``). Any failure
+   aborts every step (also the failed one) and ends the attempt ``failed`` / ``CommitFailed``
+   (the first failed step in commit order is named): no original touched, sandboxes keep their
+   status.
 2. **Verify**: :func:`~sandbox_core.review.plan_digest` over the prepared digests must equal the
    approved digest when one is given, else every step is aborted and the attempt ends
    ``failed`` / ``ChangedSinceApproval``.
@@ -20,7 +24,7 @@ originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead
    ``apply_prepared(txid)`` **is** the decision. Then the decision record (phase ``applying``,
    ``decided_at``) is saved: from here recovery rolls forward.
 4. **Apply**: ``apply_prepared(txid)`` of every other participant (renames, compare-and-swap ref
-   updates, ``COMMIT PREPARED``), then phase ``committed``.
+   updates, ``COMMIT PREPARED``; independent ones at once), then phase ``committed``.
 
 Recovery (:meth:`TwoPhasePlanCommit.recover`), from the journal alone in a fresh process:
 
@@ -46,8 +50,9 @@ then falls back to the saga and reports ``fallback_reason`` (see ``docs/two-phas
 
 Fault injection (tests only), through :func:`sandbox_core.saga.env_fault_hook`
 (``SANDBOX_CORE_FAULT=<point>:<index>`` SIGKILLs, ``SANDBOX_CORE_FAULT_RAISE`` raises): points
-``before_prepare``, ``after_prepare`` (prepared and recorded), ``before_apply``, ``after_apply``
-(applied, not yet recorded) with the 1-based step index in commit order, and
+``before_prepare``, ``after_prepare`` (prepared, not yet recorded), ``before_apply``,
+``after_apply`` (applied, not yet recorded) with the 1-based step index in commit order, each
+reached in the thread of its own step (other independent steps may be anywhere then), and
 ``after_decision`` with index ``0`` (the decision record is durable, nothing applied yet except
 a last resource).
 """
