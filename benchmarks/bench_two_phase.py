@@ -48,27 +48,20 @@ from sandbox_core.two_phase import TwoPhasePlanCommit
 BLOCK = b"x" * 4096
 
 
-class Watched:
-    """A sandbox whose calls that change the original are timed (everything else delegated)."""
+def watch(sandbox: Any, log: list[tuple[float, float]]) -> Any:
+    """``sandbox`` with its calls that change the original timed into ``log`` (patched on the
+    instance, so the coordinator still sees the sandbox itself)."""
+    for name in ("commit", "apply_prepared"):
+        action = getattr(sandbox, name)
 
-    def __init__(self, sandbox: Any, log: list[tuple[float, float]]) -> None:
-        self._sandbox = sandbox
-        self._log = log
+        def timed(*args: Any, _action: Callable[..., Any] = action) -> Any:
+            started = time.perf_counter()
+            result = _action(*args)
+            log.append((started, time.perf_counter()))
+            return result
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sandbox, name)
-
-    def _timed(self, action: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
-        result = action()
-        self._log.append((started, time.perf_counter()))
-        return result
-
-    def commit(self, message: str | None = None) -> Any:
-        return self._timed(lambda: self._sandbox.commit(message))
-
-    def apply_prepared(self, txid: str) -> Any:
-        return self._timed(lambda: self._sandbox.apply_prepared(txid))
+        setattr(sandbox, name, timed)
+    return sandbox
 
 
 def build(root: Path, count: int, files: int, changed: int, conflict: bool) -> list[Any]:
@@ -95,7 +88,7 @@ def one_run(
     with tempfile.TemporaryDirectory(prefix="bench-tpc-") as tmp:
         root = Path(tmp)
         log: list[tuple[float, float]] = []
-        sandboxes = [Watched(sb, log) for sb in build(root, count, files, changed, conflict)]
+        sandboxes = [watch(sb, log) for sb in build(root, count, files, changed, conflict)]
         if settle:
             os.sync()  # the set-up's dirty pages are not the commit's to write back
         journal = FileCommitJournal(root / "journal.json")

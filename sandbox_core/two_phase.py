@@ -70,6 +70,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sandbox_core._fs_utils import deferred_syncfs
+from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
     CommitJournal,
@@ -169,7 +170,14 @@ def participant_order(sandboxes: Iterable[Any]) -> list[Any]:
 
 def _original_key(sandbox: Any) -> str | None:
     """What a participant's prepare and apply write to: the real path of its original, or its
-    database address; None when unknown (then it is independent of nothing)."""
+    database address; None when unknown (then it is independent of nothing).
+
+    Only an in-process :class:`~sandbox_core.base.BaseSandbox` can run beside others: an
+    executor's handle or a wrapper around one (the operator's deletion guard, which checks its
+    Sandbox object right before each prepare, in commit order; an agent's HTTP handle) keeps
+    the plan in order."""
+    if not isinstance(sandbox, BaseSandbox):
+        return None
     original = getattr(sandbox, "original_path", None)
     if not isinstance(original, str) or not original:
         return None
@@ -193,8 +201,8 @@ def independent_chains(indices: list[int], pairs: list[tuple[JournalStep, Any]])
 
     Participants whose originals may overlap (the same original, e.g. two git sandboxes of one
     repository or two sandboxes of one database; one original inside another; an original
-    that cannot be told) share a chain, in commit order; different chains never touch the
-    same files, refs or database.
+    that cannot be told, or a participant that is not an in-process sandbox) share a chain, in
+    commit order; different chains never touch the same files, refs or database.
     """
     chains: list[tuple[list[int], list[str | None]]] = []
     for index in indices:

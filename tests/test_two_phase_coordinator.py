@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,22 +258,19 @@ def test_apply_failing_after_the_decision_stays_open_and_recover_finishes(tmp_pa
     assert leftovers(originals) == []
 
 
-class _Participant:
-    def __init__(self, original: object) -> None:
-        self.original_path = original
-
-
 def test_independent_chains_keep_overlapping_originals_in_order(tmp_path: Path) -> None:
     """Same original (two git sandboxes of one repository, two of one database), nested
     originals, and an original that cannot be told share a chain, in commit order."""
     repo, other, inner = tmp_path / "repo", tmp_path / "other", tmp_path / "repo" / "sub"
     dsn, dsn2 = "postgresql://u@h/db?options=-csearch_path%3Da", "postgresql://u@h/db"
     originals: list[object] = [str(repo), str(other), dsn, str(repo), dsn2, str(inner), "sqlite:x"]
-    pairs = [(None, _Participant(o)) for o in originals]
-    chains = independent_chains(list(range(1, len(pairs) + 1)), pairs)  # type: ignore[arg-type]
+    pairs: list[Any] = [(None, StagedFileSandbox("r", str(o))) for o in originals]
+    chains = independent_chains(list(range(1, len(pairs) + 1)), pairs)
     assert chains == [[1, 4, 6], [2], [3, 5], [7]]
-    pairs.append((None, _Participant(None)))  # unknown: overlaps everything
-    chains = independent_chains(list(range(1, len(pairs) + 1)), pairs)  # type: ignore[arg-type]
+    # Not an in-process sandbox (an executor's handle, the operator's guard around one): it
+    # keeps the whole plan in order.
+    wrapped = type("Handle", (), {"original_path": str(tmp_path / "third")})()
+    chains = independent_chains(list(range(1, len(pairs) + 2)), [*pairs, (None, wrapped)])
     assert chains == [list(range(1, 9))]
 
 
