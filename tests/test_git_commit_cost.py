@@ -231,3 +231,26 @@ def test_local_work_on_other_paths_is_kept_and_not_a_conflict(tmp_path: Path) ->
     status = sorted(git(repo, "status", "--porcelain", "--ignored").splitlines())
     assert status == [" D dir/d.txt", " M b.txt", "!! x.o", "?? notes.txt"]
     assert (repo / "a.txt").read_text() == "A from the sandbox\n"
+
+
+def test_prepare_and_apply_prepared_process_counts(tmp_path: Path, calls: list[str]) -> None:
+    repo, sandbox = new_sandbox(tmp_path)
+    edit(sandbox)
+    calls.clear()
+    prepared = sandbox.prepare("tx-cost")
+    assert calls == [
+        "add",
+        "write-tree",
+        "diff-tree",
+        "cat-file",
+        "rev-parse",
+        "for-each-ref",
+        "commit-tree",
+        "status",
+        "update-ref",
+    ]
+    calls.clear()
+    result = sandbox.apply_prepared("tx-cost")
+    assert calls == ["for-each-ref", "diff-tree", "rev-parse", "read-tree", "update-ref"]
+    assert result.commit_ref == prepared.details["merge_commit"] == git(repo, "rev-parse", "HEAD")
+    assert git(repo, "status", "--porcelain") == ""
