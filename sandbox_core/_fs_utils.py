@@ -1003,6 +1003,91 @@ def _apply_meta(path: str, meta: Meta) -> None:
         _set_dir_meta(path, meta)
 
 
+class MountPointsInsideError(OSError):
+    """A directory tree holds other mounted file systems (``errno`` ``EXDEV``).
+
+    The policy of every directory strategy and mode (docs/fidelity.md, "Mount points inside the
+    tree"): such a tree is refused at create, and a commit, prepare, apply or undo of a tree in
+    which a mount appeared since is refused before anything is written, because an entry cannot
+    be renamed across a mount point. ``paths`` are the mount points, relative to ``root``.
+    """
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+        super().__init__(
+            errno.EXDEV,
+            f"{root} holds other mounted file systems at {shown}: a commit cannot move entries "
+            "across a mount point; sandbox each file system on its own (or unmount them)",
+            root,
+        )
+        self.root = root
+        self.paths = paths
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape_mount_path(field: bytes) -> bytes:
+    """``/proc/self/mountinfo`` writes space, tab, newline and backslash as ``\\ooo``."""
+    out = bytearray()
+    index = 0
+    while index < len(field):
+        if field[index : index + 1] == b"\\" and field[index + 1 : index + 4].isdigit():
+            out.append(int(field[index + 1 : index + 4], 8))
+            index += 4
+        else:
+            out += field[index : index + 1]
+            index += 1
+    return bytes(out)
+
+
+def mount_points_inside(root: StrPath) -> list[str]:
+    """Mount points strictly inside directory ``root`` (relative paths, sorted), bind mounts
+    of the same file system included (a rename across them fails with ``EXDEV`` too).
+
+    Read from ``/proc/self/mountinfo`` (this process's mount namespace); where that is not
+    readable, a walk compares each directory's ``st_dev`` with its parent's (no bind mounts).
+    """
+    top = os.fsencode(os.path.realpath(root))
+    prefix = top if top.endswith(b"/") else top + b"/"
+    try:
+        with open(_MOUNTINFO, "rb") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return _mount_points_by_device(os.fsdecode(top))
+    found = set()
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = _unescape_mount_path(fields[4])
+            if point.startswith(prefix):
+                found.add(os.fsdecode(point[len(prefix) :]))
+    return sorted(found)
+
+
+def _mount_points_by_device(top: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, dirnames, _ in os.walk(top):
+        device = os.lstat(dirpath).st_dev
+        for name in list(dirnames):
+            path = os.path.join(dirpath, name)
+            if os.lstat(path).st_dev != device:
+                found.append(os.path.relpath(path, top))
+                dirnames.remove(name)
+    return sorted(found)
+
+
+def refuse_mount_points(root: StrPath) -> None:
+    """Raise :class:`MountPointsInsideError` when another file system is mounted inside
+    ``root``; called at create and before a sync writes anything (docs/fidelity.md)."""
+    found = mount_points_inside(root)
+    if found:
+        raise MountPointsInsideError(os.path.realpath(root), found)
+
+
 def staging_dir_for(target: StrPath) -> str:
     """Path for a new staging area of ``target``, on the same filesystem as ``target``.
 
@@ -1327,6 +1412,7 @@ def sync_tree(
     keep = os.path.abspath(backup_dir) if backup_dir is not None else None
     if keep is not None and os.path.lexists(keep):
         raise FileExistsError(errno.EEXIST, "backup directory exists", keep)
+    refuse_mount_points(target_s)  # before anything is written: renames cannot cross them
     recover_sync(target_s)
     if changes is None:
         changes = compute_changes(target_s, source_s, exclude=exclude)
@@ -1350,6 +1436,7 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
     keep, target_s = os.path.abspath(backup_dir), os.path.abspath(target)
     with open(os.path.join(keep, _UNDO), encoding="utf-8") as handle:
         record = json.load(handle)
+    refuse_mount_points(target_s)
     recover_sync(target_s)
     ops: list[_Op] = []
     for op in reversed(record["ops"]):
@@ -1825,6 +1912,7 @@ def stage_sync(
     for path in (source_s, target_s):
         if not os.path.isdir(path):
             raise FileNotFoundError(errno.ENOENT, "directory not found", path)
+    refuse_mount_points(target_s)
     existing = find_prepared(target_s, key)
     if existing is not None:
         abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
@@ -1887,7 +1975,9 @@ def verify_staged(target: StrPath, key: str) -> list[str]:
         raise FileNotFoundError(errno.ENOENT, f"nothing staged under {key}", target_s)
     if journal["state"] != _STAGED:
         return []
-    return _guard_mismatches(target_s, journal)
+    # A file system mounted inside since prepare: the renames could not cross it (EXDEV).
+    mounts = mount_points_inside(target_s)
+    return _guard_mismatches(target_s, journal) + mounts
 
 
 def staged_state(target: StrPath, key: str) -> str | None:

@@ -56,6 +56,7 @@ from sandbox_core._fs_utils import (
     lock_tree,
     pending_since,
     recover_sync,
+    refuse_mount_points,
     reset_copy,
     snapshot_tree,
     sync_tree,
@@ -131,6 +132,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox root {root} is inside the original {source}; choose another root"
             )
+        refuse_mount_points(source)  # docs/fidelity.md: renames cannot cross a mount point
         self.base_dir.mkdir(parents=True)
         try:
             # The original's snapshot is taken beside the copy: a change made meanwhile shows

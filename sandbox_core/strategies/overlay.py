@@ -83,6 +83,7 @@ from sandbox_core._fs_utils import (
     lock_tree,
     pending_since,
     recover_sync,
+    refuse_mount_points,
     reset_copy,
     scan_tree,
     snapshot_tree,
@@ -194,6 +195,9 @@ class OverlaySandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox root {self.sandbox_root} lies inside the original {original}"
             )
+        # docs/fidelity.md: renames cannot cross a mount point, and the kernel's overlay does not
+        # show what is mounted inside its lower directory.
+        refuse_mount_points(original)
         if self._options.get("mode", "auto") != "fallback":
             _refuse_external_gitfiles(original)  # fallback: checked beside its copy (_build)
         try:
