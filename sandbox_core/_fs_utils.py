@@ -1003,6 +1003,37 @@ def _apply_meta(path: str, meta: Meta) -> None:
         _set_dir_meta(path, meta)
 
 
+def root_meta(path: StrPath) -> Meta:
+    """The own metadata of directory ``path`` (mode, owner and group, xattrs and POSIX ACLs)
+    that a commit gives the original's top directory (docs/fidelity.md)."""
+    return _dir_meta(os.fspath(path))
+
+
+def root_change(base: Meta | None, original: StrPath, copy: StrPath) -> tuple[Meta | None, bool]:
+    """What a commit does to the original's top directory: ``(meta, conflict)``.
+
+    ``meta`` is the copy's top metadata when the sandbox changed it since ``base`` (the top's
+    metadata when the copy was made or reset), else ``None`` (the original's own change, if
+    any, is kept). ``conflict`` is True when the original's top changed since ``base`` too, to
+    something else (copy_on_write refuses such a commit; the overlay's sandbox wins).
+    """
+    if base is None:
+        return None, False
+    ours = root_meta(copy)
+    if ours == base:
+        return None, False
+    theirs = root_meta(original)
+    return ours, theirs not in (base, ours)
+
+
+def _root_ops(target: str, root: Meta | None) -> list[_Op]:
+    """The op giving ``target`` itself the metadata ``root`` (none when it has it already)."""
+    if root is None:
+        return []
+    now = _dir_meta(target)
+    return [] if now == root else [_Op("", meta=(now, root))]
+
+
 class MountPointsInsideError(OSError):
     """A directory tree holds other mounted file systems (``errno`` ``EXDEV``).
 
@@ -1370,6 +1401,7 @@ def sync_tree(
     backup_dir: StrPath | None = None,
     exclude: Iterable[str] = (),
     expand_links: bool = True,
+    root: Meta | None = None,
 ) -> TreeChanges:
     """Make directory ``target`` equal to directory ``source``, crash-safe, in O(changes).
 
@@ -1396,6 +1428,8 @@ def sync_tree(
         expand_links: add :func:`link_closure` to the changed paths. Pass ``False`` only
             when ``source`` is a partial mirror and the caller already staged the closure
             (a name missing from ``source`` would otherwise be deleted from ``target``).
+        root: when given, ``target`` itself gets this metadata (:func:`root_meta`: mode, owner,
+            xattrs), journaled and undone like a directory's (see :func:`root_change`).
 
     Returns:
         The applied :class:`TreeChanges`.
@@ -1417,7 +1451,7 @@ def sync_tree(
     if changes is None:
         changes = compute_changes(target_s, source_s, exclude=exclude)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _plan(source_s, target_s, paths)
+    ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     if keep is not None:
         os.makedirs(keep)
     _run(target_s, ops, keep_backup=keep, progress=on_progress)
@@ -1451,6 +1485,8 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
                 had_old=os.path.lexists(os.path.join(target_s, op["path"])),
             )
         )
+    # Metadata last, as in a sync: a directory made read-only must not block the renames.
+    ops = [op for op in ops if op.meta is None] + [op for op in ops if op.meta is not None]
     _run(target_s, ops, keep_backup=None, progress=None)
 
 
@@ -1482,6 +1518,9 @@ class Baseline:
 
     original: dict[str, str] | None
     copy: dict[str, str] | None
+    #: The top directory's own metadata (:func:`root_meta`) when the copy was made or reset;
+    #: ``None`` in a manifest of an older version (the top is then not committed).
+    root: Meta | None = None
 
     def save(self, path: StrPath) -> None:
         """Write to ``path`` atomically (temp file + rename).
@@ -1497,6 +1536,8 @@ class Baseline:
                 raise ValueError("an unknown baseline cannot be saved")
             fields += [item for pair in snapshot.items() for item in pair]
             fields.append("")
+        if self.root is not None:  # a last field after the copy's (older readers stop before)
+            fields.append(json.dumps(self.root, sort_keys=True))
         tmp = os.fspath(path) + ".tmp"
         with open(tmp, "wb") as handle:
             handle.write("\0".join(fields).encode("utf-8", "surrogateescape"))
@@ -1519,10 +1560,13 @@ class Baseline:
         if fields[0] != _BASELINE_MAGIC:
             return cls(None, None)
         cut = fields.index("", 1)
-        first, second = fields[1:cut], fields[cut + 1 : -1]
+        end = fields.index("", cut + 1)
+        first, second = fields[1:cut], fields[cut + 1 : end]
+        tail = fields[end + 1 :]
         return cls(
             dict(zip(first[::2], first[1::2], strict=True)),
             dict(zip(second[::2], second[1::2], strict=True)),
+            json.loads(tail[0]) if tail and tail[0] else None,
         )
 
     @classmethod
@@ -1606,11 +1650,12 @@ def reset_copy(
     """
     pending = pending_since(baseline, original, copy, exclude=exclude)
     changes = compute_changes_at(copy, original, pending.candidates)
-    if not changes.is_empty:
+    top = root_meta(original)
+    if not changes.is_empty or root_meta(copy) != top:
         replaced = link_closure(original, copy, changes.paths)
-        sync_tree(original, copy, changes=changes)
+        sync_tree(original, copy, changes=changes, root=top)
         refresh_snapshot(pending.copy, copy, replaced)
-    return Baseline(pending.original, pending.copy)
+    return Baseline(pending.original, pending.copy, top)
 
 
 # -- two-phase staging (issue 9) -----------------------------------------------------------------
@@ -1811,7 +1856,12 @@ def _digest_ops(ops: list[dict[str, Any]], new_root_of: Callable[[int], str]) ->
 
 
 def change_digest(
-    source: StrPath, target: StrPath, changes: TreeChanges, *, expand_links: bool = True
+    source: StrPath,
+    target: StrPath,
+    changes: TreeChanges,
+    *,
+    expand_links: bool = True,
+    root: Meta | None = None,
 ) -> str:
     """The digest :func:`stage_sync` would return for the same arguments, read from
     ``source`` without staging anything (a review, issue 9): equal when nothing changed in
@@ -1823,7 +1873,7 @@ def change_digest(
     """
     source_s, target_s = os.path.abspath(source), os.path.abspath(target)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _journal_ops(_plan(source_s, target_s, paths))
+    ops = _journal_ops(_plan(source_s, target_s, paths) + _root_ops(target_s, root))
     return _digest_ops(ops, lambda index: os.path.join(source_s, ops[index]["path"]))
 
 
@@ -1884,6 +1934,7 @@ def stage_sync(
     changes: TreeChanges,
     backup_dir: StrPath | None = None,
     expand_links: bool = True,
+    root: Meta | None = None,
 ) -> StagedSync:
     """The durable first half of :func:`sync_tree` (two-phase commit, issue 9): copy every new
     entry of ``changes`` into the staging area :func:`prepared_dir_for` ``(target, key)`` on
@@ -1917,7 +1968,7 @@ def stage_sync(
     if existing is not None:
         abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _plan(source_s, target_s, paths)
+    ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     staging = prepared_dir_for(target_s, key)
     os.mkdir(staging, 0o700)
     try:

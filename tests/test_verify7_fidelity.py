@@ -26,6 +26,7 @@ import pytest
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxRollbackError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from tests.fidelity_tree import assert_same_tree, tree_state
 from tests.test_fidelity_cases import STRATEGIES, Make, make  # noqa: F401 - fixture
 
@@ -44,16 +45,17 @@ DEFAULT_ACL = _acl([(0x01, 7, UNDEFINED), (0x02, 7, 1234), (0x04, 5, UNDEFINED),
 
 def _round_trip(make: Make, src: Path, edit: Edit) -> None:  # noqa: F811
     """create, edit, commit (original == intended), rollback (original == before)."""
-    before = tree_state(src)
+    before = tree_state(src, top=True)
     sandbox = make(src)
     sandbox.create("plan-v7")
-    assert_same_tree(sandbox.get_path(""), before, "after create")
+    assert_same_tree(sandbox.get_path(""), before, "after create", top=True)
     edit(Path(sandbox.get_path("")))
-    intended = tree_state(sandbox.get_path(""))
+    intended = tree_state(sandbox.get_path(""), top=True)
     sandbox.commit()
-    assert_same_tree(src, intended, "after commit")
+    assert_same_tree(src, intended, "after commit", top=True)
     sandbox.rollback()
-    assert_same_tree(src, before, "after rollback from COMMITTED")
+    assert_same_tree(src, before, "after rollback from COMMITTED", top=True)
+    assert_same_tree(sandbox.get_path(""), before, "sandbox after rollback", top=True)
 
 
 def _write(path: bytes | Path, data: bytes, mode: str = "wb") -> None:
@@ -335,3 +337,116 @@ def test_a_mount_made_after_commit_refuses_the_rollback_until_unmounted(
     assert_same_tree(src, committed, "after a refused rollback")
     sandbox.rollback()
     assert_same_tree(src, before, "after the rollback")
+
+
+# -- the top directory's own metadata (docs/fidelity.md, "the top directory itself") -------------
+
+
+TOP_EDITS = ["mode", "owner", "xattr", "acl", "all"]
+
+
+def _edit_top(top: Path, what: str) -> None:
+    if what in ("owner", "all"):
+        os.chown(top, 1234, 2345)
+    if what in ("mode", "all"):
+        top.chmod(0o2750)
+    if what in ("xattr", "all"):
+        os.setxattr(top, "user.top", b"sandbox")
+        os.removexattr(top, "user.old")
+    if what in ("acl", "all"):
+        os.setxattr(top, "system.posix_acl_default", DEFAULT_ACL)
+
+
+@pytest.mark.parametrize("what", TOP_EDITS)
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_mode_owner_and_xattrs_are_committed_and_rolled_back(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    what: str,
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    (src / "f").write_text("f\n")
+
+    def edit(top: Path) -> None:
+        _edit_top(top, what)
+        if what == "all":
+            (top / "f").write_text("g\n")
+
+    _round_trip(make, src, edit)
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_changed_only_in_the_original_is_kept(tmp_path: Path, make: Make) -> None:  # noqa: F811
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("new.txt")).write_text("n\n")
+    src.chmod(0o700)  # the application's own change, after create
+    os.setxattr(src, "user.app", b"2")
+    kept = tree_state(src, top=True)[b"."]
+
+    sandbox.commit()
+
+    assert tree_state(src, top=True)[b"."] == kept
+    assert (src / "new.txt").read_text() == "n\n"
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_changed_on_both_sides(tmp_path: Path, make: Make) -> None:  # noqa: F811
+    """copy_on_write refuses it as a conflict on ``"."`` (nothing written, still ACTIVE); the
+    overlay's sandbox wins, as it does for any path."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("")).chmod(0o750)
+    src.chmod(0o700)
+    before = tree_state(src, top=True)
+
+    if isinstance(sandbox, CopyOnWriteSandbox):
+        with pytest.raises(SandboxCommitError) as refused:
+            sandbox.commit()
+        assert refused.value.conflicts == ["."]
+        assert sandbox.status is SandboxStatus.ACTIVE
+        assert_same_tree(src, before, "after a refused commit", top=True)
+    else:
+        sandbox.commit()
+        assert oct(os.lstat(src).st_mode & 0o7777) == oct(0o750)
+        sandbox.rollback()
+        assert_same_tree(src, before, "after rollback", top=True)
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_change_in_two_phase_and_after_a_rollback(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+) -> None:
+    """prepare/apply lands the top's metadata (and the review digest covers it); a rollback of
+    the ACTIVE sandbox resets the view's top too."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    before = tree_state(src, top=True)
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("")).chmod(0o711)
+    sandbox.rollback()
+    assert_same_tree(sandbox.get_path(""), before, "view after rollback", top=True)
+
+    untouched = sandbox.review().digest
+    _edit_top(Path(sandbox.get_path("")), "all")
+    intended = tree_state(sandbox.get_path(""), top=True)
+    reviewed = sandbox.review().digest
+    assert reviewed != untouched
+    prepared = sandbox.prepare("tx-top")
+    assert prepared.digest == reviewed
+    assert_same_tree(src, before, "after prepare", top=True)
+    sandbox.apply_prepared("tx-top")
+    assert_same_tree(src, intended, "after apply", top=True)
+    sandbox.rollback()
+    assert_same_tree(src, before, "after rollback from COMMITTED", top=True)
