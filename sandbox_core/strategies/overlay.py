@@ -290,10 +290,11 @@ class OverlaySandbox(BaseSandbox):
             changes = self._commit_kernel(original, merged, area, root)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
-            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
+            baseline = Baseline.load(self.base_path / _MANIFEST)
+            pending = pending_since(baseline, original, merged)
             # Only the paths the sandbox touched: the original's own changes are kept.
             changes = compute_changes_at(original, merged, pending.touched)
-            root = self._root_to_commit(original)
+            root = self._root_to_commit(original, baseline)
             if not changes.is_empty or root is not None:
                 sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
         if not changes.is_empty or root is not None:
@@ -321,10 +322,12 @@ class OverlaySandbox(BaseSandbox):
             return found
         return Baseline.load(self.base_path / _MANIFEST).root
 
-    def _root_to_commit(self, original: Path) -> Meta | None:
+    def _root_to_commit(self, original: Path, baseline: Baseline | None = None) -> Meta | None:
         """The metadata the sandbox gave its top directory since the view was made, which a
-        commit gives the original's top (None: unchanged; the sandbox wins, as for paths)."""
-        root, _ = root_change(self._root_base(), original, self.base_path / "merged")
+        commit gives the original's top (None: unchanged; the sandbox wins, as for paths).
+        ``baseline``: the fallback's manifest when the caller loaded it already."""
+        base = baseline.root if baseline is not None else self._root_base()
+        root, _ = root_change(base, original, self.base_path / "merged")
         return root
 
     def _commit_kernel(
@@ -392,9 +395,10 @@ class OverlaySandbox(BaseSandbox):
         the original's top directory gets (:meth:`_root_to_commit`). Nothing is written."""
         merged = self.base_path / "merged"
         if self.overlay_mode != "kernel":
-            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
+            baseline = Baseline.load(self.base_path / _MANIFEST)
+            pending = pending_since(baseline, original, merged)
             changes = compute_changes_at(original, merged, pending.touched)
-            return changes, changes, True, self._root_to_commit(original)
+            return changes, changes, True, self._root_to_commit(original, baseline)
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
             self.upper_dir, original, str(self._meta("xattr_namespace")), merged
