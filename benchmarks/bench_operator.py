@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -115,6 +116,70 @@ def rss_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             values[key] = int(rest.split()[0])
     return values
+
+
+class SandboxWatch:
+    """A watch on the Sandboxes of one namespace (its own thread): when each was first seen
+    (``ADDED``) and first seen ``Active``, on this process's clock (``time.perf_counter``).
+
+    The throughput figure (d) ends at the event that shows the last Sandbox Active, not at a
+    once-a-second poll (up to 1 s late, a quarter of a 4 s figure).
+    """
+
+    def __init__(self, server: LocalApiServer, namespace: str) -> None:
+        from kubernetes import client, config, watch
+
+        api_client = config.new_client_from_config(config_file=str(server.kubeconfig_path))
+        self._api = client.CustomObjectsApi(api_client)
+        self._watch = watch.Watch()
+        self.namespace = namespace
+        self.added: dict[str, float] = {}
+        self.active: dict[str, float] = {}
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        stream = self._watch.stream(
+            self._api.list_namespaced_custom_object,
+            "sandbox.cleveragents.io",
+            "v1alpha1",
+            self.namespace,
+            "sandboxes",
+            timeout_seconds=3600,
+        )
+        for event in stream:
+            now = time.perf_counter()
+            item = event["object"]
+            name = item["metadata"]["name"]
+            with self._changed:
+                self.added.setdefault(name, now)
+                if (item.get("status") or {}).get("phase") == "Active":
+                    self.active.setdefault(name, now)
+                self._changed.notify_all()
+
+    def wait_active(self, count: int, timeout: float) -> float:
+        """perf_counter time at which ``count`` Sandboxes had been seen Active.
+
+        Raises:
+            RuntimeError: not all Active within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.active) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"only {len(self.active)} of {count} Active")
+                self._changed.wait(min(left, 1.0))
+            return max(self.active.values())
+
+    def latencies(self) -> list[float]:
+        """Per Sandbox, seconds from its ADDED event to its first Active event."""
+        with self._changed:
+            return [self.active[n] - self.added[n] for n in self.active if n in self.added]
+
+    def stop(self) -> None:
+        self._watch.stop()
 
 
 class Bench:
@@ -357,9 +422,20 @@ class Bench:
 
     # -- (d) throughput, parts apart ---------------------------------------------------------
 
-    def bench_throughput(self, count: int, max_workers: int) -> dict[str, float]:
-        """N copy_on_write Sandboxes to Active through the operator, with the parts apart."""
-        tag = f"w{max_workers}"
+    def bench_throughput(
+        self,
+        count: int,
+        max_workers: int,
+        label: str = "",
+        operator_env: dict[str, str] | None = None,
+    ) -> dict[str, float]:
+        """N copy_on_write Sandboxes to Active through the operator, with the parts apart.
+
+        ``operator_env`` is added to the operator's environment (``--operator-src`` puts another
+        operator tree first on its PYTHONPATH, for a before/after in one session).
+        """
+        label = label or f"kopf max_workers {max_workers}"
+        tag = f"w{max_workers}-{len(self.rows)}"
         source = make_source(self.work / f"d-source-{tag}", "copy_on_write")
 
         def manifests(plan: str) -> list[dict[str, Any]]:
@@ -400,9 +476,11 @@ class Bench:
                 "SANDBOX_OPERATOR_METRICS_PORT": str(port),
                 "SANDBOX_OPERATOR_MAX_WORKERS": str(max_workers),
             }
+            env.update(operator_env or {})
             operator = OperatorProcess(proxy, cluster.namespace, work, extra_env=env)
             cluster.operator = operator
             operator.start()
+            watcher = SandboxWatch(self.server, cluster.namespace)
             try:
                 time.sleep(5)  # startup is not part of the figure
                 before = dict(proxy.counts)
@@ -410,13 +488,15 @@ class Bench:
                 started = time.perf_counter()
                 self.apply_all(cluster, manifests(plan))
                 applied = time.perf_counter() - started
-                self.wait_all_active(cluster, plan, count, timeout=60 + 3.0 * count)
-                total = time.perf_counter() - started
-                time.sleep(2)  # the last patches after Active
+                total = watcher.wait_active(count, timeout=60 + 3.0 * count) - started
+                time.sleep(3)  # the last patches after Active
                 after = dict(proxy.counts)
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
                     exposition = response.read().decode()
+                latencies = sorted(watcher.latencies())
+                load = os.getloadavg()[0]
             finally:
+                watcher.stop()
                 operator.stop()
         handler_sum = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_sum",
                               'handler="provision"')  # fmt: skip
@@ -438,13 +518,18 @@ class Bench:
             "handler_mean_s": handler_sum / handler_count if handler_count else 0.0,
             "anchor_s": apply_alone + core_alone,
             "ratio": total / (apply_alone + core_alone),
+            "after_apply_s": total - applied,
+            "latency_mean_s": sum(latencies) / len(latencies),
+            "latency_p50_s": latencies[len(latencies) // 2],
+            "latency_max_s": latencies[-1],
+            "load_1min": load,
             "requests_per_object": sum(requests.values()),
             **{f"requests_{method}": value for method, value in sorted(requests.items())},
         }
         print(json.dumps(figures), flush=True)
         self.rows.append(
             (
-                f"{count} Sandboxes to Active (copy_on_write), kopf max_workers {max_workers}",
+                f"{count} Sandboxes to Active (copy_on_write), {label}",
                 f"{total:.2f} s",
                 f"kubectl apply alone {apply_alone:.2f} s + core alone {core_alone:.2f} s",
                 f"{apply_alone + core_alone:.2f} s",
@@ -452,7 +537,14 @@ class Bench:
             )
         )
         self.note(
-            f"max_workers {max_workers}: apply (in the run) {applied:.2f} s; provision handler "
+            f"{label}: per Sandbox ADDED -> Active (watch, finalizer, handler, patches) mean "
+            f"{figures['latency_mean_s'] * 1000:.0f} ms, median "
+            f"{figures['latency_p50_s'] * 1000:.0f} ms, max {figures['latency_max_s']:.2f} s; "
+            f"last Active {figures['after_apply_s']:.2f} s after the apply returned; "
+            f"load average (1 min) {load:.1f}"
+        )
+        self.note(
+            f"{label}: apply (in the run) {applied:.2f} s; provision handler "
             f"{handler_count:.0f} runs, {handler_sum:.2f} s summed, "
             f"{figures['handler_mean_s'] * 1000:.0f} ms mean; core alone {core_alone:.2f} s; "
             f"API requests per Sandbox {figures['requests_per_object']:.2f} "
@@ -488,7 +580,16 @@ def main() -> int:
     parser.add_argument(
         "--throughput", action="store_true", help="run only (d), once per --max-workers value"
     )
-    parser.add_argument("--max-workers", default="6,20", help="kopf thread pools for (d)")
+    parser.add_argument("--max-workers", default="6", help="kopf thread pools for (d)")
+    parser.add_argument(
+        "--operator-src",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="(d) also with the operator of another source tree (DIR holds operator/ and "
+        "sandbox_core/, e.g. a `git archive` of main), run before this tree's; repeatable",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="(d) runs of each operator")
     args = parser.parse_args()
     os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
 
@@ -507,8 +608,23 @@ def main() -> int:
                 )
             bench = Bench(server, work)
             if args.throughput:
-                for workers in args.max_workers.split(","):
-                    bench.bench_throughput(args.sandboxes, int(workers))
+                # kubectl's first call fills its discovery cache: not part of any figure.
+                server.kubectl("get", "sandboxes", "-A", check=True)
+                trees = [tuple(spec.split("=", 1)) for spec in args.operator_src]
+                for _ in range(args.rounds):
+                    for name, tree in trees:
+                        pythonpath = os.pathsep.join([f"{tree}/operator", tree])
+                        for workers in args.max_workers.split(","):
+                            bench.bench_throughput(
+                                args.sandboxes,
+                                int(workers),
+                                label=f"{name}, kopf max_workers {workers}",
+                                operator_env={"PYTHONPATH": pythonpath},
+                            )
+                    for workers in args.max_workers.split(","):
+                        bench.bench_throughput(
+                            args.sandboxes, int(workers), label=f"this tree, max_workers {workers}"
+                        )
                 print("\n" + bench.markdown())
                 if args.markdown:
                     args.markdown.write_text(bench.markdown())

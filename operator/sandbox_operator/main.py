@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -24,6 +25,7 @@ from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
     FINALIZER,
     GROUP,
+    PLAN_LABEL,
     PLANCOMMIT_PLURAL,
     SANDBOX_PLURAL,
     VERSION,
@@ -42,11 +44,42 @@ def runtime() -> Runtime:
     return _RUNTIME[0]
 
 
+class PlanLabelBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff-base in annotations, without the plan-id label the create handler adds.
+
+    kopf keeps labels in an object's diff-base. The provision handler adds the label
+    ``sandbox.cleveragents.io/plan-id`` in the same patch that stores the diff-base built from
+    the object before it, so every new Sandbox came back as changed: one more PATCH and one more
+    processing cycle per object (issue 11, throughput). No handler reacts to that label.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return _without_plan_label(super().build(body=body, extra_fields=extra_fields))
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        # Diff-bases stored by earlier operators hold the label: compare them without it too.
+        found = super().fetch(body=body)
+        return None if found is None else _without_plan_label(found)
+
+
+def _without_plan_label(essence: kopf.BodyEssence) -> kopf.BodyEssence:
+    labels = essence.get("metadata", {}).get("labels")
+    if isinstance(labels, dict) and PLAN_LABEL in labels:
+        del labels[PLAN_LABEL]
+        if not labels:
+            del essence["metadata"]["labels"]
+        if not essence["metadata"]:
+            del essence["metadata"]
+    return essence
+
+
 def tune(settings: kopf.OperatorSettings) -> None:
     """All kopf tuning in one place (STYLE.md): storage, finalizer, posting, watching, workers."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = PlanLabelBlindDiffBase(
         prefix=GROUP, key="last-handled-configuration"
     )
     # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
@@ -84,7 +117,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = k8s.Api()
     gate = NamespaceGate(api.namespace)
     install_kopf_filter(gate)
-    _EVENTS[:] = [EventRecorder(api.post_event, gate)]
+    _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]
     _RUNTIME[:] = [build_runtime(SETTINGS, api, _EVENTS[0])]
 
 
