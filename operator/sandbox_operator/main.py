@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 
 from sandbox_operator import k8s, metrics
+from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
 from sandbox_operator.leader import LeaderElector
@@ -101,6 +102,7 @@ def tune(settings: kopf.OperatorSettings) -> None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf, serve metrics, wait for the lead (leader election), build the runtime."""
     configure_logging(SETTINGS.log_format)
+    install_quiet_waits()  # a finalizer waiting for a saga is not an error (issue 11)
     tune(settings)
     k8s.load_config()
     # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
@@ -195,9 +197,9 @@ def workspace_pod_event(event: kopf.RawEvent, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, id="cleanup", timeout=TIMEOUT)
-def sandbox_cleanup(body: kopf.Body, **_: Any) -> None:
+def sandbox_cleanup(body: kopf.Body, retry: int, **_: Any) -> None:
     """Finalizer: remove everything the sandbox made; never the original."""
-    runtime().sandboxes.finalize(body)
+    runtime().sandboxes.finalize(body, retry)
 
 
 @kopf.timer(
@@ -242,9 +244,9 @@ def checkpoint_create_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> No
 
 
 @kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot", timeout=TIMEOUT)
-def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
+def checkpoint_delete(body: kopf.Body, retry: int, **_: Any) -> None:
     """Finalizer: delete the snapshot."""
-    runtime().checkpoints.finalize(body)
+    runtime().checkpoints.finalize(body, retry)
 
 
 # -- PlanCommit ---------------------------------------------------------------------------------
