@@ -40,6 +40,7 @@ areas and are invisible to scans.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import difflib
@@ -1646,6 +1647,10 @@ def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
     return sorted(changed)
 
 
+def _has_syncfs() -> bool:
+    return _LIBC is not None and getattr(_LIBC, "syncfs", None) is not None
+
+
 def _syncfs(path: str) -> bool:
     """``syncfs(2)`` of the filesystem holding ``path``: one call makes everything written to
     it durable. False where the C library has no ``syncfs`` (the caller fsyncs file by file)."""
@@ -1662,10 +1667,47 @@ def _syncfs(path: str) -> bool:
     return True
 
 
+_DEFERRED_SYNCFS: contextvars.ContextVar[dict[int, list[str]] | None] = contextvars.ContextVar(
+    "sandbox_core_deferred_syncfs", default=None
+)
+
+
+@contextlib.contextmanager
+def deferred_syncfs() -> Iterator[Callable[[], None]]:
+    """Within the block, :func:`stage_sync` (in this context and the threads it is copied to)
+    does not ``syncfs`` its staging area: the filesystem is remembered, and the yielded
+    ``flush()`` runs one ``syncfs`` per filesystem for all of them (a two-phase plan calls it
+    once, before its decision record: issue 9). Without ``syncfs`` nothing is deferred.
+
+    Raises (from ``flush``):
+        OSError: a ``syncfs`` failed (what is still pending stays pending).
+    """
+    pending: dict[int, list[str]] = {}
+    token = _DEFERRED_SYNCFS.set(pending)
+
+    def flush() -> None:
+        for dev in list(pending):
+            for path in pending[dev]:  # any still existing directory of that filesystem
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    _syncfs(path)
+                    break
+            del pending[dev]
+
+    try:
+        yield flush
+    finally:
+        _DEFERRED_SYNCFS.reset(token)
+
+
 def _fsync_tree(root: str) -> None:
     """Make every file and directory below ``root`` durable (staged data first, so the journal
     that names it is never durable before it): one ``syncfs`` of its filesystem, which costs
-    one flush instead of one per staged file, else an fsync of each."""
+    one flush instead of one per staged file, else an fsync of each. Inside
+    :func:`deferred_syncfs` the ``syncfs`` is left to its ``flush()``."""
+    pending = _DEFERRED_SYNCFS.get()
+    if pending is not None and _has_syncfs():
+        pending.setdefault(os.stat(root).st_dev, []).append(os.path.dirname(root))
+        return
     if _syncfs(root):
         return
     for _, path, st in _walk(root, ()):

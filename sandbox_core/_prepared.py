@@ -53,6 +53,10 @@ from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateEr
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
+
+fault_hook: Callable[[str], None] | None = None
+"""Tests only: called with ``"before_applied_record"`` once the renames and ``after`` (the
+kernel overlay's remount) are done, before the ``applied`` record is written (a crash point)."""
 _RECORD_PREFIX = "prepared-"
 
 
@@ -236,6 +240,8 @@ def apply(
         apply_staged(original, key)
         if after is not None:
             after()
+        if fault_hook is not None:
+            fault_hook("before_applied_record")
         record["state"] = APPLIED
         _write_record(home, txid, record)
     return result

@@ -54,14 +54,20 @@ a last resource).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
+from sandbox_core._fs_utils import deferred_syncfs
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
+    CommitJournal,
     JournalPhase,
     JournalReason,
     JournalState,
@@ -71,6 +77,7 @@ from sandbox_core.journal import (
 from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
 from sandbox_core.review import plan_digest
 from sandbox_core.saga import (
+    FaultHook,
     JournaledPlanCommit,
     PlanCommitSaga,
     SandboxResolver,
@@ -91,6 +98,9 @@ TWO_PHASE_FAULT_POINTS = (
 DECISION_FAULT_INDEX = 0
 """The index ``after_decision`` is reported with (it belongs to no step)."""
 TXID_MAX_LENGTH = 64
+DEFAULT_MAX_WORKERS = 8
+"""Threads preparing (and applying) independent participants at once (mostly waiting on disk
+flushes and servers, so more than the CPUs)."""
 
 # Steps that may hold something staged under the txid: recovery and failures abort them.
 _ABORTABLE = frozenset(
@@ -152,6 +162,47 @@ def participant_order(sandboxes: Iterable[Any]) -> list[Any]:
     return durable + [sb for sb in ordered if not bool(getattr(sb, "prepares_durably", True))]
 
 
+def _original_key(sandbox: Any) -> str | None:
+    """What a participant's prepare and apply write to: the real path of its original, or its
+    database address; None when unknown (then it is independent of nothing)."""
+    original = getattr(sandbox, "original_path", None)
+    if not isinstance(original, str) or not original:
+        return None
+    if original.startswith("/"):
+        return os.path.realpath(original)
+    # A database address without its options: sandboxes of one database (whatever their
+    # search_path) share a chain.
+    return urlsplit(original)._replace(query="", fragment="").geturl()
+
+
+def _overlap(a: str | None, b: str | None) -> bool:
+    if a is None or b is None or a == b:
+        return True
+    if a.startswith("/") and b.startswith("/"):
+        return a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+    return False
+
+
+def independent_chains(indices: list[int], pairs: list[tuple[JournalStep, Any]]) -> list[list[int]]:
+    """Step ``indices`` (1-based, commit order) grouped into chains that may run at once.
+
+    Participants whose originals may overlap (the same original, e.g. two git sandboxes of one
+    repository or two sandboxes of one database; one original inside another; an original
+    that cannot be told) share a chain, in commit order; different chains never touch the
+    same files, refs or database.
+    """
+    chains: list[tuple[list[int], list[str | None]]] = []
+    for index in indices:
+        key = _original_key(pairs[index - 1][1])
+        joined = [c for c in chains if any(_overlap(key, k) for k in c[1])]
+        merged: tuple[list[int], list[str | None]] = ([index], [key])
+        for chain in joined:
+            chains.remove(chain)
+            merged = (chain[0] + merged[0], chain[1] + merged[1])
+        chains.append((sorted(merged[0]), merged[1]))
+    return sorted((chain for chain, _ in chains), key=lambda chain: chain[0])
+
+
 class TwoPhasePlanCommit(JournaledPlanCommit):
     """Runs and recovers one plan's two-phase commit against one journal (issue 9, §1).
 
@@ -161,7 +212,21 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             it to its store).
         fault_hook: test-only fault injection; defaults to
             :func:`~sandbox_core.saga.env_fault_hook`.
+        max_workers: participants whose originals are independent (:func:`independent_chains`)
+            are prepared and applied by up to this many threads at once; ``1`` runs every step
+            one after another in commit order.
     """
+
+    def __init__(
+        self,
+        journal: CommitJournal,
+        on_change: Callable[[Any], None] | None = None,
+        fault_hook: FaultHook | None = None,
+        *,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+    ) -> None:
+        super().__init__(journal, on_change=on_change, fault_hook=fault_hook)
+        self._max_workers = max(1, max_workers)
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -215,12 +280,14 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         )
         self._save(state)
         pairs = list(zip(state.steps, ordered, strict=True))
-        prepared: list[PreparedCommit] = []
-        for index in range(1, len(pairs) + 1):
-            outcome = self._prepare_one(state, pairs, index, message)
-            if isinstance(outcome, CommitResult):
-                return [outcome]
-            prepared.append(outcome)
+        # Staged files are made durable by one syncfs per filesystem before the decision
+        # record instead of one per participant: until the decision, recovery only aborts, and
+        # an abort removes whatever of a staging area reached the disk.
+        with deferred_syncfs() as flush_staged:
+            outcome = self._prepare_all(state, pairs, message)
+        if isinstance(outcome, CommitResult):
+            return [outcome]
+        prepared = outcome
         state.digest = plan_digest(prepared)
         if approved_digest is not None and state.digest != approved_digest:
             state.error = (
@@ -229,48 +296,115 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             )
             self._abort(state, pairs, JournalReason.CHANGED_SINCE_APPROVAL)
             return [failure_result(state)]
+        try:
+            flush_staged()
+        except OSError as exc:
+            state.error = (
+                f"Atomic commit failed: plan {plan_id}: the staged changes could not be made "
+                f"durable: {exc}; every participant was aborted, nothing was changed"
+            )
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+            return [failure_result(state)]
         decided = self._decide(state, pairs)
         if decided is not None:
             return [decided]
         return self._apply(state, pairs)
 
-    def _prepare_one(
-        self,
-        state: JournalState,
-        pairs: list[tuple[JournalStep, Any]],
-        index: int,
-        message: str | None,
-    ) -> PreparedCommit | CommitResult:
-        """Prepare step ``index`` (1-based); on failure abort all and return the failed result
-        (or raise, see :meth:`run`)."""
+    def _prepare_all(
+        self, state: JournalState, pairs: list[tuple[JournalStep, Any]], message: str | None
+    ) -> list[PreparedCommit] | CommitResult:
+        """Prepare every step: the durable ones in independent chains at once, then the last
+        resource. On a failure abort all and return the failed result of the first failed
+        step in commit order (or raise, see :meth:`run`)."""
         txid = _txid(state)
-        step, sandbox = pairs[index - 1]
-        # Not saved yet: recovery of a ``preparing`` journal aborts every step anyway (abort is
-        # safe when nothing was prepared), which saves one journal write per participant.
-        step.state = StepState.PREPARING
-        step.started_at = utc_now()
-        try:
-            self._fault("before_prepare", index, step.sandbox_id)
-            prepared: PreparedCommit = sandbox.prepare(txid, message)
-        except TwoPhaseUnavailableError as exc:
+        outcomes: dict[int, PreparedCommit | Exception] = {}
+
+        def prepare(index: int) -> bool:
+            step, sandbox = pairs[index - 1]
+            step.state = StepState.PREPARING
+            step.started_at = utc_now()
+            try:
+                self._fault("before_prepare", index, step.sandbox_id)
+                outcomes[index] = sandbox.prepare(txid, message)
+            except Exception as exc:  # judged in commit order below, once every chain ended
+                outcomes[index] = exc
+                return False
+            self._fault("after_prepare", index, step.sandbox_id)
+            return True
+
+        durable = [i for i, (step, _) in enumerate(pairs, start=1) if not step.last_resource]
+        self._in_chains(independent_chains(durable, pairs), prepare)
+        if all(isinstance(outcomes.get(i), PreparedCommit) for i in durable):
+            for index, (step, _) in enumerate(pairs, start=1):
+                if step.last_resource:  # after every durable one (issue 9, step 4)
+                    self._in_chains([[index]], prepare)
+        failures = [(i, o) for i, o in sorted(outcomes.items()) if isinstance(o, Exception)]
+        for index, outcome in sorted(outcomes.items()):
+            step, sandbox = pairs[index - 1]
+            if isinstance(outcome, PreparedCommit):
+                # Saved with the decision record (or the abort): until the decision, recovery
+                # aborts every step whatever was recorded, so a write per participant buys
+                # nothing.
+                step.state = StepState.PREPARED
+                step.prepared = outcome.to_dict()
+                step.updated_at = utc_now()
+                self._changed(sandbox)
+            elif failures and index != failures[0][0]:
+                step.state = StepState.FAILED
+                step.error = f"{type(outcome).__name__}: {outcome}"
+                step.updated_at = utc_now()
+        if not failures:
+            return [o for _, o in sorted(outcomes.items()) if isinstance(o, PreparedCommit)]
+        index, exc = failures[0]
+        step = pairs[index - 1][0]
+        if isinstance(exc, TwoPhaseUnavailableError):
             self._fail_step(state, step, exc, "cannot prepare in two phases")
-            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
-            raise
-        except SandboxError as exc:
+        else:
             self._fail_step(state, step, exc, "could not be prepared")
-            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
-            return failure_result(state)
-        except Exception as exc:
-            self._fail_step(state, step, exc, "could not be prepared")
-            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
-            raise
-        step.state = StepState.PREPARED
-        step.prepared = prepared.to_dict()
-        step.updated_at = utc_now()
-        self._save(state)
-        self._changed(sandbox)
-        self._fault("after_prepare", index, step.sandbox_id)
-        return prepared
+        self._abort(state, pairs, JournalReason.COMMIT_FAILED)
+        if isinstance(exc, TwoPhaseUnavailableError) or not isinstance(exc, SandboxError):
+            raise exc
+        return failure_result(state)
+
+    def _in_chains(self, chains: list[list[int]], work: Callable[[int], bool]) -> None:
+        """Run ``work(index)`` over every step index of ``chains``: in commit order within a
+        chain, which stops when ``work`` returns False; the chains at once, in threads (one
+        after another with ``max_workers=1``, where a False stops everything, as a loop would).
+
+        Fault points stay defined per step: each is reached in the thread of its own step,
+        right around that step's call (other chains may be anywhere then; before the decision
+        recovery aborts every step, after it rolls every step forward).
+
+        Raises:
+            BaseException: the first (in commit order) raised by ``work`` that is not an
+                ``Exception`` (``work`` turns those into outcomes), once every chain ended.
+        """
+
+        def run_chain(chain: list[int]) -> tuple[int, BaseException] | None:
+            for index in chain:
+                try:
+                    if not work(index):
+                        return None
+                except BaseException as exc:  # a simulated crash: re-raised after the join
+                    return index, exc
+            return None
+
+        if self._max_workers == 1 or len(chains) <= 1:
+            ended = [run_chain(sorted(i for chain in chains for i in chain))]
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(self._max_workers, len(chains)),
+                thread_name_prefix="two-phase",
+            ) as pool:
+                # Each thread runs in a copy of this context (the deferred syncfs set in it).
+                futures = [
+                    pool.submit(contextvars.copy_context().run, run_chain, chain)
+                    for chain in chains
+                ]
+                ended = [future.result() for future in futures]
+        crashed = sorted((c for c in ended if c is not None), key=lambda c: c[0])
+        if crashed:
+            raise crashed[0][1]
 
     def _decide(
         self, state: JournalState, pairs: list[tuple[JournalStep, Any]]
@@ -314,29 +448,26 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
     ) -> list[CommitResult]:
         """Apply every step not yet committed (the decision was taken: only forward)."""
         txid = _txid(state)
-        failed: list[str] = []
-        for index, (step, sandbox) in enumerate(pairs, start=1):
-            if step.state is StepState.COMMITTED:
-                continue
+        outcomes: dict[int, CommitResult | Exception] = {}
+
+        def apply(index: int) -> bool:
+            step, sandbox = pairs[index - 1]
             try:
                 self._fault("before_apply", index, step.sandbox_id)
-                result: CommitResult = _found(step, sandbox, "apply").apply_prepared(txid)
+                outcomes[index] = _found(step, sandbox, "apply").apply_prepared(txid)
             except Exception as exc:  # the decision stands: record, go on, recover retries
-                step.error = f"{type(exc).__name__}: {exc}"
-                step.updated_at = utc_now()
-                failed.append(step.sandbox_id)
-                logger.exception(
-                    "plan %s: apply of sandbox %s failed", state.plan_id, step.sandbox_id
-                )
-                continue
+                outcomes[index] = exc
+                return True
             self._fault("after_apply", index, step.sandbox_id)
-            self._changed(sandbox)
-            # Recorded with the next save only: recovery re-applies every step not recorded
-            # committed, and apply_prepared is idempotent per txid (one write per apply saved).
-            step.state = StepState.COMMITTED
-            step.result = result.to_dict()
-            step.error = None
-            step.updated_at = utc_now()
+            return True
+
+        todo = [
+            i for i, (step, _) in enumerate(pairs, start=1) if step.state is not StepState.COMMITTED
+        ]
+        try:
+            self._in_chains(independent_chains(todo, pairs), apply)
+        finally:
+            failed = self._record_applied(state, pairs, outcomes)
         if failed:
             state.failed_sandbox_id = failed[0]
             state.error = (
@@ -348,6 +479,36 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             return [failure_result(state)]
         self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
         return [CommitResult.from_dict(step.result) for step in state.steps if step.result]
+
+    def _record_applied(
+        self,
+        state: JournalState,
+        pairs: list[tuple[JournalStep, Any]],
+        outcomes: dict[int, CommitResult | Exception],
+    ) -> list[str]:
+        """Record the apply outcomes in commit order; returns the sandbox ids that failed.
+
+        Recorded with the next save only: recovery re-applies every step not recorded
+        committed, and apply_prepared is idempotent per txid (one write per apply saved)."""
+        failed: list[str] = []
+        for index, outcome in sorted(outcomes.items()):
+            step, sandbox = pairs[index - 1]
+            step.updated_at = utc_now()
+            if isinstance(outcome, Exception):
+                step.error = f"{type(outcome).__name__}: {outcome}"
+                failed.append(step.sandbox_id)
+                logger.error(
+                    "plan %s: apply of sandbox %s failed: %s",
+                    state.plan_id,
+                    step.sandbox_id,
+                    step.error,
+                )
+                continue
+            self._changed(sandbox)
+            step.state = StepState.COMMITTED
+            step.result = outcome.to_dict()
+            step.error = None
+        return failed
 
     # -- recover -----------------------------------------------------------------------------
 
@@ -499,7 +660,6 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             f"{what}: {exc}; every participant was aborted, nothing was changed"
         )
         logger.error("%s", state.error)
-
 
 
 def failure_result(state: JournalState) -> CommitResult:

@@ -6,6 +6,8 @@ real strategy are in tests/test_two_phase_crash.py.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from sandbox_core.manager import SandboxManager
 from sandbox_core.review import plan_digest
 from sandbox_core.saga import InjectedFaultError
 from sandbox_core.status import SandboxStatus
-from sandbox_core.two_phase import TwoPhasePlanCommit, plan_txid
+from sandbox_core.two_phase import TwoPhasePlanCommit, independent_chains, plan_txid
 from tests.two_phase_fakes import (
     StagedFileSandbox,
     VolatileSandbox,
@@ -172,7 +174,13 @@ def test_injected_prepare_fault_aborts_everything(tmp_path: Path) -> None:
     assert leftovers(originals) == [] and _texts(originals) == ["base\n"] * 3
 
 
-def test_recover_before_decision_aborts_and_after_decision_rolls_forward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 8], ids=["in-order", "concurrent"])
+def test_recover_before_decision_aborts_and_after_decision_rolls_forward(
+    tmp_path: Path, workers: int
+) -> None:
+    """In order (``max_workers=1``) a crash at step 2 leaves exactly steps 1-2 done; with
+    independent participants run at once step 3 may be done too: either way recovery ends
+    all or nothing."""
     manager = _manager(tmp_path)
     originals = _plan(tmp_path, manager, 3)
     sandboxes = manager.list_sandboxes("plan")
@@ -189,10 +197,11 @@ def test_recover_before_decision_aborts_and_after_decision_rolls_forward(tmp_pat
 
     journal = MemoryCommitJournal()
     with pytest.raises(Crash):
-        TwoPhasePlanCommit(journal, fault_hook=crash_at(("after_prepare", 2))).run(
-            "plan", sandboxes
-        )
-    assert len(leftovers(originals)) == 2
+        TwoPhasePlanCommit(
+            journal, fault_hook=crash_at(("after_prepare", 2)), max_workers=workers
+        ).run("plan", sandboxes)
+    staged = len(leftovers(originals))
+    assert staged == 2 if workers == 1 else staged in (2, 3)
     by_id = {sb.sandbox_id: sb for sb in sandboxes}
     state = TwoPhasePlanCommit(journal).recover(lambda step: by_id[step.sandbox_id])
     assert state is not None
@@ -201,10 +210,12 @@ def test_recover_before_decision_aborts_and_after_decision_rolls_forward(tmp_pat
 
     journal = MemoryCommitJournal()
     with pytest.raises(Crash):
-        TwoPhasePlanCommit(journal, fault_hook=crash_at(("after_apply", 2))).run(
-            "plan", sandboxes, attempt=2
-        )
-    assert _texts(originals) == ["new 0\n", "new 1\n", "base\n"]
+        TwoPhasePlanCommit(
+            journal, fault_hook=crash_at(("after_apply", 2)), max_workers=workers
+        ).run("plan", sandboxes, attempt=2)
+    texts = _texts(originals)
+    assert texts[:2] == ["new 0\n", "new 1\n"]
+    assert texts[2] == "base\n" if workers == 1 else texts[2] in ("base\n", "new 2\n")
     state = TwoPhasePlanCommit(journal).recover(lambda step: by_id[step.sandbox_id])
     assert state is not None and state.phase is JournalPhase.COMMITTED
     assert _texts(originals) == [f"new {i}\n" for i in range(3)]
@@ -244,3 +255,55 @@ def test_apply_failing_after_the_decision_stays_open_and_recover_finishes(tmp_pa
     assert state is not None and state.phase is JournalPhase.COMMITTED
     assert _texts(originals) == [f"new {i}\n" for i in range(3)]
     assert leftovers(originals) == []
+
+
+class _Participant:
+    def __init__(self, original: object) -> None:
+        self.original_path = original
+
+
+def test_independent_chains_keep_overlapping_originals_in_order(tmp_path: Path) -> None:
+    """Same original (two git sandboxes of one repository, two of one database), nested
+    originals, and an original that cannot be told share a chain, in commit order."""
+    repo, other, inner = tmp_path / "repo", tmp_path / "other", tmp_path / "repo" / "sub"
+    dsn, dsn2 = "postgresql://u@h/db?options=-csearch_path%3Da", "postgresql://u@h/db"
+    originals: list[object] = [str(repo), str(other), dsn, str(repo), dsn2, str(inner), "sqlite:x"]
+    pairs = [(None, _Participant(o)) for o in originals]
+    chains = independent_chains(list(range(1, len(pairs) + 1)), pairs)  # type: ignore[arg-type]
+    assert chains == [[1, 4, 6], [2], [3, 5], [7]]
+    pairs.append((None, _Participant(None)))  # unknown: overlaps everything
+    chains = independent_chains(list(range(1, len(pairs) + 1)), pairs)  # type: ignore[arg-type]
+    assert chains == [list(range(1, 9))]
+
+
+@pytest.mark.parametrize("workers", [1, 8], ids=["in-order", "concurrent"])
+def test_independent_participants_are_prepared_at_once(tmp_path: Path, workers: int) -> None:
+    """With independent originals the prepares overlap in time (threads); with
+    ``max_workers=1`` they run one after another in commit order."""
+    manager = _manager(tmp_path)
+    originals = _plan(tmp_path, manager, 3)
+    sandboxes = manager.list_sandboxes("plan")
+    running: list[int] = []
+    order: list[int] = []
+    peak = [0]
+    lock = threading.Lock()
+
+    def hook(point: str, index: int, sandbox_id: str) -> None:
+        if point == "before_prepare":
+            with lock:
+                running.append(index)
+                order.append(index)
+                peak[0] = max(peak[0], len(running))
+            time.sleep(0.2)
+        elif point == "after_prepare":
+            with lock:
+                running.remove(index)
+
+    coordinator = TwoPhasePlanCommit(MemoryCommitJournal(), fault_hook=hook, max_workers=workers)
+    results = coordinator.run("plan", sandboxes)
+    assert all(r.success for r in results), results[0].error
+    assert _texts(originals) == [f"new {i}\n" for i in range(3)]
+    if workers == 1:
+        assert (peak[0], order) == (1, [1, 2, 3])
+    else:
+        assert peak[0] > 1

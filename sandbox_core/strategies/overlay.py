@@ -436,8 +436,13 @@ class OverlaySandbox(BaseSandbox):
             self, self.base_path, txid, self._original(),
             backup_dir=self._commit_area() / "backup", before=before, after=after,
         )  # fmt: skip
-        if result.changed_files or result.added_files or result.deleted_files:
-            self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
+        changed = result.changed_files or result.added_files or result.deleted_files
+        # Keyed by the txid: a roll-forward (apply again after a crash) never bumps twice.
+        if changed and self._meta("lower_generation_txid") != txid:
+            self._set_meta(
+                lower_generation=int(self._meta("lower_generation") or 0) + 1,
+                lower_generation_txid=txid,
+            )
         return result
 
     def _do_abort_prepared(self, txid: str) -> None:
@@ -493,7 +498,7 @@ class OverlaySandbox(BaseSandbox):
         if (area / "backup" / "undo.json").exists():
             undo_sync(area / "backup", self._original())
             generation = int(self._meta("lower_generation") or 1)
-            self._set_meta(lower_generation=generation - 1)
+            self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
         if area.exists():
             shutil.rmtree(area)
         self._reset_view()

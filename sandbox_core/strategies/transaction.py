@@ -127,6 +127,15 @@ _CREDENTIALS_HINT = (
 T = TypeVar("T")
 
 
+def _marker_text(value: Any) -> str:
+    """A marker column as text: a PostgreSQL database with encoding ``SQL_ASCII`` hands text
+    columns back as ``bytes`` (psycopg cannot know their encoding); the marker was written as
+    UTF-8, so that decodes it (undecodable bytes replaced: reading a marker never fails)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
 class _AlreadyCommittedError(Exception):
     """The commit marker exists: another process (or a crashed one) committed this sandbox."""
 
@@ -1158,9 +1167,9 @@ class TransactionSandbox(BaseSandbox):
             return None
         committed_at, statement_count, message = rows[0]
         return {
-            "committed_at": str(committed_at),
+            "committed_at": _marker_text(committed_at),
             "statement_count": int(statement_count),
-            "message": message,
+            "message": None if message is None else _marker_text(message),
         }
 
     def _ensure_bookkeeping_table(self, connection: Connection) -> str:
