@@ -47,3 +47,13 @@ def make_repo(path: Path, files: Mapping[str, str]) -> Path:
     git(path, "add", "-A")
     git(path, "commit", "-qm", "base")
     return path
+
+
+def moves_ref(args: tuple[str, ...], kwargs: Mapping[str, object], ref: str) -> bool:
+    """True when a ``GitCommand.run(*args, **kwargs)`` call is an ``update-ref`` that moves
+    ``ref``, given as arguments or as a line of an ``update-ref --stdin`` transaction (for
+    fault injection: "crash right before the target ref moves")."""
+    if args[:1] != ("update-ref",):
+        return False
+    stdin = str(kwargs.get("stdin") or "")
+    return ref in args or any(line.split()[1:2] == [ref] for line in stdin.splitlines())

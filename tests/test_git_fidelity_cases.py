@@ -18,7 +18,7 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox, SandboxCreationError, SandboxStatus
 from sandbox_core.errors import SandboxConflictError
-from tests.gitrepo import GIT_ENV, git, make_repo
+from tests.gitrepo import GIT_ENV, git, make_repo, moves_ref
 
 
 @pytest.fixture(autouse=True)
@@ -227,7 +227,7 @@ def test_interrupted_commit_completes_on_retry_despite_stale_stat(
     real_run = GitCommand.run
 
     def die_before_ref_update(self: GitCommand, *args: str, **kwargs: object) -> object:
-        if args[:1] == ("update-ref",) and "refs/heads/main" in args:  # injected crash
+        if moves_ref(args, kwargs, "refs/heads/main"):  # injected crash
             raise KeyboardInterrupt
         return real_run(self, *args, **kwargs)  # type: ignore[arg-type]
 

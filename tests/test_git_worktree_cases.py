@@ -26,7 +26,7 @@ from sandbox_core import (
 )
 from sandbox_core._git import GitCommand, GitFailure
 from tests.gitrepo import GIT_ENV as IDENTITY
-from tests.gitrepo import git, make_repo
+from tests.gitrepo import git, make_repo, moves_ref
 
 
 def worktree_count(repo: Path) -> int:
@@ -840,7 +840,7 @@ def test_commit_interrupted_between_files_and_ref_completes_on_retry(
     real_run = GitCommand.run
 
     def die_before_ref_update(self: GitCommand, *args: str, **kwargs: object) -> object:
-        if args[:1] == ("update-ref",) and "refs/heads/main" in args:  # injected crash
+        if moves_ref(args, kwargs, "refs/heads/main"):  # injected crash
             raise KeyboardInterrupt
         return real_run(self, *args, **kwargs)  # type: ignore[arg-type]
 

@@ -440,7 +440,11 @@ record, point, half = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 real_run = GitCommand.run
 
 def crash(self, *args, **kwargs):
-    if point == "before-ref" and args[:1] == ("update-ref",) and "refs/heads/main" in args:
+    lines = str(kwargs.get("stdin") or "").splitlines()
+    moves_main = "refs/heads/main" in args or any(
+        line.split()[1:2] == ["refs/heads/main"] for line in lines
+    )
+    if point == "before-ref" and args[:1] == ("update-ref",) and moves_main:
         os.kill(os.getpid(), signal.SIGKILL)
     if point == "in-read-tree" and args[:2] == ("read-tree", "-m"):
         with open(half, "w") as handle:  # read-tree wrote this file, then the process died

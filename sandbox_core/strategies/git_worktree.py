@@ -76,6 +76,7 @@ from typing import Any
 from sandbox_core._git import (
     GitCommand,
     GitFailure,
+    GitResult,
     RunAs,
     failure_kind,
     head_branch,
@@ -148,6 +149,41 @@ class _Snapshot:
 
 
 @dataclass(frozen=True)
+class _Heads:
+    """Read in one ``rev-parse`` under the repository lock: the ref a commit moves (``ref``:
+    the branch the original's HEAD was on at create, or ``HEAD`` when detached) and its commit
+    (``target``), and the sandbox branch's tip and that tip's tree."""
+
+    ref: str
+    target: str
+    branch_tip: str
+    branch_tree: str
+
+
+@dataclass(frozen=True)
+class _Change:
+    """Paths one commit-to-commit move adds, changes and deletes (sorted), and the regular
+    files whose executable bit it flips (``100644`` <-> ``100755``)."""
+
+    added: list[str]
+    changed: list[str]
+    deleted: list[str]
+    executable: set[str]
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted([*self.added, *self.changed, *self.deleted])
+
+    @property
+    def tracked_before(self) -> list[str]:
+        """Paths the first commit has (changed or deleted by the move)."""
+        return [*self.changed, *self.deleted]
+
+
+_NO_CHANGE = _Change([], [], [], set())
+
+
+@dataclass(frozen=True)
 class _Summary:
     """Paths a change adds, changes and deletes (sorted), the regular files whose executable
     bit it flips, lines added and removed in text files, and bytes of new content."""
@@ -163,6 +199,10 @@ class _Summary:
     @property
     def paths(self) -> list[str]:
         return sorted([*self.added, *self.changed, *self.deleted])
+
+    @property
+    def change(self) -> _Change:
+        return _Change(self.added, self.changed, self.deleted, self.executable)
 
     def to_summary(self, sandbox: BaseSandbox, digest: str, conflicts: list[str]) -> ChangeSummary:
         return ChangeSummary(
@@ -183,17 +223,20 @@ class _Summary:
 @dataclass(frozen=True)
 class _Plan:
     """What a commit will do, decided with the original untouched (``prepare``): move ``ref``
-    from ``old`` to ``new`` (``how``: no-op, fast-forward or merge), writing ``paths`` (the
-    regular files of ``executable`` change their executable bit); ``half_written``: paths an
-    interrupted earlier apply left half-written, put back before they are written again."""
+    from ``old`` to ``new`` (``how``: no-op, fast-forward or merge), writing the paths of
+    ``change``; ``half_written``: paths an interrupted earlier apply left half-written, put back
+    before they are written again (None: the original's working tree was not checked yet)."""
 
     ref: str
     old: str
     new: str
     how: str
-    paths: list[str]
-    executable: set[str]
-    half_written: list[str]
+    change: _Change
+    half_written: list[str] | None
+
+    @property
+    def paths(self) -> list[str]:
+        return self.change.paths
 
 
 def _truthy(value: object) -> bool:
@@ -458,9 +501,7 @@ class GitWorktreeSandbox(BaseSandbox):
             )
             target = str(meta["target_ref"] or "HEAD")
             merged = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
-            added, changed, deleted, _modes = self._classify(
-                original, str(meta["base_commit"]), tip
-            )
+            change = self._classify(original, str(meta["base_commit"]), tip)
         except GitFailure as exc:
             message = f"cannot rebuild commit of sandbox {self.sandbox_id}: {exc}"
             raise SandboxError(message) from exc
@@ -468,9 +509,9 @@ class GitWorktreeSandbox(BaseSandbox):
             sandbox_id=self.sandbox_id,
             success=True,
             commit_ref=merged,
-            changed_files=changed,
-            added_files=added,
-            deleted_files=deleted,
+            changed_files=change.changed,
+            added_files=change.added,
+            deleted_files=change.deleted,
             metadata={
                 "strategy": self.strategy,
                 "branch": target,
@@ -522,11 +563,9 @@ class GitWorktreeSandbox(BaseSandbox):
         with self._lock:
             worktree = self._live_worktree_git("checkpoint")
             try:
-                worktree.run("add", "-A")
-                tree = worktree.run("write-tree").out
-                head = worktree.run("rev-parse", "HEAD").out
+                tree = self._stage(worktree)
                 sha = worktree.run(
-                    "commit-tree", tree, "-p", head, "-m", f"sandbox-core checkpoint {name}"
+                    "commit-tree", tree, "-p", "HEAD", "-m", f"sandbox-core checkpoint {name}"
                 ).out
                 worktree.run("update-ref", ref, sha)
             except GitFailure as exc:
@@ -897,35 +936,54 @@ class GitWorktreeSandbox(BaseSandbox):
     def _merge_back(self, message: str | None) -> CommitResult:
         """One-shot commit: the two-phase steps back to back under one repository lock.
 
-        :meth:`_plan` does everything that can fail without touching the original, then
-        :meth:`_apply` moves files, index and ref; the same two steps as ``prepare`` and
-        ``apply_prepared``, without the prepared refs in between.
+        Outside the lock the worktree is staged (``add -A``, ``write-tree``) and its change from
+        the base listed (``diff-tree``). Under the lock: one ``rev-parse`` reads the target and
+        the sandbox branch, ``commit-tree`` makes the snapshot commit, :meth:`_plan` computes
+        the merge (none for a fast-forward), then :meth:`_apply` writes the changed paths
+        (``read-tree -m -u``, which refuses local work on them before writing anything) and
+        moves the sandbox branch, the ``committed`` and ``pre-commit`` tags and the target in
+        one ref transaction. The overlap check that prepare runs (``status``) runs here only
+        when the merge refused, or when ``read-tree`` alone could not see the user's work
+        (:meth:`_needs_status`).
         """
         context = self._require_context()
         meta = context.metadata
         text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
         original = self._original_git("commit")
-        snap = self._snapshot(self._worktree_git_or(SandboxCommitError, "commit"), text)
+        worktree = self._worktree_git_or(SandboxCommitError, "commit")
+        self._check_worktree_head(worktree)
+        tree = self._stage(worktree)
         base = str(meta["base_commit"])
-        added, changed, deleted, executable = self._classify(original, base, snap.tip)
-        base_paths = (sorted([*added, *changed, *deleted]), executable)
+        from_base = self._classify(original, base, tree)
+        snap: _Snapshot | None = None
         with repository_lock(str(meta["git_common_dir"])):
             for _attempt in range(_CAS_ATTEMPTS):
-                plan = self._plan(original, snap, text, base_paths)
-                original.run("update-ref", self._tag("pre-commit"), plan.old)
-                if plan.new == plan.old or self._apply(
+                heads = self._read_heads(original, SandboxCommitError)
+                if snap is None or heads.branch_tip not in (snap.tip, snap.parent):
+                    snap = self._snapshot(original, tree, heads, text)
+                plan = self._plan(original, snap, heads, text, from_base, verify=False)
+                updates = [
+                    *self._snapshot_updates(snap, heads),
+                    f"update {self._tag('pre-commit')} {plan.old}\n",
+                ]
+                if plan.new == plan.old:
+                    self._update_refs(original, updates)
+                    break
+                if self._apply(
                     original,
                     plan.ref,
                     plan.old,
                     plan.new,
                     SandboxCommitError,
-                    (plan.paths, plan.executable),
+                    plan.change,
                     checked=plan.half_written,
+                    updates=updates,
                 ):
                     break
             else:
                 raise SandboxCommitError(f"{plan.ref} kept moving during the commit; retry later")
-        return self._result(plan, snap.tip, (added, changed, deleted), text)
+        lists = (from_base.added, from_base.changed, from_base.deleted)
+        return self._result(plan, snap.tip, lists, text)
 
     def _result(
         self,
@@ -961,72 +1019,290 @@ class GitWorktreeSandbox(BaseSandbox):
         self,
         original: GitCommand,
         snap: _Snapshot,
+        heads: _Heads,
         text: str,
-        base_paths: tuple[list[str], set[str]],
+        from_base: _Change,
         after: str | None = None,
+        *,
+        verify: bool = True,
     ) -> _Plan:
         """Everything of a commit that can fail, with the original untouched (prepare).
 
-        Finds the target ref and its tip (``after`` instead of the tip when another prepared
-        commit of the same transaction lands there first), computes the merge (writing the merge
-        commit object only), the paths it changes, refuses uncommitted work on them and checks
-        that git may write them.
+        Moves ``heads.ref`` from its tip (``after`` instead when another prepared commit of the
+        same transaction lands there first), computes the merge (writing the merge commit object
+        only) and the paths it changes; with ``verify``, refuses uncommitted work on them and
+        checks that git may write them (otherwise :meth:`_apply` does, and
+        ``half_written`` is None).
 
         Raises:
-            SandboxCommitError: HEAD moved to another ref; :class:`SandboxConflictError` for a
-                merge conflict or overlapping local work; :class:`SandboxPermissionError`.
+            SandboxConflictError: a merge conflict or overlapping local work;
+                :class:`SandboxPermissionError`.
             GitFailure: git failed.
         """
         base = str(self._meta()["base_commit"])
-        ref, current = self._current_target(original, SandboxCommitError)
-        old = after or current
+        old = after or heads.target
         new, how = self._merge_result(original, base, snap, old, text)
         # A fast-forward from the base writes exactly the paths the sandbox changed.
         if new == old:
-            known: tuple[list[str], set[str]] = ([], set())
+            change = _NO_CHANGE
         elif (old, new) == (base, snap.tip):
-            known = base_paths
+            change = from_base
         else:
-            added, changed, deleted, executable = self._classify(original, old, new)
-            known = (sorted([*added, *changed, *deleted]), executable)
-        paths, executable = known
-        half: list[str] = []
-        if paths:
-            conflicts, half = self._overlap(original, old, new, paths)
-            if conflicts:
-                raise self._overlap_error(SandboxCommitError, conflicts)
-            top = Path(str(self._meta()["original_toplevel"]))
-            self._check_writable(original, top, paths, SandboxCommitError)
-        return _Plan(ref, old, new, how, paths, executable, half)
+            change = self._classify(original, old, new)
+        half: list[str] | None = None
+        if verify:
+            half = []
+            if change.paths:
+                conflicts, half = self._overlap(original, old, new, change.paths)
+                if conflicts:
+                    raise self._overlap_error(SandboxCommitError, conflicts)
+                top = Path(str(self._meta()["original_toplevel"]))
+                self._check_writable(original, top, change.paths, SandboxCommitError)
+        return _Plan(heads.ref, old, new, how, change, half)
 
-    def _snapshot(self, worktree: GitCommand, message: str) -> _Snapshot:
-        """Stage everything and commit it on the sandbox branch; returns the branch tip.
+    def _check_worktree_head(self, worktree: GitCommand) -> None:
+        """Refuse when an actor switched the sandbox worktree to another branch.
 
-        The branch and the ``committed`` tag move in one ref transaction; the tag is written
-        before the merge so that crash recovery can find the commit (:meth:`commit_landed`).
+        The worktree's ``HEAD`` file names its branch (read without a process); only when it
+        does not say exactly ``ref: <our branch>`` (another branch, detached, or a ref backend
+        that keeps HEAD elsewhere) is git asked, and git's answer decides.
+
+        Raises:
+            SandboxCommitError: the worktree is on another ref.
         """
-        worktree.run("add", "-A")
-        tree = worktree.run("write-tree").out
-        head, head_tree, symbolic = worktree.run(
-            "rev-parse", "HEAD", "HEAD^{tree}", "--symbolic-full-name", "HEAD"
-        ).out.splitlines()[:3]
         branch = f"refs/heads/{self._meta()['branch']}"
-        if symbolic != branch:  # an actor switched branches inside the worktree
+        try:
+            content = (Path(worktree.git_dir) / "HEAD").read_text(encoding="utf-8").strip()
+        except OSError:
+            content = ""
+        if content == f"ref: {branch}":
+            return
+        symbolic = worktree.run("rev-parse", "--symbolic-full-name", "HEAD").out
+        if symbolic != branch:
             raise SandboxCommitError(
                 f"sandbox {self.sandbox_id} worktree is on {symbolic!r}, not {branch!r}"
             )
-        new = head
+
+    @staticmethod
+    def _stage(worktree: GitCommand) -> str:
+        """Stage everything in the sandbox worktree (``add -A``); the staged tree's id."""
+        worktree.run("add", "-A")
+        return worktree.run("write-tree").out
+
+    def _read_heads(
+        self,
+        original: GitCommand,
+        error: type[SandboxCommitError] | type[SandboxRollbackError],
+    ) -> _Heads:
+        """The target and the sandbox branch, in one ``rev-parse``; the original's HEAD must
+        be where it was at create (on the same branch, or detached).
+
+        Raises:
+            SandboxCommitError / SandboxRollbackError (``error``): HEAD moved to another ref.
+            GitFailure: git failed (e.g. the sandbox branch is gone).
+        """
+        meta = self._meta()
+        branch = f"refs/heads/{meta['branch']}"
+        target, tip, tree, symbolic = original.run(
+            "rev-parse", "HEAD", branch, f"{branch}^{{tree}}", "--symbolic-full-name", "HEAD"
+        ).out.splitlines()[:4]
+        self._expect_target(symbolic, error)
+        return _Heads(symbolic, target, tip, tree)
+
+    def _snapshot(self, original: GitCommand, tree: str, heads: _Heads, message: str) -> _Snapshot:
+        """The sandbox commit of ``tree``: the branch tip when its tree is already ``tree``,
+        else a new commit object on it (``commit-tree``). No ref moves here: the branch and the
+        ``committed`` tag move with the caller's ref transaction (:meth:`_snapshot_updates`)."""
+        if tree == heads.branch_tree:
+            return _Snapshot(heads.branch_tip, tree, None)
+        new = original.run("commit-tree", tree, "-p", heads.branch_tip, "-m", message).out
+        return _Snapshot(new, tree, heads.branch_tip)
+
+    def _snapshot_updates(self, snap: _Snapshot, heads: _Heads) -> list[str]:
+        """``update-ref --stdin`` lines that move the sandbox branch to the snapshot (compare
+        and swap against the tip it was made on) and the ``committed`` tag to it."""
         updates = []
-        parent = None
-        if tree != head_tree:
-            new = worktree.run("commit-tree", tree, "-p", head, "-m", message).out
-            parent = head
-            updates.append(f"update {branch} {new} {head}\n")
-        updates.append(f"update {self._tag('committed')} {new}\n")
-        worktree.run(
-            "update-ref", "-m", "sandbox-core: snapshot", "--stdin", stdin="".join(updates)
+        if snap.parent is not None:
+            branch = f"refs/heads/{self._meta()['branch']}"
+            updates.append(f"update {branch} {snap.tip} {heads.branch_tip}\n")
+        updates.append(f"update {self._tag('committed')} {snap.tip}\n")
+        return updates
+
+    def _update_refs(
+        self,
+        original: GitCommand,
+        updates: list[str],
+        message: str | None = None,
+        ok: tuple[int, ...] = (0,),
+    ) -> GitResult:
+        """Run ``updates`` (``update-ref --stdin`` lines) as one ref transaction, in their
+        order (git renames the locked refs in the order given)."""
+        return original.run(
+            "update-ref",
+            "-m",
+            message or f"sandbox-core: sandbox {self.sandbox_id}",
+            "--stdin",
+            stdin="".join(updates),
+            ok=ok,
         )
-        return _Snapshot(new, tree, parent)
+
+    def _apply(
+        self,
+        original: GitCommand,
+        ref: str,
+        old: str,
+        new: str,
+        error: type[SandboxCommitError] | type[SandboxRollbackError],
+        change: _Change | None = None,
+        *,
+        checked: list[str] | None = None,
+        updates: list[str] | None = None,
+    ) -> bool:
+        """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
+
+        Only the paths that differ between the two commits are written (``change`` when the
+        caller knows them). ``checked``: the caller has just checked the original's working
+        tree and writability under the repository lock (prepare), and these are the
+        half-written paths it found; None: this method checks. ``updates``: more
+        ``update-ref --stdin`` lines (tags, the sandbox branch) that move in the same ref
+        transaction as the target, before it.
+
+        Uncommitted work on a written path refuses the move with the original untouched.
+        ``read-tree -m -u`` checks every path it writes before it writes any (a modified,
+        staged or untracked file in the way); so, unless :meth:`_needs_status` says it cannot
+        see the user's work, the merge runs first and the path-limited ``status`` runs only
+        when it refused, to tell the user's work (a conflict) from a trace of an interrupted
+        earlier attempt (put back from the index, then written again) and from stale stat data
+        (refreshed, never a conflict: case 29). Owners and modes of the written files are kept.
+        Returns False when a ref moved concurrently (the files are put back first).
+        """
+        if change is None:
+            change = self._classify(original, old, new)
+        paths = change.paths
+        top = Path(str(self._meta()["original_toplevel"]))
+        half = checked
+        merge_first = False
+        if half is None:
+            merge_first = not self._needs_status(top, change)
+            half = [] if merge_first else self._checked_overlap(original, old, new, paths, error)
+            self._check_writable(original, top, paths, error)
+        # Refuse before writing files that a failed ref move would revert.
+        self._refuse_ref_locks(original, [*(line.split()[1] for line in updates or []), ref])
+        if half:
+            self._touched = True
+            self._restore_from_index(original, half)
+        owners = _Owners(top, paths, change.executable)
+        self._touched = True
+        updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+        if updated.status != 0 and merge_first and self._refused(updated):
+            # Nothing was written: find out why, as prepare would, then merge again.
+            self._touched = False
+            half = self._checked_overlap(original, old, new, paths, error, updated.stderr)
+            if half:
+                self._touched = True
+                self._restore_from_index(original, half)
+            owners = _Owners(top, paths, change.executable)
+            self._touched = True
+            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+        if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
+            # The paths were checked clean by content just above: only the index's stat data is
+            # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
+            self._touched = False
+            original.run("update-index", "-q", "--refresh", ok=(0, 1))
+            self._touched = True
+            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+        if updated.status != 0:
+            failure = GitFailure(["read-tree", "-m", "-u", old, new], 128, updated.stderr)
+            kind = failure_kind(failure).kind
+            if kind == "lock" or _NOT_UPTODATE in updated.stderr:
+                self._touched = False  # read-tree checks everything before writing
+            elif kind == "permission":
+                self._put_back_partial_update(original, paths, owners)
+                self._touched = False
+            if kind != "other":
+                raise failure
+            raise self._overlap_error(error, paths, updated.stderr)  # a change appeared since
+        owners.restore()
+        target = [*(updates or []), *(["option no-deref\n"] if ref == "HEAD" else [])]
+        target.append(f"update {ref} {new} {old}\n")
+        moved = self._update_refs(original, target, ok=(0, 1, 128))
+        if moved.status == 0:
+            self._move_submodules(original, top, old, new, paths)
+            return True
+        original.run("read-tree", "-m", "-u", new, old)
+        owners.restore()
+        failure = GitFailure(["update-ref", ref], moved.status, moved.stderr)
+        if failure_kind(failure).kind != "other":
+            self._touched = False  # the files were put back
+            raise failure
+        return False  # a ref moved concurrently: the caller retries
+
+    @staticmethod
+    def _refuse_ref_locks(original: GitCommand, refs: list[str]) -> None:
+        """Raise git's own lock message when a lock file of one of ``refs`` exists (left by a
+        running or crashed git), before anything is written.
+
+        Raises:
+            GitFailure: classified as a lock by :func:`failure_kind`.
+        """
+        for name in refs:
+            admin = original.git_dir if name == "HEAD" else original.common_dir
+            lock = Path(admin) / f"{name}.lock"
+            if lock.exists():
+                message = f"Unable to create '{lock}': File exists."
+                raise GitFailure(["update-ref", name], 128, message)
+
+    @staticmethod
+    def _refused(updated: GitResult) -> bool:
+        """True when a failed ``read-tree -m -u`` refused for the working tree or the index
+        (not a lock or a permission problem, which have their own handling)."""
+        failure = GitFailure(["read-tree"], updated.status, updated.stderr)
+        return failure_kind(failure).kind == "other"
+
+    def _checked_overlap(
+        self,
+        original: GitCommand,
+        old: str,
+        new: str,
+        paths: list[str],
+        error: type[SandboxCommitError] | type[SandboxRollbackError],
+        detail: str = "",
+    ) -> list[str]:
+        """:meth:`_overlap`, raising the overlap error for the user's work; returns the
+        half-written paths."""
+        conflicts, half = self._overlap(original, old, new, paths)
+        if conflicts:
+            raise self._overlap_error(error, conflicts, detail)
+        return half
+
+    @staticmethod
+    def _needs_status(top: Path, change: _Change) -> bool:
+        """True when ``read-tree -m -u`` alone could miss the user's work on ``change``'s paths.
+
+        read-tree refuses, before writing anything, a file it would overwrite that differs from
+        the index (modified, type changed), an index entry that differs from the old commit
+        (staged), and an untracked file in the way. It does not see: a tracked file the user
+        deleted (it writes the new version), a file in the way that ``.gitignore`` matches
+        (git treats ignored files as expendable), and work inside a submodule's checkout. So
+        the path-limited ``status`` runs first when a path the old commit has is missing, when
+        a path the old commit lacks already exists, when a path is a populated submodule, or
+        when a folder on a path is not a plain directory. A few ``lstat`` calls, no process.
+        """
+        for rel in change.tracked_before:
+            if not os.path.lexists(top / rel):
+                return True
+        for rel in change.added:
+            if os.path.lexists(top / rel):
+                return True
+        for rel in change.paths:
+            if os.path.lexists(top / rel / ".git"):
+                return True
+            parts = rel.split("/")
+            for depth in range(1, len(parts)):
+                folder = top.joinpath(*parts[:depth])
+                if folder.is_symlink() or (os.path.lexists(folder) and not folder.is_dir()):
+                    return True
+        return False
 
     def _merge_result(
         self, original: GitCommand, base: str, snap: _Snapshot, old: str, message: str
@@ -1067,89 +1343,6 @@ class GitWorktreeSandbox(BaseSandbox):
             )
         commit = original.run("commit-tree", fields[0], "-p", old, "-p", tip, "-m", message)
         return commit.out, "merge"
-
-    def _apply(
-        self,
-        original: GitCommand,
-        ref: str,
-        old: str,
-        new: str,
-        error: type[SandboxCommitError] | type[SandboxRollbackError],
-        known: tuple[list[str], set[str]] | None = None,
-        *,
-        checked: list[str] | None = None,
-    ) -> bool:
-        """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
-
-        Only the paths that differ between the two commits are written (``paths`` when the
-        caller knows them); uncommitted work on any of them refuses the move with the original
-        untouched (``checked``: the caller has just done that check and the writability check
-        under the repository lock, and these are the half-written paths it found). Paths an
-        interrupted earlier attempt left half-written are put back from the index first, then
-        written again. Stale stat data in the index (content unchanged) is refreshed, never a
-        conflict (case 29). Owners and modes of the written files are kept. Returns False when
-        the ref moved concurrently (the files are put back first).
-        """
-        if known is None:
-            added, changed, deleted, executable = self._classify(original, old, new)
-            known = (sorted([*added, *changed, *deleted]), executable)
-        paths, executable = known
-        top = Path(str(self._meta()["original_toplevel"]))
-        half = checked
-        if half is None:
-            conflicts, half = self._overlap(original, old, new, paths)
-            if conflicts:
-                raise self._overlap_error(error, conflicts)
-            self._check_writable(original, top, paths, error)
-        lock = Path(original.git_dir if ref == "HEAD" else original.common_dir) / f"{ref}.lock"
-        if lock.exists():  # refuse before writing files that a failed ref move would revert
-            raise GitFailure(["update-ref", ref], 128, f"Unable to create '{lock}': File exists.")
-        if half:
-            self._touched = True
-            self._restore_from_index(original, half)
-        owners = _Owners(top, paths, executable)
-        self._touched = True
-        updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
-        if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
-            # The paths were checked clean by content just above: only the index's stat data is
-            # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
-            self._touched = False
-            original.run("update-index", "-q", "--refresh", ok=(0, 1))
-            self._touched = True
-            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
-        if updated.status != 0:
-            failure = GitFailure(["read-tree", "-m", "-u", old, new], 128, updated.stderr)
-            kind = failure_kind(failure).kind
-            if kind == "lock" or _NOT_UPTODATE in updated.stderr:
-                self._touched = False  # read-tree checks everything before writing
-            elif kind == "permission":
-                self._put_back_partial_update(original, paths, owners)
-                self._touched = False
-            if kind != "other":
-                raise failure
-            raise self._overlap_error(error, paths, updated.stderr)  # a change appeared since
-        owners.restore()
-        deref = ["--no-deref"] if ref == "HEAD" else []
-        moved = original.run(
-            "update-ref",
-            *deref,
-            "-m",
-            f"sandbox-core: sandbox {self.sandbox_id}",
-            ref,
-            new,
-            old,
-            ok=(0, 1, 128),
-        )
-        if moved.status == 0:
-            self._move_submodules(original, top, old, new, paths)
-            return True
-        original.run("read-tree", "-m", "-u", new, old)
-        owners.restore()
-        failure = GitFailure(["update-ref", ref], moved.status, moved.stderr)
-        if failure_kind(failure).kind != "other":
-            self._touched = False  # the files were put back
-            raise failure
-        return False  # the ref moved concurrently: the caller retries
 
     def _put_back_partial_update(
         self, original: GitCommand, paths: list[str], owners: _Owners
@@ -1388,11 +1581,8 @@ class GitWorktreeSandbox(BaseSandbox):
         return dirty
 
     @staticmethod
-    def _classify(
-        original: GitCommand, base: str, tip: str
-    ) -> tuple[list[str], list[str], list[str], set[str]]:
-        """(added, changed, deleted) paths between two commits, sorted, and the regular files
-        whose executable bit the second commit changes (``100644`` <-> ``100755``)."""
+    def _classify(original: GitCommand, base: str, tip: str) -> _Change:
+        """What moving from ``base`` to ``tip`` (commits or trees) adds, changes and deletes."""
         diff = original.run("diff-tree", "-r", "--no-renames", "-z", base, tip)
         fields = diff.nul_fields()
         added: list[str] = []
@@ -1404,7 +1594,19 @@ class GitWorktreeSandbox(BaseSandbox):
             {"A": added, "D": deleted}.get(status[0], changed).append(path)
             if {old_mode, new_mode} == {"100644", "100755"}:
                 executable.add(path)
-        return sorted(added), sorted(changed), sorted(deleted), executable
+        return _Change(sorted(added), sorted(changed), sorted(deleted), executable)
+
+    def _expect_target(
+        self, symbolic: str, error: type[SandboxCommitError] | type[SandboxRollbackError]
+    ) -> None:
+        """Refuse when the original's HEAD (``symbolic``: its full ref name, or ``HEAD`` when
+        detached) is not where it was at create."""
+        expected = self._require_context().metadata["target_ref"] or "HEAD"
+        if symbolic != expected:
+            raise error(
+                f"the original's HEAD is now {symbolic!r}, not {expected!r} as when sandbox "
+                f"{self.sandbox_id} was created; check out {expected!r} again and retry"
+            )
 
     def _current_target(
         self,
@@ -1412,17 +1614,11 @@ class GitWorktreeSandbox(BaseSandbox):
         error: type[SandboxCommitError] | type[SandboxRollbackError],
     ) -> tuple[str, str]:
         """(ref to update, its commit); the original's HEAD must be where it was at create."""
-        meta = self._require_context().metadata
         sha, symbolic = original.run(
             "rev-parse", "HEAD", "--symbolic-full-name", "HEAD"
         ).out.splitlines()[:2]
-        expected = meta["target_ref"] or "HEAD"
-        if symbolic != expected:
-            raise error(
-                f"the original's HEAD is now {symbolic!r}, not {expected!r} as when sandbox "
-                f"{self.sandbox_id} was created; check out {expected!r} again and retry"
-            )
-        return expected, sha
+        self._expect_target(symbolic, error)
+        return symbolic, sha
 
     # -- two-phase plan commit (issue 9) ----------------------------------------------------
 
@@ -1548,8 +1744,7 @@ class GitWorktreeSandbox(BaseSandbox):
             if merged.status == 1:
                 return sorted(set(fields[1:]))
             new = fields[0]
-            added, changed, deleted, _modes = self._classify(original, sha, new)
-            paths = sorted([*added, *changed, *deleted])
+            paths = self._classify(original, sha, new).paths
             if not paths:
                 return []
         conflicts, _half = self._overlap(original, sha, new, paths)
@@ -1572,27 +1767,27 @@ class GitWorktreeSandbox(BaseSandbox):
         text = message or f"Apply sandbox {self.sandbox_id} of plan {context.plan_id}"
         original = self._original_git("commit")
         try:
-            snap = self._snapshot(self._worktree_git_or(SandboxCommitError, "prepare"), text)
+            worktree = self._worktree_git_or(SandboxCommitError, "prepare")
+            self._check_worktree_head(worktree)
+            tree = self._stage(worktree)
             base = str(context.metadata["base_commit"])
-            summary = self._summarise(original, base, snap.tree)
-            base_paths = (summary.paths, summary.executable)
+            summary = self._summarise(original, base, tree)
             prefix = self._prepared_prefix(txid)
             with repository_lock(str(context.metadata["git_common_dir"])):
-                after = self._chained_after(original, txid)
-                plan = self._plan(original, snap, text, base_paths, after)
+                heads = self._read_heads(original, SandboxCommitError)
+                after = self._chained_after(original, txid, heads.target)
+                snap = self._snapshot(original, tree, heads, text)
+                plan = self._plan(original, snap, heads, text, summary.change, after)
+                # The sandbox branch, its tags and the prepared refs move together or not at
+                # all: a refused prepare leaves nothing behind.
                 updates = [
+                    *self._snapshot_updates(snap, heads),
                     f"update {prefix}new {plan.new}\n",
                     f"update {prefix}old {plan.old}\n",
                     f"update {prefix}tip {snap.tip}\n",
                     f"update {self._tag('pre-commit')} {plan.old}\n",
                 ]
-                original.run(
-                    "update-ref",
-                    "-m",
-                    f"sandbox-core: prepare {txid}",
-                    "--stdin",
-                    stdin="".join(updates),
-                )
+                self._update_refs(original, updates, f"sandbox-core: prepare {txid}")
         except GitFailure as exc:
             raise _translate(
                 exc, "commit", f"prepare of sandbox {self.sandbox_id} failed", self.original_path
@@ -1655,7 +1850,7 @@ class GitWorktreeSandbox(BaseSandbox):
                     plan.old,
                     plan.new,
                     SandboxCommitError,
-                    (plan.paths, plan.executable),
+                    plan.change,
                 ):
                     raise SandboxCommitError(
                         f"{ref} moved during the apply of sandbox {self.sandbox_id}; "
@@ -1719,24 +1914,23 @@ class GitWorktreeSandbox(BaseSandbox):
             )
         old, new, tip = refs["old"], refs["new"], refs["tip"]
         base = str(self._meta()["base_commit"])
-        added, changed, deleted, executable = self._classify(original, base, tip)
+        from_base = self._classify(original, base, tip)
         if new == old:
-            known: tuple[list[str], set[str]] = ([], set())
+            change = _NO_CHANGE
         elif (old, new) == (base, tip):  # a fast-forward from the base: the sandbox's paths
-            known = (sorted([*added, *changed, *deleted]), executable)
+            change = from_base
         else:
-            moved_added, moved_changed, moved_deleted, moved_modes = self._classify(
-                original, old, new
-            )
-            known = (sorted([*moved_added, *moved_changed, *moved_deleted]), moved_modes)
+            change = self._classify(original, old, new)
         how = "no-op" if new == old else "fast-forward" if new == tip else "merge"
         ref = str(self._meta()["target_ref"] or "HEAD")
-        plan = _Plan(ref, old, new, how, known[0], known[1], [])
-        return plan, tip, messages["tip"], (added, changed, deleted)
+        plan = _Plan(ref, old, new, how, change, None)
+        lists = (from_base.added, from_base.changed, from_base.deleted)
+        return plan, tip, messages["tip"], lists
 
-    def _chained_after(self, original: GitCommand, txid: str) -> str | None:
+    def _chained_after(self, original: GitCommand, txid: str, head: str) -> str | None:
         """The commit the target will be at once the sandboxes of this repository prepared
-        before this one under ``txid`` are applied (in prepare order); None when there is none.
+        before this one under ``txid`` are applied (in prepare order), starting from the
+        target's tip ``head``; None when there is none.
 
         Chained by value: a prepared sandbox whose expected old value is the target's current
         tip goes first, then the one expecting its result, and so on.
@@ -1752,7 +1946,6 @@ class GitWorktreeSandbox(BaseSandbox):
                 moves.setdefault(sid, {})[kind] = sha
         if not moves:
             return None
-        _ref, head = self._current_target(original, SandboxCommitError)
         start = head
         for _ in range(len(moves)):
             step = next(
@@ -1816,10 +2009,16 @@ class GitWorktreeSandbox(BaseSandbox):
 
     def _undo_commit(self, original: GitCommand, merged: str) -> None:
         """Move the original back from ``merged`` to the pre-commit tag, if it is still there."""
-        pre = original.run("rev-parse", "--verify", f"{self._tag('pre-commit')}^{{commit}}").out
+        pre, current, ref = original.run(
+            "rev-parse",
+            f"{self._tag('pre-commit')}^{{commit}}",
+            "HEAD",
+            "--symbolic-full-name",
+            "HEAD",
+        ).out.splitlines()[:3]
         if merged == pre:
             return  # the commit changed nothing in the original
-        ref, current = self._current_target(original, SandboxRollbackError)
+        self._expect_target(ref, SandboxRollbackError)
         if current == pre:
             return  # already undone: a compensation retried after a later step failed (case 21)
         if current != merged:
