@@ -48,6 +48,10 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{
 # connection-private temp table; see Connection._run_sqlite.
 _ROWID_PROBE = "sandbox_rowid_probe"
 _ROWID_SENTINEL = -(2**63) + 1
+# SQLite: a connection-private BEFORE INSERT trigger per table counts, through this function, the
+# rows each inserted row collides with on a unique key (Connection._arm_conflict_probe).
+_CONFLICT_FUNCTION = "sandbox_conflicts"
+_CAN_INSERT = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
 # SQLite primary result codes of a lock held by another connection (retryable).
 _SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 # PostgreSQL: lock_not_available (lock_timeout), deadlock_detected, serialization_failure.
@@ -172,8 +176,12 @@ class Result:
             a statement that can insert: whether it assigned a new rowid (an upsert that
             inserted, not one that updated), and the primary key of the row it inserted last
             when that key is not the rowid itself (a key computed from data, such as
-            ``max(id) + 1``, is data the actor may have used). Two runs with equal other
-            outcomes but other effects did different things (issue 7: replay verification).
+            ``max(id) + 1``, is data the actor may have used), and ``"conflicts"``: how many
+            existing rows the inserted rows collided with on a unique key (primary key,
+            ``UNIQUE``, rowid alias), whatever the conflict resolution did with them
+            (``OR REPLACE``/``IGNORE``, ``ON CONFLICT DO UPDATE``/``NOTHING``; rowid and
+            ``WITHOUT ROWID`` tables alike). Two runs with equal other outcomes but other
+            effects did different things (issue 7: replay verification).
     """
 
     rows: list[tuple[Any, ...]]
@@ -202,6 +210,8 @@ class Connection:
         self._pg: psycopg.Connection[tuple[Any, ...]] | None = None
         self._rowid_tables: dict[tuple[str, str], bool] = {}
         self._key_columns: dict[tuple[str, str], list[str]] = {}
+        self._conflict_triggers: dict[tuple[str, str], str | None] = {}
+        self._conflicts = 0
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -317,6 +327,12 @@ class Connection:
         # different tables collide: a sentinel set just before tells "assigned one" for sure.
         # Not for a statement that reads last_insert_rowid() itself (it would see the sentinel).
         probe = capture_id and effects_wanted and "last_insert_rowid" not in sql.lower()
+        armed = (
+            probe
+            and bool(_CAN_INSERT.search(sql))
+            and self._arm_conflict_probe(db, sql, params, many)
+        )
+        self._conflicts = 0
         if probe:
             db.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_ROWID_PROBE} (x)")
             db.execute(
@@ -345,6 +361,8 @@ class Connection:
                 # An upsert that updated assigns no rowid; one that inserted does (issue 7).
                 assigned = rowid_after != _ROWID_SENTINEL
                 effect: dict[str, Any] = {"rowid": assigned}
+                if armed:
+                    effect["conflicts"] = self._conflicts
                 if assigned and len(inserted) == 1:
                     key = self._inserted_key(db, *next(iter(inserted)), rowid_after)
                     if key is not None:
@@ -353,6 +371,100 @@ class Connection:
             if any(self._rowid_is_data(db, schema, table) for schema, table in inserted):
                 generated = rowid_after if rowid_after not in (0, _ROWID_SENTINEL) else None
         return Result([tuple(row) for row in rows], db.total_changes - changes, generated, effects)
+
+    def _arm_conflict_probe(
+        self, db: sqlite3.Connection, sql: str, params: Any, many: bool
+    ) -> bool:
+        """Make sure every table ``sql`` inserts into has the conflict-counting trigger.
+
+        The tables come from SQLite's authorizer while it prepares ``EXPLAIN <sql>`` (nothing
+        runs). The triggers are ``TEMP`` (this connection only, never in the database file) and
+        only read: each inserted row calls ``sandbox_conflicts(n)`` with the number of existing
+        rows holding one of its unique keys, before the conflict resolution acts. That number is
+        what tells an insert that created a row from one that replaced, updated or skipped an
+        existing row, which neither the row count nor the rowid can on a ``WITHOUT ROWID`` table
+        or for ``INSERT OR REPLACE`` (issue 7). Re-created after a rollback dropped them.
+
+        Returns:
+            True when every inserted table is probed (the count is then meaningful).
+        """
+        first = params[0] if many and params else params
+        if many and not params:
+            return False
+        tables: set[tuple[str, str]] = set()
+
+        def authorizer(
+            action: int, arg1: str | None, _arg2: str | None, schema: str | None, source: str | None
+        ) -> int:
+            if action == sqlite3.SQLITE_INSERT and arg1 and source is None:
+                tables.add((schema or "main", arg1))
+            return sqlite3.SQLITE_OK
+
+        db.set_authorizer(authorizer)
+        try:
+            db.execute(f"EXPLAIN {sql}", first if first is not None else ()).fetchall()
+        except (sqlite3.Error, ValueError):
+            return False  # the statement itself will fail, or cannot be explained alone
+        finally:
+            db.set_authorizer(None)
+        tables.discard(("temp", _ROWID_PROBE))
+        if not tables:
+            return False
+        db.create_function(_CONFLICT_FUNCTION, 1, self._count_conflicts)
+        for schema, table in sorted(tables):
+            trigger = self._conflict_trigger(db, schema, table)
+            if trigger is None:
+                return False
+            if trigger:
+                db.execute(trigger)
+        return True
+
+    def _count_conflicts(self, found: int | None) -> int:
+        self._conflicts += int(found or 0)
+        return 0
+
+    def _conflict_trigger(self, db: sqlite3.Connection, schema: str, table: str) -> str | None:
+        """``CREATE TEMP TRIGGER IF NOT EXISTS`` counting conflicts on ``table``; ``""`` for a
+        table without a unique key, ``None`` for what takes no trigger (a view, a virtual or
+        system table). Cached per connection."""
+        key = (schema, table)
+        if key in self._conflict_triggers:
+            return self._conflict_triggers[key]
+        keys: list[list[str]] = []
+        if self._rowid_is_data(db, schema, table):
+            found = db.execute(
+                "SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0", (table, schema)
+            ).fetchall()
+            keys.append([str(row[0]) for row in found])
+        indexes = db.execute(
+            'SELECT name FROM pragma_index_list(?, ?) WHERE "unique" AND NOT partial',
+            (table, schema),
+        ).fetchall()
+        for (index,) in indexes:
+            columns = db.execute(
+                "SELECT cid, name FROM pragma_index_info(?, ?) ORDER BY seqno", (index, schema)
+            ).fetchall()
+            if columns and all(cid >= 0 and name for cid, name in columns):
+                keys.append([str(name) for _, name in columns])
+        target = f"{_quote(schema)}.{_quote(table)}"
+        condition = " OR ".join(
+            "(" + " AND ".join(f"{_quote(c)} = NEW.{_quote(c)}" for c in columns) + ")"
+            for columns in keys
+        )
+        name = _quote(f"sandbox_conflicts_{schema}_{table}")
+        trigger: str | None = (
+            f"CREATE TEMP TRIGGER IF NOT EXISTS {name} BEFORE INSERT ON {target} BEGIN "  # noqa: S608 - quoted identifiers
+            f"SELECT {_CONFLICT_FUNCTION}((SELECT count(*) FROM {target} WHERE {condition})); END"
+            if keys
+            else ""
+        )
+        try:
+            if trigger:
+                db.execute(trigger)
+        except sqlite3.Error:
+            trigger = None  # views, virtual and system tables take no such trigger
+        self._conflict_triggers[key] = trigger
+        return trigger
 
     def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.

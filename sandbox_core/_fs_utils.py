@@ -1004,6 +1004,122 @@ def _apply_meta(path: str, meta: Meta) -> None:
         _set_dir_meta(path, meta)
 
 
+def root_meta(path: StrPath) -> Meta:
+    """The own metadata of directory ``path`` (mode, owner and group, xattrs and POSIX ACLs)
+    that a commit gives the original's top directory (docs/fidelity.md)."""
+    return _dir_meta(os.fspath(path))
+
+
+def root_change(base: Meta | None, original: StrPath, copy: StrPath) -> tuple[Meta | None, bool]:
+    """What a commit does to the original's top directory: ``(meta, conflict)``.
+
+    ``meta`` is the copy's top metadata when the sandbox changed it since ``base`` (the top's
+    metadata when the copy was made or reset), else ``None`` (the original's own change, if
+    any, is kept). ``conflict`` is True when the original's top changed since ``base`` too, to
+    something else (copy_on_write refuses such a commit; the overlay's sandbox wins).
+    """
+    if base is None:
+        return None, False
+    ours = root_meta(copy)
+    if ours == base:
+        return None, False
+    theirs = root_meta(original)
+    return ours, theirs not in (base, ours)
+
+
+def _root_ops(target: str, root: Meta | None) -> list[_Op]:
+    """The op giving ``target`` itself the metadata ``root`` (none when it has it already)."""
+    if root is None:
+        return []
+    now = _dir_meta(target)
+    return [] if now == root else [_Op("", meta=(now, root))]
+
+
+class MountPointsInsideError(OSError):
+    """A directory tree holds other mounted file systems (``errno`` ``EXDEV``).
+
+    The policy of every directory strategy and mode (docs/fidelity.md, "Mount points inside the
+    tree"): such a tree is refused at create, and a commit, prepare, apply or undo of a tree in
+    which a mount appeared since is refused before anything is written, because an entry cannot
+    be renamed across a mount point. ``paths`` are the mount points, relative to ``root``.
+    """
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+        super().__init__(
+            errno.EXDEV,
+            f"{root} holds other mounted file systems at {shown}: a commit cannot move entries "
+            "across a mount point; sandbox each file system on its own (or unmount them)",
+            root,
+        )
+        self.root = root
+        self.paths = paths
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape_mount_path(field: bytes) -> bytes:
+    """``/proc/self/mountinfo`` writes space, tab, newline and backslash as ``\\ooo``."""
+    out = bytearray()
+    index = 0
+    while index < len(field):
+        if field[index : index + 1] == b"\\" and field[index + 1 : index + 4].isdigit():
+            out.append(int(field[index + 1 : index + 4], 8))
+            index += 4
+        else:
+            out += field[index : index + 1]
+            index += 1
+    return bytes(out)
+
+
+def mount_points_inside(root: StrPath) -> list[str]:
+    """Mount points strictly inside directory ``root`` (relative paths, sorted), bind mounts
+    of the same file system included (a rename across them fails with ``EXDEV`` too).
+
+    Read from ``/proc/self/mountinfo`` (this process's mount namespace); where that is not
+    readable, a walk compares each directory's ``st_dev`` with its parent's (no bind mounts).
+    """
+    top = os.fsencode(os.path.realpath(root))
+    prefix = top if top.endswith(b"/") else top + b"/"
+    try:
+        with open(_MOUNTINFO, "rb") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return _mount_points_by_device(os.fsdecode(top))
+    found = set()
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = _unescape_mount_path(fields[4])
+            if point.startswith(prefix):
+                found.add(os.fsdecode(point[len(prefix) :]))
+    return sorted(found)
+
+
+def _mount_points_by_device(top: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, dirnames, _ in os.walk(top):
+        device = os.lstat(dirpath).st_dev
+        for name in list(dirnames):
+            path = os.path.join(dirpath, name)
+            if os.lstat(path).st_dev != device:
+                found.append(os.path.relpath(path, top))
+                dirnames.remove(name)
+    return sorted(found)
+
+
+def refuse_mount_points(root: StrPath) -> None:
+    """Raise :class:`MountPointsInsideError` when another file system is mounted inside
+    ``root``; called at create and before a sync writes anything (docs/fidelity.md)."""
+    found = mount_points_inside(root)
+    if found:
+        raise MountPointsInsideError(os.path.realpath(root), found)
+
+
 def staging_dir_for(target: StrPath) -> str:
     """Path for a new staging area of ``target``, on the same filesystem as ``target``.
 
@@ -1286,6 +1402,7 @@ def sync_tree(
     backup_dir: StrPath | None = None,
     exclude: Iterable[str] = (),
     expand_links: bool = True,
+    root: Meta | None = None,
 ) -> TreeChanges:
     """Make directory ``target`` equal to directory ``source``, crash-safe, in O(changes).
 
@@ -1312,6 +1429,8 @@ def sync_tree(
         expand_links: add :func:`link_closure` to the changed paths. Pass ``False`` only
             when ``source`` is a partial mirror and the caller already staged the closure
             (a name missing from ``source`` would otherwise be deleted from ``target``).
+        root: when given, ``target`` itself gets this metadata (:func:`root_meta`: mode, owner,
+            xattrs), journaled and undone like a directory's (see :func:`root_change`).
 
     Returns:
         The applied :class:`TreeChanges`.
@@ -1328,11 +1447,12 @@ def sync_tree(
     keep = os.path.abspath(backup_dir) if backup_dir is not None else None
     if keep is not None and os.path.lexists(keep):
         raise FileExistsError(errno.EEXIST, "backup directory exists", keep)
+    refuse_mount_points(target_s)  # before anything is written: renames cannot cross them
     recover_sync(target_s)
     if changes is None:
         changes = compute_changes(target_s, source_s, exclude=exclude)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _plan(source_s, target_s, paths)
+    ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     if keep is not None:
         os.makedirs(keep)
     _run(target_s, ops, keep_backup=keep, progress=on_progress)
@@ -1351,6 +1471,7 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
     keep, target_s = os.path.abspath(backup_dir), os.path.abspath(target)
     with open(os.path.join(keep, _UNDO), encoding="utf-8") as handle:
         record = json.load(handle)
+    refuse_mount_points(target_s)
     recover_sync(target_s)
     ops: list[_Op] = []
     for op in reversed(record["ops"]):
@@ -1365,6 +1486,8 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
                 had_old=os.path.lexists(os.path.join(target_s, op["path"])),
             )
         )
+    # Metadata last, as in a sync: a directory made read-only must not block the renames.
+    ops = [op for op in ops if op.meta is None] + [op for op in ops if op.meta is not None]
     _run(target_s, ops, keep_backup=None, progress=None)
 
 
@@ -1396,6 +1519,9 @@ class Baseline:
 
     original: dict[str, str] | None
     copy: dict[str, str] | None
+    #: The top directory's own metadata (:func:`root_meta`) when the copy was made or reset;
+    #: ``None`` in a manifest of an older version (the top is then not committed).
+    root: Meta | None = None
 
     def save(self, path: StrPath) -> None:
         """Write to ``path`` atomically (temp file + rename).
@@ -1411,6 +1537,8 @@ class Baseline:
                 raise ValueError("an unknown baseline cannot be saved")
             fields += [item for pair in snapshot.items() for item in pair]
             fields.append("")
+        if self.root is not None:  # a last field after the copy's (older readers stop before)
+            fields.append(json.dumps(self.root, sort_keys=True))
         tmp = os.fspath(path) + ".tmp"
         with open(tmp, "wb") as handle:
             handle.write("\0".join(fields).encode("utf-8", "surrogateescape"))
@@ -1433,10 +1561,13 @@ class Baseline:
         if fields[0] != _BASELINE_MAGIC:
             return cls(None, None)
         cut = fields.index("", 1)
-        first, second = fields[1:cut], fields[cut + 1 : -1]
+        end = fields.index("", cut + 1)
+        first, second = fields[1:cut], fields[cut + 1 : end]
+        tail = fields[end + 1 :]
         return cls(
             dict(zip(first[::2], first[1::2], strict=True)),
             dict(zip(second[::2], second[1::2], strict=True)),
+            json.loads(tail[0]) if tail and tail[0] else None,
         )
 
     @classmethod
@@ -1520,11 +1651,12 @@ def reset_copy(
     """
     pending = pending_since(baseline, original, copy, exclude=exclude)
     changes = compute_changes_at(copy, original, pending.candidates)
-    if not changes.is_empty:
+    top = root_meta(original)
+    if not changes.is_empty or root_meta(copy) != top:
         replaced = link_closure(original, copy, changes.paths)
-        sync_tree(original, copy, changes=changes)
+        sync_tree(original, copy, changes=changes, root=top)
         refresh_snapshot(pending.copy, copy, replaced)
-    return Baseline(pending.original, pending.copy)
+    return Baseline(pending.original, pending.copy, top)
 
 
 # -- two-phase staging (issue 9) -----------------------------------------------------------------
@@ -1766,7 +1898,12 @@ def _digest_ops(ops: list[dict[str, Any]], new_root_of: Callable[[int], str]) ->
 
 
 def change_digest(
-    source: StrPath, target: StrPath, changes: TreeChanges, *, expand_links: bool = True
+    source: StrPath,
+    target: StrPath,
+    changes: TreeChanges,
+    *,
+    expand_links: bool = True,
+    root: Meta | None = None,
 ) -> str:
     """The digest :func:`stage_sync` would return for the same arguments, read from
     ``source`` without staging anything (a review, issue 9): equal when nothing changed in
@@ -1778,7 +1915,7 @@ def change_digest(
     """
     source_s, target_s = os.path.abspath(source), os.path.abspath(target)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _journal_ops(_plan(source_s, target_s, paths))
+    ops = _journal_ops(_plan(source_s, target_s, paths) + _root_ops(target_s, root))
     return _digest_ops(ops, lambda index: os.path.join(source_s, ops[index]["path"]))
 
 
@@ -1839,6 +1976,7 @@ def stage_sync(
     changes: TreeChanges,
     backup_dir: StrPath | None = None,
     expand_links: bool = True,
+    root: Meta | None = None,
 ) -> StagedSync:
     """The durable first half of :func:`sync_tree` (two-phase commit, issue 9): copy every new
     entry of ``changes`` into the staging area :func:`prepared_dir_for` ``(target, key)`` on
@@ -1867,11 +2005,12 @@ def stage_sync(
     for path in (source_s, target_s):
         if not os.path.isdir(path):
             raise FileNotFoundError(errno.ENOENT, "directory not found", path)
+    refuse_mount_points(target_s)
     existing = find_prepared(target_s, key)
     if existing is not None:
         abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
-    ops = _plan(source_s, target_s, paths)
+    ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     staging = prepared_dir_for(target_s, key)
     os.mkdir(staging, 0o700)
     try:
@@ -1929,7 +2068,9 @@ def verify_staged(target: StrPath, key: str) -> list[str]:
         raise FileNotFoundError(errno.ENOENT, f"nothing staged under {key}", target_s)
     if journal["state"] != _STAGED:
         return []
-    return _guard_mismatches(target_s, journal)
+    # A file system mounted inside since prepare: the renames could not cross it (EXDEV).
+    mounts = mount_points_inside(target_s)
+    return _guard_mismatches(target_s, journal) + mounts
 
 
 def staged_state(target: StrPath, key: str) -> str | None:

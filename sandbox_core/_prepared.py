@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core._fs_utils import (
+    Meta,
     TreeChanges,
     abort_staged,
     apply_staged,
@@ -149,8 +150,10 @@ def prepare(
     backup_dir: Path,
     result: CommitResult,
     expand_links: bool = True,
+    root: Meta | None = None,
 ) -> PreparedCommit:
-    """Stage ``changes`` from ``source`` for ``original`` under ``txid`` and record it.
+    """Stage ``changes`` from ``source`` for ``original`` under ``txid`` and record it;
+    ``root``: the metadata ``original`` itself gets (``stage_sync``), or None.
 
     Raises:
         SandboxStateError: ``txid`` is already being applied or was applied.
@@ -165,7 +168,7 @@ def prepare(
     try:
         staged = stage_sync(
             source, original, key, changes=changes, backup_dir=backup_dir,
-            expand_links=expand_links,
+            expand_links=expand_links, root=root,
         )  # fmt: skip
     except FileExistsError as exc:
         raise SandboxStateError(f"commit {txid} of sandbox {sandbox.sandbox_id}: {exc}") from exc

@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Self
 
 from ulid import ULID
 
+from sandbox_core._fs_utils import MountPointsInsideError
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -239,6 +240,9 @@ class BaseSandbox:
             except SandboxError:
                 self._status = SandboxStatus.ERRORED
                 raise
+            except MountPointsInsideError as exc:
+                # Refused before anything was written (docs/fidelity.md): stays ACTIVE.
+                raise _mount_refusal("commit", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
                 self._status = SandboxStatus.ERRORED
                 raise SandboxCommitError(
@@ -406,6 +410,8 @@ class BaseSandbox:
                 return self._do_prepare(txid, message)
             except SandboxError:
                 raise
+            except MountPointsInsideError as exc:
+                raise _mount_refusal("prepare", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
                 raise SandboxCommitError(
                     f"prepare of sandbox {self._sandbox_id} failed: {exc}"
@@ -584,3 +590,9 @@ class BaseSandbox:
 
     def _do_abort_prepared(self, txid: str) -> None:
         """Default: nothing was staged, nothing to drop."""
+
+
+def _mount_refusal(action: str, sandbox_id: str, exc: MountPointsInsideError) -> SandboxCommitError:
+    """A commit refused because file systems are mounted inside the original: the mount
+    points are its ``conflicts`` (nothing written; the sandbox keeps its status)."""
+    return SandboxCommitError(f"{action} of sandbox {sandbox_id} refused: {exc}", exc.paths)

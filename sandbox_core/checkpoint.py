@@ -24,7 +24,7 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -271,6 +271,28 @@ class CheckpointManager:
             self._record_path(checkpoint_id).unlink(missing_ok=True)
         return True
 
+    def delete_plan_checkpoints(self, plan_id: str, sandbox_ids: Iterable[str] = ()) -> int:
+        """Delete every checkpoint taken for ``plan_id`` or of one of ``sandbox_ids``.
+
+        With a state dir the records are re-read first, so checkpoints another process (the CLI,
+        another manager) recorded there are deleted too. Idempotent: deleting again finds
+        nothing (issue 7, hygiene: cleanup leaves nothing behind).
+
+        Returns:
+            How many checkpoints were deleted.
+        """
+        if self._state_dir is not None:
+            with self._lock:
+                self._load_records()
+        wanted = set(sandbox_ids)
+        with self._lock:
+            doomed = [
+                cp.checkpoint_id
+                for cp in self._checkpoints.values()
+                if cp.plan_id == plan_id or cp.sandbox_id in wanted
+            ]
+        return sum(self.delete_checkpoint(checkpoint_id) for checkpoint_id in doomed)
+
     # -- snapshots (seed 004 names these helpers) ---------------------------------------------
 
     def _snapshot_directory(
@@ -381,4 +403,4 @@ class CheckpointManager:
             except (OSError, ValueError):
                 logger.exception("skipping unreadable checkpoint record %s", path)
         for checkpoint in sorted(loaded, key=lambda cp: (cp.created_at, cp.checkpoint_id)):
-            self._checkpoints[checkpoint.checkpoint_id] = checkpoint
+            self._checkpoints.setdefault(checkpoint.checkpoint_id, checkpoint)

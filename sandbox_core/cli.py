@@ -470,6 +470,29 @@ def checkpoint(state: CliState, sandbox_id: str, phase: str, meta: tuple[str, ..
     _guard(state, run)
 
 
+@main.command("cleanup-plan")
+@click.argument("plan_id")
+@click.pass_obj
+def cleanup_plan(state: CliState, plan_id: str) -> None:
+    """Clean up every sandbox of PLAN_ID and delete the plan's checkpoints.
+
+    ``SandboxManager.cleanup_all``: nothing is left behind, and a plan already cleaned up (or
+    never seen) succeeds with no change (idempotent, exit 0).
+    """
+
+    def run() -> None:
+        manager = state.manager()
+        with state.store.plan_lock(plan_id):
+            sandbox_ids = [sandbox.sandbox_id for sandbox in manager.reopen_plan(plan_id)]
+            manager.cleanup_all(plan_id)
+        state.emit(
+            {"plan_id": plan_id, "cleaned_up": sandbox_ids},
+            f"plan {plan_id}: {len(sandbox_ids)} sandbox(es) cleaned up",
+        )
+
+    _guard(state, run)
+
+
 @main.command()
 @click.argument("checkpoint_id")
 @click.pass_obj

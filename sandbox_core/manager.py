@@ -34,6 +34,7 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
+from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState, MemoryCommitJournal
@@ -68,6 +69,9 @@ class SandboxManager:
         store: persist sandboxes and commit journals in this store (cross-process reopen,
             crash recovery).
         fault_hook: test-only fault injection for ``commit_all`` (see :mod:`sandbox_core.saga`).
+        checkpoints: the checkpoint manager the plans' checkpoints are taken with; default one
+            over the store's state dir (``<state_dir>/checkpoints``), or an in-memory one
+            without a store. :meth:`cleanup_all` deletes the plan's checkpoints from it.
 
     Raises:
         ValueError: ``"factory cannot be None"``.
@@ -79,6 +83,7 @@ class SandboxManager:
         cleanup_on_exit: bool = True,
         store: SandboxStore | None = None,
         fault_hook: FaultHook | None = None,
+        checkpoints: CheckpointManager | None = None,
     ) -> None:
         if factory is None:
             raise ValueError("factory cannot be None")
@@ -86,6 +91,7 @@ class SandboxManager:
         self._cleanup_on_exit = cleanup_on_exit
         self._store = store
         self._fault_hook = fault_hook
+        self._checkpoints = checkpoints
         self._lock = threading.RLock()
         self._sandboxes: dict[str, dict[str, Any]] = {}
         self._plan_locks: dict[str, threading.RLock] = {}
@@ -130,6 +136,17 @@ class SandboxManager:
     def store(self) -> SandboxStore | None:
         """The store sandboxes are persisted to, if any."""
         return self._store
+
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        """The checkpoint manager of this manager's plans (see the ``checkpoints`` argument)."""
+        with self._lock:
+            if self._checkpoints is None:
+                state_dir = self._store.state_dir if self._store is not None else None
+                self._checkpoints = CheckpointManager(
+                    state_dir=state_dir, sandbox_resolver=self._resolve_for_checkpoint
+                )
+            return self._checkpoints
 
     # -- lookup and lazy creation -----------------------------------------------------------
 
@@ -418,16 +435,25 @@ class SandboxManager:
     def cleanup_all(self, plan_id: str) -> None:
         """Clean up every sandbox of the plan and stop tracking the plan (failures contained).
 
-        Nothing is left behind (issue 7, hygiene): each sandbox's artefacts and store record go,
-        and so does the plan's finished commit journal once no record of the plan is left. A
-        journal that still owes a compensation is kept (see :func:`drop_finished_journal`).
+        Nothing is left behind (issue 7, hygiene): the plan's checkpoints (records, snapshots
+        and git refs, in :attr:`checkpoints`, deleted before the sandboxes so that a git ref is
+        removed while its worktree still exists), each sandbox's artefacts and store record, and
+        the plan's finished commit journal once no record of the plan is left. A journal that
+        still owes a compensation is kept (see :func:`drop_finished_journal`). Idempotent.
 
         Raises:
             ValueError: ``"plan_id cannot be empty"``.
         """
         require_non_empty("plan_id", plan_id)
         with self._plan_lock(plan_id):
-            cleaned = [self._cleanup_one(sandbox) for sandbox in self.list_sandboxes(plan_id)]
+            sandboxes = self.list_sandboxes(plan_id)
+            try:
+                self.checkpoints.delete_plan_checkpoints(
+                    plan_id, [sandbox.sandbox_id for sandbox in sandboxes]
+                )
+            except Exception:  # seed 000: cleanup failures are contained
+                logger.exception("cannot delete the checkpoints of plan %s", plan_id)
+            cleaned = [self._cleanup_one(sandbox) for sandbox in sandboxes]
             with self._lock:
                 self._sandboxes.pop(plan_id, None)
             if all(cleaned):
@@ -612,6 +638,15 @@ class SandboxManager:
         with self._lock:
             self._sandboxes.setdefault(plan_id, {})[sandbox.resource_id] = sandbox
         return sandbox
+
+    def _resolve_for_checkpoint(self, sandbox_id: str) -> Any:
+        tracked = self.find_sandbox(sandbox_id)
+        if tracked is not None or self._store is None:
+            return tracked
+        try:
+            return self._factory.reopen(self._store.load(sandbox_id))
+        except SandboxError:
+            return None
 
     def _forget_journal(self, plan_id: str) -> None:
         if self._store is not None:

@@ -88,13 +88,24 @@ def _digest(path: bytes) -> str:
     return digest.hexdigest()
 
 
-def tree_state(root: PathLike) -> dict[bytes, dict[str, Any]]:
-    """The state of every path below ``root`` (not ``root`` itself), keyed by relative bytes.
+def tree_state(root: PathLike, *, top: bool = False) -> dict[bytes, dict[str, Any]]:
+    """The state of every path below ``root``, keyed by relative bytes; with ``top`` also
+    ``root``'s own mode, owner and xattrs under ``b"."`` (what a commit gives the original's top
+    directory, docs/fidelity.md).
 
     Never opens a FIFO, socket or device; never follows a symlink.
     """
     base = os.fsencode(root)
     state: dict[bytes, dict[str, Any]] = {}
+    if top:
+        st_top = os.lstat(base)
+        state[b"."] = {
+            "kind": "dir",
+            "mode": oct(stat.S_IMODE(st_top.st_mode)),
+            "uid": st_top.st_uid,
+            "gid": st_top.st_gid,
+            "xattrs": _xattrs(base),
+        }
     inodes: dict[int, list[bytes]] = {}
     pending = [b""]
     while pending:
@@ -150,9 +161,12 @@ def differences(a: dict[bytes, dict[str, Any]], b: dict[bytes, dict[str, Any]]) 
     return out
 
 
-def assert_same_tree(actual: PathLike, expected: dict[bytes, dict[str, Any]], label: str) -> None:
-    """Fail with the differing attributes when ``actual``'s state is not ``expected``."""
-    diff = differences(tree_state(actual), expected)
+def assert_same_tree(
+    actual: PathLike, expected: dict[bytes, dict[str, Any]], label: str, *, top: bool = False
+) -> None:
+    """Fail with the differing attributes when ``actual``'s state is not ``expected`` (``top``:
+    as :func:`tree_state`)."""
+    diff = differences(tree_state(actual, top=top), expected)
     assert not diff, f"{label}: {Path(os.fsdecode(actual))} differs:\n" + "\n".join(diff[:40])
 
 

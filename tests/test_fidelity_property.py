@@ -179,8 +179,10 @@ def make_special(path: bytes, kind: str, data: bytes = b"") -> None:
 # -- edits ---------------------------------------------------------------------------------------
 
 
+# top_*: the top directory's own mode, owner and xattrs (docs/fidelity.md).
 EDIT_KINDS = ["write", "append", "sparse_write", "chmod", "chown", "link", "unlink", "rename",
-              "swap", "special", "xattr", "new_file"]  # fmt: skip
+              "swap", "special", "xattr", "new_file",
+              "top_chmod", "top_chown", "top_xattr"]  # fmt: skip
 Edit = tuple[str, int, Any]
 
 
@@ -208,8 +210,12 @@ def apply_edit(root: bytes, edit: Edit) -> None:
     """Apply one edit inside the sandbox view; edits the view refuses (e.g. an overlay rename
     returning EXDEV) are skipped: the oracle reads what the view shows."""
     kind, index, arg = edit
-    present = paths_in(root)
+    if kind.startswith("top_"):  # the top directory's own metadata (docs/fidelity.md)
+        kind, present = kind.removeprefix("top_"), [b"."]
+    else:
+        present = paths_in(root)
     target = os.path.join(root, present[index % len(present)]) if present else None
+    target = root if present == [b"."] else target
     st_target = os.lstat(target) if target else None
     is_file = st_target is not None and stat.S_ISREG(st_target.st_mode)
     is_dir = st_target is not None and stat.S_ISDIR(st_target.st_mode)
@@ -284,22 +290,22 @@ def test_commit_and_rollback_keep_the_trees_exact(kind: str, spec: Any, changes:
     try:
         src = work.path / "src"
         build(os.fsencode(src), spec)
-        before = tree_state(src)
+        before = tree_state(src, top=True)
         sandbox = new_sandbox(kind, src, work.path / "root")
         sandbox.create("prop")
         view = os.fsencode(sandbox.get_path(""))
-        same(tree_state(view), before, "sandbox after create")
+        same(tree_state(view, top=True), before, "sandbox after create")
         for change in changes:
             apply_edit(view, change)
-        intended = tree_state(view)
+        intended = tree_state(view, top=True)
 
         sandbox.commit()
-        same(tree_state(src), intended, "original after commit")
+        same(tree_state(src, top=True), intended, "original after commit")
 
         sandbox.rollback()
         assert sandbox.status is SandboxStatus.ROLLED_BACK
-        same(tree_state(src), before, "original after rollback from COMMITTED")
-        same(tree_state(view), before, "sandbox after rollback from COMMITTED")
+        same(tree_state(src, top=True), before, "original after rollback from COMMITTED")
+        same(tree_state(view, top=True), before, "sandbox after rollback from COMMITTED")
         sandbox.cleanup()
     finally:
         work.close()
@@ -315,25 +321,26 @@ def test_checkpoint_restore_keeps_the_tree_exact(
     try:
         src = work.path / "src"
         build(os.fsencode(src), spec)
-        before = tree_state(src)
+        before = tree_state(src, top=True)
         sandbox = new_sandbox(kind, src, work.path / "root")
         sandbox.create("prop")
         view = os.fsencode(sandbox.get_path(""))
         for change in first:
             apply_edit(view, change)
-        at_checkpoint = tree_state(view)
+        at_checkpoint = tree_state(view, top=True)
         manager = CheckpointManager(state_dir=work.path / "state")
         checkpoint = manager.create_checkpoint(sandbox, "prop", "pre")
         for change in second:
             apply_edit(view, change)
 
         assert manager.rollback_to(checkpoint)
-        same(tree_state(view), at_checkpoint, "sandbox after restore")
+        same(tree_state(view, top=True), at_checkpoint, "sandbox after restore")
 
         sandbox.commit()
-        same(tree_state(src), at_checkpoint, "original after committing the restored sandbox")
+        committed = tree_state(src, top=True)
+        same(committed, at_checkpoint, "original after committing the restored sandbox")
         sandbox.rollback()
-        same(tree_state(src), before, "original after rollback from COMMITTED")
+        same(tree_state(src, top=True), before, "original after rollback from COMMITTED")
         sandbox.cleanup()
     finally:
         work.close()

@@ -6,12 +6,15 @@ sandbox; xattrs on a symlink; names that are not UTF-8 or hold newlines, tabs, l
 and 255 bytes; a renamed folder holding one name of a hard-link group; a write into the middle
 of a sparse file; folders of mode 000; FIFOs and device nodes renamed, re-moded and linked.
 
-An input that breaks (strict xfail): a tree with another file system mounted inside it.
+A tree with another file system mounted inside it (tmpfs, a bind mount, a nested path with a
+space) is refused at create naming the mount point; a mount made inside the original later
+refuses the commit, prepare, apply and rollback before anything is written (docs/fidelity.md).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -20,6 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxRollbackError
+from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from tests.fidelity_tree import assert_same_tree, tree_state
 from tests.test_fidelity_cases import STRATEGIES, Make, make  # noqa: F401 - fixture
 
@@ -38,16 +45,17 @@ DEFAULT_ACL = _acl([(0x01, 7, UNDEFINED), (0x02, 7, 1234), (0x04, 5, UNDEFINED),
 
 def _round_trip(make: Make, src: Path, edit: Edit) -> None:  # noqa: F811
     """create, edit, commit (original == intended), rollback (original == before)."""
-    before = tree_state(src)
+    before = tree_state(src, top=True)
     sandbox = make(src)
     sandbox.create("plan-v7")
-    assert_same_tree(sandbox.get_path(""), before, "after create")
+    assert_same_tree(sandbox.get_path(""), before, "after create", top=True)
     edit(Path(sandbox.get_path("")))
-    intended = tree_state(sandbox.get_path(""))
+    intended = tree_state(sandbox.get_path(""), top=True)
     sandbox.commit()
-    assert_same_tree(src, intended, "after commit")
+    assert_same_tree(src, intended, "after commit", top=True)
     sandbox.rollback()
-    assert_same_tree(src, before, "after rollback from COMMITTED")
+    assert_same_tree(src, before, "after rollback from COMMITTED", top=True)
+    assert_same_tree(sandbox.get_path(""), before, "sandbox after rollback", top=True)
 
 
 def _write(path: bytes | Path, data: bytes, mode: str = "wb") -> None:
@@ -164,34 +172,281 @@ def test_special_files_renamed_remoded_and_linked(tmp_path: Path, make: Make) ->
     _round_trip(make, src, edit)
 
 
+# -- a file system mounted inside the tree (docs/fidelity.md, "Mount points inside the tree") ---
+
+
+def _mount_tmpfs(point: Path) -> None:
+    point.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True)
+
+
+def _umount(point: Path) -> None:
+    subprocess.run(["umount", str(point)], check=True)
+
+
 @pytest.fixture
-def mounted(tmp_path: Path, make: Make) -> Iterator[Path]:  # noqa: F811
-    """``tmp_path/src`` holding a tmpfs mounted at ``src/cache`` (a volume inside a volume);
-    unmounted before ``make`` checks that no mount is left."""
+def mounts(make: Make) -> Iterator[list[Path]]:  # noqa: F811
+    """Mount points a test made; unmounted (lazily) before ``make`` checks none is left."""
+    made: list[Path] = []
+    yield made
+    for point in reversed(made):
+        subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
+MOUNT_KINDS = ["tmpfs", "bind", "nested-with-space"]
+
+
+def _mount_inside(src: Path, kind: str, mounts: list[Path]) -> str:
+    """Mount something inside ``src`` the way ``kind`` says; the relative mount point."""
+    rel = {"tmpfs": "cache", "bind": "data", "nested-with-space": "a/b c/vol"}[kind]
+    point = src / rel
+    if kind == "bind":  # same file system, another mount: renames across it fail too (EXDEV)
+        elsewhere = src.parent / "elsewhere"
+        elsewhere.mkdir(exist_ok=True)
+        (elsewhere / "f").write_text("f0\n")
+        point.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(elsewhere), str(point)], check=True)
+    else:
+        _mount_tmpfs(point)
+        (point / "f").write_text("f0\n")
+    mounts.append(point)
+    return rel
+
+
+@pytest.mark.parametrize("kind", MOUNT_KINDS)
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_tree_with_a_mount_point_inside_is_refused_at_create(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    mounts: list[Path],
+    kind: str,
+) -> None:
+    """Policy: refused up front naming the mount point; the original is not touched."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "top.txt").write_text("t0\n")
+    rel = _mount_inside(src, kind, mounts)
+    before = tree_state(src)
+    sandbox = make(src)
+
+    with pytest.raises(SandboxCreationError, match="mounted file systems at " + re.escape(rel)):
+        sandbox.create("plan-mnt")
+
+    assert_same_tree(src, before, "after a refused create")
+    assert not (tmp_path / "root").exists() or not any((tmp_path / "root").rglob("tree"))
+
+
+@pytest.mark.parametrize("restored", [False, True], ids=["edited", "checkpoint-restored"])
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_a_mount_made_after_create_refuses_commit_and_keeps_the_edits(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    mounts: list[Path],
+    restored: bool,
+) -> None:
+    """A commit (and a two-phase prepare) is refused before anything is written, naming the
+    mount point as a conflict; the sandbox stays ACTIVE with its edits, and commits once the
+    file system is unmounted. Never ERRORED, never a half-committed original."""
     src = tmp_path / "src"
     (src / "cache").mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(src / "cache")], check=True)
-    yield src
-    subprocess.run(["umount", "-l", str(src / "cache")], check=False)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the staging area is on the top's file system only: a changed path under a mount "
-    "point inside the tree cannot be renamed into it (EXDEV); the commit fails and the sandbox "
-    "is ERRORED (the original is left unchanged)",
-)
-@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
-def test_tree_with_a_mount_point_inside_commits(mounted: Path, make: Make) -> None:  # noqa: F811
-    (mounted / "top.txt").write_text("t0\n")
-    (mounted / "cache" / "f").write_text("f0\n")
-    sandbox = make(mounted)
+    (src / "top.txt").write_text("t0\n")
+    sandbox = make(src)
     sandbox.create("plan-mnt")
-    Path(sandbox.get_path("cache/f")).write_text("f1\n")
     Path(sandbox.get_path("top.txt")).write_text("t1\n")
+    Path(sandbox.get_path("new.txt")).write_text("n\n")
+    if restored:
+        checkpoints = CheckpointManager(state_dir=tmp_path / "state")
+        checkpoint = checkpoints.create_checkpoint(sandbox, "plan-mnt", "pre")  # type: ignore[arg-type]
+        Path(sandbox.get_path("top.txt")).write_text("lost\n")
+        assert checkpoints.rollback_to(checkpoint)
+    intended = tree_state(sandbox.get_path(""))
+    _mount_tmpfs(src / "cache")
+    mounts.append(src / "cache")
+    before = tree_state(src)
+
+    with pytest.raises(SandboxCommitError) as refused:
+        sandbox.commit()
+    assert refused.value.conflicts == ["cache"]
+    with pytest.raises(SandboxCommitError) as not_prepared:
+        sandbox.prepare("tx-mnt")
+    assert not_prepared.value.conflicts == ["cache"]
+
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert_same_tree(src, before, "after a refused commit")
+    assert_same_tree(sandbox.get_path(""), intended, "the edits after a refused commit")
+    _umount(src / "cache")
+    mounts.remove(src / "cache")
+    sandbox.commit()
+    assert_same_tree(src, intended, "after the commit")
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_a_mount_made_between_prepare_and_apply_refuses_the_apply(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    mounts: list[Path],
+) -> None:
+    src = tmp_path / "src"
+    (src / "cache").mkdir(parents=True)
+    (src / "top.txt").write_text("t0\n")
+    sandbox = make(src)
+    sandbox.create("plan-mnt")
+    Path(sandbox.get_path("top.txt")).write_text("t1\n")
+    intended = tree_state(sandbox.get_path(""))
+    sandbox.prepare("tx-mnt")
+    _mount_tmpfs(src / "cache")
+    mounts.append(src / "cache")
+    before = tree_state(src)
+
+    with pytest.raises(SandboxCommitError) as refused:
+        sandbox.apply_prepared("tx-mnt")
+
+    assert refused.value.conflicts == ["cache"]
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert_same_tree(src, before, "after a refused apply")
+    _umount(src / "cache")
+    mounts.remove(src / "cache")
+    sandbox.apply_prepared("tx-mnt")
+    assert_same_tree(src, intended, "after the apply")
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_a_mount_made_after_commit_refuses_the_rollback_until_unmounted(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    mounts: list[Path],
+) -> None:
+    src = tmp_path / "src"
+    (src / "cache").mkdir(parents=True)
+    (src / "top.txt").write_text("t0\n")
+    before = tree_state(src)
+    sandbox = make(src)
+    sandbox.create("plan-mnt")
+    Path(sandbox.get_path("top.txt")).write_text("t1\n")
+    sandbox.commit()
+    committed = tree_state(src)
+    _mount_tmpfs(src / "cache")
+    mounts.append(src / "cache")
+
+    with pytest.raises(SandboxRollbackError, match="cache"):
+        sandbox.rollback()
+
+    assert sandbox.status is SandboxStatus.COMMITTED  # the undo is still owed (case 21)
+    _umount(src / "cache")
+    mounts.remove(src / "cache")
+    assert_same_tree(src, committed, "after a refused rollback")
+    sandbox.rollback()
+    assert_same_tree(src, before, "after the rollback")
+
+
+# -- the top directory's own metadata (docs/fidelity.md, "the top directory itself") -------------
+
+
+TOP_EDITS = ["mode", "owner", "xattr", "acl", "all"]
+
+
+def _edit_top(top: Path, what: str) -> None:
+    if what in ("owner", "all"):
+        os.chown(top, 1234, 2345)
+    if what in ("mode", "all"):
+        top.chmod(0o2750)
+    if what in ("xattr", "all"):
+        os.setxattr(top, "user.top", b"sandbox")
+        os.removexattr(top, "user.old")
+    if what in ("acl", "all"):
+        os.setxattr(top, "system.posix_acl_default", DEFAULT_ACL)
+
+
+@pytest.mark.parametrize("what", TOP_EDITS)
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_mode_owner_and_xattrs_are_committed_and_rolled_back(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+    what: str,
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    (src / "f").write_text("f\n")
+
+    def edit(top: Path) -> None:
+        _edit_top(top, what)
+        if what == "all":
+            (top / "f").write_text("g\n")
+
+    _round_trip(make, src, edit)
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_changed_only_in_the_original_is_kept(tmp_path: Path, make: Make) -> None:  # noqa: F811
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("new.txt")).write_text("n\n")
+    src.chmod(0o700)  # the application's own change, after create
+    os.setxattr(src, "user.app", b"2")
+    kept = tree_state(src, top=True)[b"."]
 
     sandbox.commit()
 
-    assert (mounted / "cache" / "f").read_text() == "f1\n"
-    assert (mounted / "top.txt").read_text() == "t1\n"
-    assert os.path.ismount(mounted / "cache")
+    assert tree_state(src, top=True)[b"."] == kept
+    assert (src / "new.txt").read_text() == "n\n"
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_changed_on_both_sides(tmp_path: Path, make: Make) -> None:  # noqa: F811
+    """copy_on_write refuses it as a conflict on ``"."`` (nothing written, still ACTIVE); the
+    overlay's sandbox wins, as it does for any path."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("")).chmod(0o750)
+    src.chmod(0o700)
+    before = tree_state(src, top=True)
+
+    if isinstance(sandbox, CopyOnWriteSandbox):
+        with pytest.raises(SandboxCommitError) as refused:
+            sandbox.commit()
+        assert refused.value.conflicts == ["."]
+        assert sandbox.status is SandboxStatus.ACTIVE
+        assert_same_tree(src, before, "after a refused commit", top=True)
+    else:
+        sandbox.commit()
+        assert oct(os.lstat(src).st_mode & 0o7777) == oct(0o750)
+        sandbox.rollback()
+        assert_same_tree(src, before, "after rollback", top=True)
+
+
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_top_directory_change_in_two_phase_and_after_a_rollback(
+    tmp_path: Path,
+    make: Make,  # noqa: F811
+) -> None:
+    """prepare/apply lands the top's metadata (and the review digest covers it); a rollback of
+    the ACTIVE sandbox resets the view's top too."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.setxattr(src, "user.old", b"1")
+    before = tree_state(src, top=True)
+    sandbox = make(src)
+    sandbox.create("plan-top")
+    Path(sandbox.get_path("")).chmod(0o711)
+    sandbox.rollback()
+    assert_same_tree(sandbox.get_path(""), before, "view after rollback", top=True)
+
+    untouched = sandbox.review().digest
+    _edit_top(Path(sandbox.get_path("")), "all")
+    intended = tree_state(sandbox.get_path(""), top=True)
+    reviewed = sandbox.review().digest
+    assert reviewed != untouched
+    prepared = sandbox.prepare("tx-top")
+    assert prepared.digest == reviewed
+    assert_same_tree(src, before, "after prepare", top=True)
+    sandbox.apply_prepared("tx-top")
+    assert_same_tree(src, intended, "after apply", top=True)
+    sandbox.rollback()
+    assert_same_tree(src, before, "after rollback from COMMITTED", top=True)

@@ -98,7 +98,10 @@ class Outcome:
     @property
     def wrote(self) -> bool:
         """True when the statement is known to have written rows (``effects`` says so)."""
-        return self.effects is not None and self.effects not in ("{}", '{"rowid":false}')
+        effects = _effects(self.effects)
+        if effects is None or not effects:
+            return False
+        return bool(effects.get("rowid", True))  # SQLite: an insert that assigned a row
 
     def to_json(self) -> dict[str, Any]:
         """The log form (``effects`` only when known, so older logs read the same)."""
@@ -135,11 +138,7 @@ class Outcome:
             found.append(f"generated id {replayed.last_id} instead of {self.last_id}")
         if self.rowcount != replayed.rowcount:
             found.append(f"changed {replayed.rowcount} rows instead of {self.rowcount}")
-        if (
-            self.effects is not None
-            and replayed.effects is not None
-            and self.effects != replayed.effects
-        ):
+        if _effects_differ(self.effects, replayed.effects):
             found.append(f"wrote {replayed.effects} instead of {self.effects}")
         return ", ".join(found) or None
 
@@ -326,3 +325,28 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
     return {f"${type(value).__name__}": str(value)}
+
+
+def _effects(text: str | None) -> dict[str, Any] | None:
+    """``Outcome.effects`` parsed (``None`` when unknown or not an object)."""
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _effects_differ(recorded: str | None, replayed: str | None) -> bool:
+    """True when both effects are known and differ. A SQLite ``"conflicts"`` count missing on
+    one side (a log written before it was measured) is not a difference."""
+    if recorded is None or replayed is None or recorded == replayed:
+        return False
+    old, new = _effects(recorded), _effects(replayed)
+    if old is None or new is None:
+        return True
+    if ("conflicts" in old) != ("conflicts" in new):
+        old.pop("conflicts", None)
+        new.pop("conflicts", None)
+    return old != new

@@ -48,6 +48,7 @@ from pathlib import Path
 from sandbox_core import _prepared
 from sandbox_core._fs_utils import (
     Baseline,
+    Meta,
     TreeChanges,
     change_digest,
     compute_changes_at,
@@ -56,7 +57,10 @@ from sandbox_core._fs_utils import (
     lock_tree,
     pending_since,
     recover_sync,
+    refuse_mount_points,
     reset_copy,
+    root_change,
+    root_meta,
     snapshot_tree,
     sync_tree,
     undo_sync,
@@ -131,6 +135,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox root {root} is inside the original {source}; choose another root"
             )
+        refuse_mount_points(source)  # docs/fidelity.md: renames cannot cross a mount point
         self.base_dir.mkdir(parents=True)
         try:
             # The original's snapshot is taken beside the copy: a change made meanwhile shows
@@ -141,7 +146,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             if git_admin:
                 original = {k: v for k, v in original.items() if not _under(k, ".git")}
             copy = snapshot_tree(self.tree_dir, exclude=exclude, stamps=True)
-            self._write_manifest(Baseline(original, copy))
+            self._write_manifest(Baseline(original, copy, root_meta(self.tree_dir)))
         except BaseException:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
@@ -163,10 +168,12 @@ class CopyOnWriteSandbox(BaseSandbox):
         source = self._source()
         with lock_tree(source):
             recover_sync(source)  # a crashed earlier sync must be repaired before comparing
-            changes = self._changes_to_apply(source)
+            changes, root = self._changes_to_apply(source)
             if self._backup_dir.exists():
                 shutil.rmtree(self._backup_dir)
-            sync_tree(self.tree_dir, source, changes=changes, backup_dir=self._backup_dir)
+            sync_tree(
+                self.tree_dir, source, changes=changes, backup_dir=self._backup_dir, root=root
+            )
         return self._result(changes, message)
 
     def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
@@ -188,11 +195,9 @@ class CopyOnWriteSandbox(BaseSandbox):
         """The sandbox's own changes, the conflicts a commit would refuse now, and their
         digest (:func:`~sandbox_core._fs_utils.change_digest`); no lock, nothing written."""
         source = self._source()
-        changes, conflicts = self._split_changes(source)
-        return _prepared.summary(
-            self, source, self.tree_dir, changes, change_digest(self.tree_dir, source, changes),
-            conflicts,
-        )  # fmt: skip
+        changes, conflicts, root = self._split_changes(source)
+        digest = change_digest(self.tree_dir, source, changes, root=root)
+        return _prepared.summary(self, source, self.tree_dir, changes, digest, conflicts)
 
     def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
         """Stage the commit beside the original (same filesystem), named after ``txid`` and
@@ -204,10 +209,10 @@ class CopyOnWriteSandbox(BaseSandbox):
         source = self._source()
         with lock_tree(source):
             recover_sync(source)
-            changes = self._changes_to_apply(source)
+            changes, root = self._changes_to_apply(source)
             return _prepared.prepare(
                 self, self.base_dir, txid, source, self.tree_dir, changes,
-                backup_dir=self._backup_dir, result=self._result(changes, message),
+                backup_dir=self._backup_dir, result=self._result(changes, message), root=root,
             )  # fmt: skip
 
     def _do_apply_prepared(self, txid: str) -> CommitResult:
@@ -241,35 +246,39 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     # -- commit helpers ---------------------------------------------------------------------
 
-    def _changes_to_apply(self, source: Path) -> TreeChanges:
-        """The sandbox's own changes; raise on paths changed on both sides since create.
+    def _changes_to_apply(self, source: Path) -> tuple[TreeChanges, Meta | None]:
+        """The sandbox's own changes and the metadata to give the original's top directory
+        (``None``: unchanged); raise on paths changed on both sides since create.
 
         One C-speed walk of each tree (:func:`~sandbox_core._fs_utils.snapshot_tree`), compared
         with the manifest by set operations; only the differing paths are then looked at (and
         their content compared when size and mode agree but the mtime moved), as ``rsync`` does.
 
         Raises:
-            SandboxCommitError: with ``conflicts`` (sorted relative paths) when a path changed
-                both in the sandbox and in the original.
+            SandboxCommitError: with ``conflicts`` (sorted relative paths; ``"."`` for the top
+                directory) when a path changed both in the sandbox and in the original.
         """
-        changes, conflicts = self._split_changes(source)
+        changes, conflicts, root = self._split_changes(source)
         if conflicts:
             raise SandboxCommitError(
                 f"commit of sandbox {self.sandbox_id} refused: {len(conflicts)} path(s) changed "
                 f"in both the sandbox and the original: {', '.join(conflicts[:10])}",
                 conflicts=conflicts,
             )
-        return changes
+        return changes, root
 
-    def _split_changes(self, source: Path) -> tuple[TreeChanges, list[str]]:
-        """The sandbox's own changes (paths changed only in the original left out) and the
-        conflicts: paths changed on both sides since create (sorted)."""
+    def _split_changes(self, source: Path) -> tuple[TreeChanges, list[str], Meta | None]:
+        """The sandbox's own changes (paths changed only in the original left out), the
+        conflicts (paths changed on both sides since create, sorted; ``"."`` when both changed
+        the top directory's own metadata) and the metadata the top directory gets (or None)."""
         baseline = self._read_manifest()
         pending = pending_since(baseline, source, self.tree_dir, exclude=self._exclude())
         drift, touched = pending.drift, pending.touched
         changes = compute_changes_at(source, self.tree_dir, pending.candidates)
+        root, root_clash = root_change(baseline.root, source, self.tree_dir)
+        top = ["."] if root_clash else []
         if not drift:
-            return changes, []
+            return changes, top, root
         # A path the original changed since create: a conflict when the sandbox changed it
         # too (or it shares an inode with a path the commit replaces), else the original's
         # version is kept.
@@ -281,7 +290,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             changed=[p for p in changes.changed if p not in drift],
             deleted=[p for p in changes.deleted if p not in drift],
         )
-        return kept, conflicts
+        return kept, top + conflicts, root
 
     def _reset_tree(self) -> None:
         """Make the copy equal to the original again and re-take the manifest.

@@ -70,6 +70,7 @@ from sandbox_core._fs_utils import (
     Baseline,
     Entry,
     LinkMap,
+    Meta,
     TreeChanges,
     backup_directory,
     change_digest,
@@ -83,7 +84,10 @@ from sandbox_core._fs_utils import (
     lock_tree,
     pending_since,
     recover_sync,
+    refuse_mount_points,
     reset_copy,
+    root_change,
+    root_meta,
     scan_tree,
     snapshot_tree,
     sync_tree,
@@ -102,6 +106,7 @@ from sandbox_core.status import SandboxStatus
 
 MODES = ("auto", "kernel", "fallback")
 _MANIFEST = "manifest.json"
+_ROOT_META = "root-meta.json"  # the top's own metadata when the kernel view was last made
 _CHECKPOINT_FILE = "overlay-checkpoint.json"
 _SNAPSHOT_STATES = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 
@@ -194,6 +199,9 @@ class OverlaySandbox(BaseSandbox):
             raise SandboxCreationError(
                 f"sandbox root {self.sandbox_root} lies inside the original {original}"
             )
+        # docs/fidelity.md: renames cannot cross a mount point, and the kernel's overlay does not
+        # show what is mounted inside its lower directory.
+        refuse_mount_points(original)
         if self._options.get("mode", "auto") != "fallback":
             _refuse_external_gitfiles(original)  # fallback: checked beside its copy (_build)
         try:
@@ -251,7 +259,11 @@ class OverlaySandbox(BaseSandbox):
                 base_original = copy_and_snapshot(original, base / "merged")
                 if check is not None:
                     check.result()
-            baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
+            baseline = Baseline(
+                base_original,
+                snapshot_tree(base / "merged", stamps=True),
+                root_meta(base / "merged"),
+            )
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
@@ -273,15 +285,18 @@ class OverlaySandbox(BaseSandbox):
         _reset_dir(area)
         backup = area / "backup"
         if self.overlay_mode == "kernel":
-            changes = self._commit_kernel(original, merged, area)
+            self._require_mounted()
+            root = self._root_to_commit(original)  # read from the view while it is mounted
+            changes = self._commit_kernel(original, merged, area, root)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
             pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
             # Only the paths the sandbox touched: the original's own changes are kept.
             changes = compute_changes_at(original, merged, pending.touched)
-            if not changes.is_empty:
-                sync_tree(merged, original, changes=changes, backup_dir=backup)
-        if not changes.is_empty:
+            root = self._root_to_commit(original)
+            if not changes.is_empty or root is not None:
+                sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
+        if not changes.is_empty or root is not None:
             self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
         return CommitResult(
             sandbox_id=self.sandbox_id,
@@ -296,7 +311,25 @@ class OverlaySandbox(BaseSandbox):
             },
         )
 
-    def _commit_kernel(self, original: Path, merged: Path, area: Path) -> TreeChanges:
+    def _root_base(self) -> Meta | None:
+        """The top directory's own metadata when the view was last made (None: unknown)."""
+        if self.overlay_mode == "kernel":
+            try:
+                found: Meta = json.loads((self.base_path / _ROOT_META).read_text("utf-8"))
+            except (FileNotFoundError, ValueError):
+                return None  # a sandbox of an older version: its top is not committed
+            return found
+        return Baseline.load(self.base_path / _MANIFEST).root
+
+    def _root_to_commit(self, original: Path) -> Meta | None:
+        """The metadata the sandbox gave its top directory since the view was made, which a
+        commit gives the original's top (None: unchanged; the sandbox wins, as for paths)."""
+        root, _ = root_change(self._root_base(), original, self.base_path / "merged")
+        return root
+
+    def _commit_kernel(
+        self, original: Path, merged: Path, area: Path, root: Meta | None = None
+    ) -> TreeChanges:
         """Read changes from the upper layer, stage them, unmount, sync, remount empty.
 
         The lower directory is written only while unmounted. A failure at any step leaves the
@@ -326,7 +359,7 @@ class OverlaySandbox(BaseSandbox):
             if not any(anc in roots for anc in _ancestors(rel))
         )
         stage_layer_changes([LayerChange(rel, "replace") for rel in extra], merged, stage, links)
-        if not changes.is_empty:
+        if not changes.is_empty or root is not None:
             kernel.unmount(merged)
             try:
                 sync_tree(
@@ -335,6 +368,7 @@ class OverlaySandbox(BaseSandbox):
                     changes=_union(changes, TreeChanges(changed=extra)),
                     backup_dir=area / "backup",
                     expand_links=False,
+                    root=root,
                 )
             except BaseException:
                 kernel.mount_overlay(self._layout())
@@ -349,18 +383,18 @@ class OverlaySandbox(BaseSandbox):
 
     # -- two-phase plan commit (issue 9) ----------------------------------------------------
 
-    def _change_set(self, original: Path) -> tuple[TreeChanges, TreeChanges, bool]:
-        """``(changes, staged, expand_links)``: the changes a commit reports, the paths it
+    def _change_set(self, original: Path) -> tuple[TreeChanges, TreeChanges, bool, Meta | None]:
+        """``(changes, staged, expand_links, root)``: the changes a commit reports, the paths it
         stages (kernel mode adds the other names of changed hard-link groups, as
         :meth:`_commit_kernel` does), and whether staging still expands link groups. Read from
         the merged view (kernel: only the paths the upper layer names; fallback: the paths the
-        sandbox touched since create, so the original's own changes are kept). Nothing is
-        written."""
+        sandbox touched since create, so the original's own changes are kept), and the metadata
+        the original's top directory gets (:meth:`_root_to_commit`). Nothing is written."""
         merged = self.base_path / "merged"
         if self.overlay_mode != "kernel":
             pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
             changes = compute_changes_at(original, merged, pending.touched)
-            return changes, changes, True
+            return changes, changes, True, self._root_to_commit(original)
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
             self.upper_dir, original, str(self._meta("xattr_namespace")), merged
@@ -377,15 +411,16 @@ class OverlaySandbox(BaseSandbox):
             for rel in link_closure(merged, original, changes.paths) - covered
             if not any(anc in roots for anc in _ancestors(rel))
         )
-        return changes, _union(changes, TreeChanges(changed=extra)), False
+        staged = _union(changes, TreeChanges(changed=extra))
+        return changes, staged, False, self._root_to_commit(original)
 
     def _do_review(self) -> ChangeSummary:
         """What a commit would land now and its digest; overlay commits have no conflicts (the
         sandbox's paths win, the original's other changes are kept). Nothing is written."""
         original = self._original()
         merged = self.base_path / "merged"
-        changes, staged, expand = self._change_set(original)
-        digest = change_digest(merged, original, staged, expand_links=expand)
+        changes, staged, expand, root = self._change_set(original)
+        digest = change_digest(merged, original, staged, expand_links=expand, root=root)
         return _prepared.summary(self, original, merged, changes, digest, [])
 
     def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
@@ -409,11 +444,11 @@ class OverlaySandbox(BaseSandbox):
         with lock_tree(original):
             if self.overlay_mode != "kernel":
                 recover_sync(original)  # never while a lower directory is mounted
-            changes, staged, expand = self._change_set(original)
+            changes, staged, expand, root = self._change_set(original)
             return _prepared.prepare(
                 self, self.base_path, txid, original, self.base_path / "merged", staged,
                 backup_dir=self._commit_area() / "backup", expand_links=expand,
-                result=self._result(changes, message),
+                result=self._result(changes, message), root=root,
             )  # fmt: skip
 
     def _do_apply_prepared(self, txid: str) -> CommitResult:
@@ -519,8 +554,12 @@ class OverlaySandbox(BaseSandbox):
 
     def _match_root(self, upper: Path) -> None:
         """The merged root shows the upper root's mode, owner and xattrs: give it the
-        original's, so new files get the group a set-gid original gives them (case 10)."""
+        original's, so new files get the group a set-gid original gives them (case 10). What
+        it got is the base a commit compares the view's top with (:meth:`_root_to_commit`)."""
         copy_metadata(self._original(), upper)
+        base = self.base_path / _ROOT_META
+        base.with_suffix(".tmp").write_text(json.dumps(root_meta(self._original())), "utf-8")
+        base.with_suffix(".tmp").replace(base)
 
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
