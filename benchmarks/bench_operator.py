@@ -16,12 +16,13 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     Anchor: ``SandboxManager.commit_all`` of an M-sandbox plan with the same edits, with a
     ``SandboxStore`` (file journal), as the operator persists its state too.
 (d) Throughput, ``--throughput`` (issue 11): N Sandboxes to Active through the operator beside
-    the same ``kubectl apply`` into a namespace no operator watches plus the core's own time, with
-    the parts apart: apply (kubectl), handler (the provision handler's summed and mean duration
-    from the operator's own histogram), core (in-process), and the API round trips per object
-    (the operator talks through tests/apiserver/fault_proxy.py with no faults, which counts the
-    requests by method). Run once per ``--max-workers`` value (kopf's handler thread pool: its
-    default is Python's executor default, min(32, CPUs + 4)) for a before/after.
+    the same ``kubectl apply`` into a namespace no operator watches (median of three) plus the
+    core's own time, with the parts apart: apply (kubectl), per Sandbox the time from its ADDED
+    event to Active (a watch: the operator's watch, finalizer, handler and patches), handler
+    (the provision handler's mean from the operator's own histogram), core (in-process), the
+    operator's CPU seconds and its writes per object (the API server's
+    ``apiserver_request_total``). Once per ``--max-workers`` value and per ``--operator-src``
+    tree (another operator source tree, e.g. main's, for a before/after in one session).
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
@@ -34,9 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -49,7 +52,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from sandbox_core import SandboxFactory, SandboxManager, SandboxStore  # noqa: E402
-from tests.apiserver.fault_proxy import ApiFaultProxy  # noqa: E402
 from tests.apiserver.harness import LocalApiServer, free_port  # noqa: E402
 from tests.operator.support import (  # noqa: E402
     GIT_ENV,
@@ -107,6 +109,13 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its waited-for children (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> dict[str, int]:
     """``VmRSS`` and ``VmHWM`` (peak) of ``pid`` in KiB, from /proc/<pid>/status."""
     values: dict[str, int] = {}
@@ -115,6 +124,76 @@ def rss_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             values[key] = int(rest.split()[0])
     return values
+
+
+class SandboxWatch:
+    """A watch on the Sandboxes of one namespace (its own thread): when each was first seen
+    (``ADDED``) and first seen ``Active``, on this process's clock (``time.perf_counter``).
+
+    The throughput figure (d) ends at the event that shows the last Sandbox Active, not at a
+    once-a-second poll (up to 1 s late, a quarter of a 4 s figure).
+    """
+
+    def __init__(self, server: LocalApiServer, namespace: str) -> None:
+        from kubernetes import client, config, watch
+
+        api_client = config.new_client_from_config(config_file=str(server.kubeconfig_path))
+        self._api = client.CustomObjectsApi(api_client)
+        self._watch = watch.Watch()
+        self.namespace = namespace
+        self.added: dict[str, float] = {}
+        self.active: dict[str, float] = {}
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        stream = self._watch.stream(
+            self._api.list_namespaced_custom_object,
+            "sandbox.cleveragents.io",
+            "v1alpha1",
+            self.namespace,
+            "sandboxes",
+            timeout_seconds=3600,
+        )
+        try:
+            for event in stream:
+                self._seen(event)
+        except Exception:  # the watch ends when stop() closes it
+            return
+
+    def _seen(self, event: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        item = event["object"]
+        name = item["metadata"]["name"]
+        with self._changed:
+            self.added.setdefault(name, now)
+            if (item.get("status") or {}).get("phase") == "Active":
+                self.active.setdefault(name, now)
+            self._changed.notify_all()
+
+    def wait_active(self, count: int, timeout: float) -> float:
+        """perf_counter time at which ``count`` Sandboxes had been seen Active.
+
+        Raises:
+            RuntimeError: not all Active within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.active) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"only {len(self.active)} of {count} Active")
+                self._changed.wait(min(left, 1.0))
+            return max(self.active.values())
+
+    def latencies(self) -> list[float]:
+        """Per Sandbox, seconds from its ADDED event to its first Active event."""
+        with self._changed:
+            return [self.active[n] - self.added[n] for n in self.active if n in self.added]
+
+    def stop(self) -> None:
+        self._watch.stop()
 
 
 class Bench:
@@ -357,9 +436,20 @@ class Bench:
 
     # -- (d) throughput, parts apart ---------------------------------------------------------
 
-    def bench_throughput(self, count: int, max_workers: int) -> dict[str, float]:
-        """N copy_on_write Sandboxes to Active through the operator, with the parts apart."""
-        tag = f"w{max_workers}"
+    def bench_throughput(
+        self,
+        count: int,
+        max_workers: int,
+        label: str = "",
+        operator_env: dict[str, str] | None = None,
+    ) -> dict[str, float]:
+        """N copy_on_write Sandboxes to Active through the operator, with the parts apart.
+
+        ``operator_env`` is added to the operator's environment (``--operator-src`` puts another
+        operator tree first on its PYTHONPATH, for a before/after in one session).
+        """
+        label = label or f"kopf max_workers {max_workers}"
+        tag = f"w{max_workers}-{len(self.rows)}"
         source = make_source(self.work / f"d-source-{tag}", "copy_on_write")
 
         def manifests(plan: str) -> list[dict[str, Any]]:
@@ -369,9 +459,13 @@ class Bench:
                 for i in range(count)
             ]  # fmt: skip
 
-        # Apply alone: the same objects into a namespace no operator watches.
-        bare = self.namespace(f"bench-d-bare-{tag}")
-        apply_alone = timed(lambda: self.apply_all(bare, manifests("bare")))
+        # Apply alone: the same objects into namespaces no operator watches; the median of three
+        # (one kubectl apply of 100 objects varies by 4x on a shared machine).
+        applies = []
+        for attempt in range(3):
+            bare = self.namespace(f"bench-d-bare-{tag}-{attempt}")
+            applies.append(timed(lambda bare=bare: self.apply_all(bare, manifests("bare"))))
+        apply_alone = sorted(applies)[1]
         # The core alone, in this process.
         factory = SandboxFactory()
         options = self.core_factory_kwargs(f"d-{tag}")
@@ -387,78 +481,112 @@ class Bench:
         core_alone = timed(core)
         for sandbox in made:
             sandbox.cleanup()
-        # Through the operator, which talks to the API server through a counting proxy.
+        # Through the operator, talking to the API server directly; its requests are counted by
+        # the API server's own apiserver_request_total (no proxy taking CPU from the run).
         cluster = self.namespace(f"bench-d-{tag}")
         port = free_port()
         work = self.work / f"operator-d-{tag}"
         work.mkdir()
-        with ApiFaultProxy(
-            self.server, rate=0.0, drop_watch_after=(1e9, 1e9), first_write_conflicts=False
-        ) as proxy:
-            env = {
-                **OPERATOR_ENV,
-                "SANDBOX_OPERATOR_METRICS_PORT": str(port),
-                "SANDBOX_OPERATOR_MAX_WORKERS": str(max_workers),
-            }
-            operator = OperatorProcess(proxy, cluster.namespace, work, extra_env=env)
-            cluster.operator = operator
-            operator.start()
-            try:
-                time.sleep(5)  # startup is not part of the figure
-                before = dict(proxy.counts)
-                plan = "thru"
-                started = time.perf_counter()
-                self.apply_all(cluster, manifests(plan))
-                applied = time.perf_counter() - started
-                self.wait_all_active(cluster, plan, count, timeout=60 + 3.0 * count)
-                total = time.perf_counter() - started
-                time.sleep(2)  # the last patches after Active
-                after = dict(proxy.counts)
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
-                    exposition = response.read().decode()
-            finally:
-                operator.stop()
+        env = {
+            **OPERATOR_ENV,
+            "SANDBOX_OPERATOR_METRICS_PORT": str(port),
+            "SANDBOX_OPERATOR_MAX_WORKERS": str(max_workers),
+        }
+        env.update(operator_env or {})
+        operator = OperatorProcess(self.server, cluster.namespace, work, extra_env=env)
+        cluster.operator = operator
+        operator.start()
+        watcher = SandboxWatch(self.server, cluster.namespace)
+        try:
+            time.sleep(5)  # startup is not part of the figure
+            assert operator.process is not None
+            before = self.operator_requests()
+            cpu_before = cpu_seconds(operator.process.pid)
+            plan = "thru"
+            started = time.perf_counter()
+            self.apply_all(cluster, manifests(plan))
+            applied = time.perf_counter() - started
+            total = watcher.wait_active(count, timeout=60 + 3.0 * count) - started
+            time.sleep(3)  # the last patches after Active
+            cpu = cpu_seconds(operator.process.pid) - cpu_before
+            after = self.operator_requests()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
+                exposition = response.read().decode()
+            latencies = sorted(watcher.latencies())
+            load = os.getloadavg()[0]
+        finally:
+            watcher.stop()
+            operator.stop()
         handler_sum = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_sum",
                               'handler="provision"')  # fmt: skip
         handler_count = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_count",
                                 'handler="provision"')  # fmt: skip
         requests = {
-            key.removeprefix("forwarded_"): (after.get(key, 0) - before.get(key, 0)) / count
-            for key in after
-            if key.startswith("forwarded_")
+            key: (after.get(key, 0) - before.get(key, 0)) / count for key in sorted(after)
         }
+        requests = {key: value for key, value in requests.items() if value}
         figures = {
             "max_workers": max_workers,
             "total_s": total,
             "apply_in_run_s": applied,
             "apply_alone_s": apply_alone,
+            "apply_alone_runs_s": applies,
             "core_alone_s": core_alone,
             "handler_sum_s": handler_sum,
             "handler_runs": handler_count,
             "handler_mean_s": handler_sum / handler_count if handler_count else 0.0,
+            "operator_cpu_s": cpu,
             "anchor_s": apply_alone + core_alone,
             "ratio": total / (apply_alone + core_alone),
-            "requests_per_object": sum(requests.values()),
-            **{f"requests_{method}": value for method, value in sorted(requests.items())},
+            "after_apply_s": total - applied,
+            "latency_mean_s": sum(latencies) / len(latencies),
+            "latency_p50_s": latencies[len(latencies) // 2],
+            "latency_max_s": latencies[-1],
+            "load_1min": load,
+            "operator_writes_per_object": sum(requests.values()),
+            **{f"requests {key}": value for key, value in requests.items()},
         }
         print(json.dumps(figures), flush=True)
         self.rows.append(
             (
-                f"{count} Sandboxes to Active (copy_on_write), kopf max_workers {max_workers}",
+                f"{count} Sandboxes to Active (copy_on_write), {label}",
                 f"{total:.2f} s",
-                f"kubectl apply alone {apply_alone:.2f} s + core alone {core_alone:.2f} s",
+                f"kubectl apply alone {apply_alone:.2f} s (median of 3) + core alone "
+                f"{core_alone:.2f} s",
                 f"{apply_alone + core_alone:.2f} s",
                 f"{figures['ratio']:.2f}x",
             )
         )
         self.note(
-            f"max_workers {max_workers}: apply (in the run) {applied:.2f} s; provision handler "
-            f"{handler_count:.0f} runs, {handler_sum:.2f} s summed, "
-            f"{figures['handler_mean_s'] * 1000:.0f} ms mean; core alone {core_alone:.2f} s; "
-            f"API requests per Sandbox {figures['requests_per_object']:.2f} "
-            + ", ".join(f"{m} {v:.2f}" for m, v in sorted(requests.items()))
+            f"{label}: apply in the run {applied:.2f} s; last Active {total - applied:.2f} s "
+            f"after the apply returned; per Sandbox ADDED -> Active mean "
+            f"{figures['latency_mean_s'] * 1000:.0f} ms (median "
+            f"{figures['latency_p50_s'] * 1000:.0f} ms, max {figures['latency_max_s']:.2f} s); "
+            f"provision handler {handler_count:.0f} runs, mean "
+            f"{figures['handler_mean_s'] * 1000:.0f} ms ({handler_sum:.2f} s summed); core alone "
+            f"{core_alone:.2f} s; operator CPU {cpu:.2f} s; operator writes per Sandbox "
+            + ", ".join(f"{m} {v:.2f}" for m, v in requests.items())
+            + f"; load average (1 min) {load:.1f}"
         )
         return figures
+
+    def operator_requests(self) -> dict[str, float]:
+        """The API server's count of the writes only the operator makes here, by verb and
+        resource: PATCH of Sandboxes (and their status), POST of Events (apiserver_request_total;
+        the apply's own GET/POST of Sandboxes and the bench's watch are left out)."""
+        raw = self.server.kubectl("get", "--raw", "/metrics", check=True).stdout
+        out: dict[str, float] = {}
+        for line in raw.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            verb, resource = labels.get("verb"), labels.get("resource")
+            if (verb, resource) not in (("PATCH", "sandboxes"), ("POST", "events")):
+                continue
+            key = f"{verb} {resource}" + (f"/{labels['subresource']}" if labels.get(
+                "subresource") else "")  # fmt: skip
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
 
     def markdown(self) -> str:
         lines = [
@@ -488,7 +616,16 @@ def main() -> int:
     parser.add_argument(
         "--throughput", action="store_true", help="run only (d), once per --max-workers value"
     )
-    parser.add_argument("--max-workers", default="6,20", help="kopf thread pools for (d)")
+    parser.add_argument("--max-workers", default="6", help="kopf thread pools for (d)")
+    parser.add_argument(
+        "--operator-src",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="(d) also with the operator of another source tree (DIR holds operator/ and "
+        "sandbox_core/, e.g. a `git archive` of main), run before this tree's; repeatable",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="(d) runs of each operator")
     args = parser.parse_args()
     os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
 
@@ -507,8 +644,23 @@ def main() -> int:
                 )
             bench = Bench(server, work)
             if args.throughput:
-                for workers in args.max_workers.split(","):
-                    bench.bench_throughput(args.sandboxes, int(workers))
+                # kubectl's first call fills its discovery cache: not part of any figure.
+                server.kubectl("get", "sandboxes", "-A", check=True)
+                trees = [tuple(spec.split("=", 1)) for spec in args.operator_src]
+                for _ in range(args.rounds):
+                    for name, tree in trees:
+                        pythonpath = os.pathsep.join([f"{tree}/operator", tree])
+                        for workers in args.max_workers.split(","):
+                            bench.bench_throughput(
+                                args.sandboxes,
+                                int(workers),
+                                label=f"{name}, kopf max_workers {workers}",
+                                operator_env={"PYTHONPATH": pythonpath},
+                            )
+                    for workers in args.max_workers.split(","):
+                        bench.bench_throughput(
+                            args.sandboxes, int(workers), label=f"this tree, max_workers {workers}"
+                        )
                 print("\n" + bench.markdown())
                 if args.markdown:
                     args.markdown.write_text(bench.markdown())

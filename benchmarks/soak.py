@@ -9,8 +9,9 @@ On the real API server (tests/apiserver/harness.py) with the local executor, it:
 1. creates N Sandboxes (``copy_on_write``, each over its own directory) spread over M plans, with
    bulk ``kubectl create`` of multi-object lists, and writes one edit into each sandbox once it is
    Active;
-2. creates one PlanCommit per plan; every ``conflict-every``-th plan gets an injected commit
-   failure on its last sandbox (the executor's fault hook), so it must be compensated;
+2. creates one PlanCommit per plan, modes TwoPhase and Saga in turn (``--modes``); every
+   ``conflict-every``-th plan gets an injected commit failure on its last sandbox (the
+   executor's fault hook), so it must be compensated (Saga) or aborted (TwoPhase);
 3. deletes every PlanCommit and Sandbox and waits until the API holds none;
 
 while a killer SIGKILLs the operator ``kill-every`` seconds after each (re)start finished its
@@ -18,13 +19,14 @@ startup handler, and restarts it at once. It then
 checks every plan all or nothing on the originals (Committed: every original has the edit;
 RolledBack/Failed: none has), and counts leftovers: objects in the API, files under the sandbox
 root, core records in the state dir. It reports wall time, plans committed and failed, kills, and
-the peak RSS (``VmHWM``) over every operator process.
+the peak RSS (``VmHWM``) over every operator process, and the machine's load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -62,6 +64,7 @@ class SoakConfig:
     max_kills: int | None = None  # None: keep killing until the end
     conflict_every: int = 5
     timeout_seconds: float = 3600.0
+    modes: tuple[str, ...] = ("TwoPhase", "Saga")  # PlanCommit spec.mode, in turn per plan
 
 
 @dataclass
@@ -86,6 +89,8 @@ class SoakReport:
     leftover_files: int = -1
     leftover_core_records: int = -1
     peak_rss_kib: int = 0
+    load_average_mean: float = 0.0  # 1-minute load average, sampled every 0.5 s
+    load_average_max: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -117,6 +122,7 @@ class Killer:
         self.max_kills = max_kills
         self.kills = 0
         self.peak_rss_kib = 0
+        self.loads: list[float] = []
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -125,6 +131,7 @@ class Killer:
         self._thread.start()
 
     def sample(self) -> None:
+        self.loads.append(os.getloadavg()[0])
         with self.lock:
             process = self.operator.process
             if process is not None and process.poll() is None:
@@ -267,7 +274,11 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         report.phase_seconds["sandboxes_to_active"] = time.monotonic() - mark
 
         mark = time.monotonic()
-        _create_all(cluster, [plancommit_manifest(f"pc-{plan}", plan) for plan in plans])
+        mode_of = {plan: config.modes[n % len(config.modes)] for n, plan in enumerate(plans)}
+        _create_all(
+            cluster,
+            [plancommit_manifest(f"pc-{plan}", plan, mode=mode_of[plan]) for plan in plans],
+        )
 
         def all_terminal() -> list[dict[str, Any]] | None:
             items = _list(cluster, "plancommits")
@@ -293,7 +304,7 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
                 whole = not any(edits)
             if not whole:
                 all_or_nothing = False
-                report.broken_plans.append(f"{plan}:{phase}")
+                report.broken_plans.append(f"{plan}:{phase}:{mode_of[plan]}")
         report.all_or_nothing = all_or_nothing
 
         mark = time.monotonic()
@@ -309,6 +320,9 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         report.kills = killer.kills
         report.restarts = len(operator.log_paths) - 1
         report.peak_rss_kib = killer.peak_rss_kib
+        if killer.loads:
+            report.load_average_mean = sum(killer.loads) / len(killer.loads)
+            report.load_average_max = max(killer.loads)
         operator.stop()
     report.leftover_api_objects = sum(
         len(_list(cluster, plural)) for plural in ("sandboxes", "plancommits", "checkpoints")
@@ -332,6 +346,9 @@ def main() -> int:
     parser.add_argument("--conflict-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument(
+        "--modes", default="TwoPhase,Saga", help="PlanCommit modes, used in turn per plan"
+    )
     args = parser.parse_args()
     config = SoakConfig(
         sandboxes=args.sandboxes,
@@ -340,6 +357,7 @@ def main() -> int:
         max_kills=args.max_kills,
         conflict_every=args.conflict_every,
         timeout_seconds=args.timeout,
+        modes=tuple(args.modes.split(",")),
     )
     work = Path(tempfile.mkdtemp(prefix="sandbox-soak-"))
     try:

@@ -16,7 +16,7 @@ import kopf
 from sandbox_operator import metrics
 from sandbox_operator.conditions import set_condition
 from sandbox_operator.deletion import CLAIMS, BeingDeletedError, deletion_began
-from sandbox_operator.errors import classify, is_not_found, to_kopf
+from sandbox_operator.errors import classify, is_not_found, to_kopf, waiting
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import (
     CheckpointInfo,
@@ -169,7 +169,7 @@ class CheckpointLogic:
             f"{info.kind} checkpoint {info.checkpoint_id} at {info.snapshot_location}",
         )
 
-    def finalize(self, body: Mapping[str, Any]) -> None:
+    def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove the snapshot (nothing made is fine); waits while a restore
         reads it (case 17, module ``deletion``).
 
@@ -178,9 +178,11 @@ class CheckpointLogic:
         """
         holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
         if holders:
-            raise kopf.TemporaryError(
-                f"snapshot deletion waits: in use by {', '.join(holders)}",
-                delay=self.settings.retry_delay_seconds,
+            raise waiting(
+                "snapshot deletion waits: ",
+                f"in use by {', '.join(holders)}",
+                self.settings.retry_delay_seconds,
+                retry,
             )
         status = dict(body.get("status") or {})
         if not status.get("checkpointId"):

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import kopf
@@ -112,3 +113,54 @@ def is_not_found(exc: BaseException) -> bool:
 def is_conflict(exc: BaseException) -> bool:
     """True for an API 409 (already exists / resourceVersion conflict; case 18)."""
     return isinstance(exc, ApiException) and exc.status == 409
+
+
+# -- waiting is not failing (issue 11) -----------------------------------------------------------
+
+WAIT_PREFIXES = ("cleanup waits: ", "snapshot deletion waits: ")
+"""How the messages of :func:`waiting` begin; :class:`QuietWaits` knows kopf's lines by them."""
+WAIT_BACKOFF_MAX_SECONDS = 10.0
+"""Cap of a wait's back-off: a deletion goes on at most this long after its holder let go."""
+_KOPF_TEMPORARY = "failed temporarily: "
+
+
+def waiting(prefix: str, reason: str, base_seconds: float, retry: int) -> kopf.TemporaryError:
+    """The retry of a handler that waits for another one to let go (a saga holds the Sandbox).
+
+    Not an error: the delay backs off (``base_seconds * 2**retry``, capped at
+    ``WAIT_BACKOFF_MAX_SECONDS``) and kopf's "failed temporarily" line about it is logged at
+    INFO, with the reason, by :class:`QuietWaits` (issue 11: a Sandbox cleanup held by a saga
+    was logged at ERROR once a second).
+
+    Args:
+        prefix: one of ``WAIT_PREFIXES``.
+        reason: what it waits for (e.g. ``the sandbox is in use by PlanCommit ns/pc``).
+        base_seconds: the first delay (``retry_delay_seconds``).
+        retry: kopf's retry number of the handler (0 on the first call).
+    """
+    if prefix not in WAIT_PREFIXES:
+        raise ValueError(f"unknown wait prefix {prefix!r}")
+    cap = max(base_seconds, WAIT_BACKOFF_MAX_SECONDS)
+    delay = min(base_seconds * 2 ** min(max(retry, 0), 16), cap)
+    return kopf.TemporaryError(f"{prefix}{reason}; next check in {delay:g}s", delay=delay)
+
+
+class QuietWaits(logging.Filter):
+    """On logger ``kopf.objects``: kopf's ERROR "<handler> failed temporarily: <wait>" line of a
+    :func:`waiting` retry becomes INFO, so it is neither an error in the logs nor a Warning
+    Event (kopf posts Events from WARNING up)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.levelno < logging.CRITICAL:
+            message = record.getMessage()
+            _, found, rest = message.partition(_KOPF_TEMPORARY)
+            if found and rest.startswith(WAIT_PREFIXES):
+                record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+def install_quiet_waits() -> None:
+    """Attach :class:`QuietWaits` to kopf's per-object logger (idempotent)."""
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietWaits) for f in objects.filters):
+        objects.addFilter(QuietWaits())

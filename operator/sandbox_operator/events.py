@@ -9,7 +9,8 @@ is being terminated``), so an Event there can never land and a retried post is a
 - :class:`NamespaceGate` knows which namespaces are terminating: it reads the Namespace (its
   ``deletionTimestamp`` / ``status.phase``) when an object whose deletion began posts something,
   caches the answer for a few seconds, and remembers every refusal it is told about.
-- :class:`EventRecorder` posts each Event once, synchronously, never into a namespace the gate
+- :class:`EventRecorder` posts each Event once (from a background thread in the operator),
+  never into a namespace the gate
   calls terminating; a refusal is swallowed, remembered and logged once per namespace.
 - :func:`install_kopf_filter` keeps kopf's own log-derived Events (``Handler ... failed``) out
   of namespaces the gate already knows to be terminating.
@@ -20,6 +21,7 @@ Finalizer removal never depends on an Event: posting never raises.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -167,22 +169,51 @@ def build_event(
 
 
 class EventRecorder:
-    """The operator's EventSink: one synchronous post per Event, none in terminating namespaces.
+    """The operator's EventSink: one post per Event, none in terminating namespaces.
 
     Args:
         poster: creates one Event.
         gate: which namespaces are terminating.
+        background: post from one background thread, in order, so that a handler does not wait
+            for the API round trip (issue 11, throughput); the Event is built (and its time
+            stamped) when it is recorded. False posts synchronously (unit tests).
 
     ``posted`` and ``dropped`` count Events (metrics and tests).
     """
 
-    def __init__(self, poster: EventPoster, gate: NamespaceGate) -> None:
+    def __init__(self, poster: EventPoster, gate: NamespaceGate, background: bool = False) -> None:
         self.poster = poster
         self.gate = gate
         self.posted = 0
         self.dropped = 0
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[Mapping[str, Any], dict[str, Any]]] | None = None
+        if background:
+            self._queue = queue.Queue()
+            threading.Thread(target=self._drain, name="event-poster", daemon=True).start()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every recorded Event was posted or dropped; False on timeout."""
+        if self._queue is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            body, event = self._queue.get()
+            try:
+                self._post(body, event)
+            except Exception:  # never let the poster thread die
+                logger.exception("cannot post Event")
+            finally:
+                self._queue.task_done()
 
     def observe(self, body: Mapping[str, Any]) -> bool:
         """Refresh the gate for an object whose deletion began; True when its namespace is
@@ -194,12 +225,23 @@ class EventRecorder:
         )
 
     def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        event = build_event(body, type_, reason, message)
+        if self._queue is not None:
+            metadata = body.get("metadata") or {}
+            # Only what the gate reads, copied now: the handler's body is not kept.
+            kept = {key: metadata.get(key) for key in ("namespace", "deletionTimestamp")}
+            self._queue.put(({"metadata": kept}, event))
+            return
+        self._post(body, event)
+
+    def _post(self, body: Mapping[str, Any], event: dict[str, Any]) -> None:
         namespace = str((body.get("metadata") or {}).get("namespace") or "")
+        reason = str(event["reason"])
         if not namespace or self.observe(body):
             self._drop(namespace, reason)
             return
         try:
-            self.poster(namespace, build_event(body, type_, reason, message))
+            self.poster(namespace, event)
         except Exception as exc:  # Events are auxiliary: never raise, never retry
             if is_terminating_refusal(exc):
                 self.gate.remember(namespace)

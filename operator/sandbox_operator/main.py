@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
 from sandbox_operator import k8s, metrics
+from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
 from sandbox_operator.leader import LeaderElector
@@ -24,6 +26,7 @@ from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
     FINALIZER,
     GROUP,
+    PLAN_LABEL,
     PLANCOMMIT_PLURAL,
     SANDBOX_PLURAL,
     VERSION,
@@ -42,11 +45,42 @@ def runtime() -> Runtime:
     return _RUNTIME[0]
 
 
+class PlanLabelBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff-base in annotations, without the plan-id label the create handler adds.
+
+    kopf keeps labels in an object's diff-base. The provision handler adds the label
+    ``sandbox.cleveragents.io/plan-id`` in the same patch that stores the diff-base built from
+    the object before it, so every new Sandbox came back as changed: one more PATCH and one more
+    processing cycle per object (issue 11, throughput). No handler reacts to that label.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return _without_plan_label(super().build(body=body, extra_fields=extra_fields))
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        # Diff-bases stored by earlier operators hold the label: compare them without it too.
+        found = super().fetch(body=body)
+        return None if found is None else _without_plan_label(found)
+
+
+def _without_plan_label(essence: kopf.BodyEssence) -> kopf.BodyEssence:
+    labels = essence.get("metadata", {}).get("labels")
+    if isinstance(labels, dict) and PLAN_LABEL in labels:
+        del labels[PLAN_LABEL]
+        if not labels:
+            del essence["metadata"]["labels"]
+        if not essence["metadata"]:
+            del essence["metadata"]
+    return essence
+
+
 def tune(settings: kopf.OperatorSettings) -> None:
     """All kopf tuning in one place (STYLE.md): storage, finalizer, posting, watching, workers."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = PlanLabelBlindDiffBase(
         prefix=GROUP, key="last-handled-configuration"
     )
     # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
@@ -68,6 +102,7 @@ def tune(settings: kopf.OperatorSettings) -> None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf, serve metrics, wait for the lead (leader election), build the runtime."""
     configure_logging(SETTINGS.log_format)
+    install_quiet_waits()  # a finalizer waiting for a saga is not an error (issue 11)
     tune(settings)
     k8s.load_config()
     # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
@@ -84,7 +119,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = k8s.Api()
     gate = NamespaceGate(api.namespace)
     install_kopf_filter(gate)
-    _EVENTS[:] = [EventRecorder(api.post_event, gate)]
+    _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]
     _RUNTIME[:] = [build_runtime(SETTINGS, api, _EVENTS[0])]
 
 
@@ -162,9 +197,9 @@ def workspace_pod_event(event: kopf.RawEvent, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, id="cleanup", timeout=TIMEOUT)
-def sandbox_cleanup(body: kopf.Body, **_: Any) -> None:
+def sandbox_cleanup(body: kopf.Body, retry: int, **_: Any) -> None:
     """Finalizer: remove everything the sandbox made; never the original."""
-    runtime().sandboxes.finalize(body)
+    runtime().sandboxes.finalize(body, retry)
 
 
 @kopf.timer(
@@ -209,9 +244,9 @@ def checkpoint_create_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> No
 
 
 @kopf.on.delete(GROUP, VERSION, CHECKPOINT_PLURAL, id="delete-snapshot", timeout=TIMEOUT)
-def checkpoint_delete(body: kopf.Body, **_: Any) -> None:
+def checkpoint_delete(body: kopf.Body, retry: int, **_: Any) -> None:
     """Finalizer: delete the snapshot."""
-    runtime().checkpoints.finalize(body)
+    runtime().checkpoints.finalize(body, retry)
 
 
 # -- PlanCommit ---------------------------------------------------------------------------------

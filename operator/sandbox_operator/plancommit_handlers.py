@@ -689,7 +689,11 @@ class PlanCommitLogic:
             except TwoPhaseUnavailableError as exc:
                 reason = str(exc)
             except AtomicCommitError as exc:
-                logger.warning("PlanCommit %s: %s", journal.name, exc)  # recorded in the journal
+                # Recorded in the journal. Never a saga after a two-phase attempt that failed:
+                # it would commit what the two-phase attempt aborted (all or nothing, issue 11).
+                logger.warning("PlanCommit %s: %s", journal.name, exc)
+                self._count_steps(journal)
+                return journal.last_state
             else:
                 self._count_steps(journal)
                 return journal.last_state

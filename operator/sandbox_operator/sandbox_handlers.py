@@ -20,7 +20,7 @@ from sandbox_core import CommitResult, SandboxStatus
 from sandbox_operator import core_record, metrics, redaction
 from sandbox_operator.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.deletion import CLAIMS, deletion_began
-from sandbox_operator.errors import classify, is_not_found, to_kopf
+from sandbox_operator.errors import classify, is_not_found, to_kopf, waiting
 from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import (
     CheckpointInfo,
@@ -704,7 +704,7 @@ class SandboxLogic:
             )
         return checkpoint_info_from_body(body, target), str(body["metadata"]["uid"])
 
-    def finalize(self, body: Mapping[str, Any]) -> None:
+    def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
         Works whether or not provisioning finished (case 16): cleanup of nothing is fine. Waits
@@ -712,14 +712,17 @@ class SandboxLogic:
         then on nothing else acts on it, so no record outlives the object.
 
         Raises:
-            kopf.TemporaryError: cleanup failed, or the sandbox is still in use; retried (an
-                Event names a failure).
+            kopf.TemporaryError: cleanup failed (retried; an Event names the failure), or the
+                sandbox is still in use (:func:`errors.waiting`: backs off by ``retry``, logged
+                at INFO, no Event).
         """
         holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
         if holders:
-            raise kopf.TemporaryError(
-                f"cleanup waits: the sandbox is in use by {', '.join(holders)}",
-                delay=self.settings.retry_delay_seconds,
+            raise waiting(
+                "cleanup waits: ",
+                f"the sandbox is in use by {', '.join(holders)}",
+                self.settings.retry_delay_seconds,
+                retry,
             )
         try:
             target = target_from_body(body, self.settings, self.api)

@@ -169,6 +169,12 @@ def test_a_plancommit_never_commits_a_sandbox_whose_deletion_began(
     s2_id = s2["sandboxId"]
     assert not any(s2_id in name for name in records(operator)), records(operator)
     assert len(git(second, "worktree", "list").splitlines()) == 1
+    # The cleanup waited for the saga: INFO lines with the reason, never an error (issue 11).
+    waits = [json.loads(line) for line in operator.logs().splitlines() if "cleanup waits" in line]
+    assert waits, operator.logs()[-3000:]
+    assert {line["level"] for line in waits} == {"INFO"}, waits
+    assert all("in use by PlanCommit" in line["message"] for line in waits), waits
+    assert not [e for e in cluster.events("s2") if "cleanup waits" in e.get("message", "")]
 
 
 # --- case 19 ---------------------------------------------------------------------------------

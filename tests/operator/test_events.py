@@ -163,3 +163,27 @@ def test_build_event_is_a_core_v1_event() -> None:
     assert event["metadata"] == {"generateName": "s1.", "namespace": "ns1"}
     assert event["involvedObject"]["kind"] == "Sandbox"
     assert event["source"] == {"component": "sandbox-operator"}
+
+
+def test_background_posting_keeps_the_order_and_the_terminating_namespace_policy() -> None:
+    """The operator posts from one background thread (issue 11, throughput): the handler does
+    not wait, the order is kept, and a terminating namespace still gets nothing."""
+    terminating = {"ns1": False}
+    poster = Poster()
+    recorder = EventRecorder(
+        poster,
+        NamespaceGate(
+            lambda name: {"status": {"phase": "Terminating" if terminating[name] else "Active"}},
+            ttl_seconds=0,
+        ),
+        background=True,
+    )
+    for number in range(20):
+        recorder(body(deleting=True), "Normal", "Step", f"m{number}")
+    assert recorder.flush(10)
+    assert [event["message"] for _, event in poster.calls] == [f"m{n}" for n in range(20)]
+    assert recorder.posted == 20
+    terminating["ns1"] = True
+    recorder(body(deleting=True), "Normal", "CleanedUp", "late")
+    assert recorder.flush(10)
+    assert len(poster.calls) == 20 and recorder.dropped == 1

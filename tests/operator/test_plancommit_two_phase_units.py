@@ -5,6 +5,8 @@ round-trips, so a restarted operator resumes from it), and the journal guard of 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -241,3 +243,38 @@ def test_outcome_labels_and_attempt_numbers() -> None:
         me,
     ]
     assert older_plancommits(me, others) == 2
+
+
+def test_a_failed_two_phase_attempt_is_never_followed_by_a_saga(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only a plan that cannot use two phases runs the saga; one whose two-phase attempt failed
+    ends with that attempt (a saga would commit what it aborted). The fault is injected."""
+    from sandbox_operator import plancommit_handlers
+    from sandbox_operator.events import no_events
+    from sandbox_operator.executors.local import LocalExecutor
+    from sandbox_operator.plancommit_handlers import PlanCommitLogic
+    from sandbox_operator.settings import Settings
+
+    from sandbox_core.errors import AtomicCommitError
+
+    class FailingCoordinator:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def run(self, *args: Any, **kwargs: Any) -> None:
+            raise AtomicCommitError("injected: the attempt failed and was aborted")
+
+    monkeypatch.setattr(plancommit_handlers, "TwoPhasePlanCommit", FailingCoordinator)
+    monkeypatch.setattr(plancommit_handlers, "two_phase_unavailable_reason", lambda h: None)
+    settings = Settings(state_dir=tmp_path / "state", sandbox_root=tmp_path / "sb")
+    logic = PlanCommitLogic(settings, LocalExecutor(settings), None, no_events)  # type: ignore[arg-type]
+    sagas: list[Any] = []
+    monkeypatch.setattr(logic, "_saga", lambda *args, **kwargs: sagas.append(args))
+    last = JournalState(plan_id="p", phase=JournalPhase.FAILED)
+    journal = SimpleNamespace(name="pc", status={}, generation=1, last_state=last)
+    spec = PlanCommitSpec.model_validate({"planId": "p"})
+    body = {"metadata": {"name": "pc", "namespace": "ns"}}
+    out = logic._two_phase(spec, journal, [], body, 1, "m", None, lambda handle: None)  # type: ignore[arg-type]
+    assert sagas == []
+    assert out is last

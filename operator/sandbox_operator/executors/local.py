@@ -201,18 +201,28 @@ class LocalExecutor:
                 logger.warning("sandbox %s: finishing an interrupted create", target.sandbox_id)
                 sandbox.cleanup()
                 sandbox = None
+            changed = sandbox is None
             if sandbox is None:
                 sandbox = self._fresh(target)
                 self.store.save(sandbox)  # pending record first: the retry can find it
                 try:
                     sandbox.create(target.plan_id)
-                finally:
-                    self.store.save(sandbox)
+                except BaseException:
+                    self.store.save(sandbox)  # what the failed create left, for the cleanup
+                    raise
                 if self.settings.fault_provision_delay_seconds:
                     # Test-only fault injection (case 16): a slow create the user deletes.
                     time.sleep(self.settings.fault_provision_delay_seconds)
             if sandbox.status.can_activate:
-                sandbox.activate()
+                try:
+                    sandbox.activate()
+                except BaseException:
+                    self.store.save(sandbox)  # created, not active: the retry activates it
+                    raise
+                changed = True
+            if changed:
+                # One write for create + activate (issue 11, throughput): a crash before it
+                # leaves the PENDING record, which the retry above cleans up and redoes.
                 self.store.save(sandbox)
             return self._state(sandbox)
 
