@@ -1176,12 +1176,38 @@ def _ancestors(rel: str) -> Iterable[str]:
         yield rel
 
 
+def _detour(target: str, rel: str) -> str | None:
+    """The highest ancestor of ``rel`` that exists in ``target`` but is not a real directory (a
+    symlink or a file put there since the copy was made), else None."""
+    found = None
+    for anc in _ancestors(rel):
+        try:
+            st = os.lstat(os.path.join(target, anc))
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            found = anc
+    return found
+
+
 def _plan(source: str, target: str, paths: Iterable[str]) -> list[_Op]:
     """Reduce changed paths to disjoint replace roots plus directory metadata changes."""
     roots: set[str] = set()
     ops: list[_Op] = []
     for rel in sorted(paths):
         if any(a in roots for a in _ancestors(rel)):
+            continue
+        detour = _detour(target, rel)
+        if detour is not None:
+            # The target's ancestor is now a symlink or a file: writing below it would follow
+            # it out of the tree; the source's ancestor replaces it whole (the source wins).
+            if detour not in roots:
+                roots.add(detour)
+                src_path = os.path.join(source, detour)
+                ops.append(
+                    _Op(detour, new_src=src_path if os.path.lexists(src_path) else None,
+                        had_old=True)
+                )  # fmt: skip
             continue
         new, old = entry_of(os.path.join(source, rel)), entry_of(os.path.join(target, rel))
         if new is None and old is None:
