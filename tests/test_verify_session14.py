@@ -29,6 +29,8 @@ import pytest
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError
+from sandbox_core.factory import SandboxFactory
+from sandbox_core.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
 from tests.fidelity_tree import differences, tree_state
@@ -319,19 +321,18 @@ def test_one_shot_commit_blocked_by_chattr_touches_nothing(
 
 @strategies
 @pytest.mark.parametrize("kind", FLAGS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a one-shot commit refused by an immutable/append-only original leaves the sandbox "
-    "ERRORED (git_worktree keeps it ACTIVE for a retry, test_verify7_git)",
-)
 def test_one_shot_commit_blocked_by_chattr_keeps_the_sandbox_active_for_a_retry(
     tmp_path: Path, make: Callable[[Path], BaseSandbox], flagged: list[Path], kind: str
 ) -> None:
+    """Found: the refused commit left the sandbox ERRORED, its edits stuck (git_worktree keeps
+    it ACTIVE, test_verify7_git). Fixed: refused before anything is written, ACTIVE, the
+    flagged paths are the conflicts; once the flag is cleared the commit lands."""
     src = base_tree(tmp_path)
     sandbox = make(src)
     block_with_flags(Path(sandbox.get_path("")), src, flagged, kind)
-    with pytest.raises(SandboxCommitError):
+    with pytest.raises(SandboxCommitError) as refused:
         sandbox.commit()
+    assert refused.value.conflicts  # the flagged paths, named
     assert sandbox.status is SandboxStatus.ACTIVE
     for path in flagged:
         subprocess.run(["chattr", "-i", "-a", str(path)], check=True)
@@ -340,26 +341,26 @@ def test_one_shot_commit_blocked_by_chattr_keeps_the_sandbox_active_for_a_retry(
 
 @strategies
 @pytest.mark.parametrize("kind", FLAGS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="two-phase prepare does not check chattr +i/+a: apply renames a.txt into the "
-    "original, then fails on the flagged path (a half-applied original after the decision)",
-)
 def test_two_phase_prepare_finds_an_immutable_or_append_only_target(
     tmp_path: Path, make: Callable[[Path], BaseSandbox], flagged: list[Path], kind: str
 ) -> None:
-    """Issue 9: prepare does all the work that can fail; apply is only renames. A target the
-    kernel will refuse to rename must be found by prepare, with nothing touched."""
+    """Issue 9: prepare does all the work that can fail; apply is only renames. Found: prepare
+    did not look at inode flags, so apply renamed ``a.txt`` into the original and then failed
+    on the flagged path, after the decision (fixed: ``_fs_utils.refuse_flagged`` in
+    ``stage_sync`` and ``sync_tree``). Now prepare is refused, nothing touched, ACTIVE."""
     src = base_tree(tmp_path)
     sandbox = make(src)
     block_with_flags(Path(sandbox.get_path("")), src, flagged, kind)
     before = tree_state(src, top=True)
-    try:
-        with pytest.raises(SandboxCommitError):
-            sandbox.prepare(TXID)
-        assert sandbox.status is SandboxStatus.ACTIVE
-    finally:
-        assert tree_state(src, top=True) == before
+    with pytest.raises(SandboxCommitError) as refused:
+        sandbox.prepare(TXID)
+    assert refused.value.conflicts and "chattr" in str(refused.value)
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert tree_state(src, top=True) == before
+    no_staging(src)
+    for path in flagged:
+        subprocess.run(["chattr", "-i", "-a", str(path)], check=True)
+    commit_and_roll_back(sandbox, src, two_phase=True)
 
 
 @pytest.mark.parametrize("make", [p for p in STRATEGIES if p.id == "overlay-kernel"], indirect=True)
@@ -606,3 +607,85 @@ def test_postgres_identity_now_on_conflict_trigger_and_advisory_lock_in_two_phas
     finally:
         sandbox.cleanup()
         assert prepared_left() == []
+
+
+# -- two-phase plans over the same or nested directories -------------------------------------------
+
+
+def _nested_plan(
+    tmp_path: Path, layout: str, outer_kind: str
+) -> tuple[Path, SandboxManager, list[BaseSandbox]]:
+    src = base_tree(tmp_path)
+    (src / "d" / "e.txt").write_text("e\n")
+    manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False)
+    boxes = str(tmp_path / "boxes")
+    if outer_kind == "overlay-kernel":
+        outer = manager.get_or_create_sandbox(
+            "s14", "outer", str(src), "overlay", sandbox_root=boxes, mode="kernel"
+        )
+    else:
+        outer = manager.get_or_create_sandbox(
+            "s14", "outer", str(src), outer_kind, sandbox_root=boxes
+        )
+    inner_dir = src if layout == "same" else src / "d"
+    inner = manager.get_or_create_sandbox(
+        "s14", "inner", str(inner_dir), "copy_on_write", sandbox_root=boxes
+    )
+    return src, manager, [outer, inner]
+
+
+LAYOUTS = ["same", "nested"]
+OUTER_KINDS = ["copy_on_write", pytest.param("overlay-kernel", marks=pytest.mark.overlay_kernel)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("outer_kind", OUTER_KINDS)
+def test_two_phase_plan_over_overlapping_directories_with_disjoint_edits(
+    tmp_path: Path, layout: str, outer_kind: str
+) -> None:
+    """Two sandboxes of one plan on the same directory or on a directory and its child (the
+    OverlayFS "same lower directory under two mounts" / two rsync transfers into one tree
+    kind): disjoint edits both land, and no staging area of the inner one is left inside the
+    outer original. Passes."""
+    src, manager, (outer, inner) = _nested_plan(tmp_path, layout, outer_kind)
+    try:
+        Path(outer.get_path("a.txt")).write_text("A outer\n")
+        os.unlink(outer.get_path("d/e.txt"))
+        Path(inner.get_path("d/c.txt" if layout == "same" else "c.txt")).write_text("C inner\n")
+        results = manager.commit_plan("s14", mode="two_phase")
+        assert all(r.success for r in results)
+        files = {k: v for k, v in tree_state(src).items() if v["kind"] == "file"}
+        assert sorted(files) == [b"a.txt", b"d/c.txt"]
+        assert (src / "a.txt").read_text() == "A outer\n"
+        assert (src / "d" / "c.txt").read_text() == "C inner\n"
+        no_staging(src)
+        no_staging(src / "d")
+    finally:
+        manager.cleanup_all("s14")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.xfail(
+    strict=True,
+    reason="two sandboxes of a two-phase plan on the same/nested directories changing one file: "
+    "both prepare, the decision is written, the second apply is refused forever (recover cannot "
+    "finish), half the plan stays landed and the inner staging area is left inside the original",
+)
+def test_two_phase_plan_over_overlapping_directories_changing_one_file(
+    tmp_path: Path, layout: str
+) -> None:
+    """Issue 9: "conflicts found before any original is touched". Two participants that write
+    the same path must be refused at prepare (the saga refuses it), nothing touched."""
+    src, manager, (outer, inner) = _nested_plan(tmp_path, layout, "copy_on_write")
+    try:
+        Path(outer.get_path("a.txt")).write_text("A outer\n")
+        Path(outer.get_path("d/c.txt")).write_text("C outer\n")
+        Path(inner.get_path("d/c.txt" if layout == "same" else "c.txt")).write_text("C inner\n")
+        before = tree_state(src, top=True)
+        results = manager.commit_plan("s14", mode="two_phase")
+        assert not results[-1].success
+        assert results[-1].metadata["touched_originals"] == 0
+        assert tree_state(src, top=True) == before
+        assert [outer.status, inner.status] == [SandboxStatus.ACTIVE, SandboxStatus.ACTIVE]
+    finally:
+        manager.cleanup_all("s14")
