@@ -15,6 +15,7 @@ Inputs that still break the product are ``xfail(strict=True)`` with the fault in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -687,5 +688,94 @@ def test_two_phase_plan_over_overlapping_directories_changing_one_file(
         assert results[-1].metadata["touched_originals"] == 0
         assert tree_state(src, top=True) == before
         assert [outer.status, inner.status] == [SandboxStatus.ACTIVE, SandboxStatus.ACTIVE]
+    finally:
+        manager.cleanup_all("s14")
+
+
+# -- more git shapes: worktree of a bare repository, separate git dir -----------------------------
+
+
+def test_git_worktree_of_a_bare_repository_and_a_separate_git_dir(
+    tmp_path: Path, git_identity: None
+) -> None:
+    """The original is a linked worktree of a bare repository (git worktree + bare clone
+    reports), or a repository made with ``--separate-git-dir``: commit, rollback and cleanup
+    work, and the bystander registration of the bare repository's worktree is kept. Passes."""
+    seed = make_repo(tmp_path / "seed", {"a.txt": "a\n"})
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(tmp_path / "bare.git"))
+    git(tmp_path / "bare.git", "worktree", "add", "-q", str(tmp_path / "wt"), "main")
+    separate = tmp_path / "sep"
+    separate.mkdir()
+    git(separate, "init", "-q", "-b", "main", "--separate-git-dir", str(tmp_path / "sep.git"))
+    (separate / "a.txt").write_text("a\n")
+    git(separate, "add", "-A")
+    git(separate, "commit", "-qm", "base")
+    for index, original in enumerate([tmp_path / "wt", separate]):
+        sandbox = GitWorktreeSandbox(
+            "r", str(original), sandbox_root=str(tmp_path / f"root{index}")
+        )
+        try:
+            sandbox.create("s14")
+            Path(sandbox.get_path("a.txt")).write_text("A\n")
+            sandbox.commit()
+            assert (original / "a.txt").read_text() == "A\n"
+            assert git(original, "status", "--porcelain") == ""
+            sandbox.rollback()
+            assert (original / "a.txt").read_text() == "a\n"
+        finally:
+            sandbox.cleanup()
+    assert str(tmp_path / "wt") in git(tmp_path / "bare.git", "worktree", "list")
+
+
+# -- SQLite: a pragma the held transaction ignores -------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["two_phase", "saga"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="PRAGMA foreign_keys=ON run in a SQLite sandbox is a silent no-op (SQLite ignores it "
+    "inside the held transaction): a foreign-key violation is committed with the plan",
+)
+def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, mode: str) -> None:
+    """SQLite documents that ``PRAGMA foreign_keys`` is a no-op inside a transaction (the
+    classic "foreign keys not enforced" report); the application turns it on, inserts a child
+    of a missing parent under a DEFERRABLE INITIALLY DEFERRED key, and the plan commits. The
+    right outcome: the commit is refused (as the application's own COMMIT would be), the
+    database and the plan's directory unchanged."""
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    (directory / "v").write_text("old")
+    db = tmp_path / "a.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        """
+        PRAGMA journal_mode=wal;
+        CREATE TABLE parent(id INTEGER PRIMARY KEY);
+        CREATE TABLE child(id INTEGER PRIMARY KEY,
+                           pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);
+        INSERT INTO parent VALUES (1);
+        """
+    )
+    conn.close()
+    manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False)
+    boxes = str(tmp_path / "boxes")
+    cow = manager.get_or_create_sandbox(
+        "s14", "dir", str(directory), "copy_on_write", sandbox_root=boxes
+    )
+    Path(cow.get_path("v")).write_text("new")
+    sq = manager.get_or_create_sandbox(
+        "s14", "db", str(db), "transaction_rollback", sandbox_root=boxes
+    )
+    try:
+        sq.execute("PRAGMA foreign_keys=ON")
+        sq.execute("INSERT INTO child VALUES (1, 2)")
+        with contextlib.suppress(SandboxCommitError):  # refusing is the right outcome
+            manager.commit_plan("s14", mode=mode)
+        conn = sqlite3.connect(db)
+        try:
+            assert conn.execute("SELECT * FROM child").fetchall() == []
+        finally:
+            conn.close()
+        assert (directory / "v").read_text() == "old"
     finally:
         manager.cleanup_all("s14")
