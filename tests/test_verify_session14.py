@@ -116,19 +116,27 @@ def commit_and_roll_back(sandbox: BaseSandbox, src: Path, two_phase: bool) -> No
 # -- rsync --keep-dirlinks / git CVE-2021-21300 kind: a directory became a symlink -----------------
 
 
+SWAPS = ["symlink-outside", "symlink-inside", "file"]
+
+
 @strategies
 @two_phase_or_not
+@pytest.mark.parametrize("swap", SWAPS)
 def test_commit_never_writes_through_a_symlink_that_replaced_a_directory(
-    tmp_path: Path, make: Callable[[Path], BaseSandbox], two_phase: bool
+    tmp_path: Path, make: Callable[[Path], BaseSandbox], two_phase: bool, swap: str
 ) -> None:
     """Inspired by "symlinks that become directories" (rsync list, 2007-10,
     https://lists.samba.org/archive/rsync/2007-October/018992.html: with --keep-dirlinks rsync
-    writes through the receiver's symlink). The original's ``d`` is replaced by a symlink to a
-    folder outside the tree after create; the sandbox edited ``d/c.txt``. Found: the overlay
-    fallback wrote the sandbox's ``c.txt`` into the outside folder (fixed in
-    ``_fs_utils._plan``: an ancestor that is no longer a real directory is replaced whole).
-    copy_on_write refuses it as a conflict; the overlay modes land the sandbox's ``d``."""
+    writes through the receiver's symlink). After create, the original's ``d`` is replaced by a
+    symlink to a folder outside the tree, by a symlink to another folder of the tree, or by a
+    file; the sandbox edited ``d/c.txt``. Found: the overlay fallback wrote the sandbox's
+    ``c.txt`` through the symlink (outside the original, or into the wrong folder), and failed
+    (ERRORED) on the file (fixed in ``_fs_utils._plan``: an ancestor that is no longer a real
+    directory is replaced whole). copy_on_write refuses it as a conflict; the overlay modes land
+    the sandbox's ``d`` (the sandbox wins, as in the merged view)."""
     src = base_tree(tmp_path)
+    (src / "e").mkdir()
+    (src / "e" / "c.txt").write_text("e\n")
     sandbox = make(src)
     view = Path(sandbox.get_path(""))
     (view / "d" / "c.txt").write_text("from the sandbox\n")
@@ -136,17 +144,22 @@ def test_commit_never_writes_through_a_symlink_that_replaced_a_directory(
     outside.mkdir()
     (outside / "c.txt").write_text("outside\n")
     shutil.rmtree(src / "d")
-    os.symlink(outside, src / "d")
+    if swap == "symlink-outside":
+        os.symlink(outside, src / "d")
+    elif swap == "symlink-inside":
+        os.symlink("e", src / "d")
+    else:
+        (src / "d").write_text("a file now\n")
     outside_before, before = tree_state(outside), tree_state(src, top=True)
     if sandbox.strategy == "copy_on_write":
         with pytest.raises(SandboxCommitError) as refused:
             land(sandbox, two_phase)
-        assert "d/c.txt" in refused.value.conflicts
+        assert refused.value.conflicts
         assert sandbox.status is SandboxStatus.ACTIVE
         assert tree_state(src, top=True) == before
     else:
         commit_and_roll_back(sandbox, src, two_phase)
-        assert os.readlink(src / "d") == str(outside)  # rollback put the symlink back
+        assert (src / "e" / "c.txt").read_text() == "e\n"
     assert tree_state(outside) == outside_before
     no_staging(src)
 
