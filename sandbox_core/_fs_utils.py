@@ -1006,8 +1006,9 @@ def _apply_meta(path: str, meta: Meta) -> None:
 
 def root_meta(path: StrPath) -> Meta:
     """The own metadata of directory ``path`` (mode, owner and group, xattrs and POSIX ACLs)
-    that a commit gives the original's top directory (docs/fidelity.md)."""
-    return _dir_meta(os.fspath(path))
+    that a commit gives the original's top directory (docs/fidelity.md). An original given as
+    a symlink to a directory is read through the link (the trailing slash), as the ops write it."""
+    return _dir_meta(os.path.join(os.fspath(path), ""))
 
 
 def root_change(base: Meta | None, original: StrPath, copy: StrPath) -> tuple[Meta | None, bool]:
@@ -1031,7 +1032,7 @@ def _root_ops(target: str, root: Meta | None) -> list[_Op]:
     """The op giving ``target`` itself the metadata ``root`` (none when it has it already)."""
     if root is None:
         return []
-    now = _dir_meta(target)
+    now = root_meta(target)
     return [] if now == root else [_Op("", meta=(now, root))]
 
 

@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
-from sandbox_core.errors import SandboxCommitError
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
@@ -792,3 +793,41 @@ def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, m
         assert (directory / "v").read_text() == "old"
     finally:
         manager.cleanup_all("s14")
+
+
+# -- the original named through a symlink -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [p.id for p in STRATEGIES])
+@two_phase_or_not
+def test_original_given_as_a_symlink_to_a_directory(
+    tmp_path: Path, kind: str, two_phase: bool
+) -> None:
+    """An original path that is a symlink to the real directory (rsync's "src/ vs src" and
+    --keep-dirlinks reports: the top of a transfer reached through a link). Found: overlay
+    kernel mode read the top's metadata from the link itself (mode 0777), so rollback from
+    COMMITTED made the real directory world-writable and two-phase apply always reported the
+    top as "changed since prepare" (fixed: ``_fs_utils.root_meta`` and ``_root_ops`` read the
+    top through the link, as the ops write it). The overlay fallback refuses such an original at
+    create, nothing touched; the other modes commit and roll back exactly."""
+    real = base_tree(tmp_path)
+    os.chmod(real, 0o755)  # noqa: S103 (the usual mode of a directory, asserted after)
+    link = tmp_path / "link"
+    os.symlink("src", link)
+    before = tree_state(real, top=True)
+    sandbox = new_sandbox(kind, link, tmp_path / "root")
+    try:
+        try:
+            sandbox.create("s14")
+        except SandboxCreationError:
+            assert kind == "overlay-fallback"
+            assert tree_state(real, top=True) == before
+            return
+        view = Path(sandbox.get_path(""))
+        (view / "a.txt").write_text("A\n")
+        (view / "new.txt").write_text("new\n")
+        commit_and_roll_back(sandbox, real, two_phase)
+        assert os.path.islink(link) and stat.S_IMODE(os.stat(real).st_mode) == 0o755
+    finally:
+        sandbox.cleanup()
+    assert tree_state(real, top=True) == before
