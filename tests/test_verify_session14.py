@@ -680,28 +680,35 @@ def test_two_phase_plan_over_overlapping_directories_with_disjoint_edits(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="two sandboxes of a two-phase plan on the same/nested directories changing one file: "
-    "both prepare, the decision is written, the second apply is refused forever (recover cannot "
-    "finish), half the plan stays landed and the inner staging area is left inside the original",
-)
+@pytest.mark.parametrize("clash", ["same-file", "deleted-folder"])
 def test_two_phase_plan_over_overlapping_directories_changing_one_file(
-    tmp_path: Path, layout: str
+    tmp_path: Path, layout: str, clash: str
 ) -> None:
-    """Issue 9: "conflicts found before any original is touched". Two participants that write
-    the same path must be refused at prepare (the saga refuses it), nothing touched."""
+    """Issue 9: "conflicts found before any original is touched". Found: both prepared, the
+    decision was written, the second apply was refused forever (recover could not finish), half
+    the plan stayed landed and the inner staging area was left inside the outer original.
+    Fixed (``two_phase.overlapping_writes``): two participants writing one path, or one
+    deleting a folder the other writes into, are a conflict before the decision; every
+    participant is aborted, nothing touched, both ACTIVE; the saga refuses it too."""
     src, manager, (outer, inner) = _nested_plan(tmp_path, layout, "copy_on_write")
     try:
         Path(outer.get_path("a.txt")).write_text("A outer\n")
-        Path(outer.get_path("d/c.txt")).write_text("C outer\n")
+        if clash == "same-file":
+            Path(outer.get_path("d/c.txt")).write_text("C outer\n")
+        else:
+            shutil.rmtree(outer.get_path("d"))
         Path(inner.get_path("d/c.txt" if layout == "same" else "c.txt")).write_text("C inner\n")
         before = tree_state(src, top=True)
         results = manager.commit_plan("s14", mode="two_phase")
-        assert not results[-1].success
-        assert results[-1].metadata["touched_originals"] == 0
+        assert len(results) == 1 and not results[0].success
+        assert results[0].metadata["touched_originals"] == 0
+        assert results[0].metadata["failed_sandbox_id"] == inner.sandbox_id
+        assert results[0].metadata["conflicts"]
         assert tree_state(src, top=True) == before
+        no_staging(src)
+        no_staging(src / "d")
         assert [outer.status, inner.status] == [SandboxStatus.ACTIVE, SandboxStatus.ACTIVE]
+        assert manager.recover("s14") is None or manager.recover("s14").finished_at is not None
     finally:
         manager.cleanup_all("s14")
 
