@@ -1006,8 +1006,9 @@ def _apply_meta(path: str, meta: Meta) -> None:
 
 def root_meta(path: StrPath) -> Meta:
     """The own metadata of directory ``path`` (mode, owner and group, xattrs and POSIX ACLs)
-    that a commit gives the original's top directory (docs/fidelity.md)."""
-    return _dir_meta(os.fspath(path))
+    that a commit gives the original's top directory (docs/fidelity.md). An original given as
+    a symlink to a directory is read through the link (the trailing slash), as the ops write it."""
+    return _dir_meta(os.path.join(os.fspath(path), ""))
 
 
 def root_change(base: Meta | None, original: StrPath, copy: StrPath) -> tuple[Meta | None, bool]:
@@ -1031,11 +1032,83 @@ def _root_ops(target: str, root: Meta | None) -> list[_Op]:
     """The op giving ``target`` itself the metadata ``root`` (none when it has it already)."""
     if root is None:
         return []
-    now = _dir_meta(target)
+    now = root_meta(target)
     return [] if now == root else [_Op("", meta=(now, root))]
 
 
-class MountPointsInsideError(OSError):
+class RefusedBeforeWriteError(OSError):
+    """A sync refused before anything was written; ``paths`` (relative to ``root``) are what
+    blocks it. A commit or prepare refused this way keeps the sandbox ACTIVE with these paths
+    as its conflicts."""
+
+    root: str
+    paths: list[str]
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class FlaggedEntriesError(RefusedBeforeWriteError):
+    """Entries a sync must rename, or their directories, carry the immutable or append-only
+    inode flag (``chattr +i``/``+a``): the kernel refuses the rename (``EPERM``)."""
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+        super().__init__(
+            errno.EPERM,
+            f"{root} holds immutable or append-only entries at {shown}: the commit cannot "
+            "replace them; clear the flag (chattr -i / -a) and commit again",
+            root,
+        )
+        self.root = root
+        self.paths = paths
+
+
+_FS_IOC_GETFLAGS = 0x80086601
+_IMMUTABLE_FL, _APPEND_FL = 0x10, 0x20
+
+
+def _inode_flags(path: str) -> int:
+    """The inode flags of a regular file or directory (0 for other types, or where the file
+    system has none): never opens a FIFO, device or symlink."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOATIME)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        buf = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8)
+    except OSError:
+        return 0  # no inode flags on this file system
+    finally:
+        os.close(fd)
+    return int.from_bytes(buf[:4], "little")
+
+
+def refuse_flagged(target: str, ops: list[_Op]) -> None:
+    """Raise :class:`FlaggedEntriesError` when a rename or metadata change of ``ops`` would
+    meet an immutable or append-only entry (the entry itself, or the directory it leaves or
+    enters), before anything is written."""
+    blocked: set[str] = set()
+    for op in ops:
+        dest = os.path.join(target, op.path) if op.path else target
+        if _inode_flags(dest) & (_IMMUTABLE_FL | _APPEND_FL) and (op.had_old or op.meta):
+            blocked.add(op.path or ".")
+        if op.path and op.meta is None:
+            parent = os.path.dirname(dest)
+            flags = _inode_flags(parent)
+            if flags & _IMMUTABLE_FL or (flags & _APPEND_FL and op.had_old):
+                blocked.add(os.path.dirname(op.path) or ".")
+    if blocked:
+        raise FlaggedEntriesError(target, sorted(blocked))
+
+
+class MountPointsInsideError(RefusedBeforeWriteError):
     """A directory tree holds other mounted file systems (``errno`` ``EXDEV``).
 
     The policy of every directory strategy and mode (docs/fidelity.md, "Mount points inside the
@@ -1176,12 +1249,38 @@ def _ancestors(rel: str) -> Iterable[str]:
         yield rel
 
 
+def _detour(target: str, rel: str) -> str | None:
+    """The highest ancestor of ``rel`` that exists in ``target`` but is not a real directory (a
+    symlink or a file put there since the copy was made), else None."""
+    found = None
+    for anc in _ancestors(rel):
+        try:
+            st = os.lstat(os.path.join(target, anc))
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            found = anc
+    return found
+
+
 def _plan(source: str, target: str, paths: Iterable[str]) -> list[_Op]:
     """Reduce changed paths to disjoint replace roots plus directory metadata changes."""
     roots: set[str] = set()
     ops: list[_Op] = []
     for rel in sorted(paths):
         if any(a in roots for a in _ancestors(rel)):
+            continue
+        detour = _detour(target, rel)
+        if detour is not None:
+            # The target's ancestor is now a symlink or a file: writing below it would follow
+            # it out of the tree; the source's ancestor replaces it whole (the source wins).
+            if detour not in roots:
+                roots.add(detour)
+                src_path = os.path.join(source, detour)
+                ops.append(
+                    _Op(detour, new_src=src_path if os.path.lexists(src_path) else None,
+                        had_old=True)
+                )  # fmt: skip
             continue
         new, old = entry_of(os.path.join(source, rel)), entry_of(os.path.join(target, rel))
         if new is None and old is None:
@@ -1453,6 +1552,7 @@ def sync_tree(
         changes = compute_changes(target_s, source_s, exclude=exclude)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
+    refuse_flagged(target_s, ops)
     if keep is not None:
         os.makedirs(keep)
     _run(target_s, ops, keep_backup=keep, progress=on_progress)
@@ -2011,6 +2111,7 @@ def stage_sync(
         abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
+    refuse_flagged(target_s, ops)
     staging = prepared_dir_for(target_s, key)
     os.mkdir(staging, 0o700)
     try:

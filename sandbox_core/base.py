@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Self
 
 from ulid import ULID
 
-from sandbox_core._fs_utils import MountPointsInsideError
+from sandbox_core._fs_utils import RefusedBeforeWriteError
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -240,7 +240,7 @@ class BaseSandbox:
             except SandboxError:
                 self._status = SandboxStatus.ERRORED
                 raise
-            except MountPointsInsideError as exc:
+            except RefusedBeforeWriteError as exc:
                 # Refused before anything was written (docs/fidelity.md): stays ACTIVE.
                 raise _mount_refusal("commit", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
@@ -410,7 +410,7 @@ class BaseSandbox:
                 return self._do_prepare(txid, message)
             except SandboxError:
                 raise
-            except MountPointsInsideError as exc:
+            except RefusedBeforeWriteError as exc:
                 raise _mount_refusal("prepare", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
                 raise SandboxCommitError(
@@ -592,7 +592,10 @@ class BaseSandbox:
         """Default: nothing was staged, nothing to drop."""
 
 
-def _mount_refusal(action: str, sandbox_id: str, exc: MountPointsInsideError) -> SandboxCommitError:
-    """A commit refused because file systems are mounted inside the original: the mount
-    points are its ``conflicts`` (nothing written; the sandbox keeps its status)."""
+def _mount_refusal(
+    action: str, sandbox_id: str, exc: RefusedBeforeWriteError
+) -> SandboxCommitError:
+    """A commit refused before anything was written (file systems mounted inside the original,
+    immutable or append-only entries): the blocking paths are its ``conflicts`` (the sandbox
+    keeps its status)."""
     return SandboxCommitError(f"{action} of sandbox {sandbox_id} refused: {exc}", exc.paths)

@@ -71,7 +71,7 @@ from urllib.parse import urlsplit
 
 from sandbox_core._fs_utils import deferred_syncfs
 from sandbox_core.base import BaseSandbox
-from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
+from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
     CommitJournal,
     JournalPhase,
@@ -308,6 +308,17 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
                 f"to {state.digest}, the approval named {approved_digest}; nothing was changed"
             )
             self._abort(state, pairs, JournalReason.CHANGED_SINCE_APPROVAL)
+            return [failure_result(state)]
+        overlap = overlapping_writes([sb for _, sb in pairs], prepared)
+        if overlap is not None:
+            index, paths = overlap
+            clash = SandboxCommitError(
+                f"it writes {', '.join(paths[:10])}, which another sandbox of the plan on the "
+                "same or an enclosing directory writes too",
+                paths,
+            )
+            self._fail_step(state, pairs[index - 1][0], clash, "conflicts within the plan")
+            self._abort(state, pairs, JournalReason.COMMIT_FAILED)
             return [failure_result(state)]
         try:
             flush_staged()
@@ -673,6 +684,58 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             f"{what}: {exc}; every participant was aborted, nothing was changed"
         )
         logger.error("%s", state.error)
+
+
+def _written_paths(sandbox: Any, prepared: PreparedCommit) -> tuple[str, set[str]] | None:
+    """``(top, absolute paths)`` a directory participant's apply writes, else None."""
+    summary = prepared.summary
+    if getattr(sandbox, "strategy", None) not in ("copy_on_write", "overlay") or summary is None:
+        return None
+    top = os.path.realpath(sandbox.original_path)
+    rels = [*summary.added, *summary.changed, *summary.deleted]
+    return top, {f"{top.rstrip('/')}/{rel}" for rel in rels}
+
+
+def _ancestors_of(path: str, stop: str) -> Iterable[str]:
+    while len(path) > len(stop):
+        path = path.rsplit("/", 1)[0]
+        yield path
+
+
+def overlapping_writes(
+    sandboxes: list[Any], prepared: list[PreparedCommit]
+) -> tuple[int, list[str]] | None:
+    """The first participant (1-based commit order) whose prepared writes meet another's: two
+    directory sandboxes of the same or nested originals writing one path, or one replacing a
+    directory below which the other writes. Their applies would collide after the decision
+    (the second refused forever, half the plan landed), so this is a conflict found before it.
+
+    Returns:
+        ``(index, paths relative to its original)``, or None when the writes are disjoint.
+    """
+    seen: list[tuple[str, set[str], set[str]]] = []  # top, paths, their ancestors
+    for index, (sandbox, done) in enumerate(zip(sandboxes, prepared, strict=True), start=1):
+        written = _written_paths(sandbox, done)
+        if written is None:
+            continue
+        top, paths = written
+        clash: set[str] = set()
+        for other_top, other_paths, other_ancestors in seen:
+            if not (top == other_top or top.startswith(other_top + "/")
+                    or other_top.startswith(top + "/")):  # fmt: skip
+                continue
+            for path in paths:
+                if (
+                    path in other_paths
+                    or path in other_ancestors
+                    or any(anc in other_paths for anc in _ancestors_of(path, top))
+                ):
+                    clash.add(os.path.relpath(path, top))
+        if clash:
+            return index, sorted(clash)
+        ancestors = {anc for path in paths for anc in _ancestors_of(path, top)}
+        seen.append((top, paths, ancestors))
+    return None
 
 
 def failure_result(state: JournalState) -> CommitResult:
