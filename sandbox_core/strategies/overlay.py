@@ -74,9 +74,9 @@ from sandbox_core._fs_utils import (
     backup_directory,
     change_digest,
     compute_changes_at,
-    copy_and_snapshot,
     copy_entry,
     copy_metadata,
+    copy_with_baseline,
     diff_entries,
     entry_of,
     link_closure,
@@ -85,8 +85,8 @@ from sandbox_core._fs_utils import (
     recover_sync,
     reset_copy,
     scan_tree,
-    snapshot_tree,
     sync_tree,
+    touched_since,
     undo_sync,
 )
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
@@ -248,10 +248,9 @@ class OverlaySandbox(BaseSandbox):
                 # The case-05 policy scan beside cp: a refusal discards the copy (_do_create).
                 scan = _refuse_external_gitfiles
                 check = pool.submit(scan, original) if mode == "fallback" else None
-                base_original = copy_and_snapshot(original, base / "merged")
+                baseline = copy_with_baseline(original, base / "merged")
                 if check is not None:
                     check.result()
-            baseline = Baseline(base_original, snapshot_tree(base / "merged", stamps=True))
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
@@ -276,9 +275,8 @@ class OverlaySandbox(BaseSandbox):
             changes = self._commit_kernel(original, merged, area)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
-            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
             # Only the paths the sandbox touched: the original's own changes are kept.
-            changes = compute_changes_at(original, merged, pending.touched)
+            changes = compute_changes_at(original, merged, self._touched(original, merged))
             if not changes.is_empty:
                 sync_tree(merged, original, changes=changes, backup_dir=backup)
         if not changes.is_empty:
@@ -295,6 +293,16 @@ class OverlaySandbox(BaseSandbox):
                 "message": message,
             },
         )
+
+    def _touched(self, original: Path, merged: Path) -> set[str]:
+        """Fallback mode: the paths the sandbox changed since create (or the last reset), from
+        one walk of the copy alone; the original is not walked, since its own changes are kept
+        whatever they are. An unknown baseline (older manifest) walks both trees."""
+        baseline = Baseline.load(self.base_path / _MANIFEST)
+        touched = touched_since(baseline, merged)
+        if touched is None:
+            touched = pending_since(baseline, original, merged).touched
+        return touched
 
     def _commit_kernel(self, original: Path, merged: Path, area: Path) -> TreeChanges:
         """Read changes from the upper layer, stage them, unmount, sync, remount empty.
@@ -358,8 +366,7 @@ class OverlaySandbox(BaseSandbox):
         written."""
         merged = self.base_path / "merged"
         if self.overlay_mode != "kernel":
-            pending = pending_since(Baseline.load(self.base_path / _MANIFEST), original, merged)
-            changes = compute_changes_at(original, merged, pending.touched)
+            changes = compute_changes_at(original, merged, self._touched(original, merged))
             return changes, changes, True
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
