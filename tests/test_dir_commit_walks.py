@@ -25,7 +25,7 @@ from sandbox_core._fs_utils import (
     touched_since,
     undo_sync,
 )
-from sandbox_core.errors import SandboxCommitError
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the directory fidelity runs as root")
@@ -144,3 +144,28 @@ def test_undo_reads_backups_of_both_layouts(tmp_path: Path) -> None:
     undo_sync(legacy, target)
     assert (target / "g").read_text() == "old"
     assert (target / "d" / "e" / "f").read_text() == "old"
+
+
+def test_fallback_policy_check_from_the_walk_finds_what_the_scan_finds(tmp_path: Path) -> None:
+    """Case 05 in fallback mode: the ``.git`` files are taken from the baseline walk; a file
+    inside a ``.git`` directory and a symlink named ``.git`` are skipped, as the scan skips."""
+    from sandbox_core.strategies.overlay import (
+        _refuse_external_gitfiles,
+        _refuse_listed_gitfiles,
+    )
+
+    src = tmp_path / "src"
+    (src / ".git" / "x").mkdir(parents=True)
+    (src / ".git" / "x" / ".git").write_text(f"gitdir: {tmp_path}/elsewhere\n")  # skipped
+    os.symlink(f"{tmp_path}/elsewhere", src / ".git" / "y")
+    (src / "a").mkdir()
+    os.symlink(f"{tmp_path}/elsewhere", src / "a" / ".git")  # a link, never read
+    _refuse_external_gitfiles(src)
+    _refuse_listed_gitfiles(src, snapshot_tree(src))
+    (src / "a" / "b").mkdir()
+    (src / "a" / "b" / ".git").write_text(f"gitdir: {tmp_path}/elsewhere/.git\n")
+    for check in (_refuse_external_gitfiles, lambda root: _refuse_listed_gitfiles(
+        root, snapshot_tree(root)
+    )):  # fmt: skip
+        with pytest.raises(SandboxCreationError, match=r"a/b/\.git is a git file pointing"):
+            check(src)

@@ -60,7 +60,6 @@ import dataclasses
 import json
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -241,16 +240,14 @@ class OverlaySandbox(BaseSandbox):
             logger.info(
                 "overlay sandbox %s uses the userspace fallback: %s", self.sandbox_id, reason
             )
-            # An exact copy (cp -a: owners, special files, links, holes, xattrs); the original's
-            # snapshot beside it, so a change made during the copy reads as the original's.
+            # An exact copy (cp -a: owners, special files, links, holes, xattrs) and the
+            # baseline of both sides from one walk of the copy (copy_with_baseline).
             (base / "merged").rmdir()
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                # The case-05 policy scan beside cp: a refusal discards the copy (_do_create).
-                scan = _refuse_external_gitfiles
-                check = pool.submit(scan, original) if mode == "fallback" else None
-                baseline = copy_with_baseline(original, base / "merged")
-                if check is not None:
-                    check.result()
+            baseline = copy_with_baseline(original, base / "merged")
+            if mode == "fallback" and baseline.copy is not None:
+                # The case-05 policy check on the ``.git`` files the walk found, instead of a
+                # scan of its own; a refusal discards the copy (_do_create).
+                _refuse_listed_gitfiles(original, baseline.copy)
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
@@ -704,6 +701,15 @@ def _refuse_external_gitfiles(root: Path) -> None:
                         _check_gitfile(root, Path(entry.path))
                 elif entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
+
+
+def _refuse_listed_gitfiles(root: Path, snapshot: dict[str, str]) -> None:
+    """:func:`_refuse_external_gitfiles` over the paths of a snapshot of ``root`` (or of its
+    exact copy): every ``.git`` regular file outside a ``.git`` directory, as the scan finds."""
+    for rel, sig in snapshot.items():
+        parts = rel.split("/")
+        if parts[-1] == ".git" and sig.startswith("f ") and ".git" not in parts[:-1]:
+            _check_gitfile(root, root / rel)
 
 
 def _check_gitfile(root: Path, gitfile: Path) -> None:
