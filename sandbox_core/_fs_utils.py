@@ -47,6 +47,7 @@ import errno
 import fcntl
 import filecmp
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -1478,8 +1479,10 @@ def copy_with_baseline(src: StrPath, dst: StrPath) -> Baseline:
     copy: the original's side is the copy's without its stamps (one walk instead of two, and no
     walk competing with ``cp`` for the CPU). A change made to ``src`` during the copy is then
     in both the copy and the snapshot (nothing to do) or in neither (the original's own change:
-    kept at commit, a conflict if the sandbox changes it too). Without root (owners are not
-    kept) the original is walked beside ``cp`` (:func:`copy_and_snapshot`).
+    kept at commit, a conflict if the sandbox changes it too). A sample of the derived
+    signatures is checked against the original (``lstat``); when the copy's filesystem lost a
+    field (coarser timestamps, squashed owners) the original is walked after all. Without root
+    (owners are not kept) the original is walked beside ``cp`` (:func:`copy_and_snapshot`).
 
     Raises:
         OSError: as :func:`backup_directory` or :func:`snapshot_tree`.
@@ -1489,7 +1492,29 @@ def copy_with_baseline(src: StrPath, dst: StrPath) -> Baseline:
         return Baseline(original, snapshot_tree(dst, stamps=True))
     backup_directory(src, dst)
     copy = snapshot_tree(dst, stamps=True)
-    return Baseline({rel: sig.rpartition(_STAMP)[0] for rel, sig in copy.items()}, copy)
+    derived = {rel: sig.rpartition(_STAMP)[0] for rel, sig in copy.items()}
+    if not _signatures_hold(src, derived):
+        # The copy's filesystem does not keep every field (coarser timestamps, squashed or
+        # mapped owners): walk the original itself.
+        derived = snapshot_tree(src)
+    return Baseline(derived, copy)
+
+
+_SAMPLE = 64
+
+
+def _signatures_hold(root: StrPath, snapshot: dict[str, str]) -> bool:
+    """Whether the first entries of ``snapshot`` (a sample) have those signatures in ``root``:
+    a filesystem that loses a field loses it for every entry, so a sample shows it."""
+    root_s = os.fspath(root)
+    for rel, sig in itertools.islice(snapshot.items(), _SAMPLE):
+        path = os.path.join(root_s, rel)
+        try:
+            if signature(_entry(path, os.lstat(path))) != sig:
+                return False
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+    return True
 
 
 def _snapshot_pair(

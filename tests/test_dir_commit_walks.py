@@ -169,3 +169,32 @@ def test_fallback_policy_check_from_the_walk_finds_what_the_scan_finds(tmp_path:
     )):  # fmt: skip
         with pytest.raises(SandboxCreationError, match=r"a/b/\.git is a git file pointing"):
             check(src)
+
+
+def test_create_baseline_walks_the_original_when_the_copy_loses_a_field(tmp_path: Path) -> None:
+    """A copy on a filesystem with coarser timestamps (simulated: mtimes cut to seconds after
+    ``cp -a``) must not become the original's snapshot: every file would read as changed."""
+    from unittest import mock
+
+    from sandbox_core import _fs_utils as fs
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    (src / "z").write_text("z")
+    os.utime(src / "z", ns=(1, 1_700_000_000_123_456_789))
+    real = fs.backup_directory
+
+    def coarse_copy(source: Path, dest: Path) -> None:
+        real(source, dest)
+        for dirpath, _, names in os.walk(dest):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns // 10**9 * 10**9),
+                         follow_symlinks=False)  # fmt: skip
+
+    with mock.patch.object(fs, "backup_directory", coarse_copy):
+        baseline = copy_with_baseline(src, tmp_path / "copy")
+    assert baseline.original == snapshot_tree(src)
+    assert baseline.copy == snapshot_tree(tmp_path / "copy", stamps=True)
