@@ -48,6 +48,7 @@ import errno
 import fcntl
 import filecmp
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -68,6 +69,8 @@ PREPARED_TAG = "prepared-"
 _JOURNAL = "journal.json"
 _LOCK = "lock"
 _UNDO = "undo.json"
+_KEPT = "old"
+"""In a sync's ``backup_dir``: the replaced entries, named by the index of their op."""
 
 #: Test-only fault hook: called with the relative path after each path is swapped into the target
 #: by :func:`sync_tree`, and with ``""`` once the journal says every path is in (case 09 variant C
@@ -1386,16 +1389,16 @@ def _finish(staging: str, journal: dict[str, Any]) -> None:
     keep = journal.get("keep_backup")
     ops: list[dict[str, Any]] = journal["ops"]
     if keep:
-        tree = os.path.join(keep, "tree")
-        os.makedirs(tree, exist_ok=True)
-        for index, op in enumerate(ops):
-            kept_old = os.path.join(staging, "old", str(index))
-            if op["old"] and _journal_meta(op) is None and os.path.lexists(kept_old):
-                dest = os.path.join(tree, op["path"])
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                _remove(dest)
-                _move(kept_old, dest)
-        _write_json_atomic(os.path.join(keep, _UNDO), {"version": 1, "ops": ops})
+        # The replaced entries stay named by op index (``old/<index>``): one rename hands them
+        # all over, instead of a rename per entry and a mkdir per parent of its path. Redone
+        # whole after a crash in between (the staging area still holds ``old``).
+        kept_old, dest = os.path.join(staging, "old"), os.path.join(keep, _KEPT)
+        if os.path.isdir(kept_old):
+            os.makedirs(keep, exist_ok=True)
+            _remove(dest)
+            _move(kept_old, dest)
+        record = {"version": 2, "layout": _KEPT, "ops": ops}
+        _write_json_atomic(os.path.join(keep, _UNDO), record)
     shutil.rmtree(staging)
 
 
@@ -1523,7 +1526,7 @@ def sync_tree(
             ``target`` as it is.
         on_progress: called as ``on_progress(done, total)`` after each swapped path.
         backup_dir: when given (must not exist yet), the replaced entries are kept there
-            (``tree/<path>`` plus ``undo.json``) so that :func:`undo_sync` can revert the sync.
+            (``old/<op index>`` plus ``undo.json``) so that :func:`undo_sync` can revert the sync.
         exclude: relative paths ignored when computing ``changes``.
         expand_links: add :func:`link_closure` to the changed paths. Pass ``False`` only
             when ``source`` is a partial mirror and the caller already staged the closure
@@ -1574,15 +1577,22 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
     refuse_mount_points(target_s)
     recover_sync(target_s)
     ops: list[_Op] = []
-    for op in reversed(record["ops"]):
+    by_index = record.get("layout") == _KEPT  # version 1 backups: ``tree/<path>``
+    for index in reversed(range(len(record["ops"]))):
+        op = record["ops"][index]
         meta = _journal_meta(op)
         if meta is not None:
             ops.append(_Op(op["path"], meta=(meta[1], meta[0])))
             continue
+        kept = (
+            os.path.join(keep, _KEPT, str(index))
+            if by_index
+            else os.path.join(keep, "tree", op["path"])
+        )
         ops.append(
             _Op(
                 op["path"],
-                new_src=os.path.join(keep, "tree", op["path"]) if op["old"] else None,
+                new_src=kept if op["old"] else None,
                 had_old=os.path.lexists(os.path.join(target_s, op["path"])),
             )
         )
@@ -1693,6 +1703,52 @@ def copy_and_snapshot(src: StrPath, dst: StrPath) -> dict[str, str]:
         return snapshot.result()
 
 
+def copy_with_baseline(src: StrPath, dst: StrPath) -> Baseline:
+    """:func:`backup_directory` of ``src`` to ``dst`` and the :class:`Baseline` of the pair.
+
+    As root ``cp -a`` keeps everything a quick-check :func:`signature` holds (type, mode, owner,
+    size, mtime, link target), so both sides come from one stamped walk of the copy after the
+    copy: the original's side is the copy's without its stamps (one walk instead of two, and no
+    walk competing with ``cp`` for the CPU). A change made to ``src`` during the copy is then
+    in both the copy and the snapshot (nothing to do) or in neither (the original's own change:
+    kept at commit, a conflict if the sandbox changes it too). A sample of the derived
+    signatures is checked against the original (``lstat``); when the copy's filesystem lost a
+    field (coarser timestamps, squashed owners) the original is walked after all. Without root
+    (owners are not kept) the original is walked beside ``cp`` (:func:`copy_and_snapshot`).
+
+    Raises:
+        OSError: as :func:`backup_directory` or :func:`snapshot_tree`.
+    """
+    if os.geteuid() != 0:
+        original = copy_and_snapshot(src, dst)
+        return Baseline(original, snapshot_tree(dst, stamps=True), root_meta(dst))
+    backup_directory(src, dst)
+    copy = snapshot_tree(dst, stamps=True)
+    derived = {rel: sig.rpartition(_STAMP)[0] for rel, sig in copy.items()}
+    if not _signatures_hold(src, derived):
+        # The copy's filesystem does not keep every field (coarser timestamps, squashed or
+        # mapped owners): walk the original itself.
+        derived = snapshot_tree(src)
+    return Baseline(derived, copy, root_meta(dst))
+
+
+_SAMPLE = 64
+
+
+def _signatures_hold(root: StrPath, snapshot: dict[str, str]) -> bool:
+    """Whether the first entries of ``snapshot`` (a sample) have those signatures in ``root``:
+    a filesystem that loses a field loses it for every entry, so a sample shows it."""
+    root_s = os.fspath(root)
+    for rel, sig in itertools.islice(snapshot.items(), _SAMPLE):
+        path = os.path.join(root_s, rel)
+        try:
+            if signature(_entry(path, os.lstat(path))) != sig:
+                return False
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+    return True
+
+
 def _snapshot_pair(
     original: StrPath, copy: StrPath, exclude: Iterable[str]
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -1737,6 +1793,61 @@ def pending_since(
         now_original,
         now_copy,
     )
+
+
+def touched_since(
+    baseline: Baseline, copy: StrPath, *, exclude: Iterable[str] = ()
+) -> set[str] | None:
+    """Paths changed in ``copy`` since ``baseline`` (its stamped side): one C-speed walk of the
+    copy alone, the ``touched`` of :func:`pending_since` without walking the original (a commit
+    needs the original only at these paths, see :func:`drifted`). ``None`` when the baseline is
+    unknown (then use :func:`pending_since`, which counts every path of both trees).
+
+    Raises:
+        OSError: the copy cannot be read.
+    """
+    if baseline.original is None or baseline.copy is None:
+        return None
+    return differing_paths(baseline.copy, snapshot_tree(copy, exclude=exclude, stamps=True))
+
+
+def drifted(
+    baseline: Baseline, original: StrPath, paths: Iterable[str], *, exclude: Iterable[str] = ()
+) -> set[str]:
+    """Those of ``paths`` changed in ``original`` since ``baseline``: the ``drift`` of
+    :func:`pending_since` restricted to ``paths``, by one ``lstat`` per path instead of a walk of
+    the whole original (the quick-check :func:`signature` computed here equals ``find``'s).
+    An unknown baseline counts nothing as drift (as :func:`pending_since` does).
+
+    Raises:
+        OSError: a path of ``original`` cannot be examined.
+    """
+    if baseline.original is None:
+        return set()
+    excluded = frozenset(exclude)
+    root = os.fspath(original)
+    real_dirs: dict[str, bool] = {}
+
+    def real_dir(rel: str) -> bool:  # a walk enters only real directories, never symlinks
+        if rel not in real_dirs:
+            try:
+                real_dirs[rel] = stat.S_ISDIR(os.lstat(os.path.join(root, rel)).st_mode)
+            except (FileNotFoundError, NotADirectoryError):
+                real_dirs[rel] = False
+        return real_dirs[rel]
+
+    out: set[str] = set()
+    for rel in paths:
+        if _is_excluded(rel, excluded):
+            continue  # never walked, so never drift
+        path = os.path.join(root, rel)
+        now: str | None = None
+        if all(real_dir(anc) for anc in _ancestors(rel)):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                now = signature(_entry(path, os.lstat(path)))
+        if baseline.original.get(rel) != now:
+            out.add(rel)
+    return out
 
 
 def reset_copy(

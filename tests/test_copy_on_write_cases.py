@@ -415,7 +415,10 @@ def test_rollback_from_committed_restores_the_original_exactly(tmp_path: Path, r
     assert result.changed_files == ["d", "g", "link"]
     assert result.deleted_files == ["d/e", "d/e/f"]
     # O(changes): the pre-commit backup holds only the replaced roots, not the tree.
-    assert sorted(os.listdir(sandbox.base_dir / "precommit" / "tree")) == ["d", "g", "link"]
+    undo = json.loads((sandbox.base_dir / "precommit" / "undo.json").read_text(encoding="utf-8"))
+    kept = [op["path"] for op in undo["ops"] if op["old"]]
+    assert sorted(kept) == ["d", "g", "link"]
+    assert len(os.listdir(sandbox.base_dir / "precommit" / "old")) == 3
 
     sandbox.rollback()
 

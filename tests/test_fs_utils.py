@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -272,11 +273,13 @@ def test_sync_tree_applies_everything_and_undo_restores_exactly(
     )
     # O(changes): one swap per changed root (a/b/f, empty, exec.sh, new) + the chmod of a.
     assert progress[-1] == (5, 5)
-    assert sorted(p.name for p in (tmp_path / "keep" / "tree").iterdir()) == [
-        "a",
+    undo = json.loads((tmp_path / "keep" / "undo.json").read_text(encoding="utf-8"))
+    assert sorted(op["path"] for op in undo["ops"] if op["old"] and not op["meta"]) == [
+        "a/b/f",
         "empty",
         "exec.sh",
     ]
+    assert len(list((tmp_path / "keep" / "old").iterdir())) == 3  # kept by op index
     assert _leftovers(tmp_path) == []
     undo_sync(tmp_path / "keep", sample)
     assert _snapshot(sample) == old

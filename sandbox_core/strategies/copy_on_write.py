@@ -7,7 +7,7 @@ Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
   (per path: type, mode, owner, size, mtime, link target) and of the copy (the same plus
   ctime, inode and link count, so any change shows, xattrs and links included) at create, so
   that commit can tell the sandbox's changes from concurrent changes to the original;
-- ``precommit/``: the entries a commit replaced (``tree/`` + ``undo.json``), for rollback from
+- ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``), for rollback from
   COMMITTED;
 - ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
 
@@ -52,7 +52,8 @@ from sandbox_core._fs_utils import (
     TreeChanges,
     change_digest,
     compute_changes_at,
-    copy_and_snapshot,
+    copy_with_baseline,
+    drifted,
     link_closure,
     lock_tree,
     pending_since,
@@ -60,9 +61,8 @@ from sandbox_core._fs_utils import (
     refuse_mount_points,
     reset_copy,
     root_change,
-    root_meta,
-    snapshot_tree,
     sync_tree,
+    touched_since,
     undo_sync,
 )
 from sandbox_core.base import BaseSandbox
@@ -138,15 +138,16 @@ class CopyOnWriteSandbox(BaseSandbox):
         refuse_mount_points(source)  # docs/fidelity.md: renames cannot cross a mount point
         self.base_dir.mkdir(parents=True)
         try:
-            # The original's snapshot is taken beside the copy: a change made meanwhile shows
-            # as drift at commit, never as the sandbox's own change.
-            original = copy_and_snapshot(source, self.tree_dir)
+            # Both snapshots from one walk of the copy (as root; see copy_with_baseline): a
+            # change made to the original meanwhile shows as drift at commit, never as the
+            # sandbox's own change.
+            baseline = copy_with_baseline(source, self.tree_dir)
             git_admin = self._isolate_linked_worktree(source)
-            exclude = [".git"] if git_admin else []
-            if git_admin:
-                original = {k: v for k, v in original.items() if not _under(k, ".git")}
-            copy = snapshot_tree(self.tree_dir, exclude=exclude, stamps=True)
-            self._write_manifest(Baseline(original, copy, root_meta(self.tree_dir)))
+            if git_admin and baseline.original is not None and baseline.copy is not None:
+                baseline = Baseline(
+                    _outside_git(baseline.original), _outside_git(baseline.copy), baseline.root
+                )
+            self._write_manifest(baseline)
         except BaseException:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
@@ -271,20 +272,26 @@ class CopyOnWriteSandbox(BaseSandbox):
         """The sandbox's own changes (paths changed only in the original left out), the
         conflicts (paths changed on both sides since create, sorted; ``"."`` when both changed
         the top directory's own metadata) and the metadata the top directory gets (or None)."""
-        baseline = self._read_manifest()
-        pending = pending_since(baseline, source, self.tree_dir, exclude=self._exclude())
-        drift, touched = pending.drift, pending.touched
-        changes = compute_changes_at(source, self.tree_dir, pending.candidates)
+        baseline, exclude = self._read_manifest(), self._exclude()
+        touched = touched_since(baseline, self.tree_dir, exclude=exclude)
+        if touched is None:  # unknown baseline: every path of both trees is looked at
+            pending = pending_since(baseline, source, self.tree_dir, exclude=exclude)
+            touched = pending.candidates
+        # Only the copy is walked: paths changed only in the original are kept anyway, so the
+        # original is looked at (one lstat each) only where the sandbox changed something.
+        changes = compute_changes_at(source, self.tree_dir, touched)
+        drift = drifted(baseline, source, changes.paths, exclude=exclude)
+        ours = [p for p in changes.paths if p not in drift]
+        closure = link_closure(self.tree_dir, source, ours) - set(ours)
+        drift |= drifted(baseline, source, closure, exclude=exclude)
         root, root_clash = root_change(baseline.root, source, self.tree_dir)
         top = ["."] if root_clash else []
         if not drift:
             return changes, top, root
         # A path the original changed since create: a conflict when the sandbox changed it
-        # too (or it shares an inode with a path the commit replaces), else the original's
-        # version is kept.
-        conflicts = sorted(rel for rel in changes.paths if rel in drift and rel in touched)
-        ours = [p for p in changes.paths if p not in drift]
-        conflicts += sorted((link_closure(self.tree_dir, source, ours) - set(ours)) & drift)
+        # too (or it shares an inode with a path the commit replaces).
+        conflicts = sorted(rel for rel in changes.paths if rel in drift)
+        conflicts += sorted(closure & drift)
         kept = TreeChanges(
             added=[p for p in changes.added if p not in drift],
             changed=[p for p in changes.changed if p not in drift],
@@ -359,6 +366,10 @@ class CopyOnWriteSandbox(BaseSandbox):
         if proc.returncode == 0:
             return proc.stdout.strip()
         return (admin / "HEAD").read_text(encoding="utf-8").strip()
+
+
+def _outside_git(snapshot: dict[str, str]) -> dict[str, str]:
+    return {rel: sig for rel, sig in snapshot.items() if not _under(rel, ".git")}
 
 
 def _under(rel: str, top: str) -> bool:

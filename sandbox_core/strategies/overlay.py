@@ -60,7 +60,6 @@ import dataclasses
 import json
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +74,9 @@ from sandbox_core._fs_utils import (
     backup_directory,
     change_digest,
     compute_changes_at,
-    copy_and_snapshot,
     copy_entry,
     copy_metadata,
+    copy_with_baseline,
     diff_entries,
     entry_of,
     link_closure,
@@ -89,8 +88,8 @@ from sandbox_core._fs_utils import (
     root_change,
     root_meta,
     scan_tree,
-    snapshot_tree,
     sync_tree,
+    touched_since,
     undo_sync,
 )
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
@@ -249,21 +248,14 @@ class OverlaySandbox(BaseSandbox):
             logger.info(
                 "overlay sandbox %s uses the userspace fallback: %s", self.sandbox_id, reason
             )
-            # An exact copy (cp -a: owners, special files, links, holes, xattrs); the original's
-            # snapshot beside it, so a change made during the copy reads as the original's.
+            # An exact copy (cp -a: owners, special files, links, holes, xattrs) and the
+            # baseline of both sides from one walk of the copy (copy_with_baseline).
             (base / "merged").rmdir()
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                # The case-05 policy scan beside cp: a refusal discards the copy (_do_create).
-                scan = _refuse_external_gitfiles
-                check = pool.submit(scan, original) if mode == "fallback" else None
-                base_original = copy_and_snapshot(original, base / "merged")
-                if check is not None:
-                    check.result()
-            baseline = Baseline(
-                base_original,
-                snapshot_tree(base / "merged", stamps=True),
-                root_meta(base / "merged"),
-            )
+            baseline = copy_with_baseline(original, base / "merged")
+            if mode == "fallback" and baseline.copy is not None:
+                # The case-05 policy check on the ``.git`` files the walk found, instead of a
+                # scan of its own; a refusal discards the copy (_do_create).
+                _refuse_listed_gitfiles(original, baseline.copy)
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
@@ -290,10 +282,11 @@ class OverlaySandbox(BaseSandbox):
             changes = self._commit_kernel(original, merged, area, root)
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
-            baseline = Baseline.load(self.base_path / _MANIFEST)
-            pending = pending_since(baseline, original, merged)
             # Only the paths the sandbox touched: the original's own changes are kept.
-            changes = compute_changes_at(original, merged, pending.touched)
+            baseline = Baseline.load(self.base_path / _MANIFEST)
+            changes = compute_changes_at(
+                original, merged, self._touched(original, merged, baseline)
+            )
             root = self._root_to_commit(original, baseline)
             if not changes.is_empty or root is not None:
                 sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
@@ -311,6 +304,18 @@ class OverlaySandbox(BaseSandbox):
                 "message": message,
             },
         )
+
+    def _touched(self, original: Path, merged: Path, baseline: Baseline | None = None) -> set[str]:
+        """Fallback mode: the paths the sandbox changed since create (or the last reset), from
+        one walk of the copy alone; the original is not walked, since its own changes are kept
+        whatever they are. An unknown baseline (older manifest) walks both trees.
+        ``baseline``: the manifest when the caller loaded it already."""
+        if baseline is None:
+            baseline = Baseline.load(self.base_path / _MANIFEST)
+        touched = touched_since(baseline, merged)
+        if touched is None:
+            touched = pending_since(baseline, original, merged).touched
+        return touched
 
     def _root_base(self) -> Meta | None:
         """The top directory's own metadata when the view was last made (None: unknown)."""
@@ -396,8 +401,9 @@ class OverlaySandbox(BaseSandbox):
         merged = self.base_path / "merged"
         if self.overlay_mode != "kernel":
             baseline = Baseline.load(self.base_path / _MANIFEST)
-            pending = pending_since(baseline, original, merged)
-            changes = compute_changes_at(original, merged, pending.touched)
+            changes = compute_changes_at(
+                original, merged, self._touched(original, merged, baseline)
+            )
             return changes, changes, True, self._root_to_commit(original, baseline)
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
@@ -745,6 +751,15 @@ def _refuse_external_gitfiles(root: Path) -> None:
                         _check_gitfile(root, Path(entry.path))
                 elif entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
+
+
+def _refuse_listed_gitfiles(root: Path, snapshot: dict[str, str]) -> None:
+    """:func:`_refuse_external_gitfiles` over the paths of a snapshot of ``root`` (or of its
+    exact copy): every ``.git`` regular file outside a ``.git`` directory, as the scan finds."""
+    for rel, sig in snapshot.items():
+        parts = rel.split("/")
+        if parts[-1] == ".git" and sig.startswith("f ") and ".git" not in parts[:-1]:
+            _check_gitfile(root, root / rel)
 
 
 def _check_gitfile(root: Path, gitfile: Path) -> None:

@@ -1,0 +1,200 @@
+"""The directory strategies' cheaper change detection (issue 7, performance): a commit walks only
+the copy and looks at the original by ``lstat`` at the changed paths; create takes both sides
+of the baseline from one walk of the copy; a commit's backup keeps the replaced entries by op
+index. Each must give exactly the answers of the full two-tree comparison it replaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from sandbox_core._fs_utils import (
+    Baseline,
+    TreeChanges,
+    copy_with_baseline,
+    drifted,
+    pending_since,
+    snapshot_tree,
+    sync_tree,
+    touched_since,
+    undo_sync,
+)
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError
+from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the directory fidelity runs as root")
+
+
+def _rich_tree(root: Path) -> None:
+    """Every kind of entry a signature distinguishes, odd names and modes included."""
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "f").write_text("x")
+    (root / "a" / "f").chmod(0o4755)
+    os.chown(root / "a" / "f", 1234, 5678)
+    os.utime(root / "a" / "f", ns=(1, 1_234_567_890_123_456_789))
+    (root / "a" / "b").chmod(0o3777)
+    os.mkfifo(root / "fifo")
+    os.symlink("../nowhere @ 1 2 3", root / "a" / "link")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "sock"))
+    os.mknod(root / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    (Path(os.fsdecode(bytes(root) + b"/bad\xff\nname"))).write_text("y")
+    with open(root / "sparse", "wb") as handle:
+        handle.truncate(1 << 20)
+    os.link(root / "a" / "f", root / "hard")
+
+
+def test_create_baseline_from_one_walk_equals_both_walks(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    baseline = copy_with_baseline(src, tmp_path / "copy")
+    assert baseline.original == snapshot_tree(src)
+    assert baseline.copy == snapshot_tree(tmp_path / "copy", stamps=True)
+
+
+def _edit_both(src: Path, copy: Path) -> None:
+    (copy / "a" / "f").write_text("sandbox")  # both sides: a conflict
+    (src / "a" / "f").write_text("original")
+    (copy / "new").write_text("n")  # sandbox only
+    (src / "theirs").write_text("t")  # original only
+    os.chmod(copy / "fifo", 0o640)
+    shutil.rmtree(src / "a" / "b")  # original only
+    os.unlink(src / "a" / "link")  # the original swaps a file for a directory ...
+    (src / "a" / "link").mkdir()
+    os.unlink(copy / "a" / "link")  # ... the sandbox for another link: a conflict
+    os.symlink("elsewhere", copy / "a" / "link")
+    (src / "sub").mkdir()  # a directory becomes a symlink under a path the sandbox adds
+    (copy / "sub").mkdir()
+    (copy / "sub" / "x").write_text("x")
+
+
+def test_drift_by_lstat_equals_the_walk_of_the_original(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    _rich_tree(src)
+    baseline = copy_with_baseline(src, copy)
+    _edit_both(src, copy)
+    shutil.rmtree(src / "sub")
+    os.symlink(copy, src / "sub")  # the walk never enters a symlink; lstat through it would
+    pending = pending_since(baseline, src, copy)
+    touched = touched_since(baseline, copy)
+    assert touched == pending.touched
+    every = pending.drift | pending.touched | {"sub/x", "a/b/none", "missing"}
+    assert drifted(baseline, src, every) == pending.drift & every
+    assert "sub/x" not in drifted(baseline, src, ["sub/x"])  # absent in both: no drift
+    unknown = Baseline(None, None)
+    assert touched_since(unknown, copy) is None
+    assert drifted(unknown, src, every) == set()
+
+
+def test_copy_on_write_conflicts_and_kept_changes_unchanged(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    sandbox = CopyOnWriteSandbox("res", str(src), sandbox_root=str(tmp_path / "root"))
+    sandbox.create("plan")
+    copy = Path(sandbox.get_path(""))
+    _edit_both(src, copy)
+    with pytest.raises(SandboxCommitError) as caught:
+        sandbox.commit()
+    assert caught.value.conflicts == ["a/f", "a/link", "hard"]  # hard: a/f's inode
+    # Without the conflicting paths the sandbox's own changes land, the original's are kept.
+    (src / "a" / "f").write_text("x")
+    os.utime(src / "a" / "f", ns=(1, 1_234_567_890_123_456_789))
+    (copy / "a" / "f").write_text("x")
+    os.utime(copy / "a" / "f", ns=(1, 1_234_567_890_123_456_789))
+    shutil.rmtree(src / "a" / "link")
+    os.symlink("../nowhere @ 1 2 3", src / "a" / "link")
+    result = sandbox.commit()
+    assert sorted(result.added_files) == ["new", "sub/x"]
+    assert (src / "new").read_text() == "n" and (src / "theirs").read_text() == "t"
+    assert not (src / "a" / "b").exists()
+    assert stat.S_IMODE(os.lstat(src / "fifo").st_mode) == 0o640
+    assert os.readlink(src / "a" / "link") == "elsewhere"
+    sandbox.cleanup()
+
+
+def test_undo_reads_backups_of_both_layouts(tmp_path: Path) -> None:
+    src, target = tmp_path / "src", tmp_path / "target"
+    for root in (src, target):
+        (root / "d" / "e").mkdir(parents=True)
+        (root / "d" / "e" / "f").write_text("old")
+        (root / "g").write_text("old")
+    (src / "d" / "e" / "f").write_text("new")
+    (src / "g").write_text("new")
+    backup = tmp_path / "backup"
+    changes = TreeChanges(changed=["d/e/f", "g"])
+    sync_tree(src, target, changes=changes, backup_dir=backup)
+    assert (target / "g").read_text() == "new"
+    record = json.loads((backup / "undo.json").read_text(encoding="utf-8"))
+    assert record["layout"] == "old" and sorted(os.listdir(backup / "old")) == ["0", "1"]
+    # A version-1 backup (``tree/<path>``, written before the layout changed) still undoes.
+    legacy = tmp_path / "legacy"
+    (legacy / "tree" / "d" / "e").mkdir(parents=True)
+    for index, op in enumerate(record["ops"]):
+        os.rename(backup / "old" / str(index), legacy / "tree" / op["path"])
+    (legacy / "undo.json").write_text(json.dumps({"version": 1, "ops": record["ops"]}))
+    undo_sync(legacy, target)
+    assert (target / "g").read_text() == "old"
+    assert (target / "d" / "e" / "f").read_text() == "old"
+
+
+def test_fallback_policy_check_from_the_walk_finds_what_the_scan_finds(tmp_path: Path) -> None:
+    """Case 05 in fallback mode: the ``.git`` files are taken from the baseline walk; a file
+    inside a ``.git`` directory and a symlink named ``.git`` are skipped, as the scan skips."""
+    from sandbox_core.strategies.overlay import (
+        _refuse_external_gitfiles,
+        _refuse_listed_gitfiles,
+    )
+
+    src = tmp_path / "src"
+    (src / ".git" / "x").mkdir(parents=True)
+    (src / ".git" / "x" / ".git").write_text(f"gitdir: {tmp_path}/elsewhere\n")  # skipped
+    os.symlink(f"{tmp_path}/elsewhere", src / ".git" / "y")
+    (src / "a").mkdir()
+    os.symlink(f"{tmp_path}/elsewhere", src / "a" / ".git")  # a link, never read
+    _refuse_external_gitfiles(src)
+    _refuse_listed_gitfiles(src, snapshot_tree(src))
+    (src / "a" / "b").mkdir()
+    (src / "a" / "b" / ".git").write_text(f"gitdir: {tmp_path}/elsewhere/.git\n")
+    for check in (_refuse_external_gitfiles, lambda root: _refuse_listed_gitfiles(
+        root, snapshot_tree(root)
+    )):  # fmt: skip
+        with pytest.raises(SandboxCreationError, match=r"a/b/\.git is a git file pointing"):
+            check(src)
+
+
+def test_create_baseline_walks_the_original_when_the_copy_loses_a_field(tmp_path: Path) -> None:
+    """A copy on a filesystem with coarser timestamps (simulated: mtimes cut to seconds after
+    ``cp -a``) must not become the original's snapshot: every file would read as changed."""
+    from unittest import mock
+
+    from sandbox_core import _fs_utils as fs
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    (src / "z").write_text("z")
+    os.utime(src / "z", ns=(1, 1_700_000_000_123_456_789))
+    real = fs.backup_directory
+
+    def coarse_copy(source: Path, dest: Path) -> None:
+        real(source, dest)
+        for dirpath, _, names in os.walk(dest):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns // 10**9 * 10**9),
+                         follow_symlinks=False)  # fmt: skip
+
+    with mock.patch.object(fs, "backup_directory", coarse_copy):
+        baseline = copy_with_baseline(src, tmp_path / "copy")
+    assert baseline.original == snapshot_tree(src)
+    assert baseline.copy == snapshot_tree(tmp_path / "copy", stamps=True)
