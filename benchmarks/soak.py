@@ -161,6 +161,10 @@ class Killer:
                     self.operator.start()
                 next_kill = None
 
+    def done(self) -> bool:
+        """True when ``max_kills`` kills happened (always, when unbounded)."""
+        return self.max_kills is None or self.kills >= self.max_kills
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
@@ -307,6 +311,9 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
                 report.broken_plans.append(f"{plan}:{phase}:{mode_of[plan]}")
         report.all_or_nothing = all_or_nothing
 
+        # A bounded kill count (the test's small soak) is reached before the deletion starts,
+        # so a fast machine that finished the plans early still has its operator killed.
+        _wait("the planned kills", killer.done, deadline, killer, cluster)
         mark = time.monotonic()
         cluster.kubectl("delete", "plancommits,sandboxes", "--all", "--wait=false", check=False)
 

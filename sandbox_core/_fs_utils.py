@@ -64,6 +64,7 @@ from ulid import ULID
 StrPath = str | os.PathLike[str]
 
 INNER_STAGING_PREFIX = ".sandbox-staging-"
+_STAGING_WORD = "sandbox-staging-"
 PREPARED_TAG = "prepared-"
 """Follows the staging prefix in the name of a two-phase (prepared) staging area."""
 _JOURNAL = "journal.json"
@@ -1399,6 +1400,22 @@ def _finish(staging: str, journal: dict[str, Any]) -> None:
             _move(kept_old, dest)
         record = {"version": 2, "layout": _KEPT, "ops": ops}
         _write_json_atomic(os.path.join(keep, _UNDO), record)
+    _drop_area(staging)
+
+
+def _drop_area(staging: str) -> None:
+    """Remove an applied staging area crash-safely. It is first renamed (one atomic step) to a
+    one-shot area's name: a crash in the middle of the removal would otherwise leave a
+    two-phase area that has lost its journal but not its name, which :func:`apply_staged`
+    cannot tell from a broken one. The renamed area keeps its ``applied`` journal and lock, so
+    :func:`recover_sync` finishes its removal after a crash."""
+    parent, name = os.path.split(staging)
+    head = name[: name.index(_STAGING_WORD) + len(_STAGING_WORD)] if _STAGING_WORD in name else ""
+    if head and name.startswith(head + PREPARED_TAG):
+        doomed = os.path.join(parent, f"{head}removed-{ULID()}")
+        os.rename(staging, doomed)
+        _fsync_dir(parent)
+        staging = doomed
     shutil.rmtree(staging)
 
 

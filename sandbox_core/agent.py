@@ -197,9 +197,12 @@ class Operations:
 
     def _save(self, sandbox: BaseSandbox) -> None:
         self.store.save(sandbox)
-        path = self._revision_path(sandbox.sandbox_id)
+        self._bump(sandbox.sandbox_id)
+
+    def _bump(self, sandbox_id: str) -> None:
+        path = self._revision_path(sandbox_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(self.revision(sandbox.sandbox_id) + 1))
+        path.write_text(str(self.revision(sandbox_id) + 1))
 
     def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
         """Re-open from a record; a database sandbox gets its password back from the Pod's
@@ -283,12 +286,15 @@ class Operations:
         return self.describe(sandbox)
 
     def path(self, sandbox_id: str, rel: str) -> Path:
-        """The sandbox path of ``rel`` (activates; ``ValueError`` on traversal)."""
+        """The sandbox path of ``rel`` (activates; ``ValueError`` on traversal). Only an
+        activation is saved: a read must not rewrite the record nor move the revision."""
         sandbox = self.load(sandbox_id)
+        before = sandbox.status
         try:
             return Path(sandbox.get_path(rel))
         finally:
-            self._save(sandbox)
+            if sandbox.status is not before:
+                self._save(sandbox)
 
     def read(self, sandbox_id: str, rel: str) -> dict[str, Any]:
         """``{"path", "content_b64"}`` of a file in the sandbox."""
@@ -302,6 +308,7 @@ class Operations:
         target = self.path(sandbox_id, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
+        self._bump(sandbox_id)  # new content: a later commit is a new request
         return {"path": rel, "size": len(content)}
 
     def listdir(self, sandbox_id: str, rel: str) -> dict[str, Any]:

@@ -206,7 +206,11 @@ def test_terminal_plancommit_is_never_reprocessed_across_restarts(
     # The sandboxes are still usable: resolve the conflict in A, commit again.
     a_status = cluster.status("sandbox", "a-git")
     assert a_status["phase"] == "Active"
-    git(Path(a_status["sandboxPath"]), "merge", "-q", "-X", "theirs", "main")
+    # A refused prepare moved nothing, so the sandbox's edit is still uncommitted work there.
+    worktree = Path(a_status["sandboxPath"])
+    assert git(worktree, "status", "--porcelain").split() == ["M", "f.txt"]
+    git(worktree, "commit", "-qam", "sandbox work")
+    git(worktree, "merge", "-q", "-X", "theirs", "main")
     cluster.create(plancommit_manifest("pc3-again", "p3"))
     again = cluster.wait_phase("pcommit", "pc3-again", {"Failed", "Committed", "RolledBack"})
     assert again["phase"] == "Committed", again

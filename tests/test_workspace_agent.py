@@ -172,6 +172,31 @@ def test_a_retried_commit_with_the_same_request_id_commits_once_even_after_a_res
         agent.client().call("POST", f"{sid}/commit", {"message": "m"})
 
 
+def test_reads_leave_the_record_and_revision_alone_and_a_write_moves_the_revision(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """A read is not a change: it neither rewrites the stored record nor moves the revision
+    callers put into request ids; new content does move it (a later commit is a new request)."""
+    repo = make_repo(tmp_path / "repo", {"f.txt": "base\n"})
+    create_git(agent, repo)
+    client = agent.client()
+    sid = f"/v1/sandboxes/{SANDBOX_ID}"
+    client.call("PUT", f"{sid}/files", b"one\n", query={"path": "f.txt"}, request_id="w-1")
+    revision = client.call("GET", sid)["revision"]
+    records = [
+        p for p in (agent.work / "state").rglob("*") if p.is_file() and "revisions" not in p.parts
+    ]
+    assert records
+    stamps = {path: path.stat().st_mtime_ns for path in records}
+    for n in range(3):
+        client.call("GET", f"{sid}/files", query={"path": "f.txt"}, request_id=f"r-{n}")
+        client.call("GET", f"{sid}/list", query={"path": ""}, request_id=f"l-{n}")
+    assert client.call("GET", sid)["revision"] == revision
+    assert {path: path.stat().st_mtime_ns for path in records} == stamps
+    client.call("PUT", f"{sid}/files", b"two\n", query={"path": "f.txt"}, request_id="w-2")
+    assert client.call("GET", sid)["revision"] > revision
+
+
 def test_a_dsn_given_as_an_env_reference_is_never_echoed(tmp_path: Path) -> None:
     database = tmp_path / "app-secret-name.db"
     with sqlite3.connect(database) as connection:
