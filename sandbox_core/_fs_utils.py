@@ -65,6 +65,7 @@ StrPath = str | os.PathLike[str]
 
 INNER_STAGING_PREFIX = ".sandbox-staging-"
 _STAGING_WORD = "sandbox-staging-"
+_REMOVED_TAG = "removed-"  # an applied area being removed (_drop_area)
 PREPARED_TAG = "prepared-"
 """Follows the staging prefix in the name of a two-phase (prepared) staging area."""
 _JOURNAL = "journal.json"
@@ -1403,6 +1404,11 @@ def _finish(staging: str, journal: dict[str, Any]) -> None:
     _drop_area(staging)
 
 
+def _is_removed_area(staging: str) -> bool:
+    """An applied area whose removal began (:func:`_drop_area` renamed it)."""
+    return os.path.split(staging)[1].split(_STAGING_WORD, 1)[-1].startswith(_REMOVED_TAG)
+
+
 def _drop_area(staging: str) -> None:
     """Remove an applied staging area crash-safely. It is first renamed (one atomic step) to a
     one-shot area's name: a crash in the middle of the removal would otherwise leave a
@@ -1412,7 +1418,7 @@ def _drop_area(staging: str) -> None:
     parent, name = os.path.split(staging)
     head = name[: name.index(_STAGING_WORD) + len(_STAGING_WORD)] if _STAGING_WORD in name else ""
     if head and name.startswith(head + PREPARED_TAG):
-        doomed = os.path.join(parent, f"{head}removed-{ULID()}")
+        doomed = os.path.join(parent, f"{head}{_REMOVED_TAG}{ULID()}")
         os.rename(staging, doomed)
         _fsync_dir(parent)
         staging = doomed
@@ -1466,11 +1472,14 @@ def _recover_one(target: str, staging: str, *, locked: bool = False) -> str | No
     if not locked:
         if not os.path.exists(os.path.join(staging, _LOCK)):
             shutil.rmtree(staging)
-            return "discarded"
+            return "completed" if _is_removed_area(staging) else "discarded"
         lock_fd = _lock(staging, blocking=False)
         if lock_fd is None:
             return None
     try:
+        if _is_removed_area(staging):
+            shutil.rmtree(staging)  # applied and handed over already: only its removal was cut
+            return "completed"
         try:
             with open(os.path.join(staging, _JOURNAL), encoding="utf-8") as handle:
                 journal = json.load(handle)
@@ -2329,6 +2338,10 @@ def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | N
     target_s = os.path.abspath(target)
     staging = find_prepared(target_s, key)
     if staging is None:
+        # Applied before; a crash may have cut the removal of its area (_drop_area).
+        for area in _staging_dirs(target_s):
+            if _is_removed_area(area):
+                _recover_one(target_s, area)
         return False
     lock_fd = _lock(staging, blocking=True)
     try:

@@ -38,6 +38,17 @@ def _trees(tmp_path: Path) -> tuple[Path, Path]:
     return original, sandbox
 
 
+_REAL_RMTREE = shutil.rmtree
+
+
+def _crash_after_two(path: str, *args: object, **kwargs: object) -> None:
+    """Remove two entries of the area (the journal among them, in name order) and "die"."""
+    for entry in sorted(os.listdir(path))[:2]:
+        full = os.path.join(path, entry)
+        _REAL_RMTREE(full) if os.path.isdir(full) else os.unlink(full)
+    raise KeyboardInterrupt("simulated SIGKILL during the removal")
+
+
 def _leftovers(original: Path) -> list[str]:
     return sorted(p.name for p in original.parent.iterdir() if "sandbox-staging" in p.name)
 
@@ -48,31 +59,38 @@ def test_a_crash_part_way_through_the_removal_rolls_forward(
     original, sandbox = _trees(tmp_path)
     stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
                backup_dir=tmp_path / "backup")  # fmt: skip
-    real_rmtree = shutil.rmtree
-
-    def crash_half_way(path: str, *args: object, **kwargs: object) -> None:
-        # Remove some entries (the journal among the first) and then "die".
-        for entry in sorted(os.listdir(path))[:2]:
-            full = os.path.join(path, entry)
-            real_rmtree(full) if os.path.isdir(full) else os.unlink(full)
-        raise KeyboardInterrupt("simulated SIGKILL during the removal")
-
-    monkeypatch.setattr(_fs_utils.shutil, "rmtree", crash_half_way)
+    monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         apply_staged(original, KEY)
-    monkeypatch.setattr(_fs_utils.shutil, "rmtree", real_rmtree)
+    monkeypatch.undo()
 
     # The apply itself was complete: the original holds the new tree already.
     assert (original / "added.txt").read_text() == "added\n"
     assert (original / "d" / "f0.txt").read_text() == "new 0\n"
     # No area is left under the prepared name: a recovery's apply finds it applied.
     assert find_prepared(original, KEY) is None
+    assert _leftovers(original)  # the renamed remains
+    # The recovery's apply of the same key finds it applied and finishes the removal.
     assert apply_staged(original, KEY) is False
-    # The renamed remains are a one-shot area: recover_sync removes them.
-    assert _leftovers(original)
-    recover_sync(original)
     assert _leftovers(original) == []
     assert (original / "d" / "f1.txt").read_text() == "old 1\n"
+
+
+def test_remains_of_a_cut_removal_are_removed_by_recover_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original, sandbox = _trees(tmp_path)
+    stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
+               backup_dir=tmp_path / "backup")  # fmt: skip
+    undo = tmp_path / "backup" / "undo.json"
+    monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        apply_staged(original, KEY)
+    monkeypatch.undo()
+    recorded = undo.read_bytes()
+    assert recover_sync(original) == ["completed"]
+    assert _leftovers(original) == []
+    assert undo.read_bytes() == recorded  # the backup handed over is not touched again
 
 
 def test_an_applied_area_leaves_nothing_beside_the_original(tmp_path: Path) -> None:

@@ -573,7 +573,8 @@ class OverlaySandbox(BaseSandbox):
 
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
-            shutil.rmtree(directory)
+            if directory.exists():  # a crash may have removed it: a roll-forward redoes this
+                shutil.rmtree(directory)
             directory.mkdir()
         self._match_root(self.upper_dir)
         kernel.mount_overlay(self._layout())
