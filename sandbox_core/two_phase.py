@@ -687,9 +687,15 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
 
 
 def _written_paths(sandbox: Any, prepared: PreparedCommit) -> tuple[str, set[str]] | None:
-    """``(top, absolute paths)`` a directory participant's apply writes, else None."""
+    """``(top, absolute paths)`` a directory participant's apply writes, else None.
+
+    Only an in-process sandbox's original is a path of this machine: an executor's handle
+    names a path inside its own workspace Pod (the same mount path in every Pod), so two
+    of them never share a directory by their paths alone."""
     summary = prepared.summary
-    if getattr(sandbox, "strategy", None) not in ("copy_on_write", "overlay") or summary is None:
+    if not isinstance(sandbox, BaseSandbox) or summary is None:
+        return None
+    if sandbox.strategy not in ("copy_on_write", "overlay"):
         return None
     top = os.path.realpath(sandbox.original_path)
     rels = [*summary.added, *summary.changed, *summary.deleted]

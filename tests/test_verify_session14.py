@@ -838,3 +838,25 @@ def test_original_given_as_a_symlink_to_a_directory(
     finally:
         sandbox.cleanup()
     assert tree_state(real, top=True) == before
+
+
+def test_executor_handles_on_one_mount_path_are_not_an_overlap(tmp_path: Path) -> None:
+    """Pod executor (CI tier 3): every workspace Pod mounts its original at the same path, so
+    the handles' ``original_path`` is equal while the directories are in different Pods; only
+    in-process sandboxes are checked for overlapping writes."""
+    from types import SimpleNamespace
+
+    from sandbox_core.protocol import ChangeSummary, PreparedCommit
+    from sandbox_core.two_phase import overlapping_writes
+
+    def handle(sid: str) -> SimpleNamespace:
+        return SimpleNamespace(sandbox_id=sid, strategy="copy_on_write",
+                               original_path="/workspace/original")  # fmt: skip
+
+    def prepared(sid: str) -> PreparedCommit:
+        summary = ChangeSummary(sandbox_id=sid, resource_id=sid, strategy="copy_on_write",
+                                digest="sha256:0", changed=["f.txt"])  # fmt: skip
+        return PreparedCommit(sandbox_id=sid, txid="tpc.p.0.1", digest="sha256:0",
+                              summary=summary)  # fmt: skip
+
+    assert overlapping_writes([handle("a"), handle("b")], [prepared("a"), prepared("b")]) is None
