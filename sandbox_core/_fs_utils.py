@@ -1049,6 +1049,13 @@ class RefusedBeforeWriteError(OSError):
     root: str
     paths: list[str]
 
+    def __init__(self, code: int, root: str, paths: list[str], why: str) -> None:
+        """``why``: the message, with ``{root}`` and ``{shown}`` (the first 10 paths) filled in."""
+        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+        super().__init__(code, why.format(root=root, shown=shown), root)
+        self.root = root
+        self.paths = paths
+
     def __str__(self) -> str:
         return str(self.strerror)
 
@@ -1058,15 +1065,11 @@ class FlaggedEntriesError(RefusedBeforeWriteError):
     inode flag (``chattr +i``/``+a``): the kernel refuses the rename (``EPERM``)."""
 
     def __init__(self, root: str, paths: list[str]) -> None:
-        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
         super().__init__(
-            errno.EPERM,
-            f"{root} holds immutable or append-only entries at {shown}: the commit cannot "
+            errno.EPERM, root, paths,
+            "{root} holds immutable or append-only entries at {shown}: the commit cannot "
             "replace them; clear the flag (chattr -i / -a) and commit again",
-            root,
-        )
-        self.root = root
-        self.paths = paths
+        )  # fmt: skip
 
 
 _FS_IOC_GETFLAGS = 0x80086601
@@ -1123,15 +1126,11 @@ class MountPointsInsideError(RefusedBeforeWriteError):
     """
 
     def __init__(self, root: str, paths: list[str]) -> None:
-        shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
         super().__init__(
-            errno.EXDEV,
-            f"{root} holds other mounted file systems at {shown}: a commit cannot move entries "
+            errno.EXDEV, root, paths,
+            "{root} holds other mounted file systems at {shown}: a commit cannot move entries "
             "across a mount point; sandbox each file system on its own (or unmount them)",
-            root,
-        )
-        self.root = root
-        self.paths = paths
+        )  # fmt: skip
 
     def __str__(self) -> str:
         return str(self.strerror)

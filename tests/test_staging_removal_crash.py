@@ -49,6 +49,14 @@ def _crash_after_two(path: str, *args: object, **kwargs: object) -> None:
     raise KeyboardInterrupt("simulated SIGKILL during the removal")
 
 
+def _staged(tmp_path: Path) -> Path:
+    """The original, with the sandbox's changes staged under ``KEY`` (backup in ``backup``)."""
+    original, sandbox = _trees(tmp_path)
+    stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
+               backup_dir=tmp_path / "backup")  # fmt: skip
+    return original
+
+
 def _leftovers(original: Path) -> list[str]:
     return sorted(p.name for p in original.parent.iterdir() if "sandbox-staging" in p.name)
 
@@ -56,9 +64,7 @@ def _leftovers(original: Path) -> list[str]:
 def test_a_crash_part_way_through_the_removal_rolls_forward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original, sandbox = _trees(tmp_path)
-    stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
-               backup_dir=tmp_path / "backup")  # fmt: skip
+    original = _staged(tmp_path)
     monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         apply_staged(original, KEY)
@@ -79,9 +85,7 @@ def test_a_crash_part_way_through_the_removal_rolls_forward(
 def test_remains_of_a_cut_removal_are_removed_by_recover_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original, sandbox = _trees(tmp_path)
-    stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
-               backup_dir=tmp_path / "backup")  # fmt: skip
+    original = _staged(tmp_path)
     undo = tmp_path / "backup" / "undo.json"
     monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
     with pytest.raises(KeyboardInterrupt):
@@ -94,9 +98,7 @@ def test_remains_of_a_cut_removal_are_removed_by_recover_sync(
 
 
 def test_an_applied_area_leaves_nothing_beside_the_original(tmp_path: Path) -> None:
-    original, sandbox = _trees(tmp_path)
-    stage_sync(sandbox, original, KEY, changes=compute_changes(original, sandbox),
-               backup_dir=tmp_path / "backup")  # fmt: skip
+    original = _staged(tmp_path)
     assert apply_staged(original, KEY) is True
     assert _leftovers(original) == []
     assert (original / "d" / "f2.txt").read_text() == "new 2\n"
