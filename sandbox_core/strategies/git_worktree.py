@@ -1188,22 +1188,23 @@ class GitWorktreeSandbox(BaseSandbox):
             self._check_writable(original, top, paths, error)
         # Refuse before writing files that a failed ref move would revert.
         self._refuse_ref_locks(original, [*(line.split()[1] for line in updates or []), ref])
-        if half:
-            self._touched = True
-            self._restore_from_index(original, half)
-        owners = _Owners(top, paths, change.executable)
-        self._touched = True
-        updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
-        if updated.status != 0 and merge_first and self._refused(updated):
-            # Nothing was written: find out why, as prepare would, then merge again.
-            self._touched = False
-            half = self._checked_overlap(original, old, new, paths, error, updated.stderr)
+
+        def merge(half: list[str]) -> tuple[_Owners, Any]:
+            """Put back a half-written earlier attempt's paths, then merge into the original."""
             if half:
                 self._touched = True
                 self._restore_from_index(original, half)
             owners = _Owners(top, paths, change.executable)
             self._touched = True
-            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+            return owners, original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+
+        owners, updated = merge(half)
+        if updated.status != 0 and merge_first and self._refused(updated):
+            # Nothing was written: find out why, as prepare would, then merge again.
+            self._touched = False
+            owners, updated = merge(
+                self._checked_overlap(original, old, new, paths, error, updated.stderr)
+            )
         if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
             # The paths were checked clean by content just above: only the index's stat data is
             # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
