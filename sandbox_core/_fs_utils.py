@@ -863,14 +863,19 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_json_atomic(path: str, data: object) -> None:
+def _write_json_atomic(path: str, data: object, *, durable: bool = True) -> None:
+    """Replace ``path`` by ``data`` as JSON via a renamed temporary file; ``durable``: fsync
+    the file and its directory (else the caller makes them durable, e.g. one ``syncfs``)."""
     tmp = path + ".tmp"
+    text = json.dumps(data)  # the C encoder; json.dump to a file runs the pure-Python one
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
+        handle.write(text)
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    if durable:
+        _fsync_dir(os.path.dirname(path))
 
 
 # -- safe_restore -----------------------------------------------------------------------------
@@ -2067,14 +2072,24 @@ def deferred_syncfs() -> Iterator[Callable[[], None]]:
         _DEFERRED_SYNCFS.reset(token)
 
 
+def defer_durability(path: StrPath) -> bool:
+    """Inside :func:`deferred_syncfs` (with ``syncfs``): remember the filesystem of ``path`` (an
+    existing directory) for the block's ``flush()`` and return True, so the caller may skip its
+    own fsyncs of what it writes there; else False (the caller fsyncs as usual)."""
+    pending = _DEFERRED_SYNCFS.get()
+    if pending is None or not _has_syncfs():
+        return False
+    path_s = os.fspath(path)
+    pending.setdefault(os.stat(path_s).st_dev, []).append(path_s)
+    return True
+
+
 def _fsync_tree(root: str) -> None:
     """Make every file and directory below ``root`` durable (staged data first, so the journal
     that names it is never durable before it): one ``syncfs`` of its filesystem, which costs
     one flush instead of one per staged file, else an fsync of each. Inside
     :func:`deferred_syncfs` the ``syncfs`` is left to its ``flush()``."""
-    pending = _DEFERRED_SYNCFS.get()
-    if pending is not None and _has_syncfs():
-        pending.setdefault(os.stat(root).st_dev, []).append(os.path.dirname(root))
+    if defer_durability(os.path.dirname(root)):
         return
     if _syncfs(root):
         return
@@ -2271,8 +2286,13 @@ def stage_sync(
             "changes": changes.to_dict(),
         }
         _fsync_tree(staging)
-        _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
-        _fsync_dir(os.path.dirname(staging))
+        # Inside deferred_syncfs the journal and the area's name become durable with the
+        # staged files by the one flush before the decision record; until then recovery only
+        # aborts, and abort_staged removes an area whose journal did not reach the disk whole.
+        durable = not defer_durability(os.path.dirname(staging))
+        _write_json_atomic(os.path.join(staging, _JOURNAL), journal, durable=durable)
+        if durable:
+            _fsync_dir(os.path.dirname(staging))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -2286,6 +2306,17 @@ def _read_journal(staging: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data
+
+
+def _read_journal_or_staged(staging: str) -> dict[str, Any] | None:
+    """The area's journal; one that cannot be parsed counts as only staged: every journal
+    written once an apply may begin (``applying``, ``applied``) is fsynced before its rename,
+    and the staged one is durable before any decision (deferred: :func:`defer_durability`),
+    so a torn journal is one of an area cut before the decision (abort it)."""
+    try:
+        return _read_journal(staging)
+    except ValueError:
+        return {"state": _STAGED}
 
 
 def verify_staged(target: StrPath, key: str) -> list[str]:
@@ -2314,7 +2345,7 @@ def staged_state(target: StrPath, key: str) -> str | None:
     """The journal state of ``key``'s area (``"staged-two-phase"``, ``"applying-two-phase"``,
     ``"applied"``), or None when there is no complete area."""
     staging = find_prepared(target, key)
-    journal = _read_journal(staging) if staging is not None else None
+    journal = _read_journal_or_staged(staging) if staging is not None else None
     return str(journal["state"]) if journal is not None else None
 
 
@@ -2356,8 +2387,9 @@ def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | N
             _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
             if fault_hook is not None:
                 fault_hook("")
+        # _finish -> _drop_area renames the area away and fsyncs its parent (a prepared
+        # area's name always is renamed): nothing more to make durable here.
         _finish(staging, journal)
-        _fsync_dir(os.path.dirname(staging))
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
@@ -2377,7 +2409,7 @@ def abort_staged(target: StrPath, key: str) -> bool:
     staging = find_prepared(target, key)
     if staging is None:
         return False
-    journal = _read_journal(staging)
+    journal = _read_journal_or_staged(staging)
     if journal is not None and journal["state"] != _STAGED:
         raise FileExistsError(
             errno.EEXIST, f"the staged commit {key} is being applied; apply it to finish", staging

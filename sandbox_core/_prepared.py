@@ -43,6 +43,7 @@ from sandbox_core._fs_utils import (
     apply_staged,
     change_stats,
     check_key,
+    defer_durability,
     lock_tree,
     prepared_keys,
     stage_sync,
@@ -85,14 +86,31 @@ def read_record(home: Path, txid: str) -> dict[str, Any] | None:
     return data
 
 
-def _write_record(home: Path, txid: str, record: dict[str, Any]) -> None:
+def _read_record_or_prepared(home: Path, txid: str) -> dict[str, Any] | None:
+    """The record of ``txid``; one that cannot be parsed counts as ``prepared``: the records
+    written once an apply may begin are fsynced before their rename, and the ``prepared`` one
+    is durable before any decision (deferred: see :func:`prepare`), so a torn record is one of
+    a prepare cut before the decision (only abort or a new prepare may follow)."""
+    try:
+        return read_record(home, txid)
+    except ValueError:
+        return {"txid": txid, "state": PREPARED}
+
+
+def _write_record(home: Path, txid: str, record: dict[str, Any], *, durable: bool = True) -> None:
+    """Write the record atomically; ``durable``: fsync it and ``home`` (else the caller's
+    ``deferred_syncfs`` flush makes it durable)."""
     path = _record_path(home, txid)
     tmp = path.with_name(path.name + ".tmp")
+    text = json.dumps(record)  # the C encoder; json.dump to a file runs the pure-Python one
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
+        handle.write(text)
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
     tmp.replace(path)
+    if not durable:
+        return
     fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -107,7 +125,10 @@ def txids_in(home: Path, state: str) -> list[str]:
         return found
     for path in home.glob(f"{_RECORD_PREFIX}*.json"):
         txid = path.name[len(_RECORD_PREFIX) : -len(".json")]
-        record = read_record(home, txid)
+        try:
+            record = read_record(home, txid)
+        except ValueError:
+            continue  # torn: a prepare cut before its decision, never applied
         if record is not None and record.get("state") == state:
             found.append(txid)
     return sorted(found)
@@ -160,7 +181,7 @@ def prepare(
         OSError: staging failed (nothing is left staged).
     """
     key = key_for(sandbox, txid)  # validates txid before it names a file
-    record = read_record(home, txid)
+    record = _read_record_or_prepared(home, txid)
     if record is not None and record.get("state") != PREPARED:
         raise SandboxStateError(
             f"commit {txid} of sandbox {sandbox.sandbox_id} is already {record.get('state')}"
@@ -174,10 +195,14 @@ def prepare(
         raise SandboxStateError(f"commit {txid} of sandbox {sandbox.sandbox_id}: {exc}") from exc
     try:
         review = summary(sandbox, original, source, changes, staged.digest, [])
+        # Inside a plan's deferred_syncfs the record is made durable with the staged files by
+        # the one flush before the decision record (until the decision only abort may follow,
+        # and abort takes a torn record for a prepared one).
         _write_record(
             home, txid,
             {"txid": txid, "state": PREPARED, "digest": staged.digest,
              "staging": staged.path, "result": result.to_dict()},
+            durable=not defer_durability(home),
         )  # fmt: skip
     except BaseException:
         abort_staged(original, key)
@@ -257,7 +282,7 @@ def abort(sandbox: BaseSandbox, home: Path, txid: str, original: Path) -> None:
         SandboxError: the apply has begun (only apply may finish it).
     """
     key = key_for(sandbox, txid)  # validates txid before it names a file
-    record = read_record(home, txid)
+    record = _read_record_or_prepared(home, txid)
     if record is not None and record.get("state") != PREPARED:
         raise SandboxError(
             f"commit {txid} of sandbox {sandbox.sandbox_id} is {record.get('state')}: "

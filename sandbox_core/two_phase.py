@@ -240,6 +240,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
     ) -> None:
         super().__init__(journal, on_change=on_change, fault_hook=fault_hook)
         self._max_workers = max(1, max_workers)
+        self._pool: ThreadPoolExecutor | None = None  # shared by the phases of one run
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -281,6 +282,25 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         reason = two_phase_unavailable_reason(sandboxes)
         if reason is not None:
             raise TwoPhaseUnavailableError(reason)
+        workers = min(self._max_workers, len(sandboxes))
+        if workers <= 1:
+            return self._run(plan_id, sandboxes, attempt, message, approved_digest)
+        # One pool for prepare and apply: its threads start once per plan, not once per phase.
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="two-phase") as pool:
+            self._pool = pool
+            try:
+                return self._run(plan_id, sandboxes, attempt, message, approved_digest)
+            finally:
+                self._pool = None
+
+    def _run(
+        self,
+        plan_id: str,
+        sandboxes: list[Any],
+        attempt: int,
+        message: str | None,
+        approved_digest: str | None,
+    ) -> list[CommitResult]:
         ordered = participant_order(sandboxes)
         state = JournalState(
             plan_id=plan_id,
@@ -416,16 +436,20 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         if self._max_workers == 1 or len(chains) <= 1:
             ended = [run_chain(sorted(i for chain in chains for i in chain))]
         else:
-            with ThreadPoolExecutor(
+            pool = self._pool or ThreadPoolExecutor(
                 max_workers=min(self._max_workers, len(chains)),
                 thread_name_prefix="two-phase",
-            ) as pool:
+            )
+            try:
                 # Each thread runs in a copy of this context (the deferred syncfs set in it).
                 futures = [
                     pool.submit(contextvars.copy_context().run, run_chain, chain)
                     for chain in chains
                 ]
                 ended = [future.result() for future in futures]
+            finally:
+                if pool is not self._pool:
+                    pool.shutdown()
         crashed = sorted((c for c in ended if c is not None), key=lambda c: c[0])
         if crashed:
             raise crashed[0][1]
