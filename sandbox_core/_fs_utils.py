@@ -2349,7 +2349,13 @@ def staged_state(target: StrPath, key: str) -> str | None:
     return str(journal["state"]) if journal is not None else None
 
 
-def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | None = None) -> bool:
+def apply_staged(
+    target: StrPath,
+    key: str,
+    *,
+    on_progress: ProgressCallback | None = None,
+    on_applied: Callable[[], None] | None = None,
+) -> bool:
     """The second half: swap the entries staged under ``key`` into ``target`` with renames
     (directory metadata last), hand the replaced entries to the backup, remove the area.
 
@@ -2357,6 +2363,11 @@ def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | N
     rename is skipped once done, so a call after a crash at any point finishes the apply
     exactly (rolls forward; it is never undone: the decision was taken). Does not check for
     concurrent changes: call :func:`verify_staged` first, under :func:`lock_tree`.
+
+    ``on_applied`` runs once every rename is done and the journal says so, before the
+    replaced entries are handed over and the area is dropped (again on a resumed call, so it
+    must be idempotent): the caller records the apply there, so that an area that is gone
+    was always recorded applied first.
 
     Returns:
         True when an area was applied or finished; False when none exists (already applied,
@@ -2387,6 +2398,8 @@ def apply_staged(target: StrPath, key: str, *, on_progress: ProgressCallback | N
             _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
             if fault_hook is not None:
                 fault_hook("")
+        if on_applied is not None:
+            on_applied()
         # _finish -> _drop_area renames the area away and fsyncs its parent (a prepared
         # area's name always is renamed): nothing more to make durable here.
         _finish(staging, journal)

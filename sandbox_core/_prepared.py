@@ -7,16 +7,24 @@ the filesystem work is :func:`~sandbox_core._fs_utils.stage_sync` /
 Names: the staging area is ``prepared_dir_for(original, "<txid>.<sandbox_id>")``, a hidden
 sibling of the original on its filesystem (a hidden child when the original is a mount point),
 so two sandboxes of one original in one plan never share one. The sandbox keeps a record
-``<sandbox dir>/prepared-<txid>.json`` (``state``: ``prepared`` -> ``applying`` -> ``applied``,
-the staged ``digest`` and the ``CommitResult``), written atomically and fsynced, so that apply and
-abort work from the txid alone in a fresh process (reopened sandbox):
+``<sandbox dir>/prepared-<txid>.json`` (``state``: ``prepared`` -> ``applied``, the staged
+``digest`` and the ``CommitResult``), written atomically, so that apply and abort work from the
+txid alone in a fresh process (reopened sandbox). Durable ordering:
 
-- prepare: stage (fsync) then write the record ``prepared``; a failure removes both.
-- apply: under ``lock_tree(original)``, a ``prepared`` record is first checked against the
-  original (stamps of every path the apply replaces, taken at prepare: a concurrent change
-  refuses with ``SandboxCommitError(conflicts=[...])`` and nothing touched), the old pre-commit
-  backup is dropped, and the record says ``applying`` before the first rename; then the renames
-  (rolled forward after a crash), then ``applied``. An ``applied`` record returns its result.
+- prepare: stage, then write the record ``prepared``; a failure removes both. Alone, each is
+  fsynced; inside a plan's ``deferred_syncfs`` block (the two-phase coordinator) neither pays
+  its own fsync: the plan's one ``syncfs`` per filesystem (staging areas' and records') before
+  its decision record makes them durable. A crash before that may leave a torn staging journal
+  or record: abort, a new prepare and cleanup take it for ``prepared`` (nothing was applied).
+- apply: under ``lock_tree(original)``, while the area's journal says it is only staged, the
+  original is first checked (stamps of every path the apply replaces, taken at prepare: a
+  concurrent change refuses with ``SandboxCommitError(conflicts=[...])`` and nothing touched)
+  and the old pre-commit backup is dropped; then ``apply_staged`` writes its journal
+  ``applying`` (fsynced) before the first rename, renames (rolled forward after a crash),
+  writes ``applied``, and only then the record says ``applied`` (fsynced), before the replaced
+  entries are handed over and the area is dropped: an area gone under a ``prepared`` record
+  was never applied. An ``applied`` record returns its result (finishing the area's removal
+  if a crash cut it). A record ``applying`` of an earlier version is rolled forward the same.
   The replaced entries are kept in the strategy's pre-commit backup exactly as the one-shot
   commit keeps them, so ``rollback()`` from COMMITTED (compensation) works the same.
 - abort: removes the area and the record; idempotent; refused (``SandboxError``) once the apply
@@ -55,6 +63,7 @@ from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateEr
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
+_AREA_STAGED = "staged-two-phase"  # staged_state() of an area whose apply has not begun
 
 fault_hook: Callable[[str], None] | None = None
 """Tests only: called with ``"before_applied_record"`` once the renames and ``after`` (the
@@ -130,6 +139,21 @@ def txids_in(home: Path, state: str) -> list[str]:
         except ValueError:
             continue  # torn: a prepare cut before its decision, never applied
         if record is not None and record.get("state") == state:
+            found.append(txid)
+    return sorted(found)
+
+
+def apply_begun(sandbox: BaseSandbox, home: Path, original: Path) -> list[str]:
+    """Txids of this sandbox whose apply has begun and is not recorded ``applied`` (a decided
+    apply cut short: only ``apply_prepared`` may finish it), sorted."""
+    found = txids_in(home, APPLYING)  # a record of an earlier version
+    for txid in txids_in(home, PREPARED):
+        try:
+            key = key_for(sandbox, txid)
+        except ValueError:
+            continue
+        state = staged_state(original, key)
+        if state is not None and state != _AREA_STAGED:
             found.append(txid)
     return sorted(found)
 
@@ -244,9 +268,25 @@ def apply(
         )
     result = CommitResult.from_dict(record["result"])
     if record["state"] == APPLIED:
+        with lock_tree(original):
+            # A crash may have cut the hand-over or the area's removal: only those are redone.
+            apply_staged(original, key)
         return result
+
+    def applied() -> None:
+        if after is not None:
+            after()
+        if fault_hook is not None:
+            fault_hook("before_applied_record")
+        if record["state"] != APPLIED:
+            record["state"] = APPLIED
+            _write_record(home, txid, record)
+
     with lock_tree(original):
-        if record["state"] == PREPARED:
+        # The staging journal (fsynced ``applying`` before the first rename) says whether the
+        # apply has begun; the record only says ``applied``, written before the area is
+        # dropped, so an area gone under a ``prepared`` record was never applied.
+        if record["state"] == PREPARED and staged_state(original, key) in (None, _AREA_STAGED):
             try:
                 changed = verify_staged(original, key)
             except FileNotFoundError as exc:
@@ -261,17 +301,10 @@ def apply(
                 )
             if backup_dir.exists():
                 shutil.rmtree(backup_dir)  # a previous commit's, as the one-shot commit drops it
-            record["state"] = APPLYING
-            _write_record(home, txid, record)
         if before is not None:
             before()
-        apply_staged(original, key)
-        if after is not None:
-            after()
-        if fault_hook is not None:
-            fault_hook("before_applied_record")
-        record["state"] = APPLIED
-        _write_record(home, txid, record)
+        if not apply_staged(original, key, on_applied=applied):
+            applied()  # an ``applying`` record of an earlier version whose area was dropped
     return result
 
 
@@ -307,7 +340,7 @@ def discard_all(sandbox: BaseSandbox, original: Path) -> None:
         state = staged_state(original, key)
         if state == APPLIED:
             apply_staged(original, key)  # only moves kept entries and drops the area
-        elif state is not None and state != "staged-two-phase":
+        elif state is not None and state != _AREA_STAGED:
             raise SandboxError(
                 f"sandbox {sandbox.sandbox_id}: commit {key.removesuffix(suffix)} is half "
                 "applied to the original; apply_prepared it (or recover the plan) first"

@@ -613,7 +613,7 @@ class OverlaySandbox(BaseSandbox):
         live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)
         if self.overlay_mode != "kernel" or self._status not in live:
             return
-        if _prepared.txids_in(self.base_path, _prepared.APPLYING):
+        if _prepared.apply_begun(self, self.base_path, self._original()):
             return  # a decided two-phase apply was cut short: apply_prepared remounts after it
         if not kernel.is_overlay_mounted(self._merged_dir):
             try:
