@@ -682,7 +682,8 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
                 if step.state is not StepState.FAILED:
                     step.state = StepState.ABORTED
             step.updated_at = utc_now()
-            self._save(state)
+        # One save after every abort, not one per step: until it, recovery (phase aborting)
+        # aborts every step again, and an abort is idempotent.
         if failed:
             state.error = (
                 f"{state.error or 'two-phase commit aborted'}; the abort of {', '.join(failed)} "
