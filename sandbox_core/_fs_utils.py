@@ -1981,14 +1981,6 @@ def prepared_keys(target: StrPath, suffix: str = "") -> list[str]:
     return sorted(keys)
 
 
-def _stamped(path: str) -> str | None:
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return signature(_entry(path, st)) + _stamp(st)
-
-
 def _guard(target: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
     """What apply will replace, as it is now: stamped signatures (ctime, inode, link count:
     any change shows) of each replaced path and its subtree, and each directory's metadata."""
@@ -1997,8 +1989,13 @@ def _guard(target: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         dest = os.path.join(target, op["path"])
         if _journal_meta(op) is not None:
             continue  # compared with the op's old metadata
-        guard[op["path"]] = _stamped(dest)
-        if os.path.isdir(dest) and not os.path.islink(dest):
+        try:
+            st = os.lstat(dest)
+        except (FileNotFoundError, NotADirectoryError):
+            guard[op["path"]] = None
+            continue
+        guard[op["path"]] = signature(_entry(dest, st)) + _stamp(st)  # as _stamped, one lstat
+        if stat.S_ISDIR(st.st_mode):
             for sub, sub_path, sub_st in _walk(dest, ()):
                 guard[f"{op['path']}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
     return guard
@@ -2009,13 +2006,18 @@ def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
     now = _guard(target, ops)
     before: dict[str, Any] = journal["guard"]
     changed = {rel for rel in now.keys() | before.keys() if now.get(rel) != before.get(rel)}
+    parents: dict[str, bool] = {}  # many ops share a parent: one stat each
     for op in ops:
         meta = _journal_meta(op)
         dest = os.path.join(target, op["path"])
         if meta is not None:
             if not os.path.isdir(dest) or _dir_meta(dest) != meta[0]:
                 changed.add(op["path"])
-        elif not os.path.isdir(os.path.dirname(dest)):
+            continue
+        parent = os.path.dirname(dest)
+        if parent not in parents:
+            parents[parent] = os.path.isdir(parent)
+        if not parents[parent]:
             changed.add(op["path"])
     return sorted(changed)
 
