@@ -26,8 +26,9 @@ Fidelity (issue 7, docs/fidelity.md): :func:`copy_entry` / :func:`copy_file` /
 xattrs and POSIX ACLs; holes; FIFOs, sockets and devices recreated, never read: cases 36, 37;
 hard links within a copy: case 34); :func:`link_groups` / :func:`link_closure` keep hard-link
 groups whole in a sync; :class:`Baseline` / :func:`pending_since` / :func:`reset_copy` /
-:func:`refresh_snapshot` tell a copy's changes (stamped snapshots: ctime, inode, link count)
-from the original's, for copy_on_write and the overlay fallback.
+:func:`refresh_snapshot` / :func:`read_touched` tell a copy's changes (stamped snapshots:
+ctime, inode, link count) from the original's, for copy_on_write and the overlay fallback; a
+baseline given as a function (:data:`BaselineSource`) is read while ``find`` walks.
 
 Conventions: paths in results are POSIX paths relative to the tree root, sorted. Symlinks are
 never followed (case 06). File equality uses rsync's quick check: equal size and mtime (ns) mean

@@ -753,6 +753,8 @@ def _refuse_listed_gitfiles(root: Path, snapshot: dict[str, str]) -> None:
     """:func:`_refuse_external_gitfiles` over the paths of a snapshot of ``root`` (or of its
     exact copy): every ``.git`` regular file outside a ``.git`` directory, as the scan finds."""
     for rel, sig in snapshot.items():
+        if not rel.endswith(".git"):  # C-speed filter: a split of 11,000 paths cost 5-15 ms
+            continue
         parts = rel.split("/")
         if parts[-1] == ".git" and sig.startswith("f ") and ".git" not in parts[:-1]:
             _check_gitfile(root, root / rel)
