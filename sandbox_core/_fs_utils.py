@@ -26,8 +26,9 @@ Fidelity (issue 7, docs/fidelity.md): :func:`copy_entry` / :func:`copy_file` /
 xattrs and POSIX ACLs; holes; FIFOs, sockets and devices recreated, never read: cases 36, 37;
 hard links within a copy: case 34); :func:`link_groups` / :func:`link_closure` keep hard-link
 groups whole in a sync; :class:`Baseline` / :func:`pending_since` / :func:`reset_copy` /
-:func:`refresh_snapshot` tell a copy's changes (stamped snapshots: ctime, inode, link count)
-from the original's, for copy_on_write and the overlay fallback.
+:func:`refresh_snapshot` / :func:`read_touched` tell a copy's changes (stamped snapshots:
+ctime, inode, link count) from the original's, for copy_on_write and the overlay fallback; a
+baseline given as a function (:data:`BaselineSource`) is read while ``find`` walks.
 
 Conventions: paths in results are POSIX paths relative to the tree root, sorted. Symlinks are
 never followed (case 06). File equality uses rsync's quick check: equal size and mtime (ns) mean
@@ -460,7 +461,9 @@ def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[st
     root_s = os.fspath(root)
     replaced = set(paths)
     parents = {anc for rel in replaced for anc in _ancestors(rel)} - replaced
-    prefixes = tuple(rel + "/" for rel in replaced)
+    # Only a path that was a directory has entries below it in a walk's snapshot: the scan of
+    # every key (O(tree)) is needed only then, not for the usual replaced files.
+    prefixes = tuple(rel + "/" for rel in replaced if snapshot.get(rel, "").startswith("d "))
     if prefixes:
         for key in [k for k in snapshot if k.startswith(prefixes)]:
             del snapshot[key]
@@ -1675,7 +1678,7 @@ class Baseline:
         for snapshot in (self.original, self.copy):
             if snapshot is None:
                 raise ValueError("an unknown baseline cannot be saved")
-            fields += [item for pair in snapshot.items() for item in pair]
+            fields.extend(itertools.chain.from_iterable(snapshot.items()))
             fields.append("")
         if self.root is not None:  # a last field after the copy's (older readers stop before)
             fields.append(json.dumps(self.root, sort_keys=True))
@@ -1714,6 +1717,12 @@ class Baseline:
     def take(cls, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()) -> Baseline:
         """Snapshot both trees now (two walks in parallel)."""
         return cls(*_snapshot_pair(original, copy, exclude))
+
+
+BaselineSource = Baseline | Callable[[], Baseline]
+"""A :class:`Baseline`, or a function that reads one (e.g. ``lambda: Baseline.load(path)``):
+then it is read while the walks run (``find`` works in its own process, so reading a 2.4 MB
+manifest costs no wall time beside it)."""
 
 
 def copy_and_snapshot(src: StrPath, dst: StrPath) -> dict[str, str]:
@@ -1789,6 +1798,22 @@ def _snapshot_pair(
         return first.result(), second.result()
 
 
+def _read_baseline(baseline: BaselineSource) -> Baseline:
+    return baseline if isinstance(baseline, Baseline) else baseline()
+
+
+def _pair_beside(
+    baseline: BaselineSource, original: StrPath, copy: StrPath, exclude: Iterable[str]
+) -> tuple[Baseline, tuple[dict[str, str], dict[str, str]]]:
+    """:func:`_snapshot_pair`, with ``baseline`` read while both walks run."""
+    excluded = list(exclude)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(snapshot_tree, original, exclude=excluded)
+        second = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
+        loaded = _read_baseline(baseline)
+        return loaded, (first.result(), second.result())
+
+
 @dataclass(frozen=True)
 class Pending:
     """What changed since a :class:`Baseline`: ``drift`` (paths changed in the original),
@@ -1806,15 +1831,15 @@ class Pending:
 
 
 def pending_since(
-    baseline: Baseline, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
+    baseline: BaselineSource, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
 ) -> Pending:
     """One C-speed walk of each tree, compared with ``baseline`` by set operations: O(changes)
     after the walks. An unknown baseline counts every path of the copy as touched.
 
     Raises:
-        OSError: a tree cannot be read.
+        OSError: a tree cannot be read (or the baseline, when read here).
     """
-    now_original, now_copy = _snapshot_pair(original, copy, exclude)
+    baseline, (now_original, now_copy) = _pair_beside(baseline, original, copy, exclude)
     if baseline.original is None or baseline.copy is None:
         return Pending(set(), set(now_original) | set(now_copy), now_original, now_copy)
     return Pending(
@@ -1839,6 +1864,24 @@ def touched_since(
     if baseline.original is None or baseline.copy is None:
         return None
     return differing_paths(baseline.copy, snapshot_tree(copy, exclude=exclude, stamps=True))
+
+
+def read_touched(
+    baseline: BaselineSource, copy: StrPath, *, exclude: Iterable[str] = ()
+) -> tuple[Baseline, set[str] | None]:
+    """:func:`touched_since` with ``baseline`` read while the copy is walked; returns the
+    baseline read too.
+
+    Raises:
+        OSError: the copy (or the baseline) cannot be read.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        walk = pool.submit(snapshot_tree, copy, exclude=list(exclude), stamps=True)
+        loaded = _read_baseline(baseline)
+        now = walk.result()
+    if loaded.original is None or loaded.copy is None:
+        return loaded, None
+    return loaded, differing_paths(loaded.copy, now)
 
 
 def drifted(
@@ -1881,11 +1924,12 @@ def drifted(
 
 
 def reset_copy(
-    baseline: Baseline, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
+    baseline: BaselineSource, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
 ) -> Baseline:
     """Make ``copy`` equal to ``original`` again (rollback of a copy-based sandbox) and return
     the new baseline. Only the paths that differ are synced (O(changes) copies), and the copy's
-    snapshot is refreshed at those paths instead of being re-taken by a third walk.
+    snapshot is refreshed at those paths instead of being re-taken by a third walk. A
+    ``baseline`` given as a function is read while the walks run.
 
     Raises:
         OSError: a tree cannot be read or the sync failed (the copy is then unchanged).

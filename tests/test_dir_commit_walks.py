@@ -20,6 +20,8 @@ from sandbox_core._fs_utils import (
     copy_with_baseline,
     drifted,
     pending_since,
+    read_touched,
+    refresh_snapshot,
     snapshot_tree,
     sync_tree,
     touched_since,
@@ -198,3 +200,46 @@ def test_create_baseline_walks_the_original_when_the_copy_loses_a_field(tmp_path
         baseline = copy_with_baseline(src, tmp_path / "copy")
     assert baseline.original == snapshot_tree(src)
     assert baseline.copy == snapshot_tree(tmp_path / "copy", stamps=True)
+
+
+def test_refresh_snapshot_equals_a_new_walk_after_type_swaps(tmp_path: Path) -> None:
+    """``refresh_snapshot`` looks below a replaced path only when it was a directory: after a
+    file edit, a directory replaced by a file and a file replaced by a directory the refreshed
+    snapshot equals a new walk (no stale entry below the former directory, the new one's
+    children present)."""
+    root = tmp_path / "t"
+    (root / "d" / "sub").mkdir(parents=True)
+    (root / "d" / "sub" / "x").write_text("x")
+    (root / "f").write_text("f")
+    (root / "g").write_text("g")
+    snapshot = snapshot_tree(root, stamps=True)
+    shutil.rmtree(root / "d")
+    (root / "d").write_text("now a file")
+    (root / "f").unlink()
+    (root / "f" / "inner").mkdir(parents=True)
+    (root / "f" / "inner" / "y").write_text("y")
+    with open(root / "g", "a", encoding="utf-8") as handle:
+        handle.write("more")
+    refresh_snapshot(snapshot, root, ["d", "f", "g"])
+    assert snapshot == snapshot_tree(root, stamps=True)
+
+
+def test_baseline_read_beside_the_walks_gives_the_same_answers(tmp_path: Path) -> None:
+    """A baseline given as a function (read while ``find`` walks) answers as the loaded one."""
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    copy = tmp_path / "copy"
+    baseline = copy_with_baseline(src, copy)
+    manifest = tmp_path / "manifest"
+    baseline.save(manifest)
+    (copy / "a" / "f").write_text("changed")
+    (src / "a" / "new").write_text("theirs")
+    loaded, touched = read_touched(lambda: Baseline.load(manifest), copy)
+    assert loaded == baseline
+    # "hard" shares the edited inode; a directory's signature ignores its mtime.
+    assert touched == touched_since(baseline, copy) == {"a/f", "hard"}
+    lazy = pending_since(lambda: Baseline.load(manifest), src, copy)
+    eager = pending_since(baseline, src, copy)
+    assert (lazy.drift, lazy.touched) == (eager.drift, eager.touched)
+    assert "a/new" in lazy.drift

@@ -82,6 +82,7 @@ from sandbox_core._fs_utils import (
     link_closure,
     lock_tree,
     pending_since,
+    read_touched,
     recover_sync,
     refuse_mount_points,
     reset_copy,
@@ -89,7 +90,6 @@ from sandbox_core._fs_utils import (
     root_meta,
     scan_tree,
     sync_tree,
-    touched_since,
     undo_sync,
 )
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
@@ -283,10 +283,8 @@ class OverlaySandbox(BaseSandbox):
         else:
             recover_sync(original)  # a sync interrupted by a crash is repaired first
             # Only the paths the sandbox touched: the original's own changes are kept.
-            baseline = Baseline.load(self.base_path / _MANIFEST)
-            changes = compute_changes_at(
-                original, merged, self._touched(original, merged, baseline)
-            )
+            baseline, touched = self._touched(original, merged)
+            changes = compute_changes_at(original, merged, touched)
             root = self._root_to_commit(original, baseline)
             if not changes.is_empty or root is not None:
                 sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
@@ -305,17 +303,15 @@ class OverlaySandbox(BaseSandbox):
             },
         )
 
-    def _touched(self, original: Path, merged: Path, baseline: Baseline | None = None) -> set[str]:
-        """Fallback mode: the paths the sandbox changed since create (or the last reset), from
-        one walk of the copy alone; the original is not walked, since its own changes are kept
-        whatever they are. An unknown baseline (older manifest) walks both trees.
-        ``baseline``: the manifest when the caller loaded it already."""
-        if baseline is None:
-            baseline = Baseline.load(self.base_path / _MANIFEST)
-        touched = touched_since(baseline, merged)
+    def _touched(self, original: Path, merged: Path) -> tuple[Baseline, set[str]]:
+        """Fallback mode: the manifest and the paths the sandbox changed since create (or the
+        last reset), from one walk of the copy alone (the manifest is read meanwhile); the
+        original is not walked, since its own changes are kept whatever they are. An unknown
+        baseline (older manifest) walks both trees."""
+        baseline, touched = read_touched(lambda: Baseline.load(self.base_path / _MANIFEST), merged)
         if touched is None:
             touched = pending_since(baseline, original, merged).touched
-        return touched
+        return baseline, touched
 
     def _root_base(self) -> Meta | None:
         """The top directory's own metadata when the view was last made (None: unknown)."""
@@ -400,10 +396,8 @@ class OverlaySandbox(BaseSandbox):
         the original's top directory gets (:meth:`_root_to_commit`). Nothing is written."""
         merged = self.base_path / "merged"
         if self.overlay_mode != "kernel":
-            baseline = Baseline.load(self.base_path / _MANIFEST)
-            changes = compute_changes_at(
-                original, merged, self._touched(original, merged, baseline)
-            )
+            baseline, touched = self._touched(original, merged)
+            changes = compute_changes_at(original, merged, touched)
             return changes, changes, True, self._root_to_commit(original, baseline)
         self._require_mounted()
         layer_changes = kernel.changes_from_upper(
@@ -560,7 +554,8 @@ class OverlaySandbox(BaseSandbox):
             # The journaled sync discards the replaced entries with shutil.rmtree (seed 003,
             # "Rollback wraps OSError").
             manifest = self.base_path / _MANIFEST
-            reset_copy(Baseline.load(manifest), self._original(), merged).save(manifest)
+            # The manifest is read while both trees are walked.
+            reset_copy(lambda: Baseline.load(manifest), self._original(), merged).save(manifest)
 
     def _match_root(self, upper: Path) -> None:
         """The merged root shows the upper root's mode, owner and xattrs: give it the
@@ -758,6 +753,8 @@ def _refuse_listed_gitfiles(root: Path, snapshot: dict[str, str]) -> None:
     """:func:`_refuse_external_gitfiles` over the paths of a snapshot of ``root`` (or of its
     exact copy): every ``.git`` regular file outside a ``.git`` directory, as the scan finds."""
     for rel, sig in snapshot.items():
+        if not rel.endswith(".git"):  # C-speed filter: a split of 11,000 paths cost 5-15 ms
+            continue
         parts = rel.split("/")
         if parts[-1] == ".git" and sig.startswith("f ") and ".git" not in parts[:-1]:
             _check_gitfile(root, root / rel)
