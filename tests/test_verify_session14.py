@@ -15,7 +15,6 @@ Inputs that still break the product are ``xfail(strict=True)`` with the fault in
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sqlite3
@@ -30,7 +29,7 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
-from sandbox_core.errors import SandboxCommitError, SandboxCreationError
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStatementError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
@@ -753,18 +752,16 @@ def test_git_worktree_of_a_bare_repository_and_a_separate_git_dir(
 # -- SQLite: a pragma the held transaction ignores -------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["two_phase", "saga"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRAGMA foreign_keys=ON run in a SQLite sandbox is a silent no-op (SQLite ignores it "
-    "inside the held transaction): a foreign-key violation is committed with the plan",
-)
+@pytest.mark.parametrize("mode", ["two_phase", "saga", "one-shot"])
 def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, mode: str) -> None:
     """SQLite documents that ``PRAGMA foreign_keys`` is a no-op inside a transaction (the
     classic "foreign keys not enforced" report); the application turns it on, inserts a child
-    of a missing parent under a DEFERRABLE INITIALLY DEFERRED key, and the plan commits. The
-    right outcome: the commit is refused (as the application's own COMMIT would be), the
-    database and the plan's directory unchanged."""
+    of a missing parent under a DEFERRABLE INITIALLY DEFERRED key. Found: the plan committed
+    the violation. Fixed (``strategies/_sqlite_pragmas``): the sandbox sets the pragma on its
+    connections before ``BEGIN`` and runs ``PRAGMA foreign_key_check`` before commit/prepare;
+    the commit is refused (as the application's own COMMIT would be) naming the row, the
+    database and the plan's directory unchanged, the SQLite sandbox ACTIVE; once the parent
+    exists the plan commits."""
     directory = tmp_path / "dir"
     directory.mkdir()
     (directory / "v").write_text("old")
@@ -789,19 +786,59 @@ def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, m
     sq = manager.get_or_create_sandbox(
         "s14", "db", str(db), "transaction_rollback", sandbox_root=boxes
     )
+
+    def rows(table: str) -> list[tuple[int, ...]]:
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute(f"SELECT * FROM {table}").fetchall()  # noqa: S608 - fixed names
+        finally:
+            conn.close()
+
     try:
         sq.execute("PRAGMA foreign_keys=ON")
         sq.execute("INSERT INTO child VALUES (1, 2)")
-        with contextlib.suppress(SandboxCommitError):  # refusing is the right outcome
-            manager.commit_plan("s14", mode=mode)
-        conn = sqlite3.connect(db)
-        try:
-            assert conn.execute("SELECT * FROM child").fetchall() == []
-        finally:
-            conn.close()
+        if mode == "one-shot":
+            with pytest.raises(SandboxCommitError, match="foreign key") as refused:
+                sq.commit()
+            assert refused.value.conflicts == ["child row 1 -> parent"]
+        else:
+            results = manager.commit_plan("s14", mode=mode)
+            assert not all(result.success for result in results)
+            assert any("foreign key" in str(r.error or r.metadata) for r in results)
+        assert rows("child") == []
         assert (directory / "v").read_text() == "old"
+        assert sq.status is SandboxStatus.ACTIVE
+        if mode == "saga":
+            return  # the saga compensated the directory: the plan must be re-run (case 38)
+        sq.execute("INSERT INTO parent VALUES (2)")
+        if mode == "one-shot":
+            sq.commit()
+        else:
+            assert all(result.success for result in manager.commit_plan("s14", mode=mode))
+            assert (directory / "v").read_text() == "new"
+        assert rows("child") == [(1, 2)]
     finally:
         manager.cleanup_all("s14")
+
+
+@pytest.mark.parametrize(
+    "pragma", ["journal_mode=delete", "synchronous=OFF", "locking_mode=exclusive"]
+)
+def test_sqlite_pragmas_the_transaction_ignores_are_refused(tmp_path: Path, pragma: str) -> None:
+    """Pragmas SQLite ignores (``journal_mode``: returns the old mode) or refuses
+    (``synchronous``) inside a transaction change how the file is written, not its content:
+    refused with a clear error, not silently dropped; reading them works."""
+    db = tmp_path / "a.db"
+    sqlite3.connect(db).close()
+    sandbox = TransactionSandbox("db", str(db), sandbox_root=str(tmp_path / "boxes"))
+    sandbox.create("s14")
+    try:
+        with pytest.raises(SandboxStatementError, match="outside the sandbox"):
+            sandbox.execute(f"PRAGMA {pragma}")
+        assert sandbox.execute(f"PRAGMA {pragma.split('=')[0]}")
+        assert sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ACTIVE)
+    finally:
+        sandbox.cleanup()
 
 
 # -- the original named through a symlink -------------------------------------------------------
