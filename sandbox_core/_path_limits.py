@@ -60,3 +60,23 @@ def short_alias(directory: Path) -> Iterator[Path]:
         yield Path(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
+
+
+_GIT_UNOPENED = "could not open directory '"
+
+
+def refuse_what_git_skipped(stderr: str) -> None:
+    """``git add -A`` only warns about a directory it cannot open because its path is too long
+    (exit 0; the warning itself is cut short at git's message buffer), so the commit would leave
+    it out silently: raise ``ENAMETOOLONG`` naming its top folder (relative to the worktree)
+    instead, before anything is committed.
+
+    Raises:
+        OSError: ``ENAMETOOLONG`` with the folder as its filename.
+    """
+    for line in stderr.splitlines():
+        _, found, rest = line.partition(_GIT_UNOPENED)
+        if not found or ("': " in rest and not rest.endswith("File name too long")):
+            continue  # another reason (a permission): git says so and the caller decides
+        name = rest.split("/", 1)[0].rstrip("'")
+        raise OSError(errno.ENAMETOOLONG, "File name too long (git cannot add it)", name)
