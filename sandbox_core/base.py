@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Self
 from ulid import ULID
 
 from sandbox_core._fs_utils import RefusedBeforeWriteError
+from sandbox_core._path_limits import too_long_refusal
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -194,6 +195,12 @@ class BaseSandbox:
             self._do_activate()
             self._set_status(SandboxStatus.ACTIVE)
 
+    def _path_roots(self) -> list[str]:
+        """The view and the original, to name a refused path relative to them."""
+        context = self._context
+        roots = [context.sandbox_path] if context is not None else []
+        return [*roots, self._original_path]
+
     def get_path(self, resource_path: str) -> str:
         """Translate a resource-relative path into the absolute path inside the sandbox.
 
@@ -244,6 +251,9 @@ class BaseSandbox:
                 # Refused before anything was written (docs/fidelity.md): stays ACTIVE.
                 raise _mount_refusal("commit", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
+                refusal = too_long_refusal("commit", self._sandbox_id, exc, self._path_roots())
+                if refusal is not None:  # found before writing, or undone: stays ACTIVE
+                    raise refusal from exc
                 self._status = SandboxStatus.ERRORED
                 raise SandboxCommitError(
                     f"commit of sandbox {self._sandbox_id} failed: {exc}"
@@ -413,6 +423,9 @@ class BaseSandbox:
             except RefusedBeforeWriteError as exc:
                 raise _mount_refusal("prepare", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
+                refusal = too_long_refusal("prepare", self._sandbox_id, exc, self._path_roots())
+                if refusal is not None:
+                    raise refusal from exc
                 raise SandboxCommitError(
                     f"prepare of sandbox {self._sandbox_id} failed: {exc}"
                 ) from exc

@@ -331,10 +331,11 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             return [failure_result(state)]
         overlap = overlapping_writes([sb for _, sb in pairs], prepared)
         if overlap is not None:
-            index, paths = overlap
+            index, paths, other = overlap
+            step = pairs[other - 1][0]
             clash = SandboxCommitError(
-                f"it writes {', '.join(paths[:10])}, which another sandbox of the plan on the "
-                "same or an enclosing directory writes too",
+                f"conflict with sandbox {step.sandbox_id} (resource {step.resource_id}) of the "
+                f"plan: both write {', '.join(paths[:10])} of the same or a nested directory",
                 paths,
             )
             self._fail_step(state, pairs[index - 1][0], clash, "conflicts within the plan")
@@ -714,15 +715,23 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
 def _written_paths(sandbox: Any, prepared: PreparedCommit) -> tuple[str, set[str]] | None:
     """``(top, absolute paths)`` a directory participant's apply writes, else None.
 
-    Only an in-process sandbox's original is a path of this machine: an executor's handle
-    names a path inside its own workspace Pod (the same mount path in every Pod), so two
-    of them never share a directory by their paths alone."""
+    An in-process sandbox's original is a path of this machine. An executor's handle names a
+    path inside its own workspace Pod (the same mount path in every Pod), so two of them never
+    share a directory by their paths alone: such a handle takes part only when it carries a
+    ``source_root``, the identity of its original across Pods that the operator gives it
+    (``pvc:<namespace>/<claim>/<sub-path>``, ``node:<path>``; issue 9)."""
     summary = prepared.summary
-    if not isinstance(sandbox, BaseSandbox) or summary is None:
+    if summary is None:
+        return None
+    root = getattr(sandbox, "source_root", None)
+    if isinstance(sandbox, BaseSandbox):
+        top = os.path.realpath(sandbox.original_path)
+    elif isinstance(root, str) and root:
+        top = root
+    else:
         return None
     if sandbox.strategy not in ("copy_on_write", "overlay"):
         return None
-    top = os.path.realpath(sandbox.original_path)
     rels = [*summary.added, *summary.changed, *summary.deleted]
     return top, {f"{top.rstrip('/')}/{rel}" for rel in rels}
 
@@ -735,37 +744,37 @@ def _ancestors_of(path: str, stop: str) -> Iterable[str]:
 
 def overlapping_writes(
     sandboxes: list[Any], prepared: list[PreparedCommit]
-) -> tuple[int, list[str]] | None:
+) -> tuple[int, list[str], int] | None:
     """The first participant (1-based commit order) whose prepared writes meet another's: two
     directory sandboxes of the same or nested originals writing one path, or one replacing a
     directory below which the other writes. Their applies would collide after the decision
     (the second refused forever, half the plan landed), so this is a conflict found before it.
 
     Returns:
-        ``(index, paths relative to its original)``, or None when the writes are disjoint.
+        ``(index, paths relative to its original, index of the earlier participant it meets)``,
+        or None when the writes are disjoint.
     """
-    seen: list[tuple[str, set[str], set[str]]] = []  # top, paths, their ancestors
+    seen: list[tuple[int, str, set[str], set[str]]] = []  # index, top, paths, their ancestors
     for index, (sandbox, done) in enumerate(zip(sandboxes, prepared, strict=True), start=1):
         written = _written_paths(sandbox, done)
         if written is None:
             continue
         top, paths = written
-        clash: set[str] = set()
-        for other_top, other_paths, other_ancestors in seen:
+        for other, other_top, other_paths, other_ancestors in seen:
             if not (top == other_top or top.startswith(other_top + "/")
                     or other_top.startswith(top + "/")):  # fmt: skip
                 continue
-            for path in paths:
-                if (
-                    path in other_paths
-                    or path in other_ancestors
-                    or any(anc in other_paths for anc in _ancestors_of(path, top))
-                ):
-                    clash.add(os.path.relpath(path, top))
-        if clash:
-            return index, sorted(clash)
+            clash = {
+                os.path.relpath(path, top)
+                for path in paths
+                if path in other_paths
+                or path in other_ancestors
+                or any(anc in other_paths for anc in _ancestors_of(path, top))
+            }
+            if clash:
+                return index, sorted(clash), other
         ancestors = {anc for path in paths for anc in _ancestors_of(path, top)}
-        seen.append((top, paths, ancestors))
+        seen.append((index, top, paths, ancestors))
     return None
 
 

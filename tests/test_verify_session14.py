@@ -15,7 +15,6 @@ Inputs that still break the product are ``xfail(strict=True)`` with the fault in
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sqlite3
@@ -30,7 +29,7 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
-from sandbox_core.errors import SandboxCommitError, SandboxCreationError
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStatementError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
@@ -39,6 +38,8 @@ from tests.fidelity_tree import differences, tree_state
 from tests.gitrepo import GIT_ENV, git, make_repo
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
+from tests.test_long_paths import KINDS as LONG_KINDS
+from tests.test_long_paths import deep_edit, deep_original, long_sandbox, long_state
 
 TXID = "s14.1"
 Edit = Callable[[Path, Path], None]
@@ -378,31 +379,31 @@ def test_two_phase_prepare_finds_an_immutable_or_append_only_target(
     commit_and_roll_back(sandbox, src, two_phase=True)
 
 
-@pytest.mark.parametrize("make", [p for p in STRATEGIES if p.id == "overlay-kernel"], indirect=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason="overlay kernel one-shot commit of a path near PATH_MAX fails with ENAMETOOLONG in "
-    "its stage mirror and leaves the sandbox ERRORED (two-phase and the other modes land it)",
-)
+@pytest.mark.parametrize("kind", LONG_KINDS)
+@two_phase_or_not
 def test_overlay_kernel_commit_of_a_deep_path(
-    tmp_path: Path, make: Callable[[Path], BaseSandbox]
+    tmp_path: Path, kind: str, two_phase: bool, git_identity: None
 ) -> None:
     """The rsync report of temp paths past MAXPATHLEN under deep directories
-    (https://github.com/oferchen/rsync/pull/6905)."""
-    src = base_tree(tmp_path)
-    deep = src.joinpath(*[f"D{i:03d}" + "x" * 250 for i in range(15)])
-    deep.mkdir(parents=True)
-    (deep / "f").write_text("old\n")
-    sandbox = make(src)
-    view_deep = Path(sandbox.get_path("")).joinpath(*deep.relative_to(src).parts)
-    (view_deep / "f").write_text("new\n")
-    (view_deep / ("g" * 200)).write_text("added\n")
-    before = tree_state(src, top=True)
+    (https://github.com/oferchen/rsync/pull/6905). Found: the overlay kernel one-shot commit of
+    a path near PATH_MAX failed with ENAMETOOLONG in its stage mirror (a longer path than the
+    view's) and left the sandbox ERRORED. Fixed (stage mirror named by a short alias,
+    ``_path_limits``); every strategy and mode lands it (more in ``tests/test_long_paths.py``)."""
+    src, root, parts = deep_original(kind, tmp_path)
+    sandbox = long_sandbox(kind, src, root)
     try:
-        commit_and_roll_back(sandbox, src, two_phase=False)
+        sandbox.create("s14")
+        view = Path(sandbox.get_path(""))
+        deep_edit(view, parts)
+        keep = {b".git"} if kind == "git_worktree" else set()
+        before, intended = long_state(src, keep), long_state(view, keep)
+        land(sandbox, two_phase)
+        assert sandbox.status is SandboxStatus.COMMITTED
+        assert differences(long_state(src, keep), intended) == []
+        sandbox.rollback()
+        assert differences(long_state(src, keep), before) == []
     finally:
-        if sandbox.status is SandboxStatus.ERRORED:
-            assert tree_state(src, top=True) == before  # at least nothing was touched
+        sandbox.cleanup()
 
 
 # -- git: the repository's environment and attributes ----------------------------------------------
@@ -751,18 +752,16 @@ def test_git_worktree_of_a_bare_repository_and_a_separate_git_dir(
 # -- SQLite: a pragma the held transaction ignores -------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["two_phase", "saga"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRAGMA foreign_keys=ON run in a SQLite sandbox is a silent no-op (SQLite ignores it "
-    "inside the held transaction): a foreign-key violation is committed with the plan",
-)
+@pytest.mark.parametrize("mode", ["two_phase", "saga", "one-shot"])
 def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, mode: str) -> None:
     """SQLite documents that ``PRAGMA foreign_keys`` is a no-op inside a transaction (the
     classic "foreign keys not enforced" report); the application turns it on, inserts a child
-    of a missing parent under a DEFERRABLE INITIALLY DEFERRED key, and the plan commits. The
-    right outcome: the commit is refused (as the application's own COMMIT would be), the
-    database and the plan's directory unchanged."""
+    of a missing parent under a DEFERRABLE INITIALLY DEFERRED key. Found: the plan committed
+    the violation. Fixed (``strategies/_sqlite_pragmas``): the sandbox sets the pragma on its
+    connections before ``BEGIN`` and runs ``PRAGMA foreign_key_check`` before commit/prepare;
+    the commit is refused (as the application's own COMMIT would be) naming the row, the
+    database and the plan's directory unchanged, the SQLite sandbox ACTIVE; once the parent
+    exists the plan commits."""
     directory = tmp_path / "dir"
     directory.mkdir()
     (directory / "v").write_text("old")
@@ -787,19 +786,59 @@ def test_sqlite_foreign_keys_pragma_in_the_sandbox_is_enforced(tmp_path: Path, m
     sq = manager.get_or_create_sandbox(
         "s14", "db", str(db), "transaction_rollback", sandbox_root=boxes
     )
+
+    def rows(table: str) -> list[tuple[int, ...]]:
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute(f"SELECT * FROM {table}").fetchall()  # noqa: S608 - fixed names
+        finally:
+            conn.close()
+
     try:
         sq.execute("PRAGMA foreign_keys=ON")
         sq.execute("INSERT INTO child VALUES (1, 2)")
-        with contextlib.suppress(SandboxCommitError):  # refusing is the right outcome
-            manager.commit_plan("s14", mode=mode)
-        conn = sqlite3.connect(db)
-        try:
-            assert conn.execute("SELECT * FROM child").fetchall() == []
-        finally:
-            conn.close()
+        if mode == "one-shot":
+            with pytest.raises(SandboxCommitError, match="foreign key") as refused:
+                sq.commit()
+            assert refused.value.conflicts == ["child row 1 -> parent"]
+        else:
+            results = manager.commit_plan("s14", mode=mode)
+            assert not all(result.success for result in results)
+            assert any("foreign key" in str(r.error or r.metadata) for r in results)
+        assert rows("child") == []
         assert (directory / "v").read_text() == "old"
+        assert sq.status is SandboxStatus.ACTIVE
+        if mode == "saga":
+            return  # the saga compensated the directory: the plan must be re-run (case 38)
+        sq.execute("INSERT INTO parent VALUES (2)")
+        if mode == "one-shot":
+            sq.commit()
+        else:
+            assert all(result.success for result in manager.commit_plan("s14", mode=mode))
+            assert (directory / "v").read_text() == "new"
+        assert rows("child") == [(1, 2)]
     finally:
         manager.cleanup_all("s14")
+
+
+@pytest.mark.parametrize(
+    "pragma", ["journal_mode=delete", "synchronous=OFF", "locking_mode=exclusive"]
+)
+def test_sqlite_pragmas_the_transaction_ignores_are_refused(tmp_path: Path, pragma: str) -> None:
+    """Pragmas SQLite ignores (``journal_mode``: returns the old mode) or refuses
+    (``synchronous``) inside a transaction change how the file is written, not its content:
+    refused with a clear error, not silently dropped; reading them works."""
+    db = tmp_path / "a.db"
+    sqlite3.connect(db).close()
+    sandbox = TransactionSandbox("db", str(db), sandbox_root=str(tmp_path / "boxes"))
+    sandbox.create("s14")
+    try:
+        with pytest.raises(SandboxStatementError, match="outside the sandbox"):
+            sandbox.execute(f"PRAGMA {pragma}")
+        assert sandbox.execute(f"PRAGMA {pragma.split('=')[0]}")
+        assert sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ACTIVE)
+    finally:
+        sandbox.cleanup()
 
 
 # -- the original named through a symlink -------------------------------------------------------

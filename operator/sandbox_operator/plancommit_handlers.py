@@ -88,6 +88,7 @@ from sandbox_operator.models import (
     PlanCommitPhase,
     PlanCommitSpec,
 )
+from sandbox_operator.plan_sources import source_root
 from sandbox_operator.sandbox_handlers import is_usable, mirror_to_object, target_from_body
 from sandbox_operator.settings import Settings
 
@@ -104,9 +105,14 @@ class DeletionGuardedHandle:
     handle's (``wrapped``).
     """
 
-    def __init__(self, wrapped: Any, check: Callable[[], None]) -> None:
+    def __init__(
+        self, wrapped: Any, check: Callable[[], None], source_root: str | None = None
+    ) -> None:
+        """``source_root``: the original's identity across workspace Pods
+        (:func:`~sandbox_operator.plan_sources.source_root`), for the two-phase overlap check."""
         self.wrapped = wrapped
         self._check = check
+        self.source_root = source_root
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
@@ -489,7 +495,10 @@ class PlanCommitLogic:
         usable = [t for t, s in targets if s is not None and is_usable(s.status)]
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
-        handles = [DeletionGuardedHandle(self.executor.open(t), self._guard(t)) for t in usable]
+        handles = [
+            DeletionGuardedHandle(self.executor.open(t), self._guard(t), source_root(t))
+            for t in usable
+        ]
         message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
         approved: str | None = None
         if spec.mode is PlanCommitMode.TWO_PHASE or spec.approval_required:

@@ -87,6 +87,7 @@ from sandbox_core._git import (
     repository_owner,
     worktree_entry,
 )
+from sandbox_core._path_limits import refuse_what_git_skipped
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
     SandboxCommitError,
@@ -1085,8 +1086,12 @@ class GitWorktreeSandbox(BaseSandbox):
 
     @staticmethod
     def _stage(worktree: GitCommand) -> str:
-        """Stage everything in the sandbox worktree (``add -A``); the staged tree's id."""
-        worktree.run("add", "-A")
+        """Stage everything in the sandbox worktree (``add -A``); the staged tree's id.
+
+        Raises:
+            OSError: ``ENAMETOOLONG``, a path git skipped (longer than PATH_MAX).
+        """
+        refuse_what_git_skipped(worktree.run("add", "-A").stderr)
         return worktree.run("write-tree").out
 
     def _read_heads(
@@ -1371,7 +1376,9 @@ class GitWorktreeSandbox(BaseSandbox):
         as having new commits. Best effort: a failure is logged, never raised, since
         the superproject's commit has landed.
         """
-        candidates = [p for p in paths if (top / p / ".git").exists()]
+        # os.path.exists: a path git cannot name (ENAMETOOLONG) is no submodule, and this runs
+        # after the ref moved, where nothing may raise.
+        candidates = [p for p in paths if os.path.exists(top / p / ".git")]  # noqa: PTH110
         if not candidates:
             return
         raw = original.run(

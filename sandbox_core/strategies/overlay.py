@@ -93,6 +93,7 @@ from sandbox_core._fs_utils import (
     undo_sync,
 )
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
+from sandbox_core._path_limits import short_alias
 from sandbox_core.base import BaseSandbox, logger
 from sandbox_core.errors import (
     SandboxCreationError,
@@ -344,8 +345,25 @@ class OverlaySandbox(BaseSandbox):
         layer_changes = kernel.changes_from_upper(
             self.upper_dir, original, str(self._meta("xattr_namespace")), merged
         )
-        stage = area / "stage"
-        stage.mkdir()
+        stage_dir = area / "stage"
+        stage_dir.mkdir()
+        # The stage mirror is named through a short alias: its paths are then no longer than
+        # the view's, whatever the length of the commit area's own path (issue 7, PATH_MAX).
+        with short_alias(stage_dir) as stage:
+            changes = self._stage_and_sync(layer_changes, original, merged, stage, area, root)
+        shutil.rmtree(stage_dir)
+        return changes
+
+    def _stage_and_sync(
+        self,
+        layer_changes: list[LayerChange],
+        original: Path,
+        merged: Path,
+        stage: Path,
+        area: Path,
+        root: Meta | None,
+    ) -> TreeChanges:
+        """The body of :meth:`_commit_kernel` once its stage mirror exists at ``stage``."""
         links: LinkMap = {}  # shared by both staging passes: one inode per link group
         stage_layer_changes(layer_changes, merged, stage, links)
         changes = tree_changes_of(layer_changes, original, stage)
@@ -382,7 +400,6 @@ class OverlaySandbox(BaseSandbox):
             # Copied-up but unchanged entries: nothing to write, start from a clean layer.
             kernel.unmount(merged)
             self._remount_empty()
-        shutil.rmtree(stage)
         return changes
 
     # -- two-phase plan commit (issue 9) ----------------------------------------------------

@@ -94,6 +94,7 @@ from sandbox_core.protocol import (
     utc_now,
 )
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies import _sqlite_pragmas as pragmas
 from sandbox_core.strategies._statement_log import (
     LogEntry,
     Outcome,
@@ -621,10 +622,12 @@ class TransactionSandbox(BaseSandbox):
         def attempt() -> _Staged:
             connection = self._connect()
             try:
+                fks = _connection_pragmas(connection, entries)
                 # Held until apply or abort: other writers wait (busy timeout), readers do not.
                 connection.execute("BEGIN IMMEDIATE")
                 self._refuse_if_committed(connection)
                 self._replay(connection, entries)
+                self._check_foreign_keys(connection, fks, "prepare")
                 marker = self._new_marker(message, len(entries))
                 self._write_marker(connection, marker)
             except BaseException:
@@ -908,12 +911,15 @@ class TransactionSandbox(BaseSandbox):
                 raise SandboxStatementError(
                     f"{keyword} is managed by the sandbox: use commit() or rollback()"
                 )
+            fresh = self._target().backend == "sqlite"
+            refused = pragmas.refusal(sql) if fresh and keyword == "PRAGMA" else None
+            if refused is not None:
+                raise SandboxStatementError(refused)
             try:
                 entry = LogEntry.make(sql, params, many=many)
             except ValueError as exc:
                 raise SandboxStatementError(str(exc)) from exc
             logged = many or not _is_read_only(keyword, sql)
-            fresh = self._target().backend == "sqlite"
             statement = self._fresh_statement if fresh else self._held_statement
             try:
                 rows, outcome = self._retrying(lambda: statement(entry, params, logged))
@@ -949,13 +955,15 @@ class TransactionSandbox(BaseSandbox):
         immediate = logged or (log.path.exists() and log.path.stat().st_size > 0)
         connection = self._connect()
         try:
+            entries = log.read()
+            _connection_pragmas(connection, [*entries, entry])
             # IMMEDIATE takes the write lock up front (waiting with the busy timeout), so the
             # transaction never has to upgrade a read snapshot that another writer made stale.
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
             self._refuse_if_committed(connection)
             # Effects are compared at commit, prepare and review; not on every statement's
             # replay (it would double the cost of a long log's replay for no earlier safety).
-            self._replay(connection, log.read(), effects=False)
+            self._replay(connection, entries, effects=False)
             self.activate()
             rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
             if logged:
@@ -1063,13 +1071,15 @@ class TransactionSandbox(BaseSandbox):
         """SQLite: replay, marker and COMMIT in one ``BEGIN IMMEDIATE`` transaction."""
         connection = self._connect()
         try:
+            entries = self._log().read()
+            fks = _connection_pragmas(connection, entries)
             connection.execute("BEGIN IMMEDIATE")
             recorded = self._read_marker(connection)
             if recorded is not None:
                 # COMMIT already landed (an earlier process crashed before saving the status).
                 return self._result(recorded, already_committed=True)
-            entries = self._log().read()
             self._replay(connection, entries)
+            self._check_foreign_keys(connection, fks, "commit")
             marker = self._new_marker(message, len(entries))
             self._write_marker(connection, marker)
             try:
@@ -1081,6 +1091,25 @@ class TransactionSandbox(BaseSandbox):
             return self._result(marker, already_committed=False)
         finally:
             _finish(connection)
+
+    def _check_foreign_keys(self, connection: Connection, on: bool, action: str) -> None:
+        """SQLite with ``PRAGMA foreign_keys`` turned on in the sandbox: the violations its
+        ``COMMIT`` would refuse (deferred keys included) refuse ``action`` first, naming them as
+        conflicts; nothing is written and the sandbox stays ACTIVE.
+
+        Raises:
+            SandboxCommitError: with ``conflicts`` = ``table row N -> parent`` texts.
+        """
+        if not on:
+            return
+        violations = pragmas.describe_violations(connection.execute("PRAGMA foreign_key_check"))
+        if violations:
+            shown = ", ".join(violations[:10])
+            raise SandboxCommitError(
+                f"{action} of sandbox {self.sandbox_id} refused: PRAGMA foreign_keys is on and "
+                f"{len(violations)} row(s) violate a foreign key: {shown}",
+                violations,
+            )
 
     def _commit_held(self, message: str | None) -> CommitResult:
         """PostgreSQL: marker and COMMIT in the held transaction (replayed if it died)."""
@@ -1251,6 +1280,15 @@ def _run_statement(
     return result.rows, Outcome.of(
         result.rows, result.rowcount, result.generated_id, result.effects
     )
+
+
+def _connection_pragmas(connection: Connection, entries: list[LogEntry]) -> bool:
+    """Set the connection-scoped pragmas the log turned on, before ``BEGIN`` (SQLite ignores
+    ``PRAGMA foreign_keys`` inside a transaction); True when foreign keys are on."""
+    on = pragmas.foreign_keys_on(entry.sql for entry in entries)
+    if on:
+        connection.execute("PRAGMA foreign_keys = ON")
+    return on
 
 
 def _finish(connection: Connection) -> None:
