@@ -324,7 +324,25 @@ class PlanCommitSaga(JournaledPlanCommit):
         on_change: called with a sandbox after each change of its status (the manager persists
             it to its store).
         fault_hook: test-only fault injection; defaults to :func:`env_fault_hook`.
+        resume: when True, :meth:`recover` finishes an attempt that a crash interrupted (no
+            commit failed, every step's outcome known) by committing its pending steps, instead
+            of compensating it; ``resume_message`` is their commit message. The operator resumes
+            (its PlanCommit is the standing request to commit; issue 11, "Scale under faults");
+            the default keeps the roll-back policy of the module docstring.
     """
+
+    def __init__(
+        self,
+        journal: CommitJournal,
+        on_change: Callable[[Any], None] | None = None,
+        fault_hook: FaultHook | None = None,
+        *,
+        resume: bool = False,
+        resume_message: str | None = None,
+    ) -> None:
+        super().__init__(journal, on_change=on_change, fault_hook=fault_hook)
+        self._resume = resume
+        self._resume_message = resume_message
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -457,6 +475,15 @@ class PlanCommitSaga(JournaledPlanCommit):
         if state.phase is JournalPhase.COMMITTING and _past_point_of_no_return(state):
             self._roll_forward(state, sandboxes, resolve)
             return state
+        if (
+            self._resume
+            and state.phase is JournalPhase.COMMITTING
+            and state.failed_sandbox_id is None
+            and not uncertain
+        ):
+            # Nothing failed and every step's outcome is known: the attempt was only cut short.
+            self._roll_forward(state, sandboxes, resolve, self._resume_message)
+            return state
         to_compensate = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
@@ -473,13 +500,15 @@ class PlanCommitSaga(JournaledPlanCommit):
         return state
 
     def _roll_forward(
-        self, state: JournalState, sandboxes: dict[str, Any], resolve: SandboxResolver
+        self,
+        state: JournalState,
+        sandboxes: dict[str, Any],
+        resolve: SandboxResolver,
+        message: str | None = None,
     ) -> None:
-        """Commit the steps still pending after a step that cannot be undone has landed."""
-        logger.warning(
-            "plan %s: a commit that cannot be undone had landed; finishing the attempt",
-            state.plan_id,
-        )
+        """Commit the steps still pending (after a step that cannot be undone has landed, or
+        when resuming); a commit that fails then is compensated as in :meth:`run`."""
+        logger.warning("plan %s: finishing the interrupted attempt", state.plan_id)
         committed = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
@@ -487,7 +516,7 @@ class PlanCommitSaga(JournaledPlanCommit):
         ]
         pending = [(step, resolve(step)) for step in state.steps if step.state is StepState.PENDING]
         try:
-            self._commit_steps(state, pending, committed, None)
+            self._commit_steps(state, pending, committed, message)
         except AtomicCommitError:
             logger.exception("plan %s: finishing the attempt failed", state.plan_id)
 
