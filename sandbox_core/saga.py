@@ -19,7 +19,9 @@ Recovery policy (cases 20 and 22):
   is known to have landed (nothing left to do but record it); or a step that cannot be undone
   (``transaction_rollback``, ``none``: committed last) has landed, the point of no return, so
   rolling back would leave it beside undone steps (half a plan, case 38): recovery commits the
-  remaining steps (those too cannot be undone, since they come last).
+  remaining steps (those too cannot be undone, since they come last). A caller that holds a
+  standing request to commit (the operator's PlanCommit, issue 11) opts in to roll forward
+  every interrupted attempt whose steps' outcomes are all known (``resume=True``).
 - A terminal journal is never touched again: running recovery twice changes nothing.
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
