@@ -486,8 +486,8 @@ class PlanCommitLogic:
             attempt = max(attempt, recorded.attempt + 1)  # aborted untouched: a new attempt
         waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
         if waiting:
-            message = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
-            self._block(body, "", "SandboxesNotReady", message)
+            text = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
+            self._block(body, "", "SandboxesNotReady", text)
         try:
             refuse_partial_plan(
                 spec.plan_id, [(t.sandbox_id, t.name, s.status) for t, s in targets if s]
