@@ -81,6 +81,10 @@ class SoakReport:
     conflicts_injected: int = 0
     injected_plans: list[str] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
+    # Per plan: final phase, mode, injected or not, the Ready condition's reason and message.
+    plan_details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "injected" / "not injected" -> reason -> count, over every plan not Committed.
+    failure_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     all_or_nothing: bool = False
     broken_plans: list[str] = field(default_factory=list)
     kills: int = 0
@@ -100,7 +104,14 @@ class SoakReport:
             and self.leftover_api_objects == 0
             and self.leftover_files == 0
             and self.leftover_core_records == 0
+            and self.failures_accounted_for
         )
+
+    @property
+    def failures_accounted_for(self) -> bool:
+        """Every plan not Committed has its reason in ``failure_reasons``."""
+        counted = sum(sum(group.values()) for group in self.failure_reasons.values())
+        return counted == self.plans_rolled_back + self.plans_failed
 
 
 def _rss_peak_kib(pid: int) -> int:
@@ -189,6 +200,34 @@ def _list(cluster: Cluster, plural: str) -> list[dict[str, Any]]:
     if result.returncode != 0:
         return []
     return list(json.loads(result.stdout).get("items") or [])
+
+
+def _condition(status: dict[str, Any]) -> tuple[str, str]:
+    """The reason and message of a PlanCommit's ``Committed`` condition (why it did or did not
+    commit), else of its last condition."""
+    conditions = list(status.get("conditions") or [])
+    chosen = [c for c in conditions if c.get("type") == "Committed"] or conditions
+    if not chosen:
+        return "NoCondition", ""
+    last = chosen[-1]
+    return str(last.get("reason") or "NoReason"), str(last.get("message") or "")[:300]
+
+
+def failure_table(report: SoakReport) -> str:
+    """A text table: every plan not Committed, grouped by injected or not and by reason."""
+    lines = ["group         | count | reason", "--------------|------:|-------"]
+    for group in ("injected", "not injected"):
+        for reason, count in sorted((report.failure_reasons.get(group) or {}).items()):
+            lines.append(f"{group:<13} | {count:>5} | {reason}")
+    accounted = sum(sum(g.values()) for g in report.failure_reasons.values())
+    lines.append(
+        f"plans not Committed: {report.plans_rolled_back + report.plans_failed}, "
+        f"accounted for: {accounted}"
+    )
+    for plan, detail in sorted(report.plan_details.items()):
+        if detail["phase"] != "Committed" and not detail["injected"]:
+            lines.append(f"  {plan} {detail['mode']} {detail['phase']}: {detail['message']}")
+    return "\n".join(lines)
 
 
 def _wait(
@@ -298,6 +337,20 @@ def run(server: LocalApiServer, work: Path, config: SoakConfig) -> SoakReport:
         for item in commits:
             plan, phase = item["spec"]["planId"], item["status"]["phase"]
             report.outcomes[plan] = phase
+            injected = plan in report.injected_plans
+            reason, message = _condition(item["status"])
+            report.plan_details[plan] = {
+                "phase": phase,
+                "mode": mode_of[plan],
+                "injected": injected,
+                "reason": reason,
+                "message": message,
+            }
+            if phase != "Committed":
+                group = report.failure_reasons.setdefault(
+                    "injected" if injected else "not injected", {}
+                )
+                group[reason] = group.get(reason, 0) + 1
             edits = [(sources / n / "f.txt").read_text() == AFTER for n in members[plan]]
             if phase == "Committed":
                 report.plans_committed += 1
@@ -354,6 +407,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (operator logs) and say where"
+    )
+    parser.add_argument(
         "--modes", default="TwoPhase,Saga", help="PlanCommit modes, used in turn per plan"
     )
     args = parser.parse_args()
@@ -371,10 +427,14 @@ def main() -> int:
         with LocalApiServer() as server:
             report = run(server, work, config)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"work directory kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     data = {**asdict(report), "ok": report.ok, "config": asdict(config)}
     text = json.dumps(data, indent=2)
     print(text)
+    print(failure_table(report))
     if args.json:
         args.json.write_text(text + "\n")
     return 0 if report.ok else 1

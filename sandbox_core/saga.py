@@ -19,7 +19,9 @@ Recovery policy (cases 20 and 22):
   is known to have landed (nothing left to do but record it); or a step that cannot be undone
   (``transaction_rollback``, ``none``: committed last) has landed, the point of no return, so
   rolling back would leave it beside undone steps (half a plan, case 38): recovery commits the
-  remaining steps (those too cannot be undone, since they come last).
+  remaining steps (those too cannot be undone, since they come last). A caller that holds a
+  standing request to commit (the operator's PlanCommit, issue 11) opts in to roll forward
+  every interrupted attempt whose steps' outcomes are all known (``resume=True``).
 - A terminal journal is never touched again: running recovery twice changes nothing.
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
@@ -324,7 +326,25 @@ class PlanCommitSaga(JournaledPlanCommit):
         on_change: called with a sandbox after each change of its status (the manager persists
             it to its store).
         fault_hook: test-only fault injection; defaults to :func:`env_fault_hook`.
+        resume: when True, :meth:`recover` finishes an attempt that a crash interrupted (no
+            commit failed, every step's outcome known) by committing its pending steps, instead
+            of compensating it; ``resume_message`` is their commit message. The operator resumes
+            (its PlanCommit is the standing request to commit; issue 11, "Scale under faults");
+            the default keeps the roll-back policy of the module docstring.
     """
+
+    def __init__(
+        self,
+        journal: CommitJournal,
+        on_change: Callable[[Any], None] | None = None,
+        fault_hook: FaultHook | None = None,
+        *,
+        resume: bool = False,
+        resume_message: str | None = None,
+    ) -> None:
+        super().__init__(journal, on_change=on_change, fault_hook=fault_hook)
+        self._resume = resume
+        self._resume_message = resume_message
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -457,6 +477,15 @@ class PlanCommitSaga(JournaledPlanCommit):
         if state.phase is JournalPhase.COMMITTING and _past_point_of_no_return(state):
             self._roll_forward(state, sandboxes, resolve)
             return state
+        if (
+            self._resume
+            and state.phase is JournalPhase.COMMITTING
+            and state.failed_sandbox_id is None
+            and not uncertain
+        ):
+            # Nothing failed and every step's outcome is known: the attempt was only cut short.
+            self._roll_forward(state, sandboxes, resolve, self._resume_message)
+            return state
         to_compensate = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
@@ -473,13 +502,15 @@ class PlanCommitSaga(JournaledPlanCommit):
         return state
 
     def _roll_forward(
-        self, state: JournalState, sandboxes: dict[str, Any], resolve: SandboxResolver
+        self,
+        state: JournalState,
+        sandboxes: dict[str, Any],
+        resolve: SandboxResolver,
+        message: str | None = None,
     ) -> None:
-        """Commit the steps still pending after a step that cannot be undone has landed."""
-        logger.warning(
-            "plan %s: a commit that cannot be undone had landed; finishing the attempt",
-            state.plan_id,
-        )
+        """Commit the steps still pending (after a step that cannot be undone has landed, or
+        when resuming); a commit that fails then is compensated as in :meth:`run`."""
+        logger.warning("plan %s: finishing the interrupted attempt", state.plan_id)
         committed = [
             (step, sandboxes.get(step.sandbox_id))
             for step in state.steps
@@ -487,7 +518,7 @@ class PlanCommitSaga(JournaledPlanCommit):
         ]
         pending = [(step, resolve(step)) for step in state.steps if step.state is StepState.PENDING]
         try:
-            self._commit_steps(state, pending, committed, None)
+            self._commit_steps(state, pending, committed, message)
         except AtomicCommitError:
             logger.exception("plan %s: finishing the attempt failed", state.plan_id)
 

@@ -50,7 +50,8 @@ then falls back to the saga and reports ``fallback_reason`` (see ``docs/two-phas
 
 Fault injection (tests only), through :func:`sandbox_core.saga.env_fault_hook`
 (``SANDBOX_CORE_FAULT=<point>:<index>`` SIGKILLs, ``SANDBOX_CORE_FAULT_RAISE`` raises): points
-``before_prepare``, ``after_prepare`` (prepared, not yet recorded), ``before_apply``,
+``before_prepare``, ``after_prepare`` (prepared, not yet recorded), ``before_abort`` (each
+step's abort, also in recovery), ``before_apply``,
 ``after_apply`` (applied, not yet recorded) with the 1-based step index in commit order, each
 reached in the thread of its own step (other independent steps may be anywhere then), and
 ``after_decision`` with index ``0`` (the decision record is durable, nothing applied yet except
@@ -666,11 +667,13 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         state.reason = reason
         self._save(state)
         failed: list[str] = []
+        positions = {step.sandbox_id: index for index, step in enumerate(state.steps, start=1)}
         for step, sandbox in reversed(pairs):
             if step.state in (StepState.ABORTED, StepState.COMMITTED):
                 continue
             if not (every_step or step.state in _ABORTABLE):
                 continue
+            self._fault("before_abort", positions[step.sandbox_id], step.sandbox_id)
             try:
                 _found(step, sandbox, "abort").abort_prepared(txid)
             except Exception as exc:  # every step is attempted; failures are named

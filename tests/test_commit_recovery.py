@@ -512,8 +512,13 @@ def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
     recovered = run_child({**args, "action": "recover", "kill_mid_sync": False})
     assert recovered.returncode == 0, recovered.stderr
     state = json.loads(recovered.stdout)
-    assert state["phase"] == "rolled_back", state
     assert state["failed_rollback_ids"] == []
+    if strategy == "copy_on_write" and kill_at == 4:
+        # copy_on_write's commit_landed() (issue 11) sees the applied sync: recorded, not undone.
+        assert state["phase"] == "committed", state
+        assert _files(directory) == {"a": b"a1\n", "b": b"b1\n", "c": b"c1\n"}
+        return
+    assert state["phase"] == "rolled_back", state
     assert _files(directory) == before
     assert sorted(os.listdir(tmp_path)) == ["D", "sandboxes", "state"], "no staging area left"
     cleaned = run_child({**args, "action": "cleanup", "kill_mid_sync": False})

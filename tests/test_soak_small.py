@@ -2,8 +2,9 @@
 10 plans on the real API server, two of them with an injected commit failure, the operator
 SIGKILLed twice (6 s after each start finished) and restarted; every plan ends all or nothing on
 the originals, the injected failures are never committed, and nothing is left in the API, under
-the sandbox root or in the core's state after deletion. It found a lost status (kopf's two-request
-patch cut by the kill; the resume handler in sandbox_operator.main repairs it).
+the sandbox root or in the core's state after deletion, and every plan without an injected failure
+ends Committed (resumed from its journal after a kill). It found a lost status (kopf's
+two-request patch cut by the kill; the resume handler in sandbox_operator.main repairs it).
 """
 
 from __future__ import annotations
@@ -44,12 +45,17 @@ def test_soak_small_with_two_kills(local_apiserver: Any, tmp_path: Path) -> None
     assert report.conflicts_injected == 2
     assert report.all_or_nothing, report.broken_plans
     assert report.plans_committed + report.plans_rolled_back + report.plans_failed == 10
-    # A plan whose saga a kill interrupts is rolled back on restart (roll back, not forward:
-    # sandbox_core/saga.py), so only the injected failures have a fixed outcome.
+    # A plan that only the kills interrupt resumes from its journal and commits (issue 11;
+    # sandbox_operator.resume); only the injected failures may end otherwise, and they must.
     assert len(report.outcomes) == 10
     assert len(report.injected_plans) == 2
     for plan in report.injected_plans:
         assert report.outcomes[plan] in ("RolledBack", "Failed"), report.outcomes
+    not_committed = {p: d for p, d in report.plan_details.items() if d["phase"] != "Committed"}
+    assert sorted(not_committed) == sorted(report.injected_plans), soak.failure_table(report)
+    # Every plan not committed is accounted for with its reason.
+    assert sum(sum(g.values()) for g in report.failure_reasons.values()) == len(not_committed)
+    assert "not injected" not in report.failure_reasons, soak.failure_table(report)
     assert report.leftover_api_objects == 0
     assert report.leftover_files == 0
     assert report.leftover_core_records == 0

@@ -89,6 +89,7 @@ from sandbox_operator.models import (
     PlanCommitSpec,
 )
 from sandbox_operator.plan_sources import source_root
+from sandbox_operator.resume import resume_attempt
 from sandbox_operator.sandbox_handlers import is_usable, mirror_to_object, target_from_body
 from sandbox_operator.settings import Settings
 
@@ -456,15 +457,17 @@ class PlanCommitLogic:
 
         return changed
 
-    def _resolver(self, by_id: Mapping[str, SandboxTarget]) -> Any:
+    def _resolver(self, by_id: Mapping[str, SandboxTarget], guarded: bool = False) -> Any:
         def resolve(step: JournalStep) -> Any:
             target = by_id.get(step.sandbox_id)
             if target is None:
                 return None
             try:
-                return self.executor.open(target)
+                handle = self.executor.open(target)
             except SandboxError:
                 return None
+            # A resumed attempt commits too: a Sandbox being deleted is refused (case 17).
+            return DeletionGuardedHandle(handle, self._guard(target)) if guarded else handle
 
         return resolve
 
@@ -478,14 +481,19 @@ class PlanCommitLogic:
         attempt: int = 1,
     ) -> JournalState | None:
         on_change = self._on_change(by_id, journal.name)
-        if journal.load() is not None:
-            # Either mode: the coordinator hands a saga journal to the saga's recovery.
-            coordinator = TwoPhasePlanCommit(journal, on_change=on_change)
-            return coordinator.recover(self._resolver(by_id))
+        message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
+        recorded = journal.load()
+        if recorded is not None:
+            # Issue 11: an attempt a crash interrupted is finished (committed), not failed.
+            resolve = self._resolver(by_id, guarded=True)
+            resumed = resume_attempt(journal, resolve, on_change, message)
+            if resumed is not None:
+                return resumed
+            attempt = max(attempt, recorded.attempt + 1)  # aborted untouched: a new attempt
         waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
         if waiting:
-            message = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
-            self._block(body, "", "SandboxesNotReady", message)
+            text = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
+            self._block(body, "", "SandboxesNotReady", text)
         try:
             refuse_partial_plan(
                 spec.plan_id, [(t.sandbox_id, t.name, s.status) for t, s in targets if s]
@@ -499,7 +507,6 @@ class PlanCommitLogic:
             DeletionGuardedHandle(self.executor.open(t), self._guard(t), source_root(t))
             for t in usable
         ]
-        message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
         approved: str | None = None
         if spec.mode is PlanCommitMode.TWO_PHASE or spec.approval_required:
             digest = self._review(body, spec, journal, handles)

@@ -216,6 +216,24 @@ class CopyOnWriteSandbox(BaseSandbox):
                 backup_dir=self._backup_dir, result=self._result(changes, message), root=root,
             )  # fmt: skip
 
+    def commit_landed(self) -> bool:
+        """Did a commit whose outcome was lost (the process died inside it) reach the original?
+
+        Crash recovery (``sandbox_core.saga``, issue 11): an interrupted sync is finished or
+        undone first (:func:`~sandbox_core._fs_utils.recover_sync`, so the original is exactly
+        old or exactly new), then the commit landed when the original holds every change the
+        sandbox made and nothing conflicts: what a commit now would write is empty. A sandbox
+        that changed nothing answers True (there is nothing to land either way).
+
+        Raises:
+            OSError: the trees cannot be read or the interrupted sync cannot be recovered.
+        """
+        source = self._source()
+        with lock_tree(source):
+            recover_sync(source)
+            changes, conflicts, root = self._split_changes(source)
+        return not changes.paths and not conflicts and root is None
+
     def _do_apply_prepared(self, txid: str) -> CommitResult:
         """Renames only; a concurrent change to a staged path refuses with nothing touched;
         idempotent after a crash (see :mod:`sandbox_core._prepared`)."""

@@ -9,7 +9,8 @@ apply), for the Saga and the TwoPhase modes, with and without an injected commit
 last sandbox (the soak's "conflict"), and with the fault armed on the restarted operator too
 (killed again in its recovery). After a clean restart the PlanCommit must be terminal with every
 original holding the plan's edit (``Committed``) or none of them (``Failed``), no failed
-compensation, and a plan with an injected failure never ``Committed``.
+compensation, a plan with an injected failure never ``Committed`` and a plan without one always
+``Committed`` (resumed from its journal, issue 11 "Scale under faults").
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def test_a_kill_between_a_commit_and_the_journal_ends_the_plan_all_or_nothing(
     landed = [(original / "f.txt").read_text() == AFTER for original in originals]
     assert all(landed) or not any(landed), (landed, final)
     assert final["failedRollbackIds"] == [], final
+    if not failing:
+        # Issue 11: a plan that nothing but a kill interrupted resumes from its journal and
+        # commits (sandbox_operator.resume), whatever the point of the kill.
+        assert final["phase"] == "Committed", final
     if final["phase"] == "Committed":
         assert all(landed), final
         assert not failing, final
