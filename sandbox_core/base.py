@@ -87,6 +87,9 @@ class BaseSandbox:
 
     strategy: ClassVar[str] = ""
     rollbackable: ClassVar[bool] = True
+    layout_folder: ClassVar[str | None] = None
+    """The per-strategy folder under the sandbox root (``cow``, ``git``, ``overlay``, ``txn``)
+    that holds ``<folder>/<sandbox_id>/``; None when the strategy makes none."""
     prepares_durably: bool = True
     """Whether ``prepare`` survives a crash of this process (issue 9). A participant that cannot
     (SQLite holds its prepared writes in an open connection) can only be the last resource of
@@ -169,9 +172,11 @@ class BaseSandbox:
                 context = self._do_create(plan_id)
             except SandboxError:
                 self._status = SandboxStatus.ERRORED
+                self._prune_layout_dir()
                 raise
             except (OSError, ValueError) as exc:
                 self._status = SandboxStatus.ERRORED
+                self._prune_layout_dir()
                 raise SandboxCreationError(
                     f"cannot create {self.strategy} sandbox for {self._original_path}: {exc}"
                 ) from exc
@@ -332,15 +337,19 @@ class BaseSandbox:
     def _prune_layout_dir(self) -> None:
         """Remove ``<root>/<kind>/`` once this sandbox's ``<kind>/<id>/`` was its last entry.
 
-        Found from the context's ``sandbox_path`` (the ``<id>`` component), so nothing outside
-        the sandbox's own layout is ever looked at: the ``none`` strategy, whose path is the
-        original, has no such component. ``rmdir`` only removes an empty directory, so a
+        Found from the context's ``sandbox_path`` (the ``<id>`` component) or, after a create
+        that failed (it removed its own ``<kind>/<id>/``), from ``layout_folder``; so nothing
+        outside the sandbox's own layout is ever looked at: the ``none`` strategy, whose path is
+        the original, has no such component. ``rmdir`` only removes an empty directory, so a
         folder another sandbox still uses stays.
         """
-        if self._context is None:
+        if self._context is not None:
+            path = Path(self._context.sandbox_path)
+            own = next((p for p in (path, *path.parents) if p.name == self._sandbox_id), None)
+        elif self.layout_folder is not None:  # a create that failed: no context was made
+            own = self.sandbox_root / self.layout_folder / self._sandbox_id
+        else:
             return
-        path = Path(self._context.sandbox_path)
-        own = next((p for p in (path, *path.parents) if p.name == self._sandbox_id), None)
         if own is None or os.path.lexists(own):
             return
         with contextlib.suppress(OSError):  # not empty (other sandboxes), or already gone

@@ -147,6 +147,45 @@ def test_a_shared_strategy_folder_stays_while_another_sandbox_uses_it(tmp_path: 
     assert list((tmp_path / "sbx").iterdir()) == []
 
 
+def _disk_full(*_args: Any, **_kwargs: Any) -> Any:
+    raise OSError(28, "No space left on device")
+
+
+# Where each file strategy's create fails after it made <root>/<kind>/<id>/ (fault injection).
+FAILING_CREATE = {
+    "copy_on_write": ("sandbox_core.strategies.copy_on_write.copy_with_baseline", {}),
+    "overlay-fallback": (
+        "sandbox_core.strategies.overlay.copy_with_baseline",
+        {"mode": "fallback"},
+    ),
+    "git_worktree": (
+        "sandbox_core.strategies.git_worktree.GitWorktreeSandbox._free_branch",
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILING_CREATE))
+def test_a_failed_create_leaves_no_strategy_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Issue 7, hygiene: a create that fails midway (here the disk fills) removes its own
+    folder and the per-strategy folder it made; the original is untouched."""
+    target, options = FAILING_CREATE[case]
+    strategy = case.split("-")[0]
+    original = make_original(tmp_path, strategy)
+    before = sorted(p.name for p in original.iterdir())
+    monkeypatch.setattr(target, _disk_full)
+    sandbox = SandboxFactory().create(
+        strategy, "r", str(original), sandbox_root=str(tmp_path / "sbx"), **options
+    )
+    with pytest.raises(Exception, match="No space left on device"):
+        sandbox.create("p-full")
+    assert sandbox.status is SandboxStatus.ERRORED
+    assert leftovers(tmp_path, original) == {}
+    assert sorted(p.name for p in original.iterdir()) == before
+
+
 def test_a_journal_that_still_owes_a_compensation_is_kept(tmp_path: Path) -> None:
     """Hygiene never destroys the only record of what must still be undone (case 21)."""
     from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState

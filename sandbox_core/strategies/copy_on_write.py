@@ -80,6 +80,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     """
 
     strategy = "copy_on_write"
+    layout_folder = "cow"
     rollbackable = True
 
     # -- layout -----------------------------------------------------------------------------

@@ -431,6 +431,7 @@ class GitWorktreeSandbox(BaseSandbox):
     """
 
     strategy = "git_worktree"
+    layout_folder = "git"
     rollbackable = True
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:

@@ -121,6 +121,7 @@ class OverlaySandbox(BaseSandbox):
     """
 
     strategy = "overlay"
+    layout_folder = "overlay"
     rollbackable = True
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:

@@ -195,6 +195,7 @@ class TransactionSandbox(BaseSandbox):
     """
 
     strategy = "transaction_rollback"
+    layout_folder = "txn"
     rollbackable = False
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
