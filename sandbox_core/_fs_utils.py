@@ -2233,11 +2233,12 @@ def _text_lines(path: str) -> list[str] | None:
 
 
 def change_stats(
-    old_root: StrPath, new_root: StrPath, changes: TreeChanges
+    old_root: StrPath, new_root: StrPath, changes: TreeChanges, *, lines: bool = True
 ) -> tuple[int, int, int]:
     """``(lines_added, lines_removed, bytes)`` of a change set: text lines added and removed
     (a unified diff's ``+``/``-`` lines; binary files, and files over 8 MiB, count none) and
-    the size in bytes of the new content of added and changed regular files.
+    the size in bytes of the new content of added and changed regular files. ``lines=False``
+    counts no lines (both 0) and reads no file: only the sizes, from ``lstat``.
 
     Raises:
         OSError: a file cannot be read.
@@ -2251,6 +2252,8 @@ def change_stats(
                 st = os.lstat(new_path)
                 if stat.S_ISREG(st.st_mode):
                     size += st.st_size
+        if not lines:
+            continue
         old_lines = [] if rel in changes.added else _text_lines(old_path)
         new_lines = [] if rel in changes.deleted else _text_lines(new_path)
         if old_lines is None or new_lines is None:

@@ -165,10 +165,12 @@ def summary(
     changes: TreeChanges,
     digest: str,
     conflicts: list[str],
+    *,
+    count_lines: bool = True,
 ) -> ChangeSummary:
     """The :class:`ChangeSummary` of ``changes`` (``old_root``: the original; ``new_root``: the
-    tree whose content would land)."""
-    lines_added, lines_removed, size = change_stats(old_root, new_root, changes)
+    tree whose content would land); ``count_lines=False`` leaves the line counts at 0."""
+    lines_added, lines_removed, size = change_stats(old_root, new_root, changes, lines=count_lines)
     return ChangeSummary(
         sandbox_id=sandbox.sandbox_id,
         resource_id=sandbox.resource_id,
@@ -218,7 +220,9 @@ def prepare(
     except FileExistsError as exc:
         raise SandboxStateError(f"commit {txid} of sandbox {sandbox.sandbox_id}: {exc}") from exc
     try:
-        review = summary(sandbox, original, source, changes, staged.digest, [])
+        # Paths and bytes only: the line counts are the review's figures (sandbox.review());
+        # counting them here re-read both sides of every changed file on the commit's path.
+        review = summary(sandbox, original, source, changes, staged.digest, [], count_lines=False)
         # Inside a plan's deferred_syncfs the record is made durable with the staged files by
         # the one flush before the decision record (until the decision only abort may follow,
         # and abort takes a torn record for a prepared one).

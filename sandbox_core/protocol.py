@@ -171,7 +171,8 @@ class PreparedCommit:
     staged is named after it, so ``apply_prepared(txid)`` and ``abort_prepared(txid)`` work from
     the id alone after a crash. ``digest`` is the digest of exactly what was staged (it equals
     the :class:`ChangeSummary` digest when nothing changed in between); ``summary`` its change
-    summary; ``details`` strategy data for people and tests (staging directory, merge commit,
+    summary (the directory strategies leave its line counts at 0: those are the review's);
+    ``details`` strategy data for people and tests (staging directory, merge commit,
     prepared transaction's global id), never a secret.
     """
 

@@ -20,6 +20,8 @@ from sandbox_core.manager import SandboxManager
 from sandbox_core.review import plan_digest
 from sandbox_core.saga import InjectedFaultError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.strategies.overlay import OverlaySandbox
 from sandbox_core.two_phase import TwoPhasePlanCommit, independent_chains, plan_txid
 from tests.two_phase_fakes import (
     StagedFileSandbox,
@@ -173,6 +175,20 @@ def test_injected_prepare_fault_aborts_everything(tmp_path: Path) -> None:
     results = TwoPhasePlanCommit(journal, fault_hook=hook).run("plan", sandboxes)
     assert not results[0].success
     assert leftovers(originals) == [] and _texts(originals) == ["base\n"] * 3
+
+
+def test_directory_sandboxes_share_one_chain_beside_the_others(tmp_path: Path) -> None:
+    """copy_on_write, overlay and none do their prepare and apply as Python file-system calls,
+    which threads only slow down (the GIL): they run one after another in one chain, whatever
+    their originals, while the other participants' chains stay apart."""
+    directories: list[Any] = [
+        CopyOnWriteSandbox("c1", str(tmp_path / "a")),
+        OverlaySandbox("o1", str(tmp_path / "b"), mode="fallback"),
+        CopyOnWriteSandbox("c2", str(tmp_path / "c")),
+    ]
+    others: list[Any] = [StagedFileSandbox("s", str(tmp_path / "d")), StagedFileSandbox("t", "x")]
+    pairs: list[Any] = [(None, sb) for sb in [directories[0], *others, *directories[1:]]]
+    assert independent_chains([1, 2, 3, 4, 5], pairs) == [[1, 4, 5], [2], [3]]
 
 
 @pytest.mark.parametrize("workers", [1, 8], ids=["in-order", "concurrent"])
