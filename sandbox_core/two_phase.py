@@ -8,7 +8,8 @@ originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead
    fail without touching its original (``BaseSandbox.prepare(txid)``: merge objects, staged
    files beside their targets, ``PREPARE TRANSACTION``), each named after the attempt's
    ``txid`` (:func:`plan_txid`). Participants whose originals are independent
-   (:func:`independent_chains`) are prepared at once in threads, the others in commit order.
+   (:func:`independent_chains`) are prepared at once in threads, the others in commit order;
+   the directory participants share one chain in the calling thread.
    Each step is recorded ``prepared`` with its ``PreparedCommit``, written with the decision
    record (until the decision recovery aborts every step anyway). Staged files become durable
    by one ``syncfs`` per filesystem before the decision (``deferred_syncfs``). Any failure
