@@ -86,8 +86,9 @@ class _Recording(FileCommitJournal):
 def test_the_flush_syncs_every_staging_and_record_filesystem_before_the_decision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _fs_utils._has_syncfs():
-        pytest.skip("the C library has no syncfs: nothing is deferred (see the next test)")
+    # glibc has syncfs on every machine the project runs on (CI's too): a broken lookup must
+    # fail here, not skip; the fallback without it is the next test's (syncfs taken away).
+    assert _fs_utils._has_syncfs(), "the C library's syncfs was not found"
     log: list[Any] = []
     real_syncfs = _fs_utils._syncfs
     real_fsync = os.fsync
@@ -211,8 +212,7 @@ KILL_AFTER_FLUSH = textwrap.dedent(
 def test_killed_after_the_flush_before_the_decision_recovery_leaves_nothing(
     tmp_path: Path,
 ) -> None:
-    if not _fs_utils._has_syncfs():
-        pytest.skip("the C library has no syncfs: nothing is deferred")
+    assert _fs_utils._has_syncfs(), "the C library's syncfs was not found"  # see above
     done = subprocess.run(
         [sys.executable, "-c", KILL_AFTER_FLUSH, str(tmp_path)],
         capture_output=True, text=True, timeout=120, check=False,
