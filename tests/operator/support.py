@@ -104,6 +104,12 @@ class Cluster:
                 return dict(condition)
         return None
 
+    def wait_active(self, name: str) -> dict[str, Any]:
+        """Wait for Sandbox ``name`` to settle; assert it is Active (not Errored); its status."""
+        status = self.wait_phase("sandbox", name, {"Active", "Errored"})
+        assert status["phase"] == "Active", status
+        return status
+
     def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float = 90.0) -> dict:
         """Wait until ``.status.phase`` is one of ``phases``; return the status."""
 

@@ -61,12 +61,6 @@ def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator
     )
 
 
-def active(cluster: Cluster, name: str) -> dict[str, Any]:
-    status = cluster.wait_phase("sandbox", name, {"Active", "Errored"})
-    assert status["phase"] == "Active", status
-    return status
-
-
 def records(operator: OperatorProcess) -> list[str]:
     """Core records left in the operator's state directory (one file per sandbox)."""
     return sorted(p.name for p in (operator.work_dir / "state" / "sandboxes").glob("*.json"))
@@ -90,7 +84,7 @@ def test_case17_namespace_terminating_mid_plancommit(
     operator.start({"SANDBOX_OPERATOR_FAULT_COMMIT_DELAY_SECONDS": "4"})
     cluster.create(sandbox_manifest("s1", "plan-17", "git_worktree", first))
     cluster.create(sandbox_manifest("s2", "plan-17", "git_worktree", second))
-    s1, s2 = active(cluster, "s1"), active(cluster, "s2")
+    s1, s2 = cluster.wait_active("s1"), cluster.wait_active("s2")
     (Path(s1["sandboxPath"]) / "a.txt").write_text("a1\n")
     (Path(s2["sandboxPath"]) / "b.txt").write_text("b1\n")
     cluster.create(checkpoint_manifest("c1", "s1"))
@@ -148,7 +142,7 @@ def test_a_plancommit_never_commits_a_sandbox_whose_deletion_began(
     operator.start({"SANDBOX_OPERATOR_FAULT_COMMIT_DELAY_SECONDS": "4"})
     cluster.create(sandbox_manifest("s1", "plan-d", "git_worktree", first))
     cluster.create(sandbox_manifest("s2", "plan-d", "git_worktree", second))
-    s1, s2 = active(cluster, "s1"), active(cluster, "s2")
+    s1, s2 = cluster.wait_active("s1"), cluster.wait_active("s2")
     (Path(s1["sandboxPath"]) / "a.txt").write_text("a1\n")
     (Path(s2["sandboxPath"]) / "b.txt").write_text("b1\n")
     cluster.create(plancommit_manifest("pc", "plan-d"))
@@ -206,7 +200,7 @@ def test_case19_pre_delete_hook_deletes_every_object_while_the_operator_runs(
     repo = make_repo(tmp_path / "repo", {"f.txt": "x\n"})
     operator.start()
     cluster.create(sandbox_manifest("s1", "plan-19", "git_worktree", repo))
-    active(cluster, "s1")
+    cluster.wait_active("s1")
     cluster.create(checkpoint_manifest("c1", "s1"))
     cluster.wait_phase("checkpoint", "c1", {"Ready"})
     cluster.create(plancommit_manifest("pc1", "plan-19", action="Rollback"))
@@ -250,7 +244,7 @@ def test_pre_delete_hook_fails_when_the_operator_is_down(
     repo = make_repo(tmp_path / "repo", {"f.txt": "x\n"})
     operator.start()
     cluster.create(sandbox_manifest("s1", "plan-19b", "git_worktree", repo))
-    sandbox_path = Path(active(cluster, "s1")["sandboxPath"])
+    sandbox_path = Path(cluster.wait_active("s1")["sandboxPath"])
     operator.stop()
     done = subprocess.run(
         [sys.executable, "-m", "sandbox_operator.uninstall", f"--namespace={cluster.namespace}",
@@ -302,8 +296,8 @@ def test_failed_means_the_commit_did_not_land_and_conditions_say_if_originals_ar
     operator.start({"SANDBOX_OPERATOR_FAULT_FAIL_COMMIT": "bad"})
     cluster.create(sandbox_manifest("good", "plan-f", "git_worktree", good, resource_id="good"))
     cluster.create(sandbox_manifest("bad", "plan-f", "git_worktree", bad, resource_id="bad"))
-    (Path(active(cluster, "good")["sandboxPath"]) / "a.txt").write_text("a1\n")
-    active(cluster, "bad")
+    (Path(cluster.wait_active("good")["sandboxPath"]) / "a.txt").write_text("a1\n")
+    cluster.wait_active("bad")
     cluster.create(plancommit_manifest("pc", "plan-f"))
     status = cluster.wait_phase("pcommit", "pc", {"Committed", "Failed", "RolledBack"})
     assert status["phase"] == "Failed"
@@ -325,8 +319,8 @@ def test_cleanup_policy_delete_deletes_sandboxes_once_the_commit_succeeded(
     cluster.create(
         sandbox_manifest("ko", "plan-ko", "git_worktree", failing, resource_id="failing")
     )
-    active(cluster, "ok")
-    active(cluster, "ko")
+    cluster.wait_active("ok")
+    cluster.wait_active("ko")
     cluster.create(plancommit_manifest("pc-ok", "plan-ok", cleanupPolicy="Delete"))
     cluster.create(plancommit_manifest("pc-ko", "plan-ko", cleanupPolicy="Delete"))
     assert cluster.wait_phase("pcommit", "pc-ok", {"Committed", "Failed"})["phase"] == "Committed"
@@ -350,8 +344,8 @@ def test_sandboxes_carry_the_plan_id_label_and_a_versioned_core_record(
     operator.start()
     cluster.create(sandbox_manifest("s1", "plan-label", "git_worktree", repo))
     cluster.create(sandbox_manifest("s2", "plan-other", "git_worktree", other))
-    status = active(cluster, "s1")
-    active(cluster, "s2")
+    status = cluster.wait_active("s1")
+    cluster.wait_active("s2")
     listed = cluster.kubectl("get", "sbx", "-l", f"{PLAN_LABEL}=plan-label", "-o", "name")
     assert listed.stdout.split() == ["sandbox.sandbox.cleveragents.io/s1"]
     assert status["coreRecord"]["schemaVersion"] == 1

@@ -40,22 +40,16 @@ def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator
     yield from run_operator(local_apiserver, cluster, tmp_path, cleanup_kinds="sandboxes")
 
 
-def active(cluster: Cluster, name: str) -> dict[str, Any]:
-    status = cluster.wait_phase("sandbox", name, {"Active", "Errored"})
-    assert status["phase"] == "Active", status
-    return status
-
-
 def test_two_sandboxes_of_nested_sub_paths_writing_one_path_fail_before_anything_is_applied(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     operator.start()
     data = make_dir(tmp_path / "data", {"a.txt": "a0\n", "sub/f.txt": "f0\n"})
     cluster.create(sandbox_manifest("outer", "plan-ov", "copy_on_write", data))
-    outer = active(cluster, "outer")
+    outer = cluster.wait_active("outer")
     cluster.create(sandbox_manifest("inner", "plan-ov", "overlay", data / "sub",
                                     options={"overlayMode": "fallback"}))  # fmt: skip
-    inner = active(cluster, "inner")
+    inner = cluster.wait_active("inner")
     (Path(outer["sandboxPath"]) / "a.txt").write_text("a1\n")
     (Path(outer["sandboxPath"]) / "sub" / "f.txt").write_text("f from outer\n")
     (Path(inner["sandboxPath"]) / "f.txt").write_text("f from inner\n")
@@ -85,11 +79,11 @@ def test_sandboxes_of_other_volumes_or_disjoint_paths_never_clash(
     data = make_dir(tmp_path / "data", {"f.txt": "f0\n", "g.txt": "g0\n"})
     other = make_dir(tmp_path / "other", {"f.txt": "o0\n"})
     cluster.create(sandbox_manifest("one", "plan-ok", "copy_on_write", data))
-    one = active(cluster, "one")
+    one = cluster.wait_active("one")
     cluster.create(sandbox_manifest("two", "plan-ok", "copy_on_write", data))
-    two = active(cluster, "two")
+    two = cluster.wait_active("two")
     cluster.create(sandbox_manifest("three", "plan-ok", "copy_on_write", other))
-    three = active(cluster, "three")
+    three = cluster.wait_active("three")
     (Path(one["sandboxPath"]) / "f.txt").write_text("f1\n")
     (Path(two["sandboxPath"]) / "g.txt").write_text("g1\n")  # same volume, another path
     (Path(three["sandboxPath"]) / "f.txt").write_text("o1\n")  # same name, another volume

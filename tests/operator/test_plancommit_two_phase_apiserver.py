@@ -50,12 +50,6 @@ def operator(local_apiserver: Any, cluster: Cluster, tmp_path: Path) -> Iterator
     yield from run_operator(local_apiserver, cluster, tmp_path, cleanup_kinds="sandboxes")
 
 
-def active(cluster: Cluster, name: str) -> dict[str, Any]:
-    status = cluster.wait_phase("sandbox", name, {"Active", "Errored"})
-    assert status["phase"] == "Active", status
-    return status
-
-
 def two_sandbox_plan(cluster: Cluster, tmp_path: Path, plan: str) -> dict[str, Any]:
     """A git_worktree and a copy_on_write Sandbox of ``plan``, Active, each with an edit."""
     repo = make_repo(tmp_path / "repo", {"f.txt": "r0\n"})
@@ -64,7 +58,7 @@ def two_sandbox_plan(cluster: Cluster, tmp_path: Path, plan: str) -> dict[str, A
     cluster.create(sandbox_manifest("sb-copy", plan, "copy_on_write", data))
     out: dict[str, Any] = {"repo": repo, "data": data, "head": git(repo, "rev-parse", "HEAD")}
     for name, file, text in (("sa-git", "f.txt", "r1 (sandbox)\n"), ("sb-copy", "g.txt", "d1\n")):
-        status = active(cluster, name)
+        status = cluster.wait_active(name)
         (Path(status["sandboxPath"]) / file).write_text(text)
         out[name] = status
     (Path(out["sb-copy"]["sandboxPath"]) / "new.txt").write_text("n\n")
@@ -222,11 +216,11 @@ def test_a_conflict_in_the_last_sandbox_touches_no_original(
     second = make_dir(tmp_path / "second", {"b.txt": "b0\n"})
     repo = make_repo(tmp_path / "repo", {"f.txt": "r0\n"})
     cluster.create(sandbox_manifest("s1-copy", "plan-cf", "copy_on_write", first))
-    s1 = active(cluster, "s1-copy")
+    s1 = cluster.wait_active("s1-copy")
     cluster.create(sandbox_manifest("s2-copy", "plan-cf", "copy_on_write", second))
-    s2 = active(cluster, "s2-copy")
+    s2 = cluster.wait_active("s2-copy")
     cluster.create(sandbox_manifest("s3-git", "plan-cf", "git_worktree", repo))
-    s3 = active(cluster, "s3-git")
+    s3 = cluster.wait_active("s3-git")
     (Path(s1["sandboxPath"]) / "a.txt").write_text("a1\n")
     (Path(s2["sandboxPath"]) / "b.txt").write_text("b1\n")
     (Path(s3["sandboxPath"]) / "f.txt").write_text("sandbox\n")
@@ -353,7 +347,7 @@ def sqlite_sandbox(cluster: Cluster, tmp_path: Path, name: str, plan: str) -> Pa
             },
         }
     )
-    actor = SandboxFactory().reopen(active(cluster, name)["coreRecord"])
+    actor = SandboxFactory().reopen(cluster.wait_active(name)["coreRecord"])
     actor.execute("INSERT INTO notes VALUES (?)", (name,))  # type: ignore[attr-defined]
     actor.close()  # type: ignore[attr-defined]
     return database
@@ -373,7 +367,7 @@ def test_a_sqlite_sandbox_is_the_last_resource_of_a_two_phase_plan(
     data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
     database = sqlite_sandbox(cluster, tmp_path, "s-db", "plan-lr")
     cluster.create(sandbox_manifest("s-files", "plan-lr", "copy_on_write", data))
-    (Path(active(cluster, "s-files")["sandboxPath"]) / "g.txt").write_text("d1\n")
+    (Path(cluster.wait_active("s-files")["sandboxPath"]) / "g.txt").write_text("d1\n")
     cluster.create(plancommit_manifest("pc-lr", "plan-lr"))
     status = cluster.wait_phase("pcommit", "pc-lr", {"Committed", "Failed"})
     assert status["phase"] == "Committed", status
