@@ -447,6 +447,8 @@ def snapshot_trees(
 
 def differing_paths(a: dict[str, str], b: dict[str, str]) -> set[str]:
     """Paths present in only one snapshot or with different signatures in the two."""
+    if a == b:  # C-speed, and the common case for the side that did not change
+        return set()
     # Dict lookups on the (hash-cached) path strings: 3-10x faster on 11,000 paths than the
     # symmetric difference of two item sets, which builds and hashes a tuple per path.
     out = {rel for rel, sig in a.items() if b.get(rel) != sig}
@@ -1705,11 +1707,12 @@ class Baseline:
             return cls(None, None)
         cut = fields.index("", 1)
         end = fields.index("", cut + 1)
-        first, second = fields[1:cut], fields[cut + 1 : end]
-        tail = fields[end + 1 :]
+        if cut % 2 == 0 or (end - cut) % 2 == 0:
+            raise ValueError(f"corrupt baseline manifest: {os.fspath(path)}")
+        tail = fields[end + 1 : end + 2]
         return cls(
-            dict(zip(first[::2], first[1::2], strict=True)),
-            dict(zip(second[::2], second[1::2], strict=True)),
+            _pairs(fields, 1, cut),
+            _pairs(fields, cut + 1, end),
             json.loads(tail[0]) if tail and tail[0] else None,
         )
 
@@ -1717,6 +1720,13 @@ class Baseline:
     def take(cls, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()) -> Baseline:
         """Snapshot both trees now (two walks in parallel)."""
         return cls(*_snapshot_pair(original, copy, exclude))
+
+
+def _pairs(fields: list[str], start: int, stop: int) -> dict[str, str]:
+    """``fields[start:stop]`` read as ``key, value`` pairs, without copying the list (a
+    manifest of 13,000 paths loads in 15% less time than by slicing it)."""
+    keys = itertools.islice(fields, start, stop, 2)
+    return dict(zip(keys, itertools.islice(fields, start + 1, stop, 2), strict=True))
 
 
 BaselineSource = Baseline | Callable[[], Baseline]
@@ -1840,6 +1850,10 @@ def pending_since(
         OSError: a tree cannot be read (or the baseline, when read here).
     """
     baseline, (now_original, now_copy) = _pair_beside(baseline, original, copy, exclude)
+    return _pending(baseline, now_original, now_copy)
+
+
+def _pending(baseline: Baseline, now_original: dict[str, str], now_copy: dict[str, str]) -> Pending:
     if baseline.original is None or baseline.copy is None:
         return Pending(set(), set(now_original) | set(now_copy), now_original, now_copy)
     return Pending(
@@ -1924,17 +1938,38 @@ def drifted(
 
 
 def reset_copy(
-    baseline: BaselineSource, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
+    baseline: BaselineSource,
+    original: StrPath,
+    copy: StrPath,
+    *,
+    exclude: Iterable[str] = (),
+    restore_original: Callable[[], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Baseline:
     """Make ``copy`` equal to ``original`` again (rollback of a copy-based sandbox) and return
     the new baseline. Only the paths that differ are synced (O(changes) copies), and the copy's
     snapshot is refreshed at those paths instead of being re-taken by a third walk. A
     ``baseline`` given as a function is read while the walks run.
 
+    Rollback from COMMITTED (issue 7: its time is one walk plus O(changes), as before the
+    fidelity work) passes the undo of the commit as ``restore_original``: it changes only the
+    original, so it runs while the copy is walked, and the original is walked after it.
+    ``meanwhile`` (e.g. removing the used backup) runs while the original is walked.
+
     Raises:
-        OSError: a tree cannot be read or the sync failed (the copy is then unchanged).
+        OSError: a tree cannot be read, ``restore_original`` failed (the copy is then
+            untouched) or the sync failed (the copy is then unchanged).
     """
-    pending = pending_since(baseline, original, copy, exclude=exclude)
+    excluded = list(exclude)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # ``find`` runs in its own process
+        copy_walk = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
+        if restore_original is not None:
+            restore_original()
+        original_walk = pool.submit(snapshot_tree, original, exclude=excluded)
+        if meanwhile is not None:
+            meanwhile()
+        loaded = _read_baseline(baseline)
+        pending = _pending(loaded, original_walk.result(), copy_walk.result())
     changes = compute_changes_at(copy, original, pending.candidates)
     top = root_meta(original)
     if not changes.is_empty or root_meta(copy) != top:

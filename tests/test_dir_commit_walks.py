@@ -22,6 +22,7 @@ from sandbox_core._fs_utils import (
     pending_since,
     read_touched,
     refresh_snapshot,
+    reset_copy,
     snapshot_tree,
     sync_tree,
     touched_since,
@@ -29,6 +30,7 @@ from sandbox_core._fs_utils import (
 )
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from tests.fidelity_tree import assert_same_tree, tree_state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the directory fidelity runs as root")
 
@@ -243,3 +245,63 @@ def test_baseline_read_beside_the_walks_gives_the_same_answers(tmp_path: Path) -
     eager = pending_since(baseline, src, copy)
     assert (lazy.drift, lazy.touched) == (eager.drift, eager.touched)
     assert "a/new" in lazy.drift
+
+
+def test_reset_copy_walks_the_original_after_its_restore(tmp_path: Path) -> None:
+    """Rollback from COMMITTED undoes the commit while the copy is walked; the original is
+    walked after the undo, so the copy ends equal to the restored original (not the committed
+    one), and ``meanwhile`` runs once, after the undo."""
+    src, copy, backup = tmp_path / "src", tmp_path / "copy", tmp_path / "backup"
+    src.mkdir()
+    _rich_tree(src)
+    baseline = copy_with_baseline(src, copy)
+    (copy / "a" / "f").write_text("sandbox")
+    (copy / "new").write_text("n")
+    os.unlink(copy / "sparse")
+    sync_tree(copy, src, backup_dir=backup)  # the commit: the original equals the copy
+    order: list[str] = []
+
+    def restore() -> None:
+        order.append("restore")
+        undo_sync(backup, src)
+
+    def meanwhile() -> None:
+        order.append("meanwhile")
+        shutil.rmtree(backup)
+
+    new = reset_copy(baseline, src, copy, restore_original=restore, meanwhile=meanwhile)
+    assert order == ["restore", "meanwhile"]
+    assert (src / "a" / "f").read_text() == "x" and not (src / "new").exists()
+    assert_same_tree(copy, tree_state(src), "the copy after the reset")
+    assert new.original == snapshot_tree(src)
+    assert new.copy == snapshot_tree(copy, stamps=True)
+
+
+def test_reset_copy_leaves_the_copy_alone_when_the_restore_fails(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    _rich_tree(src)
+    baseline = copy_with_baseline(src, copy)
+    (copy / "new").write_text("n")
+    before = tree_state(copy)
+
+    def restore() -> None:
+        raise OSError(5, "injected: the undo failed")
+
+    with pytest.raises(OSError, match="injected"):
+        reset_copy(baseline, src, copy, restore_original=restore)
+    assert tree_state(copy) == before
+
+
+def test_baseline_load_refuses_a_torn_manifest(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _rich_tree(src)
+    manifest = tmp_path / "manifest"
+    copy_with_baseline(src, tmp_path / "copy").save(manifest)
+    assert Baseline.load(manifest).original == snapshot_tree(src)
+    fields = manifest.read_bytes().split(b"\0")
+    del fields[1]  # one path of the original's side lost: its pairs no longer line up
+    manifest.write_bytes(b"\0".join(fields))
+    with pytest.raises(ValueError, match="corrupt baseline manifest"):
+        Baseline.load(manifest)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_core import _prepared
@@ -248,15 +249,21 @@ class CopyOnWriteSandbox(BaseSandbox):
         self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
-        with lock_tree(self._source()):
-            # A commit killed mid-sync is finished or undone first (its backup then says what
-            # to undo); else the reset below would copy a half-applied original (case 20).
-            recover_sync(self._source())
-            if (self._backup_dir / "undo.json").exists():
-                undo_sync(self._backup_dir, self._source())
-        if self._backup_dir.exists():
-            shutil.rmtree(self._backup_dir)
-        self._reset_tree()
+        source = self._source()
+
+        def undo_commit() -> None:  # runs while the copy is walked (it changes the original only)
+            with lock_tree(source):
+                # A commit killed mid-sync is finished or undone first (its backup then says
+                # what to undo); else the reset would copy a half-applied original (case 20).
+                recover_sync(source)
+                if (self._backup_dir / "undo.json").exists():
+                    undo_sync(self._backup_dir, source)
+
+        def drop_backup() -> None:
+            if self._backup_dir.exists():
+                shutil.rmtree(self._backup_dir)
+
+        self._reset_tree(restore_original=undo_commit, meanwhile=drop_backup)
 
     def _do_cleanup(self) -> None:
         # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
@@ -319,15 +326,32 @@ class CopyOnWriteSandbox(BaseSandbox):
         )
         return kept, top + conflicts, root
 
-    def _reset_tree(self) -> None:
-        """Make the copy equal to the original again and re-take the manifest.
+    def _reset_tree(
+        self,
+        *,
+        restore_original: Callable[[], None] | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        """Make the copy equal to the original again and re-take the manifest
+        (:func:`~sandbox_core._fs_utils.reset_copy`; ``restore_original`` and ``meanwhile`` as
+        there).
 
         One walk of each tree; only differing paths are copied (O(changes)), and the manifest
         is updated at those paths instead of being re-taken by a third walk.
         """
-        _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
+
+        def restore() -> None:
+            if restore_original is not None:
+                restore_original()
+            _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
+
         baseline = reset_copy(  # the manifest is read while both trees are walked
-            self._read_manifest, self._source(), self.tree_dir, exclude=self._exclude()
+            self._read_manifest,
+            self._source(),
+            self.tree_dir,
+            exclude=self._exclude(),
+            restore_original=restore,
+            meanwhile=meanwhile,
         )
         self._write_manifest(baseline)
 

@@ -60,6 +60,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -549,21 +550,45 @@ class OverlaySandbox(BaseSandbox):
         area = self._commit_area()
         if self.overlay_mode == "kernel":
             kernel.unmount(self.base_path / "merged")  # never write a mounted lower dir
-        # A commit killed mid-sync is finished or undone first (case 20): only a finished one
-        # leaves an undo record in the backup.
-        recover_sync(self._original())
-        if (area / "backup" / "undo.json").exists():
-            undo_sync(area / "backup", self._original())
-            generation = int(self._meta("lower_generation") or 1)
-            self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
-        if area.exists():
-            shutil.rmtree(area)
-        self._reset_view()
 
-    def _reset_view(self) -> None:
-        _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
+        def undo_commit() -> None:  # fallback: runs while the copy is walked
+            # A commit killed mid-sync is finished or undone first (case 20): only a finished
+            # one leaves an undo record in the backup.
+            recover_sync(self._original())
+            if (area / "backup" / "undo.json").exists():
+                undo_sync(area / "backup", self._original())
+                generation = int(self._meta("lower_generation") or 1)
+                self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
+
+        def drop_commit_area() -> None:
+            if area.exists():
+                shutil.rmtree(area)
+
+        if self.overlay_mode == "kernel":
+            undo_commit()
+            drop_commit_area()
+            self._reset_view()
+        else:
+            self._reset_view(restore_original=undo_commit, meanwhile=drop_commit_area)
+
+    def _reset_view(
+        self,
+        *,
+        restore_original: Callable[[], None] | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        """Empty the upper layer and remount (kernel), or sync the differing paths of the copy
+        back (fallback; ``restore_original`` and ``meanwhile`` as in
+        :func:`~sandbox_core._fs_utils.reset_copy`)."""
+
+        def restore() -> None:
+            if restore_original is not None:
+                restore_original()
+            _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
+
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
+            restore()
             kernel.unmount(merged)
             self._remount_empty()
         else:
@@ -573,7 +598,13 @@ class OverlaySandbox(BaseSandbox):
             # "Rollback wraps OSError").
             manifest = self.base_path / _MANIFEST
             # The manifest is read while both trees are walked.
-            reset_copy(lambda: Baseline.load(manifest), self._original(), merged).save(manifest)
+            reset_copy(
+                lambda: Baseline.load(manifest),
+                self._original(),
+                merged,
+                restore_original=restore,
+                meanwhile=meanwhile,
+            ).save(manifest)
 
     def _match_root(self, upper: Path) -> None:
         """The merged root shows the upper root's mode, owner and xattrs: give it the
