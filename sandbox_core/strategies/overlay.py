@@ -548,10 +548,8 @@ class OverlaySandbox(BaseSandbox):
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
         area = self._commit_area()
-        if self.overlay_mode == "kernel":
-            kernel.unmount(self.base_path / "merged")  # never write a mounted lower dir
 
-        def undo_commit() -> None:  # fallback: runs while the copy is walked
+        def undo_commit() -> None:  # kernel: runs unmounted; fallback: while the copy is walked
             # A commit killed mid-sync is finished or undone first (case 20): only a finished
             # one leaves an undo record in the backup.
             recover_sync(self._original())
@@ -564,12 +562,7 @@ class OverlaySandbox(BaseSandbox):
             if area.exists():
                 shutil.rmtree(area)
 
-        if self.overlay_mode == "kernel":
-            undo_commit()
-            drop_commit_area()
-            self._reset_view()
-        else:
-            self._reset_view(restore_original=undo_commit, meanwhile=drop_commit_area)
+        self._reset_view(restore_original=undo_commit, meanwhile=drop_commit_area)
 
     def _reset_view(
         self,
@@ -588,8 +581,10 @@ class OverlaySandbox(BaseSandbox):
 
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
+            kernel.unmount(merged)  # never write a mounted lower dir
             restore()
-            kernel.unmount(merged)
+            if meanwhile is not None:
+                meanwhile()
             self._remount_empty()
         else:
             # O(changes) copies: only the paths where the copy differs from the original are
