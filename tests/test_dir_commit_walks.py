@@ -298,10 +298,24 @@ def test_baseline_load_refuses_a_torn_manifest(tmp_path: Path) -> None:
     src.mkdir()
     _rich_tree(src)
     manifest = tmp_path / "manifest"
-    copy_with_baseline(src, tmp_path / "copy").save(manifest)
-    assert Baseline.load(manifest).original == snapshot_tree(src)
-    fields = manifest.read_bytes().split(b"\0")
-    del fields[1]  # one path of the original's side lost: its pairs no longer line up
-    manifest.write_bytes(b"\0".join(fields))
+    saved = copy_with_baseline(src, tmp_path / "copy")
+    saved.save(manifest)
+    assert Baseline.load(manifest) == saved  # odd names (surrogate-escaped bytes) included
+    manifest.write_bytes(manifest.read_bytes()[:-7])  # a torn write
+    with pytest.raises(ValueError, match="corrupt baseline manifest"):
+        Baseline.load(manifest)
+
+
+def test_baseline_reads_the_manifest_of_the_previous_version(tmp_path: Path) -> None:
+    """A sandbox made before the manifest format changed keeps its baseline (NUL-separated
+    text: the original's pairs, the copy's pairs, the top's metadata as JSON)."""
+    manifest = tmp_path / "manifest"
+    root = {"mode": 0o755, "uid": 0, "gid": 0, "xattrs": {}}
+    fields = ["sandbox-baseline-1", "a", "f 644 0 0 1 1.0", "", "a", "f 644 0 0 1 1.0 @2 3 1", ""]
+    manifest.write_bytes("\0".join([*fields, json.dumps(root)]).encode())
+    assert Baseline.load(manifest) == Baseline(
+        {"a": "f 644 0 0 1 1.0"}, {"a": "f 644 0 0 1 1.0 @2 3 1"}, root
+    )
+    manifest.write_bytes("\0".join(fields[:2] + fields[3:]).encode())  # a signature lost
     with pytest.raises(ValueError, match="corrupt baseline manifest"):
         Baseline.load(manifest)
