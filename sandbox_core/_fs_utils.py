@@ -1970,10 +1970,10 @@ def reset_copy(
     snapshot is refreshed at those paths instead of being re-taken by a third walk. A
     ``baseline`` given as a function is read while the walks run.
 
-    Rollback from COMMITTED (issue 7: its time is one walk plus O(changes), as before the
-    fidelity work) passes the undo of the commit as ``restore_original``: it changes only the
-    original, so it runs while the copy is walked, and the original is walked after it.
-    ``meanwhile`` (e.g. removing the used backup) runs while the original is walked.
+    Rollback from COMMITTED passes the undo of the commit as ``restore_original``: it changes
+    only the original, so it runs while the copy is walked, and the original is walked after
+    it; ``meanwhile`` (e.g. removing the used backup) runs while the original is walked (issue
+    7: the walks, not the undo, set a rollback's time).
 
     Raises:
         OSError: a tree cannot be read, ``restore_original`` failed (the copy is then
