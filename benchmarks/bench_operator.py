@@ -36,7 +36,10 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,6 +117,20 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the waited-for children of ``pid`` (the core's ``cp``,
+    ``git`` and the like)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[13:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the main thread of ``pid`` (kopf's event loop; the handler
+    threads, the Event poster and the metrics server are the rest)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> dict[str, int]:
@@ -204,6 +221,7 @@ class Bench:
         self.work = work
         self.rows: list[tuple[str, str, str, str, str]] = []
         self.notes: list[str] = []
+        self.profile_dir: Path | None = None
 
     def row(self, label: str, ours: float, anchor_label: str, anchor: float) -> None:
         ratio = ours / anchor if anchor > 0 else float("inf")
@@ -478,7 +496,9 @@ class Bench:
                 sandbox.activate()
                 made.append(sandbox)
 
+        usage_before = _usage_seconds()
         core_alone = timed(core)
+        core_cpu = _usage_seconds() - usage_before
         for sandbox in made:
             sandbox.cleanup()
         # Through the operator, talking to the API server directly; its requests are counted by
@@ -502,6 +522,9 @@ class Bench:
             assert operator.process is not None
             before = self.operator_requests()
             cpu_before = cpu_seconds(operator.process.pid)
+            loop_before = main_thread_cpu_seconds(operator.process.pid)
+            children_before = children_cpu_seconds(operator.process.pid)
+            profiler = self.start_profiler(operator.process.pid, tag)
             plan = "thru"
             started = time.perf_counter()
             self.apply_all(cluster, manifests(plan))
@@ -509,6 +532,9 @@ class Bench:
             total = watcher.wait_active(count, timeout=60 + 3.0 * count) - started
             time.sleep(3)  # the last patches after Active
             cpu = cpu_seconds(operator.process.pid) - cpu_before
+            loop_cpu = main_thread_cpu_seconds(operator.process.pid) - loop_before
+            children_cpu = children_cpu_seconds(operator.process.pid) - children_before
+            self.stop_profiler(profiler)
             after = self.operator_requests()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
                 exposition = response.read().decode()
@@ -517,13 +543,14 @@ class Bench:
         finally:
             watcher.stop()
             operator.stop()
+            if self.profile_dir is not None:  # the log beside the profile (lines per object)
+                for log in operator.log_paths:
+                    shutil.copy(log, self.profile_dir / f"operator-{tag}.log")
         handler_sum = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_sum",
                               'handler="provision"')  # fmt: skip
         handler_count = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_count",
                                 'handler="provision"')  # fmt: skip
-        requests = {
-            key: (after.get(key, 0) - before.get(key, 0)) / count for key in sorted(after)
-        }
+        requests = {key: (after.get(key, 0) - before.get(key, 0)) / count for key in sorted(after)}
         requests = {key: value for key, value in requests.items() if value}
         figures = {
             "max_workers": max_workers,
@@ -532,10 +559,13 @@ class Bench:
             "apply_alone_s": apply_alone,
             "apply_alone_runs_s": applies,
             "core_alone_s": core_alone,
+            "core_alone_cpu_s": core_cpu,
             "handler_sum_s": handler_sum,
             "handler_runs": handler_count,
             "handler_mean_s": handler_sum / handler_count if handler_count else 0.0,
             "operator_cpu_s": cpu,
+            "operator_loop_cpu_s": loop_cpu,
+            "operator_children_cpu_s": children_cpu,
             "anchor_s": apply_alone + core_alone,
             "ratio": total / (apply_alone + core_alone),
             "after_apply_s": total - applied,
@@ -564,11 +594,35 @@ class Bench:
             f"{figures['latency_p50_s'] * 1000:.0f} ms, max {figures['latency_max_s']:.2f} s); "
             f"provision handler {handler_count:.0f} runs, mean "
             f"{figures['handler_mean_s'] * 1000:.0f} ms ({handler_sum:.2f} s summed); core alone "
-            f"{core_alone:.2f} s; operator CPU {cpu:.2f} s; operator writes per Sandbox "
+            f"{core_alone:.2f} s (CPU {core_cpu:.2f} s); operator CPU {cpu:.2f} s (kopf's loop "
+            f"{loop_cpu:.2f} s, the other threads {cpu - loop_cpu - children_cpu:.2f} s, child "
+            f"processes {children_cpu:.2f} s); operator writes per Sandbox "
             + ", ".join(f"{m} {v:.2f}" for m, v in requests.items())
             + f"; load average (1 min) {load:.1f}"
         )
         return figures
+
+    def start_profiler(self, pid: int, tag: str) -> subprocess.Popen[bytes] | None:
+        """With ``--profile DIR``: py-spy samples the operator from the apply to the end
+        (``BENCH_PY_SPY_ARGS``: more py-spy options, e.g. ``--gil`` for the GIL holder only)."""
+        if self.profile_dir is None:
+            return None
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        out = self.profile_dir / f"operator-{tag}.speedscope.json"
+        process = subprocess.Popen(
+            [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--rate", "200",
+             "--format", "speedscope", "--output", str(out),
+             *os.environ.get("BENCH_PY_SPY_ARGS", "").split()],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(1.0)  # py-spy attaches
+        return process
+
+    @staticmethod
+    def stop_profiler(process: subprocess.Popen[bytes] | None) -> None:
+        if process is not None:
+            process.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            process.wait(timeout=60)
 
     def operator_requests(self) -> dict[str, float]:
         """The API server's count of the writes only the operator makes here, by verb and
@@ -596,6 +650,15 @@ class Bench:
         lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in self.rows]
         lines += ["", *[f"- {n}" for n in self.notes]]
         return "\n".join(lines) + "\n"
+
+
+def _usage_seconds() -> float:
+    """CPU seconds of this process and its waited-for children so far (the core's own cost)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _sample(exposition: str, name: str, label: str) -> float:
@@ -626,6 +689,12 @@ def main() -> int:
         "sandbox_core/, e.g. a `git archive` of main), run before this tree's; repeatable",
     )
     parser.add_argument("--rounds", type=int, default=1, help="(d) runs of each operator")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="(d) sample each operator with py-spy (speedscope files in DIR; py-spy on PATH)",
+    )
     args = parser.parse_args()
     os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
 
@@ -643,6 +712,7 @@ def main() -> int:
                     check=True,
                 )
             bench = Bench(server, work)
+            bench.profile_dir = args.profile
             if args.throughput:
                 # kubectl's first call fills its discovery cache: not part of any figure.
                 server.kubectl("get", "sandboxes", "-A", check=True)
