@@ -480,9 +480,12 @@ class Bench:
         # Apply alone: the same objects into namespaces no operator watches; the median of three
         # (one kubectl apply of 100 objects varies by 4x on a shared machine).
         applies = []
+        apply_server_cpu = []  # API server + etcd CPU seconds of each bare apply
         for attempt in range(3):
             bare = self.namespace(f"bench-d-bare-{tag}-{attempt}")
+            server_before = sum(self.server_cpu().values())
             applies.append(timed(lambda bare=bare: self.apply_all(bare, manifests("bare"))))
+            apply_server_cpu.append(sum(self.server_cpu().values()) - server_before)
         apply_alone = sorted(applies)[1]
         # The core alone, in this process.
         factory = SandboxFactory()
@@ -521,6 +524,8 @@ class Bench:
             time.sleep(5)  # startup is not part of the figure
             assert operator.process is not None
             before = self.operator_requests()
+            every_before = self.operator_requests(every=True)
+            server_before = self.server_cpu()
             cpu_before = cpu_seconds(operator.process.pid)
             loop_before = main_thread_cpu_seconds(operator.process.pid)
             children_before = children_cpu_seconds(operator.process.pid)
@@ -536,10 +541,20 @@ class Bench:
             children_cpu = children_cpu_seconds(operator.process.pid) - children_before
             self.stop_profiler(profiler)
             after = self.operator_requests()
+            every_after = self.operator_requests(every=True)
+            server_cpu = {k: v - server_before[k] for k, v in self.server_cpu().items()}
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
                 exposition = response.read().decode()
             latencies = sorted(watcher.latencies())
             load = os.getloadavg()[0]
+            # What every write and watch event of one Sandbox carries (JSON bytes, as stored).
+            one = json.loads(cluster.kubectl("get", "sandbox", f"{plan}-000", "-o", "json").stdout)
+            object_bytes = {
+                "object": len(json.dumps(one)),
+                "managedFields": len(json.dumps(one["metadata"].get("managedFields"))),
+                "annotations": len(json.dumps(one["metadata"].get("annotations"))),
+                "status": len(json.dumps(one.get("status"))),
+            }
         finally:
             watcher.stop()
             operator.stop()
@@ -558,6 +573,7 @@ class Bench:
             "apply_in_run_s": applied,
             "apply_alone_s": apply_alone,
             "apply_alone_runs_s": applies,
+            "apply_alone_server_cpu_s": sorted(apply_server_cpu)[1],
             "core_alone_s": core_alone,
             "core_alone_cpu_s": core_cpu,
             "handler_sum_s": handler_sum,
@@ -573,6 +589,13 @@ class Bench:
             "latency_p50_s": latencies[len(latencies) // 2],
             "latency_max_s": latencies[-1],
             "load_1min": load,
+            **{f"{name}_cpu_s": value for name, value in server_cpu.items()},
+            "object_bytes": object_bytes,
+            "requests_all": {
+                key: value - every_before.get(key, 0)
+                for key, value in sorted(every_after.items())
+                if value - every_before.get(key, 0)
+            },
             "operator_writes_per_object": sum(requests.values()),
             **{f"requests {key}": value for key, value in requests.items()},
         }
@@ -624,10 +647,19 @@ class Bench:
             process.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             process.wait(timeout=60)
 
-    def operator_requests(self) -> dict[str, float]:
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds of the API server and etcd processes so far."""
+        out = {}
+        for name in ("apiserver", "etcd"):
+            process = getattr(self.server, f"_{name}", None)
+            out[name] = cpu_seconds(process.popen.pid) if process is not None else 0.0
+        return out
+
+    def operator_requests(self, every: bool = False) -> dict[str, float]:
         """The API server's count of the writes only the operator makes here, by verb and
         resource: PATCH of Sandboxes (and their status), POST of Events (apiserver_request_total;
-        the apply's own GET/POST of Sandboxes and the bench's watch are left out)."""
+        the apply's own GET/POST of Sandboxes and the bench's watch are left out). ``every``:
+        every request of anyone, by verb and resource (a diagnostic of the run)."""
         raw = self.server.kubectl("get", "--raw", "/metrics", check=True).stdout
         out: dict[str, float] = {}
         for line in raw.splitlines():
@@ -635,7 +667,7 @@ class Bench:
                 continue
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
             verb, resource = labels.get("verb"), labels.get("resource")
-            if (verb, resource) not in (("PATCH", "sandboxes"), ("POST", "events")):
+            if not every and (verb, resource) not in (("PATCH", "sandboxes"), ("POST", "events")):
                 continue
             key = f"{verb} {resource}" + (f"/{labels['subresource']}" if labels.get(
                 "subresource") else "")  # fmt: skip
