@@ -23,6 +23,10 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     operator's CPU seconds and its writes per object (the API server's
     ``apiserver_request_total``). Once per ``--max-workers`` value and per ``--operator-src``
     tree (another operator source tree, e.g. main's, for a before/after in one session).
+    Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
+    and its child processes; the API server's and etcd's CPU during the run and during the bare
+    apply; every request of the run by verb and resource; one Sandbox's size in bytes; with
+    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log.
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
