@@ -23,6 +23,10 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     operator's CPU seconds and its writes per object (the API server's
     ``apiserver_request_total``). Once per ``--max-workers`` value and per ``--operator-src``
     tree (another operator source tree, e.g. main's, for a before/after in one session).
+    Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
+    and its child processes; the API server's and etcd's CPU during the run and during the bare
+    apply; every request of the run by verb and resource; one Sandbox's size in bytes; with
+    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log.
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
@@ -36,7 +40,10 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,6 +121,20 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the waited-for children of ``pid`` (the core's ``cp``,
+    ``git`` and the like)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[13:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the main thread of ``pid`` (kopf's event loop; the handler
+    threads, the Event poster and the metrics server are the rest)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> dict[str, int]:
@@ -204,6 +225,7 @@ class Bench:
         self.work = work
         self.rows: list[tuple[str, str, str, str, str]] = []
         self.notes: list[str] = []
+        self.profile_dir: Path | None = None
 
     def row(self, label: str, ours: float, anchor_label: str, anchor: float) -> None:
         ratio = ours / anchor if anchor > 0 else float("inf")
@@ -462,9 +484,12 @@ class Bench:
         # Apply alone: the same objects into namespaces no operator watches; the median of three
         # (one kubectl apply of 100 objects varies by 4x on a shared machine).
         applies = []
+        apply_server_cpu = []  # API server + etcd CPU seconds of each bare apply
         for attempt in range(3):
             bare = self.namespace(f"bench-d-bare-{tag}-{attempt}")
+            server_before = sum(self.server_cpu().values())
             applies.append(timed(lambda bare=bare: self.apply_all(bare, manifests("bare"))))
+            apply_server_cpu.append(sum(self.server_cpu().values()) - server_before)
         apply_alone = sorted(applies)[1]
         # The core alone, in this process.
         factory = SandboxFactory()
@@ -478,7 +503,9 @@ class Bench:
                 sandbox.activate()
                 made.append(sandbox)
 
+        usage_before = _usage_seconds()
         core_alone = timed(core)
+        core_cpu = _usage_seconds() - usage_before
         for sandbox in made:
             sandbox.cleanup()
         # Through the operator, talking to the API server directly; its requests are counted by
@@ -501,7 +528,12 @@ class Bench:
             time.sleep(5)  # startup is not part of the figure
             assert operator.process is not None
             before = self.operator_requests()
+            every_before = self.operator_requests(every=True)
+            server_before = self.server_cpu()
             cpu_before = cpu_seconds(operator.process.pid)
+            loop_before = main_thread_cpu_seconds(operator.process.pid)
+            children_before = children_cpu_seconds(operator.process.pid)
+            profiler = self.start_profiler(operator.process.pid, tag)
             plan = "thru"
             started = time.perf_counter()
             self.apply_all(cluster, manifests(plan))
@@ -509,21 +541,35 @@ class Bench:
             total = watcher.wait_active(count, timeout=60 + 3.0 * count) - started
             time.sleep(3)  # the last patches after Active
             cpu = cpu_seconds(operator.process.pid) - cpu_before
+            loop_cpu = main_thread_cpu_seconds(operator.process.pid) - loop_before
+            children_cpu = children_cpu_seconds(operator.process.pid) - children_before
+            self.stop_profiler(profiler)
             after = self.operator_requests()
+            every_after = self.operator_requests(every=True)
+            server_cpu = {k: v - server_before[k] for k, v in self.server_cpu().items()}
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
                 exposition = response.read().decode()
             latencies = sorted(watcher.latencies())
             load = os.getloadavg()[0]
+            # What every write and watch event of one Sandbox carries (JSON bytes, as stored).
+            one = json.loads(cluster.kubectl("get", "sandbox", f"{plan}-000", "-o", "json").stdout)
+            object_bytes = {
+                "object": len(json.dumps(one)),
+                "managedFields": len(json.dumps(one["metadata"].get("managedFields"))),
+                "annotations": len(json.dumps(one["metadata"].get("annotations"))),
+                "status": len(json.dumps(one.get("status"))),
+            }
         finally:
             watcher.stop()
             operator.stop()
+            if self.profile_dir is not None:  # the log beside the profile (lines per object)
+                for log in operator.log_paths:
+                    shutil.copy(log, self.profile_dir / f"operator-{tag}.log")
         handler_sum = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_sum",
                               'handler="provision"')  # fmt: skip
         handler_count = _sample(exposition, "sandbox_operator_reconcile_duration_seconds_count",
                                 'handler="provision"')  # fmt: skip
-        requests = {
-            key: (after.get(key, 0) - before.get(key, 0)) / count for key in sorted(after)
-        }
+        requests = {key: (after.get(key, 0) - before.get(key, 0)) / count for key in sorted(after)}
         requests = {key: value for key, value in requests.items() if value}
         figures = {
             "max_workers": max_workers,
@@ -531,11 +577,15 @@ class Bench:
             "apply_in_run_s": applied,
             "apply_alone_s": apply_alone,
             "apply_alone_runs_s": applies,
+            "apply_alone_server_cpu_s": sorted(apply_server_cpu)[1],
             "core_alone_s": core_alone,
+            "core_alone_cpu_s": core_cpu,
             "handler_sum_s": handler_sum,
             "handler_runs": handler_count,
             "handler_mean_s": handler_sum / handler_count if handler_count else 0.0,
             "operator_cpu_s": cpu,
+            "operator_loop_cpu_s": loop_cpu,
+            "operator_children_cpu_s": children_cpu,
             "anchor_s": apply_alone + core_alone,
             "ratio": total / (apply_alone + core_alone),
             "after_apply_s": total - applied,
@@ -543,6 +593,13 @@ class Bench:
             "latency_p50_s": latencies[len(latencies) // 2],
             "latency_max_s": latencies[-1],
             "load_1min": load,
+            **{f"{name}_cpu_s": value for name, value in server_cpu.items()},
+            "object_bytes": object_bytes,
+            "requests_all": {
+                key: value - every_before.get(key, 0)
+                for key, value in sorted(every_after.items())
+                if value - every_before.get(key, 0)
+            },
             "operator_writes_per_object": sum(requests.values()),
             **{f"requests {key}": value for key, value in requests.items()},
         }
@@ -564,16 +621,49 @@ class Bench:
             f"{figures['latency_p50_s'] * 1000:.0f} ms, max {figures['latency_max_s']:.2f} s); "
             f"provision handler {handler_count:.0f} runs, mean "
             f"{figures['handler_mean_s'] * 1000:.0f} ms ({handler_sum:.2f} s summed); core alone "
-            f"{core_alone:.2f} s; operator CPU {cpu:.2f} s; operator writes per Sandbox "
+            f"{core_alone:.2f} s (CPU {core_cpu:.2f} s); operator CPU {cpu:.2f} s (kopf's loop "
+            f"{loop_cpu:.2f} s, the other threads {cpu - loop_cpu - children_cpu:.2f} s, child "
+            f"processes {children_cpu:.2f} s); operator writes per Sandbox "
             + ", ".join(f"{m} {v:.2f}" for m, v in requests.items())
             + f"; load average (1 min) {load:.1f}"
         )
         return figures
 
-    def operator_requests(self) -> dict[str, float]:
+    def start_profiler(self, pid: int, tag: str) -> subprocess.Popen[bytes] | None:
+        """With ``--profile DIR``: py-spy samples the operator from the apply to the end
+        (``BENCH_PY_SPY_ARGS``: more py-spy options, e.g. ``--gil`` for the GIL holder only)."""
+        if self.profile_dir is None:
+            return None
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        out = self.profile_dir / f"operator-{tag}.speedscope.json"
+        process = subprocess.Popen(
+            [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--rate", "200",
+             "--format", "speedscope", "--output", str(out),
+             *os.environ.get("BENCH_PY_SPY_ARGS", "").split()],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(1.0)  # py-spy attaches
+        return process
+
+    @staticmethod
+    def stop_profiler(process: subprocess.Popen[bytes] | None) -> None:
+        if process is not None:
+            process.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            process.wait(timeout=60)
+
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds of the API server and etcd processes so far."""
+        out = {}
+        for name in ("apiserver", "etcd"):
+            process = getattr(self.server, f"_{name}", None)
+            out[name] = cpu_seconds(process.popen.pid) if process is not None else 0.0
+        return out
+
+    def operator_requests(self, every: bool = False) -> dict[str, float]:
         """The API server's count of the writes only the operator makes here, by verb and
         resource: PATCH of Sandboxes (and their status), POST of Events (apiserver_request_total;
-        the apply's own GET/POST of Sandboxes and the bench's watch are left out)."""
+        the apply's own GET/POST of Sandboxes and the bench's watch are left out). ``every``:
+        every request of anyone, by verb and resource (a diagnostic of the run)."""
         raw = self.server.kubectl("get", "--raw", "/metrics", check=True).stdout
         out: dict[str, float] = {}
         for line in raw.splitlines():
@@ -581,7 +671,7 @@ class Bench:
                 continue
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
             verb, resource = labels.get("verb"), labels.get("resource")
-            if (verb, resource) not in (("PATCH", "sandboxes"), ("POST", "events")):
+            if not every and (verb, resource) not in (("PATCH", "sandboxes"), ("POST", "events")):
                 continue
             key = f"{verb} {resource}" + (f"/{labels['subresource']}" if labels.get(
                 "subresource") else "")  # fmt: skip
@@ -596,6 +686,15 @@ class Bench:
         lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in self.rows]
         lines += ["", *[f"- {n}" for n in self.notes]]
         return "\n".join(lines) + "\n"
+
+
+def _usage_seconds() -> float:
+    """CPU seconds of this process and its waited-for children so far (the core's own cost)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _sample(exposition: str, name: str, label: str) -> float:
@@ -626,6 +725,12 @@ def main() -> int:
         "sandbox_core/, e.g. a `git archive` of main), run before this tree's; repeatable",
     )
     parser.add_argument("--rounds", type=int, default=1, help="(d) runs of each operator")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="(d) sample each operator with py-spy (speedscope files in DIR; py-spy on PATH)",
+    )
     args = parser.parse_args()
     os.environ.update(GIT_ENV)  # the in-process core commits with an identity, as the operator
 
@@ -643,6 +748,7 @@ def main() -> int:
                     check=True,
                 )
             bench = Bench(server, work)
+            bench.profile_dir = args.profile
             if args.throughput:
                 # kubectl's first call fills its discovery cache: not part of any figure.
                 server.kubectl("get", "sandboxes", "-A", check=True)
