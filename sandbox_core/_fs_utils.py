@@ -26,8 +26,8 @@ Fidelity (issue 7, docs/fidelity.md): :func:`copy_entry` / :func:`copy_file` /
 xattrs and POSIX ACLs; holes; FIFOs, sockets and devices recreated, never read: cases 36, 37;
 hard links within a copy: case 34); :func:`link_groups` / :func:`link_closure` keep hard-link
 groups whole in a sync; :class:`Baseline` / :func:`pending_since` / :func:`reset_copy` /
-:func:`refresh_snapshot` / :func:`read_touched` tell a copy's changes (stamped snapshots:
-ctime, inode, link count) from the original's, for copy_on_write and the overlay fallback; a
+:func:`refresh_snapshot` / :func:`read_touched` tell a copy's changes (stamp snapshots:
+kind, ctime, inode, link count) from the original's, for copy_on_write and the overlay fallback; a
 baseline given as a function (:data:`BaselineSource`) is read while ``find`` walks.
 
 Conventions: paths in results are POSIX paths relative to the tree root, sorted. Symlinks are
@@ -57,7 +57,7 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,7 +330,7 @@ def compute_changes(
 
 _NS = 1_000_000_000
 _GLOB_SPECIALS = "*?[]\\"
-_STAMP = " @"
+_OLD_STAMP = " @"  # the separator of a stamped signature in a manifest of the previous version
 
 
 def _mtime_text(ns: int) -> str:
@@ -357,8 +357,10 @@ def signature(entry: Entry) -> str:
 
 
 def _stamp(st: os.stat_result) -> str:
-    """What :func:`snapshot_tree` appends with ``stamps=True``: ctime, inode and link count."""
-    return f"{_STAMP}{_mtime_text(st.st_ctime_ns)} {st.st_ino} {st.st_nlink}"
+    """What :func:`snapshot_tree` maps a path to with ``stamps=True``: the kind letter, then
+    ctime, inode number and link count (``"f1733.0123456780 1234 1"``)."""
+    letter = KIND_LETTERS[_kind(st.st_mode)]
+    return f"{letter}{_mtime_text(st.st_ctime_ns)} {st.st_ino} {st.st_nlink}"
 
 
 def _glob_escape(text: str) -> str:
@@ -384,17 +386,57 @@ def _run_find(find: str, root: str, args: list[str]) -> list[str]:
     return fields
 
 
+# ``-type f`` first: most entries are files, and find tries the branches in order.
+_FIND_LETTERS = "fdlpscb"
+
+
+def _find_formats(letter: str) -> tuple[str, str]:
+    """``find -printf`` formats of a :func:`signature` and of a :func:`_stamp` of an entry of
+    kind ``letter`` (the same text as the Python functions give)."""
+    extra = {"l": " %l", "f": " %s %T@"}.get(letter, "")
+    return f"{letter} %m %U %G{extra}", f"{letter}%C@ %i %n"
+
+
 def _snapshot_with_find(
     find: str, root: str, exclude: frozenset[str], *, stamps: bool
 ) -> dict[str, str]:
-    tail = f"{_STAMP}%C@ %i %n" if stamps else ""
     printf: list[str] = []
-    for letter in "dlfpscb":
-        extra = {"l": " %l", "f": " %s %T@"}.get(letter, "")
-        printf += ["-o", "-type", letter, "-printf", f"%P\\0{letter} %m %U %G{extra}{tail}\\0"]
+    for letter in _FIND_LETTERS:
+        fmt = _find_formats(letter)[1 if stamps else 0]
+        printf += ["-o", "-type", letter, "-printf", f"%P\\0{fmt}\\0"]
     fields = _run_find(find, root, [*_prune_args(exclude), *printf])
     pairs = iter(fields)
     return dict(zip(pairs, pairs, strict=True))
+
+
+def _snapshot_both(root: StrPath) -> tuple[dict[str, str], dict[str, str]]:
+    """``(snapshot_tree(root), snapshot_tree(root, stamps=True))`` from one walk.
+
+    Raises:
+        OSError: ``root`` is missing or a directory in it cannot be read.
+    """
+    root_s = os.fspath(root)
+    if not os.path.isdir(root_s):
+        raise FileNotFoundError(errno.ENOENT, "directory not found", root_s)
+    find = shutil.which("find")
+    if find is None:
+        walked = [(rel, path, st) for rel, path, st in _walk(root_s, ())]
+        return (
+            {rel: signature(_entry(path, st)) for rel, path, st in walked},
+            {rel: _stamp(st) for rel, _, st in walked},
+        )
+    printf: list[str] = []
+    for letter in _FIND_LETTERS:
+        sig, stamp = _find_formats(letter)
+        printf += ["-o", "-type", letter, "-printf", f"%P\\0{sig}\\0{stamp}\\0"]
+    fields = _run_find(find, root_s, [*_prune_args(frozenset()), *printf])
+    if len(fields) % 3:
+        raise OSError(errno.EIO, "find printed a torn listing", root_s)
+    paths = fields[::3]
+    return (
+        dict(zip(paths, itertools.islice(fields, 1, None, 3), strict=True)),
+        dict(zip(paths, itertools.islice(fields, 2, None, 3), strict=True)),
+    )
 
 
 def snapshot_tree(
@@ -407,9 +449,11 @@ def snapshot_tree(
     :func:`scan_tree`). Comparing two snapshots is a set operation (:func:`differing_paths`), so
     a commit costs one C-speed walk per tree plus O(changes) Python work, like ``rsync``.
 
-    With ``stamps`` each signature also holds the entry's ctime, inode number and link count:
-    then any change to the entry (content, xattrs, ACLs, links, a rename over it) shows, but
-    only snapshots of the *same* tree taken at different times can be compared.
+    With ``stamps`` each path maps to its :func:`_stamp` instead (kind, ctime, inode number,
+    link count): the kernel moves an inode's ctime on every change to it (content, mode, owner,
+    xattrs, ACLs, links) and a rename over a path brings another inode, so any change shows;
+    only stamp snapshots of the *same* tree taken at different times can be compared. (Half
+    the text of a signature, so a walk of the copy costs less.)
 
     Raises:
         OSError: ``root`` is missing or a directory in it cannot be read.
@@ -422,7 +466,7 @@ def snapshot_tree(
     if find is not None:
         return _snapshot_with_find(find, root_s, excluded, stamps=stamps)
     return {
-        rel: signature(_entry(path, st)) + (_stamp(st) if stamps else "")
+        rel: _stamp(st) if stamps else signature(_entry(path, st))
         for rel, path, st in _walk(root_s, excluded)
     }
 
@@ -466,7 +510,7 @@ def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[st
     parents = {anc for rel in replaced for anc in _ancestors(rel)} - replaced
     # Only a path that was a directory has entries below it in a walk's snapshot: the scan of
     # every key (O(tree)) is needed only then, not for the usual replaced files.
-    prefixes = tuple(rel + "/" for rel in replaced if snapshot.get(rel, "").startswith("d "))
+    prefixes = tuple(rel + "/" for rel in replaced if snapshot.get(rel, "").startswith("d"))
     if prefixes:
         for key in [k for k in snapshot if k.startswith(prefixes)]:
             del snapshot[key]
@@ -477,10 +521,10 @@ def refresh_snapshot(snapshot: dict[str, str], root: StrPath, paths: Iterable[st
         except (FileNotFoundError, NotADirectoryError):
             snapshot.pop(rel, None)
             continue
-        snapshot[rel] = signature(_entry(path, st)) + _stamp(st)
+        snapshot[rel] = _stamp(st)
         if rel in replaced and stat.S_ISDIR(st.st_mode):
-            for sub, sub_path, sub_st in _walk(path, ()):
-                snapshot[f"{rel}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
+            for sub, _, sub_st in _walk(path, ()):
+                snapshot[f"{rel}/{sub}"] = _stamp(sub_st)
 
 
 def link_groups(root: StrPath, *, exclude: Iterable[str] = ()) -> list[list[str]]:
@@ -1441,8 +1485,11 @@ def _run(
     *,
     keep_backup: str | None,
     progress: ProgressCallback | None,
+    on_applied: Callable[[], None] | None = None,
 ) -> None:
-    """Stage, journal, apply, finish; on an error undo to the old state and re-raise."""
+    """Stage, journal, apply, finish; on an error undo to the old state and re-raise.
+    ``on_applied`` is called once every path is swapped in (``target`` then holds its new
+    state), before the journal records it and the staging area is removed."""
     staging = staging_dir_for(target)
     os.mkdir(staging, 0o700)
     lock_fd = _lock(staging, blocking=True)
@@ -1462,6 +1509,8 @@ def _run(
         }
         _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
         _apply(target, staging, journal["ops"], progress)
+        if on_applied is not None:
+            on_applied()
         journal["state"] = "applied"
         _write_json_atomic(os.path.join(staging, _JOURNAL), journal)
         if fault_hook is not None:
@@ -1598,10 +1647,14 @@ def sync_tree(
     return changes
 
 
-def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
+def undo_sync(
+    backup_dir: StrPath, target: StrPath, *, on_applied: Callable[[], None] | None = None
+) -> None:
     """Revert the :func:`sync_tree` that filled ``backup_dir``: replaced entries come back,
     added ones go, directory modes are reset. Crash-safe like :func:`sync_tree`; the backup is
-    left in place (remove it when done).
+    left in place (remove it when done). ``on_applied`` is called as soon as ``target`` holds
+    its restored state (before the journal records it): a caller may start reading ``target``
+    then (see :func:`reset_copy`).
 
     Raises:
         FileNotFoundError: ``backup_dir`` holds no ``undo.json``.
@@ -1634,7 +1687,7 @@ def undo_sync(backup_dir: StrPath, target: StrPath) -> None:
         )
     # Metadata last, as in a sync: a directory made read-only must not block the renames.
     ops = [op for op in ops if op.meta is None] + [op for op in ops if op.meta is not None]
-    _run(target_s, ops, keep_backup=None, progress=None)
+    _run(target_s, ops, keep_backup=None, progress=None, on_applied=on_applied)
 
 
 def copy_metadata(src: StrPath, dst: StrPath) -> None:
@@ -1656,7 +1709,7 @@ _BASELINE_MAGIC = b"sandbox-baseline-2\n"
 
 @dataclass
 class Baseline:
-    """Snapshots of an original (quick-check signatures) and of its full copy (stamped:
+    """Snapshots of an original (quick-check signatures) and of its full copy (stamps:
     ``snapshot_tree(stamps=True)``), taken when the copy was made or last reset. ``None`` when
     unknown (a record written by an older version): every path is then a candidate.
 
@@ -1719,6 +1772,12 @@ class Baseline:
             return cls._load_v1(data.decode("utf-8", "surrogateescape"), path)
         return cls(None, None)
 
+    @staticmethod
+    def _restamp(old: dict[str, str]) -> dict[str, str]:
+        """A copy side of the previous version (``"<signature> @<ctime> <inode> <links>"``) as
+        :func:`_stamp` text (``"<kind letter><ctime> <inode> <links>"``)."""
+        return {rel: sig[0] + sig.rpartition(_OLD_STAMP)[2] for rel, sig in old.items()}
+
     @classmethod
     def _load_v1(cls, data: str, path: StrPath) -> Baseline:
         """The NUL-separated fields of the previous version: a magic field, the original's
@@ -1732,7 +1791,7 @@ class Baseline:
         tail = fields[end + 1 : end + 2]
         return cls(
             _pairs(fields, 1, cut),
-            _pairs(fields, cut + 1, end),
+            cls._restamp(_pairs(fields, cut + 1, end)),
             json.loads(tail[0]) if tail and tail[0] else None,
         )
 
@@ -1775,9 +1834,9 @@ def copy_with_baseline(src: StrPath, dst: StrPath) -> Baseline:
     """:func:`backup_directory` of ``src`` to ``dst`` and the :class:`Baseline` of the pair.
 
     As root ``cp -a`` keeps everything a quick-check :func:`signature` holds (type, mode, owner,
-    size, mtime, link target), so both sides come from one stamped walk of the copy after the
-    copy: the original's side is the copy's without its stamps (one walk instead of two, and no
-    walk competing with ``cp`` for the CPU). A change made to ``src`` during the copy is then
+    size, mtime, link target), so both sides come from one walk of the copy after the copy,
+    which prints each entry's signature and its stamp (one walk instead of two, and no walk
+    competing with ``cp`` for the CPU). A change made to ``src`` during the copy is then
     in both the copy and the snapshot (nothing to do) or in neither (the original's own change:
     kept at commit, a conflict if the sandbox changes it too). A sample of the derived
     signatures is checked against the original (``lstat``); when the copy's filesystem lost a
@@ -1791,8 +1850,7 @@ def copy_with_baseline(src: StrPath, dst: StrPath) -> Baseline:
         original = copy_and_snapshot(src, dst)
         return Baseline(original, snapshot_tree(dst, stamps=True), root_meta(dst))
     backup_directory(src, dst)
-    copy = snapshot_tree(dst, stamps=True)
-    derived = {rel: sig.rpartition(_STAMP)[0] for rel, sig in copy.items()}
+    derived, copy = _snapshot_both(dst)
     if not _signatures_hold(src, derived):
         # The copy's filesystem does not keep every field (coarser timestamps, squashed or
         # mapped owners): walk the original itself.
@@ -1962,7 +2020,7 @@ def reset_copy(
     copy: StrPath,
     *,
     exclude: Iterable[str] = (),
-    restore_original: Callable[[], None] | None = None,
+    restore_original: Callable[[Callable[[], None]], None] | None = None,
     meanwhile: Callable[[], None] | None = None,
 ) -> Baseline:
     """Make ``copy`` equal to ``original`` again (rollback of a copy-based sandbox) and return
@@ -1971,9 +2029,12 @@ def reset_copy(
     ``baseline`` given as a function is read while the walks run.
 
     Rollback from COMMITTED passes the undo of the commit as ``restore_original``: it changes
-    only the original, so it runs while the copy is walked, and the original is walked after
-    it; ``meanwhile`` (e.g. removing the used backup) runs while the original is walked (issue
-    7: the walks, not the undo, set a rollback's time).
+    only the original, so it runs while the copy is walked. It is called with a function to
+    call as soon as the original holds its restored state (``undo_sync``'s ``on_applied``):
+    the original's walk starts then (else when ``restore_original`` returns), while the undo
+    journals and tidies up. ``meanwhile`` (e.g. removing the used backup) runs once
+    ``restore_original`` returned, while the original is walked (issue 7: the walks, not the
+    undo, set a rollback's time).
 
     Raises:
         OSError: a tree cannot be read, ``restore_original`` failed (the copy is then
@@ -1982,13 +2043,19 @@ def reset_copy(
     excluded = list(exclude)
     with ThreadPoolExecutor(max_workers=2) as pool:  # ``find`` runs in its own process
         copy_walk = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
+        original_walk: list[Future[dict[str, str]]] = []
+
+        def walk_original() -> None:
+            if not original_walk:
+                original_walk.append(pool.submit(snapshot_tree, original, exclude=excluded))
+
         if restore_original is not None:
-            restore_original()
-        original_walk = pool.submit(snapshot_tree, original, exclude=excluded)
+            restore_original(walk_original)
+        walk_original()
         if meanwhile is not None:
             meanwhile()
         loaded = _read_baseline(baseline)
-        pending = _pending(loaded, original_walk.result(), copy_walk.result())
+        pending = _pending(loaded, original_walk[0].result(), copy_walk.result())
     changes = compute_changes_at(copy, original, pending.candidates)
     top = root_meta(original)
     if not changes.is_empty or root_meta(copy) != top:
@@ -2092,7 +2159,7 @@ def _guard(target: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         except (FileNotFoundError, NotADirectoryError):
             guard[op["path"]] = None
             continue
-        guard[op["path"]] = signature(_entry(dest, st)) + _stamp(st)  # as _stamped, one lstat
+        guard[op["path"]] = signature(_entry(dest, st)) + _stamp(st)  # one lstat
         if stat.S_ISDIR(st.st_mode):
             for sub, sub_path, sub_st in _walk(dest, ()):
                 guard[f"{op['path']}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)

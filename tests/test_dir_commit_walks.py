@@ -10,10 +10,13 @@ import os
 import shutil
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from sandbox_core import _fs_utils as fs
 from sandbox_core._fs_utils import (
     Baseline,
     TreeChanges,
@@ -261,16 +264,17 @@ def test_reset_copy_walks_the_original_after_its_restore(tmp_path: Path) -> None
     sync_tree(copy, src, backup_dir=backup)  # the commit: the original equals the copy
     order: list[str] = []
 
-    def restore() -> None:
+    def restore(restored: Callable[[], None]) -> None:
         order.append("restore")
-        undo_sync(backup, src)
+        undo_sync(backup, src, on_applied=lambda: (order.append("restored"), restored()))
+        order.append("journaled")
 
     def meanwhile() -> None:
         order.append("meanwhile")
         shutil.rmtree(backup)
 
     new = reset_copy(baseline, src, copy, restore_original=restore, meanwhile=meanwhile)
-    assert order == ["restore", "meanwhile"]
+    assert order == ["restore", "restored", "journaled", "meanwhile"]
     assert (src / "a" / "f").read_text() == "x" and not (src / "new").exists()
     assert_same_tree(copy, tree_state(src), "the copy after the reset")
     assert new.original == snapshot_tree(src)
@@ -285,7 +289,7 @@ def test_reset_copy_leaves_the_copy_alone_when_the_restore_fails(tmp_path: Path)
     (copy / "new").write_text("n")
     before = tree_state(copy)
 
-    def restore() -> None:
+    def restore(restored: Callable[[], None]) -> None:
         raise OSError(5, "injected: the undo failed")
 
     with pytest.raises(OSError, match="injected"):
@@ -313,9 +317,25 @@ def test_baseline_reads_the_manifest_of_the_previous_version(tmp_path: Path) -> 
     root = {"mode": 0o755, "uid": 0, "gid": 0, "xattrs": {}}
     fields = ["sandbox-baseline-1", "a", "f 644 0 0 1 1.0", "", "a", "f 644 0 0 1 1.0 @2 3 1", ""]
     manifest.write_bytes("\0".join([*fields, json.dumps(root)]).encode())
-    assert Baseline.load(manifest) == Baseline(
-        {"a": "f 644 0 0 1 1.0"}, {"a": "f 644 0 0 1 1.0 @2 3 1"}, root
-    )
+    assert Baseline.load(manifest) == Baseline({"a": "f 644 0 0 1 1.0"}, {"a": "f2 3 1"}, root)
     manifest.write_bytes("\0".join(fields[:2] + fields[3:]).encode())  # a signature lost
     with pytest.raises(ValueError, match="corrupt baseline manifest"):
         Baseline.load(manifest)
+
+
+def test_one_walk_of_signatures_and_stamps_equals_both_walks_with_and_without_find(
+    tmp_path: Path,
+) -> None:
+    """``find``'s formats and the Python walk print the same text for every kind of entry, and
+    the create's single walk (signature and stamp of each entry) equals the two walks."""
+    _rich_tree(tmp_path)
+    sigs, stamps = fs._snapshot_both(tmp_path)
+    assert sigs == snapshot_tree(tmp_path)
+    assert stamps == snapshot_tree(tmp_path, stamps=True)
+    with mock.patch.object(fs.shutil, "which", return_value=None):
+        assert fs._snapshot_both(tmp_path) == (sigs, stamps)
+        assert snapshot_tree(tmp_path, stamps=True) == stamps
+    st = os.lstat(tmp_path / "fifo")
+    ctime = f"{st.st_ctime_ns // 10**9}.{st.st_ctime_ns % 10**9:09d}0"
+    assert stamps["fifo"] == f"p{ctime} {st.st_ino} 1"
+    assert {value[0] for value in stamps.values()} == {"d", "f", "l", "p", "s", "c"}

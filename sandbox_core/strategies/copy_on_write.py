@@ -251,13 +251,13 @@ class CopyOnWriteSandbox(BaseSandbox):
     def _do_rollback_committed(self) -> None:
         source = self._source()
 
-        def undo_commit() -> None:  # runs while the copy is walked (it changes the original only)
+        def undo_commit(restored: Callable[[], None]) -> None:  # while the copy is walked
             with lock_tree(source):
                 # A commit killed mid-sync is finished or undone first (its backup then says
                 # what to undo); else the reset would copy a half-applied original (case 20).
                 recover_sync(source)
                 if (self._backup_dir / "undo.json").exists():
-                    undo_sync(self._backup_dir, source)
+                    undo_sync(self._backup_dir, source, on_applied=restored)
 
         def drop_backup() -> None:
             if self._backup_dir.exists():
@@ -329,7 +329,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     def _reset_tree(
         self,
         *,
-        restore_original: Callable[[], None] | None = None,
+        restore_original: Callable[[Callable[[], None]], None] | None = None,
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Make the copy equal to the original again and re-take the manifest
@@ -340,9 +340,9 @@ class CopyOnWriteSandbox(BaseSandbox):
         is updated at those paths instead of being re-taken by a third walk.
         """
 
-        def restore() -> None:
+        def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
-                restore_original()
+                restore_original(restored)
             _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
 
         baseline = reset_copy(  # the manifest is read while both trees are walked

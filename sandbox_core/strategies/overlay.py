@@ -255,10 +255,10 @@ class OverlaySandbox(BaseSandbox):
             # baseline of both sides from one walk of the copy (copy_with_baseline).
             (base / "merged").rmdir()
             baseline = copy_with_baseline(original, base / "merged")
-            if mode == "fallback" and baseline.copy is not None:
+            if mode == "fallback" and baseline.original is not None:
                 # The case-05 policy check on the ``.git`` files the walk found, instead of a
                 # scan of its own; a refusal discards the copy (_do_create).
-                _refuse_listed_gitfiles(original, baseline.copy)
+                _refuse_listed_gitfiles(original, baseline.original)
             baseline.save(base / _MANIFEST)
             metadata.update(overlay_mode="fallback", fallback_reason=reason)
         self._merged_dir = base / "merged"
@@ -549,12 +549,13 @@ class OverlaySandbox(BaseSandbox):
         """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
         area = self._commit_area()
 
-        def undo_commit() -> None:  # kernel: runs unmounted; fallback: while the copy is walked
-            # A commit killed mid-sync is finished or undone first (case 20): only a finished
-            # one leaves an undo record in the backup.
+        def undo_commit(restored: Callable[[], None]) -> None:
+            # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
+            # mid-sync is finished or undone first (case 20): only a finished one leaves an
+            # undo record in the backup.
             recover_sync(self._original())
             if (area / "backup" / "undo.json").exists():
-                undo_sync(area / "backup", self._original())
+                undo_sync(area / "backup", self._original(), on_applied=restored)
                 generation = int(self._meta("lower_generation") or 1)
                 self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
 
@@ -567,22 +568,22 @@ class OverlaySandbox(BaseSandbox):
     def _reset_view(
         self,
         *,
-        restore_original: Callable[[], None] | None = None,
+        restore_original: Callable[[Callable[[], None]], None] | None = None,
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Empty the upper layer and remount (kernel), or sync the differing paths of the copy
         back (fallback; ``restore_original`` and ``meanwhile`` as in
         :func:`~sandbox_core._fs_utils.reset_copy`)."""
 
-        def restore() -> None:
+        def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
-                restore_original()
+                restore_original(restored)
             _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
 
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
             kernel.unmount(merged)  # never write a mounted lower dir
-            restore()
+            restore(lambda: None)
             if meanwhile is not None:
                 meanwhile()
             self._remount_empty()
