@@ -358,9 +358,18 @@ def signature(entry: Entry) -> str:
 
 def _stamp(st: os.stat_result) -> str:
     """What :func:`snapshot_tree` maps a path to with ``stamps=True``: the kind letter, then
-    ctime, inode number and link count (``"f1733.0123456780 1234 1"``)."""
-    letter = KIND_LETTERS[_kind(st.st_mode)]
-    return f"{letter}{_mtime_text(st.st_ctime_ns)} {st.st_ino} {st.st_nlink}"
+    ctime, inode number, link count, mode, owner and group, and a file's size
+    (``"f1733.0123456780 1234 1 644 0 0 17"``).
+
+    ctime alone would show every change, but the kernel takes it from a clock that ticks every
+    few milliseconds (seconds on some filesystems): a write in the same tick as the snapshot
+    keeps it. Size, mode and owner still show such a write, a ``chmod`` or a ``chown``, as the
+    full :func:`signature` did; only its mtime (as coarse as ctime) is left out.
+    """
+    kind = _kind(st.st_mode)
+    head = f"{KIND_LETTERS[kind]}{_mtime_text(st.st_ctime_ns)} {st.st_ino} {st.st_nlink}"
+    owner = f"{stat.S_IMODE(st.st_mode):o} {st.st_uid} {st.st_gid}"
+    return f"{head} {owner} {st.st_size}" if kind == "file" else f"{head} {owner}"
 
 
 def _glob_escape(text: str) -> str:
@@ -394,7 +403,8 @@ def _find_formats(letter: str) -> tuple[str, str]:
     """``find -printf`` formats of a :func:`signature` and of a :func:`_stamp` of an entry of
     kind ``letter`` (the same text as the Python functions give)."""
     extra = {"l": " %l", "f": " %s %T@"}.get(letter, "")
-    return f"{letter} %m %U %G{extra}", f"{letter}%C@ %i %n"
+    size = " %s" if letter == "f" else ""
+    return f"{letter} %m %U %G{extra}", f"{letter}%C@ %i %n %m %U %G{size}"
 
 
 def _snapshot_with_find(
@@ -450,10 +460,10 @@ def snapshot_tree(
     a commit costs one C-speed walk per tree plus O(changes) Python work, like ``rsync``.
 
     With ``stamps`` each path maps to its :func:`_stamp` instead (kind, ctime, inode number,
-    link count): the kernel moves an inode's ctime on every change to it (content, mode, owner,
-    xattrs, ACLs, links) and a rename over a path brings another inode, so any change shows;
-    only stamp snapshots of the *same* tree taken at different times can be compared. (Half
-    the text of a signature, so a walk of the copy costs less.)
+    link count, mode, owner, a file's size): the kernel moves an inode's ctime on every change
+    to it (content, mode, owner, xattrs, ACLs, links) and a rename over a path brings another
+    inode, so any change shows; only stamp snapshots of the *same* tree taken at different
+    times can be compared. (No mtime: ``find`` formats it slowly, and it is as coarse as ctime.)
 
     Raises:
         OSError: ``root`` is missing or a directory in it cannot be read.
@@ -1775,8 +1785,8 @@ class Baseline:
     @staticmethod
     def _restamp(old: dict[str, str]) -> dict[str, str]:
         """A copy side of the previous version (``"<signature> @<ctime> <inode> <links>"``) as
-        :func:`_stamp` text (``"<kind letter><ctime> <inode> <links>"``)."""
-        return {rel: sig[0] + sig.rpartition(_OLD_STAMP)[2] for rel, sig in old.items()}
+        :func:`_stamp` text (kind letter, ctime, inode, links, mode, owner, group[, size])."""
+        return {rel: _restamp_one(sig) for rel, sig in old.items()}
 
     @classmethod
     def _load_v1(cls, data: str, path: StrPath) -> Baseline:
@@ -1799,6 +1809,13 @@ class Baseline:
     def take(cls, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()) -> Baseline:
         """Snapshot both trees now (two walks in parallel)."""
         return cls(*_snapshot_pair(original, copy, exclude))
+
+
+def _restamp_one(old: str) -> str:
+    sig, _, stamp = old.rpartition(_OLD_STAMP)
+    fields = sig.split(" ")  # kind, mode, uid, gid[, size, mtime | link target]
+    size = f" {fields[4]}" if fields[0] == "f" else ""
+    return f"{fields[0]}{stamp} {fields[1]} {fields[2]} {fields[3]}{size}"
 
 
 def _pairs(fields: list[str], start: int, stop: int) -> dict[str, str]:

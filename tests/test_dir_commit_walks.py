@@ -12,6 +12,8 @@ import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 from unittest import mock
 
 import pytest
@@ -317,7 +319,9 @@ def test_baseline_reads_the_manifest_of_the_previous_version(tmp_path: Path) -> 
     root = {"mode": 0o755, "uid": 0, "gid": 0, "xattrs": {}}
     fields = ["sandbox-baseline-1", "a", "f 644 0 0 1 1.0", "", "a", "f 644 0 0 1 1.0 @2 3 1", ""]
     manifest.write_bytes("\0".join([*fields, json.dumps(root)]).encode())
-    assert Baseline.load(manifest) == Baseline({"a": "f 644 0 0 1 1.0"}, {"a": "f2 3 1"}, root)
+    assert Baseline.load(manifest) == Baseline(
+        {"a": "f 644 0 0 1 1.0"}, {"a": "f2 3 1 644 0 0 1"}, root
+    )
     manifest.write_bytes("\0".join(fields[:2] + fields[3:]).encode())  # a signature lost
     with pytest.raises(ValueError, match="corrupt baseline manifest"):
         Baseline.load(manifest)
@@ -337,5 +341,30 @@ def test_one_walk_of_signatures_and_stamps_equals_both_walks_with_and_without_fi
         assert snapshot_tree(tmp_path, stamps=True) == stamps
     st = os.lstat(tmp_path / "fifo")
     ctime = f"{st.st_ctime_ns // 10**9}.{st.st_ctime_ns % 10**9:09d}0"
-    assert stamps["fifo"] == f"p{ctime} {st.st_ino} 1"
+    assert stamps["fifo"] == f"p{ctime} {st.st_ino} 1 644 0 0"
+    st = os.lstat(tmp_path / "a" / "f")
+    ctime = f"{st.st_ctime_ns // 10**9}.{st.st_ctime_ns % 10**9:09d}0"
+    mode = f"{stat.S_IMODE(st.st_mode):o}"
+    assert stamps["a/f"] == f"f{ctime} {st.st_ino} 2 {mode} 1234 5678 1"
     assert {value[0] for value in stamps.values()} == {"d", "f", "l", "p", "s", "c"}
+
+
+def test_a_change_in_the_same_clock_tick_as_the_snapshot_still_shows(tmp_path: Path) -> None:
+    """ctime comes from a clock that ticks every few milliseconds (seconds on some
+    filesystems): a write, ``chmod`` or ``chown`` right after a snapshot may keep it. The stamp
+    still differs by size, mode, owner or group."""
+    path = tmp_path / "f"
+    path.write_text("x")
+    before = os.lstat(path)
+    fields = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_ctime_ns")
+
+    def same_tick(**changed: int) -> os.stat_result:
+        values = {name: getattr(before, name) for name in fields} | changed
+        return cast(os.stat_result, SimpleNamespace(**values))
+
+    stamp = fs._stamp(before)
+    assert fs._stamp(same_tick()) == stamp
+    assert fs._stamp(same_tick(st_size=before.st_size + 1)) != stamp  # a write
+    assert fs._stamp(same_tick(st_mode=before.st_mode ^ 0o100)) != stamp  # a chmod
+    assert fs._stamp(same_tick(st_uid=before.st_uid + 1)) != stamp  # a chown
+    assert fs._stamp(same_tick(st_gid=before.st_gid + 1)) != stamp
