@@ -1906,18 +1906,6 @@ def _read_baseline(baseline: BaselineSource) -> Baseline:
     return baseline if isinstance(baseline, Baseline) else baseline()
 
 
-def _pair_beside(
-    baseline: BaselineSource, original: StrPath, copy: StrPath, exclude: Iterable[str]
-) -> tuple[Baseline, tuple[dict[str, str], dict[str, str]]]:
-    """:func:`_snapshot_pair`, with ``baseline`` read while both walks run."""
-    excluded = list(exclude)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        first = pool.submit(snapshot_tree, original, exclude=excluded)
-        second = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
-        loaded = _read_baseline(baseline)
-        return loaded, (first.result(), second.result())
-
-
 @dataclass(frozen=True)
 class Pending:
     """What changed since a :class:`Baseline`: ``drift`` (paths changed in the original),
@@ -1935,24 +1923,44 @@ class Pending:
 
 
 def pending_since(
-    baseline: BaselineSource, original: StrPath, copy: StrPath, *, exclude: Iterable[str] = ()
+    baseline: BaselineSource,
+    original: StrPath,
+    copy: StrPath,
+    *,
+    exclude: Iterable[str] = (),
+    restore_original: Callable[[Callable[[], None]], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Pending:
     """One C-speed walk of each tree, compared with ``baseline`` by set operations: O(changes)
-    after the walks. An unknown baseline counts every path of the copy as touched.
+    after the walks. An unknown baseline counts every path of the copy as touched. A
+    ``baseline`` given as a function is read while the walks run; ``restore_original`` and
+    ``meanwhile`` as in :func:`reset_copy`.
 
     Raises:
-        OSError: a tree cannot be read (or the baseline, when read here).
+        OSError: a tree cannot be read (or the baseline, when read here), or
+            ``restore_original`` failed.
     """
-    baseline, (now_original, now_copy) = _pair_beside(baseline, original, copy, exclude)
-    return _pending(baseline, now_original, now_copy)
+    excluded = list(exclude)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # ``find`` runs in its own process
+        copy_walk = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
+        original_walk: list[Future[dict[str, str]]] = []
 
+        def walk_original() -> None:
+            if not original_walk:
+                original_walk.append(pool.submit(snapshot_tree, original, exclude=excluded))
 
-def _pending(baseline: Baseline, now_original: dict[str, str], now_copy: dict[str, str]) -> Pending:
-    if baseline.original is None or baseline.copy is None:
+        if restore_original is not None:
+            restore_original(walk_original)
+        walk_original()
+        if meanwhile is not None:
+            meanwhile()
+        loaded = _read_baseline(baseline)
+        now_original, now_copy = original_walk[0].result(), copy_walk.result()
+    if loaded.original is None or loaded.copy is None:
         return Pending(set(), set(now_original) | set(now_copy), now_original, now_copy)
     return Pending(
-        differing_paths(baseline.original, now_original),
-        differing_paths(baseline.copy, now_copy),
+        differing_paths(loaded.original, now_original),
+        differing_paths(loaded.copy, now_copy),
         now_original,
         now_copy,
     )
@@ -2057,22 +2065,14 @@ def reset_copy(
         OSError: a tree cannot be read, ``restore_original`` failed (the copy is then
             untouched) or the sync failed (the copy is then unchanged).
     """
-    excluded = list(exclude)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # ``find`` runs in its own process
-        copy_walk = pool.submit(snapshot_tree, copy, exclude=excluded, stamps=True)
-        original_walk: list[Future[dict[str, str]]] = []
-
-        def walk_original() -> None:
-            if not original_walk:
-                original_walk.append(pool.submit(snapshot_tree, original, exclude=excluded))
-
-        if restore_original is not None:
-            restore_original(walk_original)
-        walk_original()
-        if meanwhile is not None:
-            meanwhile()
-        loaded = _read_baseline(baseline)
-        pending = _pending(loaded, original_walk[0].result(), copy_walk.result())
+    pending = pending_since(
+        baseline,
+        original,
+        copy,
+        exclude=exclude,
+        restore_original=restore_original,
+        meanwhile=meanwhile,
+    )
     changes = compute_changes_at(copy, original, pending.candidates)
     top = root_meta(original)
     if not changes.is_empty or root_meta(copy) != top:
