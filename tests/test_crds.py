@@ -64,16 +64,17 @@ EXPECTED_STATUS_FIELDS = {
     "Sandbox": {
         "phase", "sandboxId", "sandboxPath", "workspacePod", "effectiveStrategy", "strategyMode",
         "executor", "lastCommit", "lastRollbackRequestId", "lastRestoreRequestId", "coreRecord",
-        "conditions", "observedGeneration",
+        "conditions", "observedGeneration", "lastHandledConfiguration",
     },
     "Checkpoint": {
         "phase", "checkpointId", "sandboxId", "snapshotLocation", "kind", "createdAt",
-        "conditions", "observedGeneration",
+        "conditions", "observedGeneration", "lastHandledConfiguration",
     },
     "PlanCommit": {
         "phase", "sandboxes", "results", "rolledBackIds", "failedRollbackIds", "failedSandboxId",
         "startedAt", "completedAt", "conditions", "observedGeneration",
         "mode", "twoPhase", "review",  # issue 9
+        "lastHandledConfiguration",  # kopf's diff-base, issue 11
     },
 }  # fmt: skip
 # (kind, dotted path below openAPIV3Schema.properties) of every immutable field.

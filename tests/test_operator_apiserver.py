@@ -7,6 +7,7 @@ restart in the middle of a PlanCommit, and bad custom resources refused at apply
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -74,7 +75,8 @@ def test_sandbox_reaches_active_on_a_real_git_repo(
     assert "kopf" not in json_of(body["status"])  # case 15: no kopf progress in status
     annotations = body["metadata"].get("annotations") or {}
     assert not [key for key in annotations if key.startswith("kopf.zalando.org")]
-    assert "sandbox.cleveragents.io/last-handled-configuration" in annotations
+    assert "sandbox.cleveragents.io/last-handled-configuration" not in annotations
+    assert json.loads(body["status"]["lastHandledConfiguration"])["spec"]["planId"] == "plan-a"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         exposition = response.read().decode()
     assert (

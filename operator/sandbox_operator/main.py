@@ -1,7 +1,9 @@
 """kopf entry point: thin decorated handlers with explicit ids; the logic lives elsewhere.
 
 Run: ``kopf run --standalone -A -m sandbox_operator.main`` (or ``--namespace NS``). Handlers
-return nothing (case 15); progress and diff-base live in annotations, never in ``.status``.
+return nothing (case 15); progress lives in annotations, kopf's diff-base in the declared
+``status.lastHandledConfiguration`` (:mod:`sandbox_operator.diffbase`), nothing else of kopf's
+in ``.status``.
 With ``SANDBOX_OPERATOR_LEADER_ELECTION=true`` (the chart's default) the startup handler first
 waits for the leader-election Lease (:mod:`sandbox_operator.leader`): of several replicas only
 the holder ever starts watching (issue 11, "High availability").
@@ -10,13 +12,15 @@ the holder ever starts watching (issue 11, "High availability").
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 
 from sandbox_operator import k8s, metrics
+from sandbox_operator.diffbase import StatusDiffBase
 from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
@@ -26,7 +30,6 @@ from sandbox_operator.models import (
     CHECKPOINT_PLURAL,
     FINALIZER,
     GROUP,
-    PLAN_LABEL,
     PLANCOMMIT_PLURAL,
     SANDBOX_PLURAL,
     VERSION,
@@ -45,73 +48,11 @@ def runtime() -> Runtime:
     return _RUNTIME[0]
 
 
-class PlanLabelBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's diff-base in annotations, without the plan-id label the create handler adds.
-
-    kopf keeps labels in an object's diff-base. The provision handler adds the label
-    ``sandbox.cleveragents.io/plan-id`` in the same patch that stores the diff-base built from
-    the object before it, so every new Sandbox came back as changed: one more PATCH and one more
-    processing cycle per object (issue 11, throughput). No handler reacts to that label.
-    """
-
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
-    ) -> kopf.BodyEssence:
-        fields = list(extra_fields or ())
-        return _without_plan_label(
-            super().build(body=_essential(body, fields), extra_fields=fields)
-        )
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        # Diff-bases stored by earlier operators hold the label: compare them without it too.
-        found = super().fetch(body=body)
-        return None if found is None else _without_plan_label(found)
-
-
-# What kopf's essence keeps of an object besides the top-level fields other than metadata and
-# status (ownerReferences and kind: kopf's storage keys look at them).
-_ESSENCE_METADATA = ("labels", "annotations", "ownerReferences")
-
-
-def _essential(body: kopf.Body, extra_fields: list[Any]) -> kopf.Body:
-    """``body`` without what kopf's diff-base drops anyway: status and the system metadata.
-
-    kopf deep-copies the whole body (status, managedFields) on every processing cycle before it
-    throws those parts away; copying only the kept parts is the same essence for less CPU
-    (issue 11, throughput). Extra fields outside spec, labels and annotations (none today) keep
-    the whole body.
-    """
-    for field in extra_fields:
-        path = field.split(".") if isinstance(field, str) else list(field)
-        if path[0] in ("status", "metadata") and path[:2] not in (
-            ["metadata", "labels"],
-            ["metadata", "annotations"],
-        ):
-            return body
-    metadata = body.get("metadata") or {}
-    light: dict[str, Any] = {k: v for k, v in body.items() if k not in ("metadata", "status")}
-    light["metadata"] = {k: metadata[k] for k in _ESSENCE_METADATA if k in metadata}
-    return kopf.Body(cast(kopf.RawBody, light))
-
-
-def _without_plan_label(essence: kopf.BodyEssence) -> kopf.BodyEssence:
-    labels = essence.get("metadata", {}).get("labels")
-    if isinstance(labels, dict) and PLAN_LABEL in labels:
-        del labels[PLAN_LABEL]
-        if not labels:
-            del essence["metadata"]["labels"]
-        if not essence["metadata"]:
-            del essence["metadata"]
-    return essence
-
-
 def tune(settings: kopf.OperatorSettings) -> None:
     """All kopf tuning in one place (STYLE.md): storage, finalizer, posting, watching, workers."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = PlanLabelBlindDiffBase(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = StatusDiffBase()
     # Only warnings become Events: no "Handler succeeded" spam on every restart (case 22).
     # Our Events go through EventRecorder (one post, none in terminating namespaces, case 17);
     # kopf's own log-derived Events stay off, and are filtered the same way if turned on.
@@ -164,12 +105,48 @@ def sandbox_provision(body: kopf.Body, patch: kopf.Patch, retry: int, **_: Any) 
     runtime().sandboxes.provision(body, patch, retry)
 
 
-@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, id="plan-label", timeout=TIMEOUT)
-def sandbox_plan_label(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    """Sandboxes made before the plan-id label existed get it (issue 11 §6)."""
-    labels = plan_label_patch(body)
-    if labels:
-        patch.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+# kopf's own mark on an object whose annotations hold this operator's kopf records: its
+# progress storage writes it, in a PATCH of its own, the first time it stores anything.
+KOPF_MARKER = f"{GROUP}/kopf-managed"
+
+
+def missing_metadata(body: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The labels and annotations the operator puts on every new object that it lacks
+    (``{}`` when none is missing): the plan-id label of a Sandbox, kopf's marker."""
+    metadata = body.get("metadata") or {}
+    missing: dict[str, dict[str, str]] = {}
+    if body.get("kind") == "Sandbox" and (labels := plan_label_patch(body)):
+        missing["labels"] = labels
+    if KOPF_MARKER not in (metadata.get("annotations") or {}):
+        missing["annotations"] = {KOPF_MARKER: "yes"}
+    return missing
+
+
+def _metadata_missing(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> bool:
+    deleting = event["type"] == "DELETED" or body.metadata.get("deletionTimestamp")
+    return not deleting and bool(missing_metadata(body))
+
+
+@kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL, id="metadata", when=_metadata_missing)
+@kopf.on.event(GROUP, VERSION, CHECKPOINT_PLURAL, id="metadata", when=_metadata_missing)
+@kopf.on.event(GROUP, VERSION, PLANCOMMIT_PLURAL, id="metadata", when=_metadata_missing)
+async def set_metadata(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Set :func:`missing_metadata` in the PATCH that adds kopf's finalizer (issue 11).
+
+    kopf runs event handlers in every processing cycle, also in the one that only adds the
+    finalizer. The change is a transformation function, as kopf's finalizer is: both become one
+    JSON patch guarded by the object's resourceVersion (a merge patch beside it would be a
+    second request). So a new object gets its plan-id label (issue 11 §6) and kopf's marker
+    without a write of their own (issue 11, throughput), and one made before gets them on its
+    first event. ``async``: a dictionary lookup needs no worker thread.
+    """
+    patch.fns.append(functools.partial(_merge_metadata, missing=missing_metadata(body)))
+
+
+def _merge_metadata(body: dict[str, Any], missing: dict[str, dict[str, str]]) -> None:
+    metadata = body.setdefault("metadata", {})
+    for field, values in missing.items():
+        metadata.setdefault(field, {}).update(values)
 
 
 @kopf.on.resume(
@@ -183,10 +160,12 @@ def sandbox_plan_label(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 def sandbox_provision_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """A handled Sandbox without a status: provision again (idempotent) to write it.
 
-    kopf writes a handler's outcome in two requests, the object (diff-base annotation) and then
-    its ``/status``; an operator killed between them leaves a Sandbox that kopf considers handled
-    and that never gets a phase (found by benchmarks/soak.py). Resume handlers run once per
-    operator start for every existing object, so the next operator repairs it.
+    Operators that kept kopf's diff-base in an annotation wrote a handler's outcome in two
+    requests, the object and then its ``/status``; one killed between them left a Sandbox that
+    kopf considers handled and that never gets a phase (found by benchmarks/soak.py). Now both
+    land in one ``/status`` request (:mod:`sandbox_operator.diffbase`); resume handlers run once
+    per operator start for every existing object, so such a Sandbox from an earlier operator is
+    repaired by this one.
     """
     runtime().sandboxes.provision(body, patch)
 
@@ -265,8 +244,8 @@ def checkpoint_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 def checkpoint_create_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """A handled Checkpoint without a status: take the snapshot again to write it (issue 11).
 
-    As for Sandboxes (``sandbox_provision_resume``): an operator killed between kopf's two
-    writes leaves a Checkpoint marked handled with no phase. Snapshots are idempotent per
+    As for Sandboxes (``sandbox_provision_resume``): an earlier operator killed between kopf's
+    two writes left a Checkpoint marked handled with no phase. Snapshots are idempotent per
     Checkpoint uid (case 18), so the next operator records the same snapshot, not a second one.
     """
     runtime().checkpoints.create(body, patch)

@@ -355,9 +355,6 @@ class SandboxLogic:
             kopf.TemporaryError: retry later (transient API or I/O trouble), with exponential
                 backoff by ``retry``.
         """
-        labels = plan_label_patch(body)
-        if labels:
-            patch.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
         try:
             target = target_from_body(body, self.settings, self.api)
         except kopf.PermanentError as exc:

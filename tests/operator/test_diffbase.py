@@ -1,7 +1,10 @@
-"""The operator's diff-base ignores the plan-id label the create handler adds (issue 11).
+"""The operator's diff-base: in the status, blind to the plan-id label, read from earlier
+operators' annotation (issue 11, throughput; docs/api-evolution.md).
 
-Without this, every new Sandbox came back "changed" once its label landed: one more PATCH and
-processing cycle per object (found with a request trace of bench_operator --throughput).
+kopf's diff-base in an annotation cost every handled object a PATCH of its own beside the
+``/status`` PATCH (found with a request trace of bench_operator --throughput). It now lives in
+``status.lastHandledConfiguration``; an object handled before the move keeps its annotation,
+which must still read as handled, or an upgrade would provision every existing Sandbox again.
 """
 
 from __future__ import annotations
@@ -9,41 +12,81 @@ from __future__ import annotations
 import json
 
 import kopf
-from sandbox_operator.main import PlanLabelBlindDiffBase
+from sandbox_operator.diffbase import StatusDiffBase
 from sandbox_operator.models import PLAN_LABEL
 
-KEY = "sandbox.cleveragents.io/last-handled-configuration"
+LEGACY = "sandbox.cleveragents.io/last-handled-configuration"
 
 
-def sandbox(labels: dict[str, str], annotations: dict[str, str] | None = None) -> kopf.Body:
+def sandbox(
+    labels: dict[str, str],
+    annotations: dict[str, str] | None = None,
+    status: dict[str, str] | None = None,
+) -> kopf.Body:
     return kopf.Body(
         {
             "apiVersion": "sandbox.cleveragents.io/v1alpha1",
             "kind": "Sandbox",
             "metadata": {"name": "s", "labels": labels, "annotations": annotations or {}},
             "spec": {"planId": "p", "resourceId": "r"},
-            "status": {"phase": "Active"},
+            "status": {"phase": "Active", **(status or {})},
         }
     )
 
 
-def storage() -> PlanLabelBlindDiffBase:
-    return PlanLabelBlindDiffBase(
-        prefix="sandbox.cleveragents.io", key="last-handled-configuration"
-    )
+def stored(body: kopf.Body) -> kopf.Patch:
+    """The patch kopf sends after a handler: the storage's store() of the built essence."""
+    storage = StatusDiffBase()
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    return patch
 
 
-def test_the_label_added_by_the_create_handler_is_no_change() -> None:
-    before = storage().build(body=sandbox({}))
-    after = storage().build(body=sandbox({PLAN_LABEL: "p"}))
+def test_the_diff_base_goes_to_the_status_only() -> None:
+    patch = stored(sandbox({PLAN_LABEL: "p"}))
+    assert set(patch) == {"status"}, "no write of the object itself"
+    assert json.loads(patch["status"]["lastHandledConfiguration"]) == {
+        "spec": {"planId": "p", "resourceId": "r"}
+    }
+    body = sandbox({PLAN_LABEL: "p"}, status=dict(patch["status"]))
+    assert StatusDiffBase().fetch(body=body) == StatusDiffBase().build(body=body)
+
+
+def test_the_plan_label_is_no_change() -> None:
+    before = StatusDiffBase().build(body=sandbox({}))
+    after = StatusDiffBase().build(body=sandbox({PLAN_LABEL: "p"}))
     assert before == after == {"spec": {"planId": "p", "resourceId": "r"}}
 
 
-def test_other_labels_still_count_and_old_diff_bases_with_the_label_compare_equal() -> None:
-    built = storage().build(body=sandbox({PLAN_LABEL: "p", "team": "a"}))
+def test_other_labels_still_count() -> None:
+    built = StatusDiffBase().build(body=sandbox({PLAN_LABEL: "p", "team": "a"}))
     assert built["metadata"] == {"labels": {"team": "a"}}
-    assert built != storage().build(body=sandbox({"team": "b"}))
-    # A diff-base stored by an earlier operator, label included.
-    stored = {"spec": {"planId": "p", "resourceId": "r"}, "metadata": {"labels": {PLAN_LABEL: "p"}}}
-    body = sandbox({PLAN_LABEL: "p"}, {KEY: json.dumps(stored)})
-    assert storage().fetch(body=body) == storage().build(body=body)
+    assert built != StatusDiffBase().build(body=sandbox({"team": "b"}))
+
+
+def test_an_object_handled_by_an_earlier_operator_reads_as_handled() -> None:
+    # The earlier operator's storage: the annotation, the label inside, and kopf's marker.
+    earlier = kopf.AnnotationsDiffBaseStorage(
+        prefix="sandbox.cleveragents.io", key="last-handled-configuration"
+    )
+    body = sandbox({PLAN_LABEL: "p", "team": "a"}, {"note": "kept"})
+    patch = kopf.Patch()
+    earlier.store(body=body, patch=patch, essence=earlier.build(body=body))
+    annotations = {"note": "kept", **patch["metadata"]["annotations"]}
+    assert LEGACY in annotations
+    upgraded = sandbox({PLAN_LABEL: "p", "team": "a"}, annotations)
+    found = StatusDiffBase().fetch(body=upgraded)
+    assert found is not None
+    assert found == StatusDiffBase().build(body=upgraded), "kopf would see a change"
+    assert found["metadata"]["annotations"] == {"note": "kept"}
+
+
+def test_the_status_wins_over_a_stale_annotation() -> None:
+    stale = json.dumps({"spec": {"planId": "old"}})
+    fresh = json.dumps({"spec": {"planId": "p", "resourceId": "r"}})
+    body = sandbox({}, {LEGACY: stale}, {"lastHandledConfiguration": fresh})
+    assert StatusDiffBase().fetch(body=body) == {"spec": {"planId": "p", "resourceId": "r"}}
+
+
+def test_a_new_object_has_no_diff_base() -> None:
+    assert StatusDiffBase().fetch(body=sandbox({})) is None

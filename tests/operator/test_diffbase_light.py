@@ -1,7 +1,7 @@
 """The operator's diff-base copies only what it keeps, and keeps what kopf keeps (issue 11).
 
 kopf's own ``build`` deep-copies the whole object (status, managedFields) on every processing
-cycle; ``PlanLabelBlindDiffBase`` copies spec, labels and annotations only. The essence must be
+cycle; ``StatusDiffBase`` copies spec, labels and annotations only. The essence must be
 the one kopf builds, minus the plan-id label, for every extra field a handler may watch.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 import pytest
-from sandbox_operator.main import PlanLabelBlindDiffBase
+from sandbox_operator.diffbase import StatusDiffBase
 from sandbox_operator.models import PLAN_LABEL
 
 PREFIX = "sandbox.cleveragents.io"
@@ -64,7 +64,7 @@ def kopf_essence(body: dict[str, Any], extra: list[Any]) -> Any:
     ],
 )
 def test_the_light_essence_is_kopfs_essence(extra: list[Any]) -> None:
-    storage = PlanLabelBlindDiffBase(prefix=PREFIX, key=KEY)
+    storage = StatusDiffBase()
     body = full_body()
     built = storage.build(body=kopf.Body(body), extra_fields=extra)
     assert built == kopf_essence(body, extra)
@@ -73,7 +73,7 @@ def test_the_light_essence_is_kopfs_essence(extra: list[Any]) -> None:
 
 
 def test_the_essence_is_a_copy() -> None:
-    storage = PlanLabelBlindDiffBase(prefix=PREFIX, key=KEY)
+    storage = StatusDiffBase()
     body = full_body()
     built = storage.build(body=kopf.Body(body))
     built["spec"]["options"]["a"].append(3)

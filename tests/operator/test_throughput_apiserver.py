@@ -1,11 +1,12 @@
 """Writes per new Sandbox and the operator's own Event requests, on the real API server (tier 2).
 
 Issue 11 §4 (throughput): every request per object costs the operator, the API server and etcd
-CPU on the same cores as the user's ``kubectl apply``. A new Sandbox costs exactly four writes:
-kopf's finalizer PATCH (its own processing cycle, before any on-disk work: case 16), the object
-PATCH (plan-id label and diff-base), the ``/status`` PATCH and one ``Provisioned`` Event. A fifth
-(e.g. a diff-base that no longer matches what kopf built, so kopf handles the object again)
-fails here. Counted by the API server's own ``apiserver_request_total``.
+CPU on the same cores as the user's ``kubectl apply``. A new Sandbox costs exactly three writes:
+kopf's finalizer PATCH (its own processing cycle, before any on-disk work: case 16), which also
+carries the plan-id label; the ``/status`` PATCH, which also carries kopf's diff-base; and one
+``Provisioned`` Event. A fourth (e.g. a diff-base that no longer matches what kopf built, so kopf
+handles the object again) fails here. Counted by the API server's own
+``apiserver_request_total``.
 
 The Event goes out as a plain JSON request (``k8s.Api.raw``): it must still land, and a refusal
 must still raise the ``ApiException`` that :func:`events.is_terminating_refusal` recognises.
@@ -75,7 +76,7 @@ def writes(server: Any) -> dict[str, float]:
     return out
 
 
-def test_a_new_sandbox_costs_four_writes(
+def test_a_new_sandbox_costs_three_writes(
     local_apiserver: Any,  # noqa: F811
     cluster: Cluster,
     operator: OperatorProcess,
@@ -101,16 +102,19 @@ def test_a_new_sandbox_costs_four_writes(
     after = writes(local_apiserver)
     per_sandbox = {key: (after[key] - before[key]) / SANDBOXES for key in WRITES}
     assert per_sandbox == {
-        "PATCH sandboxes": 2.0,  # kopf's finalizer; the object (plan-id label + diff-base)
-        "PATCH sandboxes/status": 1.0,
+        "PATCH sandboxes": 1.0,  # kopf's finalizer and the plan-id label
+        "PATCH sandboxes/status": 1.0,  # the outcome and kopf's diff-base
         "POST events": 1.0,  # Provisioned
     }
     for name in names:
         events = cluster.events(name)
         assert [(e["type"], e["reason"]) for e in events] == [("Normal", "Provisioned")]
         assert events[0]["involvedObject"]["kind"] == "Sandbox"
-        labels = (cluster.get("sandbox", name) or {})["metadata"].get("labels") or {}
+        body = cluster.get("sandbox", name) or {}
+        labels = body["metadata"].get("labels") or {}
         assert labels.get("sandbox.cleveragents.io/plan-id") == "thr-plan"
+        assert "sandbox.cleveragents.io/cleanup" in body["metadata"]["finalizers"]
+        assert body["status"]["lastHandledConfiguration"]
 
 
 def test_the_plain_event_post_lands_and_a_terminating_namespace_still_refuses(
