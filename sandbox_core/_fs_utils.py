@@ -56,6 +56,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -383,14 +384,28 @@ def _prune_args(exclude: frozenset[str]) -> list[str]:
     return ["(", *prune, ")", "-prune"]
 
 
+def _memory_file(name: str) -> Any:
+    """An anonymous file in memory (``memfd``; a temporary file where there is none)."""
+    if hasattr(os, "memfd_create"):
+        return open(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
+    return tempfile.TemporaryFile()  # noqa: SIM115
+
+
 def _run_find(find: str, root: str, args: list[str]) -> list[str]:
-    proc = subprocess.run(
-        [find, ".", "-mindepth", "1", *args], cwd=root, capture_output=True, check=False
-    )
-    if proc.returncode != 0:
-        message = os.fsdecode(proc.stderr).strip()
-        raise OSError(errno.EIO, f"find failed: {message}", root)
-    fields = os.fsdecode(proc.stdout).split("\0")
+    # find prints into files in memory, not pipes: a pipe holds 64 KiB, and while another
+    # thread holds the GIL (reading a manifest, parsing the other walk) nobody drains it, so
+    # find would stop walking until then (issue 7: the walks set a rollback's time).
+    with _memory_file("find-out") as out, _memory_file("find-err") as err:
+        code = subprocess.run(
+            [find, ".", "-mindepth", "1", *args], cwd=root, stdout=out, stderr=err, check=False
+        ).returncode
+        if code != 0:
+            err.seek(0)
+            message = os.fsdecode(err.read()).strip()
+            raise OSError(errno.EIO, f"find failed: {message}", root)
+        out.seek(0)
+        text = out.read()
+    fields = os.fsdecode(text).split("\0")
     fields.pop()  # the text ends with a separator
     return fields
 

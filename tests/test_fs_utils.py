@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -420,3 +422,24 @@ def test_sync_never_follows_links_to_directories(tmp_path: Path) -> None:
     assert (target / "ext").is_symlink()
     assert (target / "d" / "x").read_text() == "x\n"
     assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
+
+
+# -- find's output (issue 7: a walk's text goes to a file in memory, not a pipe) ----------------
+
+
+def test_a_walk_longer_than_a_pipe_is_read_whole(tmp_path: Path) -> None:
+    names = {f"{i:05d}-" + "n" * 120 for i in range(1500)}  # about 190 KiB of names
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    find = shutil.which("find")
+    assert find is not None
+    assert set(fs._run_find(find, str(tmp_path), ["-printf", "%P\\0"])) == names
+
+
+def test_a_failed_walk_says_what_find_said(tmp_path: Path) -> None:
+    find = shutil.which("find")
+    assert find is not None
+    with pytest.raises(OSError) as failed:
+        fs._run_find(find, str(tmp_path), ["-no-such-test"])
+    assert failed.value.errno == errno.EIO
+    assert "find failed" in str(failed.value) and "no-such-test" in str(failed.value)
