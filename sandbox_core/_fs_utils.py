@@ -387,8 +387,8 @@ def _prune_args(exclude: frozenset[str]) -> list[str]:
 def _memory_file(name: str) -> Any:
     """An anonymous file in memory (``memfd``; a temporary file where there is none)."""
     if hasattr(os, "memfd_create"):
-        return open(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
-    return tempfile.TemporaryFile()  # noqa: SIM115
+        return open(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
+    return tempfile.TemporaryFile()
 
 
 def _run_find(find: str, root: str, args: list[str]) -> list[str]:
