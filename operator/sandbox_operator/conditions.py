@@ -14,6 +14,18 @@ from typing import Any, Literal
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
+MAX_MESSAGE = 32768
+"""The CRDs' ``maxLength`` of a condition message (characters): a longer one would make the API
+server refuse the whole status write, kopf's diff-base with it (then the handler runs again)."""
+_CUT = " ... (truncated)"
+
+
+def fit_message(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE` characters, the cut marked at its end."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return message[: MAX_MESSAGE - len(_CUT)] + _CUT
+
 
 def now_rfc3339() -> str:
     """Current UTC time as RFC 3339 with second precision (``2026-01-02T03:04:05Z``)."""
@@ -32,8 +44,10 @@ def set_condition(
     """Return a new list with condition ``type_`` set; the input is not modified.
 
     ``lastTransitionTime`` is kept when ``status`` is unchanged and set to ``now`` (default:
-    the current time) when it changes or the condition is new. ``reason`` must be CamelCase.
+    the current time) when it changes or the condition is new. ``reason`` must be CamelCase;
+    ``message`` is cut to the schema's length (:func:`fit_message`).
     """
+    message = fit_message(message)
     result = [copy.deepcopy(dict(c)) for c in conditions or []]
     for condition in result:
         if condition.get("type") == type_:

@@ -9,8 +9,10 @@ and an operator killed between kopf's two writes can no longer leave an object m
 with no status.
 
 Objects handled by an earlier operator hold the diff-base in the annotation
-``sandbox.cleveragents.io/last-handled-configuration``: it is read when the status has none, so
-an upgrade never handles an existing object as new (docs/api-evolution.md).
+``sandbox.cleveragents.io/last-handled-configuration``: it is read when the status has none but
+holds that operator's outcome (a phase), so an upgrade never handles an existing object as new;
+the next diff-base stored removes it. An object re-created from an export keeps its annotations
+but not its status: it is new, whatever its annotation says (docs/api-evolution.md).
 """
 
 from __future__ import annotations
@@ -53,10 +55,18 @@ class StatusDiffBase(kopf.StatusDiffBaseStorage):
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         found = super().fetch(body=body)
-        if found is None:
+        if found is None and body.status.get("phase"):
             found = self._legacy.fetch(body=body)
         # Diff-bases stored by earlier operators may hold the label: compare them without it.
         return None if found is None else _without_plan_label(found)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        super().store(body=body, patch=patch, essence=essence)
+        # An earlier operator's annotation goes with the first diff-base in the status: once
+        # stale, it must never be read (one object PATCH, once per upgraded object).
+        for key in self._legacy.make_keys(LEGACY_KEY, body=body):
+            if key in body.metadata.annotations:
+                patch.metadata.annotations[key] = None
 
 
 def _essential(body: kopf.Body, extra_fields: list[Any]) -> kopf.Body:

@@ -163,9 +163,10 @@ def sandbox_provision_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> No
     Operators that kept kopf's diff-base in an annotation wrote a handler's outcome in two
     requests, the object and then its ``/status``; one killed between them left a Sandbox that
     kopf considers handled and that never gets a phase (found by benchmarks/soak.py). Now both
-    land in one ``/status`` request (:mod:`sandbox_operator.diffbase`); resume handlers run once
-    per operator start for every existing object, so such a Sandbox from an earlier operator is
-    repaired by this one.
+    land in one ``/status`` request (:mod:`sandbox_operator.diffbase`). Resume handlers run
+    once per operator start for every object that kopf has a diff-base of, so such a Sandbox
+    left by an earlier operator is repaired by this one (one with no diff-base at all is new to
+    kopf, and its create handler runs).
     """
     runtime().sandboxes.provision(body, patch)
 

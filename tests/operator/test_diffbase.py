@@ -22,6 +22,7 @@ def sandbox(
     labels: dict[str, str],
     annotations: dict[str, str] | None = None,
     status: dict[str, str] | None = None,
+    phase: str | None = "Active",
 ) -> kopf.Body:
     return kopf.Body(
         {
@@ -29,7 +30,7 @@ def sandbox(
             "kind": "Sandbox",
             "metadata": {"name": "s", "labels": labels, "annotations": annotations or {}},
             "spec": {"planId": "p", "resourceId": "r"},
-            "status": {"phase": "Active", **(status or {})},
+            "status": {**({"phase": phase} if phase else {}), **(status or {})},
         }
     )
 
@@ -90,3 +91,29 @@ def test_the_status_wins_over_a_stale_annotation() -> None:
 
 def test_a_new_object_has_no_diff_base() -> None:
     assert StatusDiffBase().fetch(body=sandbox({})) is None
+
+
+def earlier_operators_annotations(body: kopf.Body) -> dict[str, str]:
+    earlier = kopf.AnnotationsDiffBaseStorage(
+        prefix="sandbox.cleveragents.io", key="last-handled-configuration"
+    )
+    patch = kopf.Patch()
+    earlier.store(body=body, patch=patch, essence=earlier.build(body=body))
+    return dict(patch["metadata"]["annotations"])
+
+
+def test_an_object_recreated_from_an_export_is_new_whatever_its_annotation_says() -> None:
+    # An exported object keeps its annotations; the API server drops a new object's status.
+    annotations = earlier_operators_annotations(sandbox({}))
+    recreated = sandbox({}, annotations, phase=None)
+    assert StatusDiffBase().fetch(body=recreated) is None
+
+
+def test_the_first_diff_base_in_the_status_removes_the_earlier_annotation() -> None:
+    annotations = earlier_operators_annotations(sandbox({}))
+    upgraded = sandbox({}, annotations)
+    storage = StatusDiffBase()
+    patch = kopf.Patch()
+    storage.store(body=upgraded, patch=patch, essence=storage.build(body=upgraded))
+    assert patch["metadata"]["annotations"] == {LEGACY: None}
+    assert "lastHandledConfiguration" in patch["status"]

@@ -4,7 +4,8 @@ Operators before issue 11's throughput work kept kopf's diff-base in the annotat
 ``sandbox.cleveragents.io/last-handled-configuration``; this one keeps it in
 ``status.lastHandledConfiguration``. A Sandbox handled by the earlier operator must read as
 handled by this one: not provisioned again, no second ``Provisioned`` Event, and a later spec
-change is an update (served once), after which the diff-base is in the status. The earlier
+change is an update (served once), after which the diff-base is in the status and the
+annotation is gone. The earlier
 operator is run from git at :data:`PREVIOUS_OPERATOR_COMMIT`, as a user's cluster ran it.
 """
 
@@ -91,8 +92,10 @@ def test_a_sandbox_handled_by_the_earlier_operator_is_not_handled_again(
     )
     wait_for(lambda: cluster.status("sandbox", "s1").get("lastRollbackRequestId") == "x1", 60)
     assert (sandbox_path / "f.txt").read_text() == "base\n"
-    stored = json.loads(cluster.status("sandbox", "s1")["lastHandledConfiguration"])
+    after = cluster.get("sandbox", "s1") or {}
+    stored = json.loads(after["status"]["lastHandledConfiguration"])
     assert stored["spec"]["rollbackRequest"] == {"id": "x1"}
+    assert LEGACY not in after["metadata"]["annotations"], "a stale diff-base is never kept"
     new_log = operator.log_paths[-1].read_text(errors="replace")
     assert new_log.count("Handler 'requests/spec' succeeded") == 1
     assert "Handler 'provision' succeeded" not in new_log

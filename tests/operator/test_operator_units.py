@@ -547,3 +547,15 @@ def test_retries_back_off_exponentially_with_a_cap() -> None:
 
     settings = Settings(retry_delay_seconds=2, retry_backoff_max_seconds=30)
     assert [backoff_seconds(settings, n) for n in range(6)] == [2, 4, 8, 16, 30, 30]
+
+
+def test_a_condition_message_longer_than_the_schema_allows_is_cut() -> None:
+    """The CRDs allow 32768 characters: a longer message would make the API server refuse the
+    whole status write, kopf's diff-base with it, and the handler would run again."""
+    from sandbox_operator.conditions import MAX_MESSAGE, set_condition
+
+    [condition] = set_condition(None, "Degraded", "True", "GitFailed", "é" * 40_000)
+    assert len(condition["message"]) == MAX_MESSAGE
+    assert condition["message"].endswith("(truncated)")
+    [short] = set_condition(None, "Ready", "True", "Active", "fine")
+    assert short["message"] == "fine"
