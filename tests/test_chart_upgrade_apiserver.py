@@ -9,9 +9,6 @@ the Deployment's rollout would.
 
 from __future__ import annotations
 
-import io
-import subprocess
-import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,9 +18,9 @@ import pytest
 
 from tests.apiserver.harness import LocalApiServer
 from tests.operator.support import (
-    REPO_ROOT,
     Cluster,
     OperatorProcess,
+    files_at,
     git,
     make_repo,
     plancommit_manifest,
@@ -40,14 +37,8 @@ CRDS = [f"{p}.sandbox.cleveragents.io" for p in ("sandboxes", "checkpoints", "pl
 
 def previous_chart(into: Path) -> Path:
     """charts/sandbox-operator as of :data:`PREVIOUS_CHART_COMMIT`, extracted under ``into``."""
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", PREVIOUS_CHART_COMMIT,
-         "charts/sandbox-operator"],
-        capture_output=True, check=True,
-    )  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    chart = into / "charts" / "sandbox-operator"
+    chart = files_at(PREVIOUS_CHART_COMMIT, ["charts/sandbox-operator"], into)
+    chart = chart / "charts" / "sandbox-operator"
     assert (chart / "crds" / "sandboxes.yaml").is_file()
     return chart
 

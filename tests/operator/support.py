@@ -7,11 +7,13 @@ as a subprocess against the tier-2 API server, with the local executor, so that 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -24,6 +26,22 @@ from tests.gitrepo import git as git
 from tests.gitrepo import make_repo as make_repo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def files_at(commit: str, paths: list[str], into: Path) -> Path:
+    """``paths`` of this repository as they were at ``commit`` (``git archive``), under ``into``.
+
+    The upgrade tests run what a user's cluster ran: an earlier chart or operator.
+    """
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit, *paths],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
 CRD_DIR = REPO_ROOT / "crds"
 API = "sandbox.cleveragents.io/v1alpha1"
 

@@ -11,11 +11,8 @@ operator is run from git at :data:`PREVIOUS_OPERATOR_COMMIT`, as a user's cluste
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +22,9 @@ import pytest
 
 from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 from tests.operator.support import (
-    REPO_ROOT,
     Cluster,
     OperatorProcess,
+    files_at,
     make_dir,
     run_operator,
     sandbox_manifest,
@@ -43,13 +40,7 @@ LEGACY = "sandbox.cleveragents.io/last-handled-configuration"
 
 def previous_operator(into: Path) -> str:
     """``operator/`` and ``sandbox_core/`` at :data:`PREVIOUS_OPERATOR_COMMIT`: a PYTHONPATH."""
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", PREVIOUS_OPERATOR_COMMIT,
-         "operator", "sandbox_core"],
-        capture_output=True, check=True,
-    )  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
+    files_at(PREVIOUS_OPERATOR_COMMIT, ["operator", "sandbox_core"], into)
     return os.pathsep.join([str(into / "operator"), str(into)])
 
 
