@@ -33,8 +33,9 @@ _ESSENCE_METADATA = ("labels", "annotations", "ownerReferences")
 
 
 class StatusDiffBase(kopf.StatusDiffBaseStorage):
-    """kopf's diff-base in ``status.lastHandledConfiguration`` (a JSON text), read back from the
-    annotation of earlier operators when the status has none.
+    """kopf's diff-base in ``status.lastHandledConfiguration`` (a JSON text); read from an
+    earlier operator's annotation when the status has none but a phase, which the first
+    diff-base stored here removes.
 
     The essence is kopf's own (``kopf.AnnotationsDiffBaseStorage.build``, so an object handled
     before the move compares equal), built from spec, labels and annotations only, and without
