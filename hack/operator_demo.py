@@ -152,7 +152,13 @@ def demo_flow(demo: Demo, paths: dict[str, Path], target: str, repo: Path, docs:
         (docs / "README.md").read_text() == docs_before
     )
     say(f"originals unchanged after the failed PlanCommit: {unchanged}")
-    ok = status.get("phase") == "Failed" and bool(status.get("rolledBackIds")) and unchanged
+    # TwoPhase (the default) aborts before any original changes; Saga compensates what landed.
+    # Either way the plan ends Failed with RolledBack=True and the originals as they were.
+    rolled_back = any(
+        c.get("type") == "RolledBack" and c.get("status") == "True"
+        for c in status.get("conditions", [])
+    )
+    ok = status.get("phase") == "Failed" and rolled_back and unchanged
     say(f"\noperator demo {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1
 
