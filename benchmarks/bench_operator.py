@@ -26,7 +26,9 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
     and its child processes; the API server's and etcd's CPU during the run and during the bare
     apply; every request of the run by verb and resource; one Sandbox's size in bytes; with
-    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log.
+    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log. On an ext4
+    without a journal, inodes freed in the last minute slow every new allocation (seen with
+    ``perf``), on either side at random: ``TMPDIR=/dev/shm`` puts the work dir on tmpfs.
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
