@@ -26,14 +26,17 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
     and its child processes; the API server's and etcd's CPU during the run and during the bare
     apply; every request of the run by verb and resource; one Sandbox's size in bytes; with
-    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log. On an ext4
-    without a journal, inodes freed in the last minute slow every new allocation (seen with
-    ``perf``), on either side at random: ``TMPDIR=/dev/shm`` puts the work dir on tmpfs.
+    ``--profile DIR`` a py-spy profile of the operator (speedscope) and its log.
 (c) The operator's RSS (``VmRSS`` of /proc/<pid>/status) idle with 0 Sandboxes and after K
     Sandboxes of strategy ``none`` are Active (``none`` keeps the disk out of the measurement),
     in a fresh operator process on its own namespace.
 
-Every process it starts (API server, etcd, operators) is stopped at the end.
+Every process it starts (API server, etcd, operators) is stopped at the end, and every
+sandbox goes with the work dir then, never between figures: an ext4 without a journal skips
+inodes freed in the last minute when it allocates new ones (``recently_deleted``, seen with
+``perf``), so a cleanup before a timed part made its ``cp`` children cost 2-3x. Other writers
+(kubectl's cache, store records) still free inodes now and then: ``TMPDIR=/dev/shm`` puts the
+work dir on tmpfs.
 """
 
 from __future__ import annotations
@@ -334,7 +337,6 @@ class Bench:
         core_sources = self.sources_to_active(f"a-core-source-{strategy}", strategy, count)
         factory = SandboxFactory()
         options = self.core_factory_kwargs(f"a-{strategy}")
-        made: list[Any] = []
 
         def in_process() -> None:
             for i in range(count):
@@ -342,11 +344,8 @@ class Bench:
                 sandbox = factory.create(strategy, f"res-{i:03d}", source, **options)
                 sandbox.create(plan)
                 sandbox.activate()
-                made.append(sandbox)
 
-        anchor = timed(in_process)
-        for sandbox in made:
-            sandbox.cleanup()
+        anchor = timed(in_process)  # its sandboxes stay (module docstring: no cleanup between)
         self.row(
             f"{count} Sandboxes to Active ({strategy})",
             ours,
@@ -402,7 +401,6 @@ class Bench:
             raise RuntimeError(f"core commit_all failed: {results}")
         if not all(edits_landed(s) for s in core_sources):
             raise RuntimeError("core commit_all did not reach every original")
-        manager.cleanup_all(plan)
         self.row(
             f"PlanCommit of {size} Sandboxes ({strategy})",
             ours,
@@ -507,10 +505,7 @@ class Bench:
         usage_before = _usage_seconds()
         core_alone = timed(core)
         core_cpu = _usage_seconds() - usage_before
-        # The anchor's sandboxes stay until the work dir goes at the end: ext4 skips inodes
-        # freed in the last minute when it allocates new ones (``recently_deleted``, seen with
-        # ``perf``: most of ``cp``'s CPU), so deleting 5,000 files here made the operator's
-        # ``cp`` children cost 2-3x their time in the anchor.
+        # Its sandboxes stay (module docstring: no cleanup between figures).
         # Through the operator, talking to the API server directly; its requests are counted by
         # the API server's own apiserver_request_total (no proxy taking CPU from the run).
         cluster = self.namespace(f"bench-d-{tag}")

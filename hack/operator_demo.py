@@ -23,6 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
+from sandbox_operator.conditions import find_condition  # noqa: E402
+
 from sandbox_core._demo import _build_inputs, _default_source_tree, _git  # noqa: E402
 from tests.apiserver.harness import LocalApiServer  # noqa: E402
 from tests.operator.support import Cluster, OperatorProcess, install_crds  # noqa: E402
@@ -154,11 +156,8 @@ def demo_flow(demo: Demo, paths: dict[str, Path], target: str, repo: Path, docs:
     say(f"originals unchanged after the failed PlanCommit: {unchanged}")
     # TwoPhase (the default) aborts before any original changes; Saga compensates what landed.
     # Either way the plan ends Failed with RolledBack=True and the originals as they were.
-    rolled_back = any(
-        c.get("type") == "RolledBack" and c.get("status") == "True"
-        for c in status.get("conditions", [])
-    )
-    ok = status.get("phase") == "Failed" and rolled_back and unchanged
+    rolled_back = find_condition(status.get("conditions"), "RolledBack") or {}
+    ok = status.get("phase") == "Failed" and rolled_back.get("status") == "True" and unchanged
     say(f"\noperator demo {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1
 
