@@ -143,6 +143,26 @@ class Cluster:
             f"{kind}/{name} phase in {sorted(phases)}",
         )
 
+    def wait_handled(
+        self, kind: str, name: str, phases: set[str], timeout: float = 90.0
+    ) -> dict:
+        """Wait until ``.status.phase`` is one of ``phases`` and kopf has finished handling the
+        object (its diff-base, ``status.lastHandledConfiguration``, is stored); return the status.
+
+        A PlanCommit's journal writes its terminal phase before its handler returns, and kopf
+        stores the diff-base in one more ``/status`` patch after it: a status read between the
+        two is not yet the settled one.
+        """
+
+        def probe() -> dict[str, Any] | None:
+            if self.operator is not None:
+                self.operator.assert_alive()
+            status = self.status(kind, name)
+            settled = status.get("phase") in phases and status.get("lastHandledConfiguration")
+            return status if settled else None
+
+        return wait_for(probe, timeout, f"{kind}/{name} handled, phase in {sorted(phases)}")
+
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about the object ``name`` in this namespace."""
         result = self.kubectl(
