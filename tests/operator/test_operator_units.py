@@ -559,3 +559,30 @@ def test_a_condition_message_longer_than_the_schema_allows_is_cut() -> None:
     assert condition["message"].endswith("(truncated)")
     [short] = set_condition(None, "Ready", "True", "Active", "fine")
     assert short["message"] == "fine"
+
+
+def test_the_startup_heap_is_frozen_after_its_garbage_is_collected() -> None:
+    """Issue 11, throughput: what is alive after startup leaves the collector's reach, and a
+    garbage cycle made before is freed, not frozen."""
+    import gc
+    import weakref
+
+    from sandbox_operator.main import freeze_startup_heap
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.self = cycle  # type: ignore[attr-defined]
+    freed = []
+    weakref.finalize(cycle, freed.append, True)
+    del cycle
+    gc.disable()  # no collection may free the cycle before the call does
+    try:
+        frozen = freeze_startup_heap()
+        assert freed == [True]
+        assert frozen == gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert gc.get_freeze_count() == 0
