@@ -22,7 +22,9 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     (the provision handler's mean from the operator's own histogram), core (in-process), the
     operator's CPU seconds and its writes per object (the API server's
     ``apiserver_request_total``). Once per ``--max-workers`` value and per ``--operator-src``
-    tree (another operator source tree, e.g. main's, for a before/after in one session).
+    tree (another operator source tree, e.g. main's, for a before/after in one session), and
+    per ``--admission-policy`` mode (``on``: the chart's MutatingAdmissionPolicy sets the
+    finalizer, the label and kopf's marker at admission, in the operator's namespace only).
     Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
     and its child processes; the API server's and etcd's CPU during the run and during the bare
     apply; every request of the run by verb and resource; one Sandbox's size in bytes; with
@@ -69,6 +71,8 @@ from tests.operator.support import (  # noqa: E402
     GIT_ENV,
     Cluster,
     OperatorProcess,
+    install_admission_policy,
+    install_crds,
     make_dir,
     make_repo,
     plancommit_manifest,
@@ -464,13 +468,18 @@ class Bench:
         max_workers: int,
         label: str = "",
         operator_env: dict[str, str] | None = None,
+        admission_policy: bool = False,
     ) -> dict[str, float]:
         """N copy_on_write Sandboxes to Active through the operator, with the parts apart.
 
         ``operator_env`` is added to the operator's environment (``--operator-src`` puts another
-        operator tree first on its PYTHONPATH, for a before/after in one session).
+        operator tree first on its PYTHONPATH, for a before/after in one session). With
+        ``admission_policy`` the chart's MutatingAdmissionPolicy is bound to the operator's
+        namespace only (the bare applies' namespaces stay without it).
         """
         label = label or f"kopf max_workers {max_workers}"
+        if admission_policy:
+            label += ", admission policy"
         tag = f"w{max_workers}-{len(self.rows)}"
         source = make_source(self.work / f"d-source-{tag}", "copy_on_write")
 
@@ -509,6 +518,8 @@ class Bench:
         # Through the operator, talking to the API server directly; its requests are counted by
         # the API server's own apiserver_request_total (no proxy taking CPU from the run).
         cluster = self.namespace(f"bench-d-{tag}")
+        if admission_policy:
+            install_admission_policy(self.server, cluster.namespace, cluster)
         port = free_port()
         work = self.work / f"operator-d-{tag}"
         work.mkdir()
@@ -572,6 +583,7 @@ class Bench:
         requests = {key: value for key, value in requests.items() if value}
         figures = {
             "max_workers": max_workers,
+            "admission_policy": admission_policy,
             "total_s": total,
             "apply_in_run_s": applied,
             "apply_alone_s": apply_alone,
@@ -725,6 +737,11 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="(d) runs of each operator")
     parser.add_argument(
+        "--admission-policy",
+        default="off",
+        help="(d) without (off) and/or with (on) the chart's MutatingAdmissionPolicy, e.g. off,on",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -737,35 +754,33 @@ def main() -> int:
     print(f"work dir: {work}", flush=True)
     try:
         with LocalApiServer() as server:
-            server.kubectl("apply", "-f", str(REPO_ROOT / "crds"), check=True)
-            for crd in ("sandboxes", "checkpoints", "plancommits"):
-                server.kubectl(
-                    "wait",
-                    "--for=condition=Established",
-                    f"crd/{crd}.sandbox.cleveragents.io",
-                    "--timeout=60s",
-                    check=True,
-                )
+            install_crds(server)  # and waits until they are Established
             bench = Bench(server, work)
             bench.profile_dir = args.profile
             if args.throughput:
                 # kubectl's first call fills its discovery cache: not part of any figure.
                 server.kubectl("get", "sandboxes", "-A", check=True)
                 trees = [tuple(spec.split("=", 1)) for spec in args.operator_src]
+                policies = [mode == "on" for mode in args.admission_policy.split(",")]
                 for _ in range(args.rounds):
-                    for name, tree in trees:
-                        pythonpath = os.pathsep.join([f"{tree}/operator", tree])
+                    for policy in policies:
+                        for name, tree in trees:
+                            pythonpath = os.pathsep.join([f"{tree}/operator", tree])
+                            for workers in args.max_workers.split(","):
+                                bench.bench_throughput(
+                                    args.sandboxes,
+                                    int(workers),
+                                    label=f"{name}, kopf max_workers {workers}",
+                                    operator_env={"PYTHONPATH": pythonpath},
+                                    admission_policy=policy,
+                                )
                         for workers in args.max_workers.split(","):
                             bench.bench_throughput(
                                 args.sandboxes,
                                 int(workers),
-                                label=f"{name}, kopf max_workers {workers}",
-                                operator_env={"PYTHONPATH": pythonpath},
+                                label=f"this tree, max_workers {workers}",
+                                admission_policy=policy,
                             )
-                    for workers in args.max_workers.split(","):
-                        bench.bench_throughput(
-                            args.sandboxes, int(workers), label=f"this tree, max_workers {workers}"
-                        )
                 print("\n" + bench.markdown())
                 if args.markdown:
                     args.markdown.write_text(bench.markdown())

@@ -63,10 +63,14 @@ def _run_helm(
     )
 
 
-def _render(helm: Path, *sets: str, namespace: str = "sandbox-system") -> list[dict[str, Any]]:
+def _render(
+    helm: Path, *sets: str, namespace: str = "sandbox-system", api_versions: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     args = ["template", "rel", str(CHART_DIR), "--namespace", namespace]
     for item in sets:
         args += ["--set", item]
+    for api in api_versions:
+        args += ["--api-versions", api]
     result = _run_helm(helm, *args)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -358,6 +362,7 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         ("executor=remote", "at '/executor': value must be one of 'pod', 'local'"),
         ("logFormat=xml", "at '/logFormat': value must be one of 'json', 'plain'"),
         ("metrics.port=70000", "at '/metrics/port': maximum: got 70,000, want 65,535"),
+        ("admissionPolicy.enabled=maybe", "at '/admissionPolicy/enabled': value must be one of"),
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Path, setting: str, message: str) -> None:
@@ -365,6 +370,49 @@ def test_values_schema_rejects_bad_values(helm: Path, setting: str, message: str
     assert result.returncode != 0
     assert message in result.stderr
     assert "values don't meet the specifications of the schema" in result.stderr
+
+
+MAP_V1 = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+MAP_V1BETA1 = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(
+    ("setting", "served", "expected"),
+    [
+        ("auto", (), None),  # the cluster serves no MutatingAdmissionPolicy
+        ("auto", (MAP_V1BETA1,), "admissionregistration.k8s.io/v1beta1"),
+        ("auto", (MAP_V1, MAP_V1BETA1), "admissionregistration.k8s.io/v1"),
+        ("true", (), "admissionregistration.k8s.io/v1beta1"),
+        ("true", (MAP_V1,), "admissionregistration.k8s.io/v1"),
+        ("false", (MAP_V1,), None),
+    ],
+)
+def test_admission_policy_follows_the_value_and_the_served_api(
+    helm: Path, setting: str, served: tuple[str, ...], expected: str | None
+) -> None:
+    """Issue 11, throughput: the operator's metadata at admission when the cluster can."""
+    objects = _render(helm, f"admissionPolicy.enabled={setting}", api_versions=served)
+    kinds = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+    found = [o for o in objects if o["kind"] in kinds]
+    if expected is None:
+        assert found == []
+        return
+    policy, binding = _one(found, kinds[0]), _one(found, kinds[1])
+    assert {policy["apiVersion"], binding["apiVersion"]} == {expected}
+    name = "rel-sandbox-operator-metadata"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] == name
+    assert "matchResources" not in binding["spec"]  # every namespace: the operator watches all
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["CREATE"]
+    assert sorted(rule["resources"]) == ["checkpoints", "plancommits", "sandboxes"]
+    assert policy["spec"]["failurePolicy"] == "Ignore"  # the operator still PATCHes what is missing
+
+
+def test_admission_policy_is_bound_to_the_watched_namespace(helm: Path) -> None:
+    objects = _render(helm, "admissionPolicy.enabled=true", "watchNamespace=team-a")
+    binding = _one(objects, "MutatingAdmissionPolicyBinding")
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]
+    assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
 
 
 def test_crds_are_templated_from_the_one_source_and_kept_on_uninstall(helm: Path) -> None:

@@ -611,6 +611,11 @@ class LocalApiServer:
                 # address there is rejected anyway.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                # MutatingAdmissionPolicy (beta and off by default in 1.35): the chart's policy
+                # that sets the operator's metadata at admission is tested here. Without a
+                # policy object installed, the API server behaves as without the gate.
+                "--feature-gates=MutatingAdmissionPolicy=true",
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
                 *self.extra_apiserver_args,
             ]
             self._apiserver = process = _Process("kube-apiserver", argv, self.apiserver_log_path)

@@ -143,9 +143,7 @@ class Cluster:
             f"{kind}/{name} phase in {sorted(phases)}",
         )
 
-    def wait_handled(
-        self, kind: str, name: str, phases: set[str], timeout: float = 90.0
-    ) -> dict:
+    def wait_handled(self, kind: str, name: str, phases: set[str], timeout: float = 90.0) -> dict:
         """Wait until ``.status.phase`` is one of ``phases`` and kopf has finished handling the
         object (its diff-base, ``status.lastHandledConfiguration``, is stored); return the status.
 
@@ -195,6 +193,48 @@ def install_crds(server: Any) -> None:
             f"{crd} Established",
         )
     _installed.add(key)
+
+
+CHART_DIR = REPO_ROOT / "charts" / "sandbox-operator"
+POLICY_TEMPLATE = "templates/admission-policy.yaml"
+
+
+def admission_policy_yaml(server: Any, release: str, watch_namespace: str) -> str:
+    """The chart's MutatingAdmissionPolicy and its binding for ``watch_namespace``, as
+    ``helm template`` renders them with ``admissionPolicy.enabled=true`` (helm from the
+    server's binaries, in a private helm home)."""
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / "sandbox-operator-helm-home"
+    env = dict(os.environ)
+    for key in ("cache", "config", "data"):
+        env[f"HELM_{key.upper()}_HOME"] = str(home / key)
+    result = subprocess.run(
+        [str(server.bin_dir / "helm"), "template", release, str(CHART_DIR), "--show-only",
+         POLICY_TEMPLATE, "--set", "admissionPolicy.enabled=true", "--set",
+         f"watchNamespace={watch_namespace}"],
+        capture_output=True, text=True, env=env, check=False, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def install_admission_policy(server: Any, release: str, cluster: Cluster) -> str:
+    """Install the chart's admission policy for ``cluster``'s namespace and wait until the API
+    server applies it (a server-side dry-run create gets the finalizer); returns the YAML
+    (``kubectl delete -f -`` it to remove the policy)."""
+    manifest = admission_policy_yaml(server, release, cluster.namespace)
+    server.kubectl("apply", "-f", "-", input=manifest, check=True)
+    probe = json.dumps(sandbox_manifest("policy-probe", "probe", "none", Path("/nonexistent")))
+
+    def applied() -> bool:
+        result = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False
+        )
+        if result.returncode != 0:
+            return False
+        return bool(json.loads(result.stdout)["metadata"].get("finalizers"))
+
+    wait_for(applied, 60, "the admission policy in effect")
+    return manifest
 
 
 def sandbox_manifest(
