@@ -500,8 +500,30 @@ def test_helm_install_into_real_apiserver(
         "--take-ownership", "--kubeconfig", str(local_apiserver.kubeconfig_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "STATUS: deployed" in result.stdout
-    assert "kubectl wait --for=condition=Finished" in result.stdout  # NOTES.txt
+    try:
+        _check_installed(local_apiserver, release, namespace, result.stdout)
+    finally:
+        # No kubelet on this tier: the pre-delete hook Job cannot run, so it is skipped here
+        # (its logic runs against this server in tests/operator/test_deletion_apiserver.py).
+        # Always uninstalled: the release's admission policy binds every namespace of the
+        # server the other tests share.
+        uninstall = _run_helm(
+            helm, "uninstall", release, "--namespace", namespace, "--no-hooks",
+            "--kubeconfig", str(local_apiserver.kubeconfig_path),
+        )  # fmt: skip
+    assert uninstall.returncode == 0, uninstall.stderr
+    policy = f"{release}-sandbox-operator-metadata"
+    gone = local_apiserver.kubectl("get", "mutatingadmissionpolicy", policy)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    # helm.sh/resource-policy: keep: the CRDs (and so every object) stay (chart README).
+    crd = local_apiserver.kubectl_json("get", "crd", "sandboxes.sandbox.cleveragents.io")
+    assert isinstance(crd, dict)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def _check_installed(server: LocalApiServer, release: str, namespace: str, notes: str) -> None:
+    assert "STATUS: deployed" in notes
+    assert "kubectl wait --for=condition=Finished" in notes  # NOTES.txt
     fullname = f"{release}-sandbox-operator"
     for args in (
         ("get", "deployment", fullname, "-n", namespace),
@@ -511,14 +533,18 @@ def test_helm_install_into_real_apiserver(
         ("get", "clusterrole", f"{fullname}-discovery"),
         ("get", "clusterrolebinding", fullname),
         ("get", "clusterrolebinding", f"{fullname}-discovery"),
+        # admissionPolicy.enabled=auto and this server serves the API: the policy is installed
+        # and the API server accepted it as rendered.
+        ("get", "mutatingadmissionpolicy", f"{fullname}-metadata"),
+        ("get", "mutatingadmissionpolicybinding", f"{fullname}-metadata"),
     ):
-        got = local_apiserver.kubectl(*args)
+        got = server.kubectl(*args)
         assert got.returncode == 0, got.stderr
     for plural in ("sandboxes", "checkpoints", "plancommits"):
-        crd = local_apiserver.kubectl("get", "crd", f"{plural}.sandbox.cleveragents.io")
+        crd = server.kubectl("get", "crd", f"{plural}.sandbox.cleveragents.io")
         assert crd.returncode == 0, crd.stderr
     # The API server accepted the hardened pod template as rendered.
-    deployment = local_apiserver.kubectl_json("get", "deployment", fullname, "-n", namespace)
+    deployment = server.kubectl_json("get", "deployment", fullname, "-n", namespace)
     assert isinstance(deployment, dict)
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     # The operator's ServiceAccount may do what it needs, and no more (RBAC evaluated for real).
@@ -536,19 +562,8 @@ def test_helm_install_into_real_apiserver(
         (("create", "sandboxes.sandbox.cleveragents.io"), "no"),
     ):
         verb, resource, *extra = verb_resource
-        answer = local_apiserver.kubectl(
+        answer = server.kubectl(
             "auth", "can-i", verb, resource, *extra, "--as", subject, "-n", "default"
         )
-        listing = local_apiserver.kubectl("auth", "can-i", "--list", "--as", subject).stdout
+        listing = server.kubectl("auth", "can-i", "--list", "--as", subject).stdout
         assert answer.stdout.strip() == expected, f"can-i {verb} {resource}: {listing}"
-    # No kubelet on this tier: the pre-delete hook Job cannot run, so it is skipped here (its
-    # logic runs against this server in tests/operator/test_deletion_apiserver.py).
-    uninstall = _run_helm(
-        helm, "uninstall", release, "--namespace", namespace, "--no-hooks",
-        "--kubeconfig", str(local_apiserver.kubeconfig_path),
-    )  # fmt: skip
-    assert uninstall.returncode == 0, uninstall.stderr
-    # helm.sh/resource-policy: keep: the CRDs (and so every object) stay (chart README).
-    crd = local_apiserver.kubectl_json("get", "crd", "sandboxes.sandbox.cleveragents.io")
-    assert isinstance(crd, dict)
-    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

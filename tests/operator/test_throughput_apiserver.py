@@ -1,7 +1,8 @@
 """Writes per new Sandbox and the operator's own Event requests, on the real API server (tier 2).
 
 Issue 11 §4 (throughput): every request per object costs the operator, the API server and etcd
-CPU on the same cores as the user's ``kubectl apply``. A new Sandbox costs exactly three writes:
+CPU on the same cores as the user's ``kubectl apply``. Without the chart's admission policy
+(``test_admission_policy_apiserver.py``: two writes with it) a new Sandbox costs exactly three:
 kopf's finalizer PATCH (its own processing cycle, before any on-disk work: case 16), which also
 carries the plan-id label; the ``/status`` PATCH, which also carries kopf's diff-base; and one
 ``Provisioned`` Event. A fourth (e.g. a diff-base that no longer matches what kopf built, so kopf
