@@ -518,8 +518,9 @@ class Bench:
         # Through the operator, talking to the API server directly; its requests are counted by
         # the API server's own apiserver_request_total (no proxy taking CPU from the run).
         cluster = self.namespace(f"bench-d-{tag}")
+        policy = ""
         if admission_policy:
-            install_admission_policy(self.server, cluster.namespace, cluster)
+            policy = install_admission_policy(self.server, cluster.namespace, cluster)
         port = free_port()
         work = self.work / f"operator-d-{tag}"
         work.mkdir()
@@ -572,6 +573,8 @@ class Bench:
         finally:
             watcher.stop()
             operator.stop()
+            if policy:  # gone before the next figure: no binding left for later creates to match
+                self.server.kubectl("delete", "-f", "-", input=policy, check=True)
             if self.profile_dir is not None:  # the log beside the profile (lines per object)
                 for log in operator.log_paths:
                     shutil.copy(log, self.profile_dir / f"operator-{tag}.log")
