@@ -379,6 +379,7 @@ MAP_V1BETA1 = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
 @pytest.mark.parametrize(
     ("setting", "served", "expected"),
     [
+        (None, (MAP_V1,), None),  # off by default: a server-side apply can drop what it sets
         ("auto", (), None),  # the cluster serves no MutatingAdmissionPolicy
         ("auto", (MAP_V1BETA1,), "admissionregistration.k8s.io/v1beta1"),
         ("auto", (MAP_V1, MAP_V1BETA1), "admissionregistration.k8s.io/v1"),
@@ -388,10 +389,11 @@ MAP_V1BETA1 = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
     ],
 )
 def test_admission_policy_follows_the_value_and_the_served_api(
-    helm: Path, setting: str, served: tuple[str, ...], expected: str | None
+    helm: Path, setting: str | None, served: tuple[str, ...], expected: str | None
 ) -> None:
-    """Issue 11, throughput: the operator's metadata at admission when the cluster can."""
-    objects = _render(helm, f"admissionPolicy.enabled={setting}", api_versions=served)
+    """Issue 11, throughput: the operator's metadata at admission when asked and possible."""
+    sets = () if setting is None else (f"admissionPolicy.enabled={setting}",)
+    objects = _render(helm, *sets, api_versions=served)
     kinds = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
     found = [o for o in objects if o["kind"] in kinds]
     if expected is None:
@@ -498,6 +500,7 @@ def test_helm_install_into_real_apiserver(
     result = _run_helm(
         helm, "install", release, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
         "--take-ownership", "--kubeconfig", str(local_apiserver.kubeconfig_path),
+        "--set", "admissionPolicy.enabled=auto",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     try:

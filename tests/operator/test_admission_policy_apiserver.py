@@ -116,6 +116,9 @@ def test_the_policy_sets_what_the_operator_would_and_keeps_the_rest(
     assert meta["finalizers"] == ["example.com/keep", FINALIZER]
     assert meta["labels"] == {"team": "a", PLAN_LABEL: "plan-x"}
     assert meta["annotations"] == {"note": "n", MARKER: "yes"}
+    # kopf's marker is only added: a value of the user's own stays, as with the operator's PATCH.
+    manifest["metadata"]["annotations"] = {MARKER: "no"}
+    assert admitted(cluster, manifest)["annotations"] == {MARKER: "no"}
     # A plan id that cannot be a label value: admitted, no label (the operator's rule).
     for plan_id in ("plan/with/slash", "p" * 64, "-dash-first"):
         meta = admitted(cluster, sandbox_manifest("odd", plan_id, "none", Path("/nonexistent")))
