@@ -417,6 +417,19 @@ def test_admission_policy_is_bound_to_the_watched_namespace(helm: Path) -> None:
     assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
 
 
+def test_admission_policy_name_keeps_its_suffix_for_long_releases(helm: Path) -> None:
+    release = "r" * 50
+    result = _run_helm(
+        helm, "template", release, str(CHART_DIR), "--set", "admissionPolicy.enabled=true"
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"):
+        name = _one(objects, kind)["metadata"]["name"]
+        assert name.endswith("-metadata") and len(name) <= 63, name
+        assert name != _one(objects, "Deployment")["metadata"]["name"]
+
+
 def test_crds_are_templated_from_the_one_source_and_kept_on_uninstall(helm: Path) -> None:
     """crds.install renders every CRD of crds/ (same spec), labelled and annotated keep."""
     rendered = {

@@ -6,7 +6,8 @@ sees it: the operator's own metadata PATCH, and the reconcile cycle of its echo,
 new Sandbox then costs two writes (the ``/status`` PATCH and the ``Provisioned`` Event) instead
 of three, and everything else behaves as without the policy: deletion through the finalizer,
 objects outside the watched namespace untouched. Rendered from the chart (``helm template``),
-so what is tested is what the chart installs.
+so what is tested is what the chart installs. The policy is opt-in (``admissionPolicy.enabled``,
+off by default: what admission adds has no field manager, docs/operations.md).
 """
 
 from __future__ import annotations
