@@ -21,6 +21,7 @@ import yaml
 
 from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 from tests.apiserver.harness import BIN_ENV_VAR, BUILD_SCRIPT, LocalApiServer
+from tests.helm import run_helm as _run_helm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "sandbox-operator"
@@ -47,20 +48,6 @@ def _find_helm() -> Path:
 @pytest.fixture(scope="module")
 def helm() -> Path:
     return _find_helm()
-
-
-def _run_helm(
-    helm: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    # A private HELM_* home so the tests never read or write the user's helm configuration.
-    home = Path(os.environ.get("TMPDIR", "/tmp")) / "sandbox-operator-helm-home"
-    helm_env = dict(env or os.environ)
-    for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
-                     ("HELM_DATA_HOME", "data")):  # fmt: skip
-        helm_env[var] = str(home / sub)
-    return subprocess.run(
-        [str(helm), *args], capture_output=True, text=True, check=False, env=helm_env, timeout=120
-    )
 
 
 def _render(

@@ -191,7 +191,8 @@ def test_terminal_plancommit_is_never_reprocessed_across_restarts(
     (repo / "f.txt").write_text("main\n")
     git(repo, "commit", "-qam", "main")
     cluster.create(plancommit_manifest("pc3", "p3"))
-    status = cluster.wait_handled("pcommit", "pc3", {"Failed", "Committed", "RolledBack"})
+    terminal = {"Failed", "Committed", "RolledBack"}
+    status = cluster.wait_phase("pcommit", "pc3", terminal, handled=True)
     assert status["phase"] == "Failed"
     assert status["rolledBackIds"] == []
     # TwoPhase (the default): the conflict is found at prepare, every prepared sandbox aborted.
@@ -246,7 +247,9 @@ def test_restart_in_the_middle_of_a_plancommit_ends_all_or_nothing(
     assert mid["phase"] == "Committing"
     assert [step["state"] for step in mid["sandboxes"]] == journaled
     operator.start()
-    final = cluster.wait_handled("pcommit", "pc-crash", {"Committed", "RolledBack", "Failed"})
+    final = cluster.wait_phase(
+        "pcommit", "pc-crash", {"Committed", "RolledBack", "Failed"}, handled=True
+    )
     changed = [
         (plan["repo"] / "f.txt").read_text() == "r1\n",
         (plan["data"] / "g.txt").read_text() == "d1\n",
@@ -512,7 +515,9 @@ def test_a_failed_compensation_is_named_and_retried_until_it_succeeds(
     # The cause is gone: the next retry compensates A and the plan ends rolled back.
     operator.stop()
     operator.start()
-    final = cluster.wait_handled("pcommit", "pc-rf", {"Failed", "Committed", "RolledBack"}, 120)
+    final = cluster.wait_phase(
+        "pcommit", "pc-rf", {"Failed", "Committed", "RolledBack"}, 120, handled=True
+    )
     assert final["phase"] == "Failed"  # C failed to commit; every committed one undone
     assert final["failedRollbackIds"] == []
     assert final["rolledBackIds"] == [ids["b"], ids["a"]]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from tests.gitrepo import GIT_ENV as GIT_ENV
 from tests.gitrepo import git as git
 from tests.gitrepo import make_repo as make_repo
+from tests.helm import run_helm
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,38 +129,26 @@ class Cluster:
         assert status["phase"] == "Active", status
         return status
 
-    def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float = 90.0) -> dict:
-        """Wait until ``.status.phase`` is one of ``phases``; return the status."""
+    def wait_phase(
+        self, kind: str, name: str, phases: set[str], timeout: float = 90.0, handled: bool = False
+    ) -> dict:
+        """Wait until ``.status.phase`` is one of ``phases``; return the status.
 
-        def probe() -> dict[str, Any] | None:
-            if self.operator is not None:
-                self.operator.assert_alive()
-            status = self.status(kind, name)
-            return status if status.get("phase") in phases else None
-
-        return wait_for(
-            probe,
-            timeout,
-            f"{kind}/{name} phase in {sorted(phases)}",
-        )
-
-    def wait_handled(self, kind: str, name: str, phases: set[str], timeout: float = 90.0) -> dict:
-        """Wait until ``.status.phase`` is one of ``phases`` and kopf has finished handling the
-        object (its diff-base, ``status.lastHandledConfiguration``, is stored); return the status.
-
-        A PlanCommit's journal writes its terminal phase before its handler returns, and kopf
-        stores the diff-base in one more ``/status`` patch after it: a status read between the
-        two is not yet the settled one.
+        With ``handled``, also until kopf has finished handling the object (its diff-base,
+        ``status.lastHandledConfiguration``, is stored). A PlanCommit's journal writes its
+        terminal phase before its handler returns, and kopf stores the diff-base in one more
+        ``/status`` patch after it: a status read between the two is not yet the settled one.
         """
 
         def probe() -> dict[str, Any] | None:
             if self.operator is not None:
                 self.operator.assert_alive()
             status = self.status(kind, name)
-            settled = status.get("phase") in phases and status.get("lastHandledConfiguration")
-            return status if settled else None
+            settled = not handled or status.get("lastHandledConfiguration")
+            return status if status.get("phase") in phases and settled else None
 
-        return wait_for(probe, timeout, f"{kind}/{name} handled, phase in {sorted(phases)}")
+        what = "handled, phase" if handled else "phase"
+        return wait_for(probe, timeout, f"{kind}/{name} {what} in {sorted(phases)}")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about the object ``name`` in this namespace."""
@@ -203,15 +192,10 @@ def admission_policy_yaml(server: Any, release: str, watch_namespace: str) -> st
     """The chart's MutatingAdmissionPolicy and its binding for ``watch_namespace``, as
     ``helm template`` renders them with ``admissionPolicy.enabled=true`` (helm from the
     server's binaries, in a private helm home)."""
-    home = Path(os.environ.get("TMPDIR", "/tmp")) / "sandbox-operator-helm-home"
-    env = dict(os.environ)
-    for key in ("cache", "config", "data"):
-        env[f"HELM_{key.upper()}_HOME"] = str(home / key)
-    result = subprocess.run(
-        [str(server.bin_dir / "helm"), "template", release, str(CHART_DIR), "--show-only",
-         POLICY_TEMPLATE, "--set", "admissionPolicy.enabled=true", "--set",
-         f"watchNamespace={watch_namespace}"],
-        capture_output=True, text=True, env=env, check=False, timeout=120,
+    result = run_helm(
+        server.bin_dir / "helm", "template", release, str(CHART_DIR), "--show-only",
+        POLICY_TEMPLATE, "--set", "admissionPolicy.enabled=true", "--set",
+        f"watchNamespace={watch_namespace}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout

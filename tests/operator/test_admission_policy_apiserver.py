@@ -13,7 +13,6 @@ off by default: what admission adds has no field manager, docs/operations.md).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,17 +25,15 @@ from tests.operator.support import (
     OperatorProcess,
     checkpoint_manifest,
     install_admission_policy,
-    make_dir,
     plancommit_manifest,
     run_operator,
     sandbox_manifest,
     wait_for,
 )
-from tests.operator.test_throughput_apiserver import WRITES, writes
+from tests.operator.test_throughput_apiserver import writes_per_new_sandbox
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
-SANDBOXES = 6
 FINALIZER = "sandbox.cleveragents.io/cleanup"
 PLAN_LABEL = "sandbox.cleveragents.io/plan-id"
 MARKER = "sandbox.cleveragents.io/kopf-managed"
@@ -69,24 +66,7 @@ def test_a_new_sandbox_costs_two_writes_with_the_policy(
     operator: OperatorProcess,
     tmp_path: Path,
 ) -> None:
-    source = make_dir(tmp_path / "source", {f"f{i}.txt": f"line {i}\n" for i in range(5)})
-    operator.start()
-    cluster.create(sandbox_manifest("warm", "map-warm", "copy_on_write", source))
-    cluster.wait_active("warm")
-    wait_for(lambda: cluster.events("warm") or None, 30, "the warm-up Event")
-    time.sleep(2)
-    before = writes(local_apiserver)
-    names = [f"map-{i}" for i in range(SANDBOXES)]
-    for name in names:
-        cluster.create(sandbox_manifest(name, "map-plan", "copy_on_write", source))
-    for name in names:
-        cluster.wait_active(name)
-    wait_for(
-        lambda: all(cluster.events(name) for name in names) or None, 30, "one Event per Sandbox"
-    )
-    time.sleep(3)  # anything kopf would still do (another cycle, another patch) lands now
-    after = writes(local_apiserver)
-    per_sandbox = {key: (after[key] - before[key]) / SANDBOXES for key in WRITES}
+    per_sandbox, names = writes_per_new_sandbox(local_apiserver, cluster, operator, tmp_path, "map")
     assert per_sandbox == {
         "PATCH sandboxes": 0.0,  # the policy set the finalizer, the label and kopf's marker
         "PATCH sandboxes/status": 1.0,  # the outcome and kopf's diff-base

@@ -77,31 +77,43 @@ def writes(server: Any) -> dict[str, float]:
     return out
 
 
-def test_a_new_sandbox_costs_three_writes(
-    local_apiserver: Any,  # noqa: F811
-    cluster: Cluster,
-    operator: OperatorProcess,
-    tmp_path: Path,
-) -> None:
+def writes_per_new_sandbox(
+    server: Any, cluster: Cluster, operator: OperatorProcess, tmp_path: Path, prefix: str
+) -> tuple[dict[str, float], list[str]]:
+    """Start the operator, warm it up with one Sandbox, then create :data:`SANDBOXES`
+    copy_on_write Sandboxes (of one 5-file source under ``tmp_path``) of plan ``<prefix>-plan``
+    and wait until each is Active with its Event and kopf is idle.
+
+    Returns the operator's writes (:data:`WRITES`) per new Sandbox and the Sandboxes' names.
+    """
     source = make_dir(tmp_path / "source", {f"f{i}.txt": f"line {i}\n" for i in range(5)})
     operator.start()
     # The operator is up and idle (its startup writes, if any, are not counted).
-    cluster.create(sandbox_manifest("warm", "thr-warm", "copy_on_write", source))
+    cluster.create(sandbox_manifest("warm", f"{prefix}-warm", "copy_on_write", source))
     cluster.wait_active("warm")
     wait_for(lambda: cluster.events("warm") or None, 30, "the warm-up Event")
     time.sleep(2)
-    before = writes(local_apiserver)
-    names = [f"thr-{i}" for i in range(SANDBOXES)]
+    before = writes(server)
+    names = [f"{prefix}-{i}" for i in range(SANDBOXES)]
     for name in names:
-        cluster.create(sandbox_manifest(name, "thr-plan", "copy_on_write", source))
+        cluster.create(sandbox_manifest(name, f"{prefix}-plan", "copy_on_write", source))
     for name in names:
         cluster.wait_active(name)
     wait_for(
         lambda: all(cluster.events(name) for name in names) or None, 30, "one Event per Sandbox"
     )
     time.sleep(3)  # anything kopf would still do (another cycle, another patch) lands now
-    after = writes(local_apiserver)
-    per_sandbox = {key: (after[key] - before[key]) / SANDBOXES for key in WRITES}
+    after = writes(server)
+    return {key: (after[key] - before[key]) / SANDBOXES for key in WRITES}, names
+
+
+def test_a_new_sandbox_costs_three_writes(
+    local_apiserver: Any,  # noqa: F811
+    cluster: Cluster,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    per_sandbox, names = writes_per_new_sandbox(local_apiserver, cluster, operator, tmp_path, "thr")
     assert per_sandbox == {
         "PATCH sandboxes": 1.0,  # kopf's finalizer and the plan-id label
         "PATCH sandboxes/status": 1.0,  # the outcome and kopf's diff-base
