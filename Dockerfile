@@ -21,6 +21,7 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY sandbox_core ./sandbox_core
+COPY sandbox_api ./sandbox_api
 COPY operator ./operator
 RUN /opt/venv/bin/pip install ".[operator]"
 

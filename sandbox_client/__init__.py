@@ -5,7 +5,7 @@ A typed client for the ``Sandbox``, ``Checkpoint`` and ``PlanCommit`` custom res
 plugin (:mod:`sandbox_client.kubectl_plugin`) and the ``sandbox-mcp`` MCP server
 (:mod:`sandbox_client.mcp_server`) are built on it. Tutorial: docs/client.md.
 
-The spec models are the operator's own (:mod:`sandbox_operator.models`), re-exported here.
+The spec models are the operator's own (:mod:`sandbox_api.models`), re-exported here.
 """
 
 from sandbox_client.client import Plan, Sandbox, SandboxClient

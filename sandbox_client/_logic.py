@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from sandbox_operator.models import PlanCommitApproval, WorkspaceSpec, dump
-
+from sandbox_api.models import PlanCommitApproval, WorkspaceSpec, dump
 from sandbox_client.errors import NotFoundError, RefusedError, WaitTimeoutError, error_for
 from sandbox_client.models import (
     API_VERSION,

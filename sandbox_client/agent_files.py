@@ -6,7 +6,7 @@ agent the way ``kubectl`` reaches a Pod: through the API server's **pod proxy**
 (``/api/v1/namespaces/{ns}/pods/{pod}/proxy/...``, the ``pods/proxy`` subresource), with the
 client's own kubeconfig credentials. The API server picks the Pod's first declared container
 port, which is the agent's (the operator declares no other). The agent token is read from the
-Sandbox's Secret (``sbx-<sandbox>-agent``, key ``token``; ``sandbox_operator.naming``) and sent
+Sandbox's Secret (``sbx-<sandbox>-agent``, key ``token``; ``sandbox_api.naming``) and sent
 in ``X-Sandbox-Agent-Token``: the API server consumes ``Authorization`` for its own credentials
 and does not forward it. The token is never logged, never put in a message or an argument.
 
@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-from sandbox_operator.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
-
+from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
 from sandbox_client.errors import (
     NotFoundError,
     OperationFailedError,

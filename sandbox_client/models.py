@@ -1,7 +1,7 @@
 """Typed views of the three custom resources, built on the operator's own models.
 
 The spec models (``SandboxSpec``, ``SandboxSource``, ``CheckpointSpec``, ``PlanCommitSpec``,
-``JournalStep``, ``StepResult``, phases) are imported from :mod:`sandbox_operator.models`: the
+``JournalStep``, ``StepResult``, phases) are imported from :mod:`sandbox_api.models`: the
 client validates with exactly the definitions the operator validates with (issue 10, one
 definition). That module imports only pydantic and ``sandbox_core``, never kopf or kubernetes.
 The classes below are read-only views of *status*, which the operator writes as plain dicts.
@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sandbox_operator.models import (
+
+from sandbox_api.models import (
     CHECKPOINT_PLURAL,
     GROUP,
     PLAN_LABEL,

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 import pytest
-import sandbox_operator.models as operator_models
 
+import sandbox_api.models as operator_models
 from sandbox_client import _logic, errors, models
 from sandbox_client.files import LocalFileOperations, operations_for
 from sandbox_client.history import sandbox_history

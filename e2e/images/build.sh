@@ -273,9 +273,9 @@ build_postgres() {
 project_key() {
     (
         cd "$REPO"
-        git ls-files -s pyproject.toml README.md sandbox_core operator Dockerfile 2>/dev/null
+        git ls-files -s pyproject.toml README.md sandbox_core sandbox_api operator Dockerfile 2>/dev/null
         # Uncommitted edits count too.
-        git diff --no-ext-diff HEAD -- pyproject.toml README.md sandbox_core operator 2>/dev/null
+        git diff --no-ext-diff HEAD -- pyproject.toml README.md sandbox_core sandbox_api operator 2>/dev/null
         sha256sum "$0"
         cat "$CACHE/rootfs/$SUITE.stamp"
     ) | sha256sum | cut -c1-16

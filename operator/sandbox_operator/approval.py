@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sandbox_operator.models import PlanCommitSpec
+from sandbox_api.models import PlanCommitSpec
 
 MAX_REVIEW_PATHS = 20
 

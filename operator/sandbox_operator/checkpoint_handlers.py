@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from sandbox_api.models import SANDBOX_PLURAL, CheckpointSpec
 from sandbox_operator import metrics
 from sandbox_operator.conditions import set_condition
 from sandbox_operator.deletion import CLAIMS, BeingDeletedError, deletion_began
@@ -25,7 +26,6 @@ from sandbox_operator.executors.base import (
     WorkspaceNotReady,
 )
 from sandbox_operator.k8s import Api
-from sandbox_operator.models import SANDBOX_PLURAL, CheckpointSpec
 from sandbox_operator.sandbox_handlers import target_from_body
 from sandbox_operator.settings import Settings
 

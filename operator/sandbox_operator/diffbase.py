@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import kopf
 
-from sandbox_operator.models import GROUP, PLAN_LABEL
+from sandbox_api.models import GROUP, PLAN_LABEL
 
 STATUS_FIELD = "lastHandledConfiguration"
 LEGACY_KEY = "last-handled-configuration"  # the annotation's key under GROUP, before issue 11

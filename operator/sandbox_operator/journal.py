@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sandbox_api.models import PLANCOMMIT_PLURAL, PlanCommitAction, PlanCommitPhase
 from sandbox_core import SandboxError
 from sandbox_core.journal import (
     JournalPhase,
@@ -29,7 +30,6 @@ from sandbox_core.journal import (
 )
 from sandbox_operator.conditions import set_condition, set_finished
 from sandbox_operator.k8s import Api
-from sandbox_operator.models import PLANCOMMIT_PLURAL, PlanCommitAction, PlanCommitPhase
 
 PHASES = {
     JournalPhase.PENDING: PlanCommitPhase.PENDING,

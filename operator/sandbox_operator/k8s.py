@@ -14,8 +14,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
+from sandbox_api.models import GROUP, VERSION
 from sandbox_operator import redaction
-from sandbox_operator.models import GROUP, VERSION
 
 
 def load_config() -> None:

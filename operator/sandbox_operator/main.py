@@ -20,14 +20,7 @@ from typing import Any
 
 import kopf
 
-from sandbox_operator import k8s, metrics
-from sandbox_operator.diffbase import StatusDiffBase
-from sandbox_operator.errors import install_quiet_waits
-from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
-from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
-from sandbox_operator.leader import LeaderElector
-from sandbox_operator.logging_setup import configure_logging
-from sandbox_operator.models import (
+from sandbox_api.models import (
     CHECKPOINT_PLURAL,
     FINALIZER,
     GROUP,
@@ -35,6 +28,13 @@ from sandbox_operator.models import (
     SANDBOX_PLURAL,
     VERSION,
 )
+from sandbox_operator import k8s, metrics
+from sandbox_operator.diffbase import StatusDiffBase
+from sandbox_operator.errors import install_quiet_waits
+from sandbox_operator.events import EventRecorder, NamespaceGate, install_kopf_filter
+from sandbox_operator.executors.pod import COMPONENT_LABEL, WORKSPACE_COMPONENT
+from sandbox_operator.leader import LeaderElector
+from sandbox_operator.logging_setup import configure_logging
 from sandbox_operator.runtime import Runtime, build_runtime
 from sandbox_operator.sandbox_handlers import WORKSPACE_ANNOTATION, plan_label_patch, ttl_expired
 from sandbox_operator.settings import Settings

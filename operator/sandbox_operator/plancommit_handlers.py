@@ -51,6 +51,17 @@ from typing import Any
 
 import kopf
 
+from sandbox_api.models import (
+    GROUP,
+    PLANCOMMIT_PLURAL,
+    ROLLBACKABLE_STRATEGIES,
+    SANDBOX_PLURAL,
+    VERSION,
+    PlanCommitAction,
+    PlanCommitMode,
+    PlanCommitPhase,
+    PlanCommitSpec,
+)
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
 from sandbox_core.errors import PlanRerunRequiredError, TwoPhaseUnavailableError
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
@@ -77,17 +88,6 @@ from sandbox_operator.executors.base import (
 )
 from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
 from sandbox_operator.k8s import Api
-from sandbox_operator.models import (
-    GROUP,
-    PLANCOMMIT_PLURAL,
-    ROLLBACKABLE_STRATEGIES,
-    SANDBOX_PLURAL,
-    VERSION,
-    PlanCommitAction,
-    PlanCommitMode,
-    PlanCommitPhase,
-    PlanCommitSpec,
-)
 from sandbox_operator.plan_sources import source_root
 from sandbox_operator.resume import resume_attempt
 from sandbox_operator.sandbox_handlers import is_usable, mirror_to_object, target_from_body

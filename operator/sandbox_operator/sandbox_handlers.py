@@ -16,8 +16,19 @@ from typing import Any
 
 import kopf
 
+from sandbox_api import core_record
+from sandbox_api.models import (
+    CHECKPOINT_PLURAL,
+    GROUP,
+    PLAN_LABEL,
+    SANDBOX_PLURAL,
+    VERSION,
+    SandboxPhase,
+    SandboxSpec,
+    WorkspaceSpec,
+)
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator import core_record, metrics, redaction
+from sandbox_operator import metrics, redaction
 from sandbox_operator.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.deletion import CLAIMS, deletion_began
 from sandbox_operator.errors import classify, is_not_found, to_kopf, waiting
@@ -32,16 +43,6 @@ from sandbox_operator.executors.base import (
 )
 from sandbox_operator.executors.pod import pod_is_ready
 from sandbox_operator.k8s import Api
-from sandbox_operator.models import (
-    CHECKPOINT_PLURAL,
-    GROUP,
-    PLAN_LABEL,
-    SANDBOX_PLURAL,
-    VERSION,
-    SandboxPhase,
-    SandboxSpec,
-    WorkspaceSpec,
-)
 from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")

@@ -25,14 +25,14 @@ from typing import Any, cast
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from sandbox_operator import k8s
-from sandbox_operator.models import (
+from sandbox_api.models import (
     CHECKPOINT_PLURAL,
     GROUP,
     PLANCOMMIT_PLURAL,
     SANDBOX_PLURAL,
     VERSION,
 )
+from sandbox_operator import k8s
 
 logger = logging.getLogger("sandbox_operator.uninstall")
 

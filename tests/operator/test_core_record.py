@@ -7,12 +7,12 @@ from pathlib import Path
 
 import kopf
 import pytest
-from sandbox_operator import core_record
 from sandbox_operator.executors.base import sandbox_id_for_uid
 from sandbox_operator.executors.local import LocalExecutor
 from sandbox_operator.sandbox_handlers import status_of_state, target_from_body
 from sandbox_operator.settings import Settings
 
+from sandbox_api import core_record
 from sandbox_core import SandboxStatus
 from tests.gitrepo import GIT_ENV, git, make_repo
 

@@ -13,7 +13,8 @@ import json
 
 import kopf
 from sandbox_operator.diffbase import StatusDiffBase
-from sandbox_operator.models import PLAN_LABEL
+
+from sandbox_api.models import PLAN_LABEL
 
 LEGACY = "sandbox.cleveragents.io/last-handled-configuration"
 

@@ -13,7 +13,8 @@ from typing import Any
 import kopf
 import pytest
 from sandbox_operator.diffbase import StatusDiffBase
-from sandbox_operator.models import PLAN_LABEL
+
+from sandbox_api.models import PLAN_LABEL
 
 PREFIX = "sandbox.cleveragents.io"
 KEY = "last-handled-configuration"

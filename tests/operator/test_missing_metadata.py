@@ -8,7 +8,8 @@ from typing import Any
 
 import kopf
 from sandbox_operator.main import KOPF_MARKER, missing_metadata, set_metadata
-from sandbox_operator.models import PLAN_LABEL
+
+from sandbox_api.models import PLAN_LABEL
 
 
 def body(kind: str, plan_id: str = "plan-a", **metadata: Any) -> dict[str, Any]:

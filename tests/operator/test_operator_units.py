@@ -22,11 +22,11 @@ from sandbox_operator.executors.pod import (
     scratch_size,
 )
 from sandbox_operator.journal import journal_of_status, status_of_journal
-from sandbox_operator.models import PlanCommitAction, SandboxOptions, SandboxPhase, SandboxSource
 from sandbox_operator.plancommit_handlers import blocking_plancommit
 from sandbox_operator.sandbox_handlers import status_of_state, target_from_body, ttl_expired
 from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
 
+from sandbox_api.models import PlanCommitAction, SandboxOptions, SandboxPhase, SandboxSource
 from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
 from sandbox_core.errors import (
     SandboxBusyError,
@@ -418,7 +418,7 @@ def test_a_secret_source_reaches_the_pod_only_through_secret_key_ref() -> None:
 def test_the_workspace_block_shapes_the_pod_claim_and_network_policy() -> None:
     from dataclasses import replace
 
-    from sandbox_operator.models import WorkspaceSpec
+    from sandbox_api.models import WorkspaceSpec
 
     defaults = WorkspaceSpec.model_validate(
         {

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from sandbox_operator.executors.base import SandboxTarget
-from sandbox_operator.models import SandboxSource
 from sandbox_operator.plan_sources import source_root
 
+from sandbox_api.models import SandboxSource
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_core.two_phase import overlapping_writes
 

@@ -14,13 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sandbox_operator.approval import ApprovalState, approval_decision, review_status
 from sandbox_operator.journal import journal_of_status, status_of_journal
-from sandbox_operator.models import PlanCommitAction, PlanCommitPhase, PlanCommitSpec
 from sandbox_operator.plancommit_handlers import (
     FallbackGuardJournal,
     older_plancommits,
     two_phase_outcome,
 )
 
+from sandbox_api.models import PlanCommitAction, PlanCommitPhase, PlanCommitSpec
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
 from sandbox_core.protocol import ChangeSummary
 from sandbox_core.review import PlanReview

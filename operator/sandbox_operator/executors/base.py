@@ -11,9 +11,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from ulid import ULID
 
+from sandbox_api.models import SandboxOptions, SandboxSource, WorkspaceSpec
 from sandbox_core import CommitResult, SandboxStatus
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
-from sandbox_operator.models import SandboxOptions, SandboxSource, WorkspaceSpec
 
 DEFAULT_MODES = {
     "git_worktree": "worktree",

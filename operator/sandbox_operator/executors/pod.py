@@ -31,6 +31,13 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from sandbox_api.models import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PLAN_LABEL,
+    ROLLBACKABLE_STRATEGIES,
+)
+from sandbox_api.naming import child_object_name
 from sandbox_core import CommitResult, SandboxStateError, SandboxStatus
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import ExecutorError
@@ -50,13 +57,6 @@ from sandbox_operator.executors.base import (
     WorkspaceNotReady,
 )
 from sandbox_operator.k8s import Api
-from sandbox_operator.models import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    PLAN_LABEL,
-    ROLLBACKABLE_STRATEGIES,
-)
-from sandbox_operator.naming import child_object_name
 from sandbox_operator.settings import Settings
 
 SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
