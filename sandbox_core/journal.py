@@ -35,9 +35,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError
 from sandbox_core.protocol import utc_now
-from sandbox_core.store import write_json_atomic
 
 
 class JournalPhase(StrEnum):

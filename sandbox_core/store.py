@@ -12,13 +12,13 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sandbox_core.base import BaseSandbox
+from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError
 
 STATE_DIR_ENV = "SANDBOX_CORE_STATE_DIR"
@@ -28,25 +28,6 @@ def default_state_dir() -> Path:
     """``$SANDBOX_CORE_STATE_DIR`` when set, else ``~/.local/state/sandbox-core``."""
     configured = os.environ.get(STATE_DIR_ENV)
     return Path(configured) if configured else Path.home() / ".local" / "state" / "sandbox-core"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never half.
-
-    Raises:
-        OSError: the directory is not writable.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class SandboxStore:
