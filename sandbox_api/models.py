@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from sandbox_core import SandboxStatus
-from sandbox_core.factory import rollbackable_strategies
+from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.catalogue import rollbackable_strategies
 
 GROUP = "sandbox.cleveragents.io"
 VERSION = "v1alpha1"

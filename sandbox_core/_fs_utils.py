@@ -41,7 +41,6 @@ areas and are invisible to scans.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import ctypes
 import ctypes.util
 import difflib
@@ -63,6 +62,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ulid import ULID
+
+from sandbox_core import durable
+from sandbox_core.durable import defer_durability
 
 StrPath = str | os.PathLike[str]
 
@@ -2219,70 +2221,6 @@ def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
     return sorted(changed)
 
 
-def _has_syncfs() -> bool:
-    return _LIBC is not None and getattr(_LIBC, "syncfs", None) is not None
-
-
-def _syncfs(path: str) -> bool:
-    """``syncfs(2)`` of the filesystem holding ``path``: one call makes everything written to
-    it durable. False where the C library has no ``syncfs`` (the caller fsyncs file by file)."""
-    syncfs = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
-    if syncfs is None:
-        return False
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-    finally:
-        os.close(fd)
-    return True
-
-
-_DEFERRED_SYNCFS: contextvars.ContextVar[dict[int, list[str]] | None] = contextvars.ContextVar(
-    "sandbox_core_deferred_syncfs", default=None
-)
-
-
-@contextlib.contextmanager
-def deferred_syncfs() -> Iterator[Callable[[], None]]:
-    """Within the block, :func:`stage_sync` (in this context and the threads it is copied to)
-    does not ``syncfs`` its staging area: the filesystem is remembered, and the yielded
-    ``flush()`` runs one ``syncfs`` per filesystem for all of them (a two-phase plan calls it
-    once, before its decision record: issue 9). Without ``syncfs`` nothing is deferred.
-
-    Raises (from ``flush``):
-        OSError: a ``syncfs`` failed (what is still pending stays pending).
-    """
-    pending: dict[int, list[str]] = {}
-    token = _DEFERRED_SYNCFS.set(pending)
-
-    def flush() -> None:
-        for dev in list(pending):
-            for path in pending[dev]:  # any still existing directory of that filesystem
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    _syncfs(path)
-                    break
-            del pending[dev]
-
-    try:
-        yield flush
-    finally:
-        _DEFERRED_SYNCFS.reset(token)
-
-
-def defer_durability(path: StrPath) -> bool:
-    """Inside :func:`deferred_syncfs` (with ``syncfs``): remember the filesystem of ``path`` (an
-    existing directory) for the block's ``flush()`` and return True, so the caller may skip its
-    own fsyncs of what it writes there; else False (the caller fsyncs as usual)."""
-    pending = _DEFERRED_SYNCFS.get()
-    if pending is None or not _has_syncfs():
-        return False
-    path_s = os.fspath(path)
-    pending.setdefault(os.stat(path_s).st_dev, []).append(path_s)
-    return True
-
-
 def _fsync_tree(root: str) -> None:
     """Make every file and directory below ``root`` durable (staged data first, so the journal
     that names it is never durable before it): one ``syncfs`` of its filesystem, which costs
@@ -2290,7 +2228,7 @@ def _fsync_tree(root: str) -> None:
     :func:`deferred_syncfs` the ``syncfs`` is left to its ``flush()``."""
     if defer_durability(os.path.dirname(root)):
         return
-    if _syncfs(root):
+    if durable.syncfs(root):
         return
     for _, path, st in _walk(root, ()):
         if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):

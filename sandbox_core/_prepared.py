@@ -51,7 +51,6 @@ from sandbox_core._fs_utils import (
     apply_staged,
     change_stats,
     check_key,
-    defer_durability,
     lock_tree,
     prepared_keys,
     stage_sync,
@@ -59,6 +58,7 @@ from sandbox_core._fs_utils import (
     verify_staged,
 )
 from sandbox_core.base import BaseSandbox
+from sandbox_core.durable import defer_durability
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 

@@ -8,11 +8,24 @@ Every record of the core (sandbox records, plan journals, checkpoint metadata) g
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import ctypes
+import ctypes.util
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name is not None else None
+
+
+_LIBC = _load_libc()
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -47,7 +60,7 @@ def write_json_atomic(
     target = Path(path)
     text = json.dumps(data, indent=2, sort_keys=True) if pretty else json.dumps(data)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -60,3 +73,67 @@ def write_json_atomic(
         raise
     if durable:
         fsync_dir(target.parent)
+
+
+def has_syncfs() -> bool:
+    return _LIBC is not None and getattr(_LIBC, "syncfs", None) is not None
+
+
+def syncfs(path: str) -> bool:
+    """``syncfs(2)`` of the filesystem holding ``path``: one call makes everything written to
+    it durable. False where the C library has no ``syncfs`` (the caller fsyncs file by file)."""
+    syncfs = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
+    if syncfs is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+    return True
+
+
+_DEFERRED_SYNCFS: contextvars.ContextVar[dict[int, list[str]] | None] = contextvars.ContextVar(
+    "sandbox_core_deferred_syncfs", default=None
+)
+
+
+@contextlib.contextmanager
+def deferred_syncfs() -> Iterator[Callable[[], None]]:
+    """Within the block, :func:`stage_sync` (in this context and the threads it is copied to)
+    does not ``syncfs`` its staging area: the filesystem is remembered, and the yielded
+    ``flush()`` runs one ``syncfs`` per filesystem for all of them (a two-phase plan calls it
+    once, before its decision record). Without ``syncfs`` nothing is deferred.
+
+    Raises (from ``flush``):
+        OSError: a ``syncfs`` failed (what is still pending stays pending).
+    """
+    pending: dict[int, list[str]] = {}
+    token = _DEFERRED_SYNCFS.set(pending)
+
+    def flush() -> None:
+        for dev in list(pending):
+            for path in pending[dev]:  # any still existing directory of that filesystem
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    syncfs(path)
+                    break
+            del pending[dev]
+
+    try:
+        yield flush
+    finally:
+        _DEFERRED_SYNCFS.reset(token)
+
+
+def defer_durability(path: str | os.PathLike[str]) -> bool:
+    """Inside :func:`deferred_syncfs` (with ``syncfs``): remember the filesystem of ``path`` (an
+    existing directory) for the block's ``flush()`` and return True, so the caller may skip its
+    own fsyncs of what it writes there; else False (the caller fsyncs as usual)."""
+    pending = _DEFERRED_SYNCFS.get()
+    if pending is None or not has_syncfs():
+        return False
+    path_s = os.fspath(path)
+    pending.setdefault(Path(path_s).stat().st_dev, []).append(path_s)
+    return True

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import threading
-from enum import StrEnum
 from typing import Any
 
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxError
+from sandbox_core.strategies.catalogue import (
+    SandboxStrategy,
+    is_rollbackable,
+    rollbackable_strategies,
+)
 
-
-class SandboxStrategy(StrEnum):
-    """The built-in strategy names, as used in ``sandbox_strategy`` and the CRD's ``strategy``."""
-
-    GIT_WORKTREE = "git_worktree"
-    COPY_ON_WRITE = "copy_on_write"
-    OVERLAY = "overlay"
-    TRANSACTION_ROLLBACK = "transaction_rollback"
-    NONE = "none"
+__all__ = ["SandboxFactory", "SandboxStrategy", "is_rollbackable", "rollbackable_strategies"]
 
 
 def _builtin_strategies() -> dict[str, type[BaseSandbox]]:
@@ -35,28 +31,6 @@ def _builtin_strategies() -> dict[str, type[BaseSandbox]]:
         SandboxStrategy.TRANSACTION_ROLLBACK.value: TransactionSandbox,
         SandboxStrategy.NONE.value: NoSandbox,
     }
-
-
-def is_rollbackable(strategy: str) -> bool:
-    """Whether a COMMITTED sandbox of built-in ``strategy`` can be rolled back (seed 002).
-
-    The one answer to "which strategies can be rolled back from COMMITTED": the strategy
-    class's own ``rollbackable`` flag (git_worktree, copy_on_write, overlay: yes;
-    transaction_rollback, none: no). Callers that know only a strategy name (the operator's
-    pod executor, its PlanCommit journal) ask here instead of keeping a list.
-
-    Raises:
-        ValueError: ``"Unknown sandbox strategy: <name>"``.
-    """
-    cls = _builtin_strategies().get(str(strategy))
-    if cls is None:
-        raise ValueError(f"Unknown sandbox strategy: {strategy}")
-    return bool(cls.rollbackable)
-
-
-def rollbackable_strategies() -> frozenset[str]:
-    """Names of the built-in strategies that :func:`is_rollbackable`."""
-    return frozenset(name for name, cls in _builtin_strategies().items() if cls.rollbackable)
 
 
 class SandboxFactory:

@@ -71,8 +71,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandbox_core._fs_utils import deferred_syncfs
 from sandbox_core.base import BaseSandbox
+from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
     CommitJournal,

@@ -27,9 +27,10 @@ from typing import Any
 
 import pytest
 
-from sandbox_core import _fs_utils, _prepared
-from sandbox_core._fs_utils import deferred_syncfs, find_prepared
+from sandbox_core import _fs_utils, _prepared, durable
+from sandbox_core._fs_utils import find_prepared
 from sandbox_core.base import BaseSandbox
+from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxError
 from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState
 from sandbox_core.status import SandboxStatus
@@ -88,9 +89,9 @@ def test_the_flush_syncs_every_staging_and_record_filesystem_before_the_decision
 ) -> None:
     # glibc has syncfs on every machine the project runs on (CI's too): a broken lookup must
     # fail here, not skip; the fallback without it is the next test's (syncfs taken away).
-    assert _fs_utils._has_syncfs(), "the C library's syncfs was not found"
+    assert durable.has_syncfs(), "the C library's syncfs was not found"
     log: list[Any] = []
-    real_syncfs = _fs_utils._syncfs
+    real_syncfs = durable.syncfs
     real_fsync = os.fsync
 
     def syncfs(path: str) -> bool:
@@ -101,7 +102,7 @@ def test_the_flush_syncs_every_staging_and_record_filesystem_before_the_decision
         log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
-    monkeypatch.setattr(_fs_utils, "_syncfs", syncfs)
+    monkeypatch.setattr(durable, "syncfs", syncfs)
     monkeypatch.setattr(os, "fsync", fsync)
     boxes = _plan(tmp_path)
     journal = _Recording(tmp_path / "journal.json", log)
@@ -131,7 +132,7 @@ def test_the_flush_syncs_every_staging_and_record_filesystem_before_the_decision
 def test_prepare_records_are_fsynced_one_by_one_without_syncfs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_fs_utils, "_has_syncfs", lambda: False)
+    monkeypatch.setattr(durable, "has_syncfs", lambda: False)
     boxes = _plan(tmp_path, 1)
     with deferred_syncfs() as flush:
         calls: list[int] = []
@@ -183,7 +184,7 @@ KILL_AFTER_FLUSH = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from sandbox_core import _fs_utils
+    from sandbox_core import durable
     from sandbox_core.journal import FileCommitJournal
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
     from sandbox_core.two_phase import TwoPhasePlanCommit
@@ -197,13 +198,13 @@ KILL_AFTER_FLUSH = textwrap.dedent(
         edit(box)
         boxes.append(box)
     (tmp / "records.json").write_text(json.dumps([b.to_record() for b in boxes]))
-    real = _fs_utils._syncfs
+    real = durable.syncfs
 
     def syncfs(path):
         real(path)
         os._exit(9)  # the flush is durable; the decision record is not written
 
-    _fs_utils._syncfs = syncfs
+    durable.syncfs = syncfs
     TwoPhasePlanCommit(FileCommitJournal(tmp / "journal.json")).run("plan-dd", boxes)
     """
 )
@@ -212,7 +213,7 @@ KILL_AFTER_FLUSH = textwrap.dedent(
 def test_killed_after_the_flush_before_the_decision_recovery_leaves_nothing(
     tmp_path: Path,
 ) -> None:
-    assert _fs_utils._has_syncfs(), "the C library's syncfs was not found"  # see above
+    assert durable.has_syncfs(), "the C library's syncfs was not found"  # see above
     done = subprocess.run(
         [sys.executable, "-c", KILL_AFTER_FLUSH, str(tmp_path)],
         capture_output=True, text=True, timeout=120, check=False,
