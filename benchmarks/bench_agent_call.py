@@ -1,10 +1,10 @@
-"""One workspace-agent call beside one ``sandbox-core`` process doing the same (issue 8).
+"""One workspace-agent call beside one ``sandbox-core`` process doing the same.
 
-The exec path started a Python ``sandbox-core --json status ID`` in the workspace Pod for every
-operation; the agent answers from one long-lived process. This measures both on this machine,
-without a cluster (no exec API and no pod network in either figure, so the difference is the
-process start and imports the agent saves): a real git repository, a real git_worktree sandbox,
-the agent on 127.0.0.1.
+The anchor is what an exec into the workspace Pod costs per operation: a Python ``sandbox-core
+--json status ID`` started for each call; the agent answers from one long-lived process. This
+measures both on this machine, without a cluster (no exec API and no pod network in either
+figure, so the difference is the process start and imports the agent saves): a real git
+repository, a real git_worktree sandbox, the agent on 127.0.0.1.
 
 Usage: ``.venv/bin/python benchmarks/bench_agent_call.py [--calls 20]``; prints a Markdown table.
 """

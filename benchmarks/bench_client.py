@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/bench_client.py [--calls 100] [--runs 3]
 [--strategies copy_on_write,git_worktree,overlay] [--markdown FILE]``.
 
-Issue 10, "Benchmark". One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
+One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
 installs ``crds/`` and runs the operator with the local executor (``tests/operator/support.py``);
 per strategy one Active Sandbox. Then, per run, N pairs of ``write_file`` + ``read_file`` of a
 1 KiB file (a new path per pair) through:
@@ -16,7 +16,7 @@ per strategy one Active Sandbox. Then, per run, N pairs of ``write_file`` + ``re
 
 Medians of the runs, printed side by side with the ratio to the anchor.
 
-``--agent`` adds the pod executor's path (issue 10, "through the workspace agent"): a real
+``--agent`` adds the pod executor's path (through the workspace agent): a real
 workspace agent process (``sandbox-core serve-workspace``, one git_worktree sandbox) on this
 machine's first non-loopback address, a Pod object whose status points at it, the Sandbox's
 token Secret, and a Sandbox object (status ``executor: pod``) in a namespace no operator

@@ -1,9 +1,12 @@
 """Operator benchmark on the real API server, beside the same core operations called directly.
 
 Run: ``.venv/bin/python benchmarks/bench_operator.py [--sandboxes 100] [--plan-size 10]
-[--rss-sandboxes 1000] [--strategies copy_on_write,git_worktree] [--markdown FILE]``.
+[--rss-sandboxes 1000] [--strategies copy_on_write,git_worktree] [--markdown FILE]``; the
+throughput alone: ``TMPDIR=/dev/shm .venv/bin/python benchmarks/bench_operator.py --throughput
+[--sandboxes 100] [--rounds N] [--admission-policy off,on] [--max-workers 6]
+[--operator-src LABEL=DIR] [--profile DIR]``. Method and figures: docs/benchmarks.md.
 
-Issue 3, "Benchmark". One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
+One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
 installs ``crds/`` and runs the operator as a subprocess with the local executor
 (``tests/operator/support.py``), then measures:
 
@@ -15,14 +18,14 @@ installs ``crds/`` and runs the operator as a subprocess with the local executor
     each): ``kubectl apply`` of the PlanCommit, then ``kubectl wait --for=condition=Committed``.
     Anchor: ``SandboxManager.commit_all`` of an M-sandbox plan with the same edits, with a
     ``SandboxStore`` (file journal), as the operator persists its state too.
-(d) Throughput, ``--throughput`` (issue 11): N Sandboxes to Active through the operator beside
+(d) Throughput, ``--throughput``: N Sandboxes to Active through the operator beside
     the same ``kubectl apply`` into a namespace no operator watches (median of three) plus the
     core's own time, with the parts apart: apply (kubectl), per Sandbox the time from its ADDED
     event to Active (a watch: the operator's watch, finalizer, handler and patches), handler
     (the provision handler's mean from the operator's own histogram), core (in-process), the
     operator's CPU seconds and its writes per object (the API server's
     ``apiserver_request_total``). Once per ``--max-workers`` value and per ``--operator-src``
-    tree (another operator source tree, e.g. main's, for a before/after in one session), and
+    tree (another operator source tree, e.g. main's, for a before/after in one run), and
     per ``--admission-policy`` mode (``on``: the chart's MutatingAdmissionPolicy sets the
     finalizer, the label and kopf's marker at admission, in the operator's namespace only).
     Also printed: the operator's CPU split into kopf's loop (main thread), its other threads
@@ -316,9 +319,9 @@ class Bench:
     def sources_to_active(self, name: str, strategy: str, count: int) -> list[Path]:
         """One shared directory; for git_worktree one repository per sandbox.
 
-        Concurrent ``git worktree add`` on ONE repository races inside git (``failed to read
-        .git/worktrees/<id>/commondir``) and the operator marks the loser Errored; see
-        docs/benchmarks.md. One repository each keeps that bug out of the timing.
+        The core serialises ``git worktree add`` on one repository with its per-repository lock
+        (concurrent adds race inside git: ``failed to read .git/worktrees/<id>/commondir``); one
+        repository each keeps that lock's waiting out of the timing.
         """
         if strategy != "git_worktree":
             return [make_source(self.work / name, strategy)] * count
@@ -473,7 +476,7 @@ class Bench:
         """N copy_on_write Sandboxes to Active through the operator, with the parts apart.
 
         ``operator_env`` is added to the operator's environment (``--operator-src`` puts another
-        operator tree first on its PYTHONPATH, for a before/after in one session). With
+        operator tree first on its PYTHONPATH, for a before/after in one run). With
         ``admission_policy`` the chart's MutatingAdmissionPolicy is bound to the operator's
         namespace only (the bare applies' namespaces stay without it).
         """

@@ -1,7 +1,7 @@
-"""Two-phase plan commit beside the saga (issue 9, "Done means": benchmark).
+"""Two-phase plan commit beside the saga.
 
 Run: ``python benchmarks/bench_two_phase.py [--sandboxes 10] [--files 200] [--changed 20]
-[--repeat 3] [--markdown FILE]``.
+[--repeat 3] [--no-settle] [--markdown FILE]``.
 
 Plans of ``--sandboxes`` copy_on_write sandboxes, each over its own real directory of
 ``--files`` files of 4 KiB, each changing ``--changed`` of them; journals are real files

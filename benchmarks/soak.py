@@ -1,8 +1,8 @@
-"""Soak run of the operator under crashes (issue 11, "Scale under faults"). Not a test.
+"""Soak run of the operator under crashes, at scale. Not a test.
 
 Run: ``.venv/bin/python benchmarks/soak.py [--sandboxes 2000] [--plans 200] [--kill-every 20]
-[--conflict-every 5] [--json FILE]`` (tests/test_soak_small.py runs a small one: 100 Sandboxes,
-2 kills).
+[--max-kills N] [--conflict-every 5] [--modes TwoPhase,Saga] [--timeout 3600] [--json FILE]
+[--keep]`` (tests/test_soak_small.py runs a small one: 100 Sandboxes, 2 kills).
 
 On the real API server (tests/apiserver/harness.py) with the local executor, it:
 
