@@ -14,8 +14,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox_core._dsn import redact as redact_dsn
-    from sandbox_core._dsn import secrets_of as dsn_secrets
     from sandbox_core._fs_utils import backup_directory, compute_diff, safe_restore
     from sandbox_core.base import BaseSandbox
     from sandbox_core.boundary import Resource, ResourceRegistry
@@ -43,6 +41,8 @@ if TYPE_CHECKING:
         Sandbox,
         SandboxContext,
     )
+    from sandbox_core.redaction import redact as redact_dsn
+    from sandbox_core.redaction import secrets_of as dsn_secrets
     from sandbox_core.review import PlanReview, plan_digest, review_plan
     from sandbox_core.status import SandboxStatus
     from sandbox_core.store import SandboxStore
@@ -66,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "CommitResult": ("sandbox_core.protocol", "CommitResult"),
     "compute_diff": ("sandbox_core._fs_utils", "compute_diff"),
     "CopyOnWriteSandbox": ("sandbox_core.strategies.copy_on_write", "CopyOnWriteSandbox"),
-    "dsn_secrets": ("sandbox_core._dsn", "secrets_of"),
+    "dsn_secrets": ("sandbox_core.redaction", "secrets_of"),
     "FileCommitJournal": ("sandbox_core.journal", "FileCommitJournal"),
     "GitWorktreeSandbox": ("sandbox_core.strategies.git_worktree", "GitWorktreeSandbox"),
     "JournalState": ("sandbox_core.journal", "JournalState"),
@@ -76,7 +76,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "PlanRerunRequiredError": ("sandbox_core.errors", "PlanRerunRequiredError"),
     "PlanReview": ("sandbox_core.review", "PlanReview"),
     "PreparedCommit": ("sandbox_core.protocol", "PreparedCommit"),
-    "redact_dsn": ("sandbox_core._dsn", "redact"),
+    "redact_dsn": ("sandbox_core.redaction", "redact"),
     "resolve_inside": ("sandbox_core.paths", "resolve_inside"),
     "Resource": ("sandbox_core.boundary", "Resource"),
     "ResourceRegistry": ("sandbox_core.boundary", "ResourceRegistry"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox_core._db import redact
 from sandbox_core.base import BaseSandbox
+from sandbox_core.redaction import redact
 
 
 def describe(sandbox: BaseSandbox) -> dict[str, Any]:

@@ -74,8 +74,6 @@ from typing import Any
 from aiohttp import web
 
 from sandbox_core._describe import describe as describe_sandbox
-from sandbox_core._dsn import same_database
-from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
@@ -85,6 +83,8 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.factory import SandboxFactory
+from sandbox_core.redaction import same_database
+from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 

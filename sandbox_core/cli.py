@@ -44,7 +44,6 @@ from typing import Any, NoReturn
 import click
 
 from sandbox_core import _fs_utils
-from sandbox_core._db import redact
 from sandbox_core._describe import describe as _describe
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
@@ -60,6 +59,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.manager import SandboxManager, drop_finished_journal
+from sandbox_core.redaction import redact
 from sandbox_core.review import PlanReview
 from sandbox_core.store import SandboxStore
 

@@ -17,9 +17,9 @@ from unittest import mock
 
 import pytest
 
-from sandbox_core import _db
 from sandbox_core.errors import SandboxBusyError, SandboxRetryableError, SandboxStatementError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.transaction import db as _db
 from tests.dbkit import Db, db, db_sqlite  # noqa: F401 - fixtures
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 

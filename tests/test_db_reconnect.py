@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sandbox_core import _db
 from sandbox_core.errors import (
     SandboxConnectionError,
     SandboxError,
@@ -26,6 +25,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
+from sandbox_core.strategies.transaction import db as _db
 from tests.postgres_fixture import (  # noqa: F401 - fixtures
     items_table_dsn,
     postgres_dsn,

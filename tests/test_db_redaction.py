@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sandbox_core._dsn import (
+from sandbox_core.errors import SandboxCreationError, SandboxError
+from sandbox_core.redaction import (
     MASK,
     connectable,
     is_postgres_dsn,
@@ -31,7 +32,6 @@ from sandbox_core._dsn import (
     scrub,
     secrets_of,
 )
-from sandbox_core.errors import SandboxCreationError, SandboxError
 from sandbox_core.strategies.transaction import TransactionSandbox
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 

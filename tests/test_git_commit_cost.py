@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import GitWorktreeSandbox, SandboxStatus
-from sandbox_core._git import GitCommand
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxConflictError
+from sandbox_core.strategies.git_worktree import GitCommand
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 BASE = {

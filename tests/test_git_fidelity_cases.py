@@ -218,7 +218,7 @@ def test_interrupted_commit_completes_on_retry_despite_stale_stat(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     """Crash between files and ref, then a stat-only change, then the retry (recovery)."""
-    from sandbox_core._git import GitCommand
+    from sandbox_core.strategies.git_worktree import GitCommand
 
     repo = make_repo(tmp_path / "repo", {"f": "base\n", "g": "other\n"})
     sandbox = GitWorktreeSandbox("r", str(repo), sandbox_root=str(tmp_path / "root"))

@@ -24,7 +24,7 @@ from sandbox_core import (
     SandboxRollbackError,
     SandboxStatus,
 )
-from sandbox_core._git import GitCommand, GitFailure
+from sandbox_core.strategies.git_worktree import GitCommand, GitFailure
 from tests.gitrepo import GIT_ENV as IDENTITY
 from tests.gitrepo import git, make_repo, moves_ref
 
@@ -445,7 +445,7 @@ def test_unusable_sources_are_refused_cleanly(
 def test_process_errors_are_translated(
     repo: Path, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandbox_core._git as git_helper
+    from sandbox_core.strategies.git_worktree import git as git_helper
 
     sandbox = make(repo, root)
     sandbox.create("p1")

@@ -12,10 +12,10 @@ from unittest import mock
 import psycopg
 import pytest
 
-from sandbox_core import _db
 from sandbox_core.errors import SandboxStateError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
+from sandbox_core.strategies.transaction import db as _db
 from tests.postgres_fixture import (  # noqa: F401 - fixtures
     items_table_dsn,
     postgres_dsn,

@@ -20,13 +20,13 @@ from sandbox_core.errors import (
     SandboxRollbackError,
 )
 from sandbox_core.status import SandboxStatus
-from sandbox_core.strategies import transaction
-from sandbox_core.strategies._statement_log import StatementLog
 from sandbox_core.strategies.transaction import (
     STATEMENT_LOG,
     SandboxStatementError,
     TransactionSandbox,
 )
+from sandbox_core.strategies.transaction import replay as transaction
+from sandbox_core.strategies.transaction.statement_log import StatementLog
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from unittest import mock
 import psycopg
 import pytest
 
-from sandbox_core import _db
 from sandbox_core.errors import (
     SandboxBusyError,
     SandboxCommitError,
@@ -35,6 +34,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
+from sandbox_core.strategies.transaction import db as _db
 from tests.postgres_fixture import (  # noqa: F401 - fixtures
     SCRIPT,
     postgres_dsn,

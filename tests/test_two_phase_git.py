@@ -434,7 +434,7 @@ CHILD = """
 import json, os, signal, sys
 sys.path.insert(0, {root!r})
 from sandbox_core import GitWorktreeSandbox
-from sandbox_core._git import GitCommand
+from sandbox_core.strategies.git_worktree import GitCommand
 
 record, point, half = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 real_run = GitCommand.run

@@ -20,8 +20,8 @@ from sandbox_core import (
     SandboxStateError,
     SandboxStatus,
 )
-from sandbox_core._git import GitCommand, GitFailure
 from sandbox_core.errors import SandboxCommitLockedError
+from sandbox_core.strategies.git_worktree import GitCommand, GitFailure
 from tests.gitrepo import GIT_ENV as IDENTITY
 from tests.gitrepo import git
 

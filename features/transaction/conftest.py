@@ -23,8 +23,6 @@ import pytest
 from pytest_bdd import given, parsers, then, when
 from ulid import ULID
 
-from sandbox_core import _db
-from sandbox_core._dsn import redact, secrets_of
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -33,6 +31,7 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.protocol import Sandbox
+from sandbox_core.redaction import redact, secrets_of
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 from sandbox_core.strategies.transaction import (
@@ -40,6 +39,7 @@ from sandbox_core.strategies.transaction import (
     SandboxStatementError,
     TransactionSandbox,
 )
+from sandbox_core.strategies.transaction import db as _db
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 
 CHILD = Path(__file__).with_name("txn_child.py")

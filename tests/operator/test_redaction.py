@@ -10,7 +10,7 @@ from sandbox_operator.conditions import FINISHED, find_condition
 from sandbox_operator.executors.base import SandboxState
 from sandbox_operator.sandbox_handlers import failure_status, status_of_state
 
-from sandbox_core._dsn import same_database
+from sandbox_core.redaction import same_database
 
 PASSWORD = "s3cr3t-Pa55word"
 

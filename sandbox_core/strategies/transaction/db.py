@@ -3,7 +3,8 @@
 The strategy drives transactions with explicit SQL (``BEGIN`` / ``SAVEPOINT`` / ``COMMIT`` /
 ``ROLLBACK``, seed 002: "commit() issues COMMIT; rollback() issues ROLLBACK"), so both drivers run
 in autocommit mode and never open a transaction behind our back. Driver exceptions become
-:class:`DatabaseError`; the strategy turns that into the sandbox error hierarchy.
+:class:`DatabaseError`; the strategy turns that into the sandbox error hierarchy. psycopg is
+imported here alone in the core (:mod:`sandbox_core.redaction` loads libpq's DSN parser lazily).
 """
 
 from __future__ import annotations
@@ -12,35 +13,23 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
 
-from sandbox_core._dsn import (
-    POSTGRES_SCHEMES,
-    connectable,
-    is_postgres_dsn,
-    redact,
-    scrub,
-    secrets_of,
-    url_scheme,
-)
+from sandbox_core.redaction import scrub
+from sandbox_core.strategies.transaction.dsn import Backend, DatabaseTarget
 
 __all__ = [
-    "Backend",
     "Connection",
     "DatabaseError",
-    "DatabaseTarget",
     "Params",
     "check_identifier",
-    "parse_target",
-    "redact",
 ]
 
-Backend = Literal["sqlite", "postgresql"]
 Params = Sequence[Any] | dict[str, Any] | None
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
@@ -95,54 +84,6 @@ class DatabaseError(Exception):
         self.busy = busy
         self.permanent = permanent
         self.sqlstate = sqlstate
-
-
-@dataclass(frozen=True)
-class DatabaseTarget:
-    """Where the original database is.
-
-    Attributes:
-        backend: ``"sqlite"`` or ``"postgresql"``.
-        location: absolute file path (SQLite) or the libpq DSN to connect with (PostgreSQL; it
-            may hold the password: never print it, so it is left out of ``repr``).
-        display: the redacted form, for messages, logs and metadata.
-        secrets: the passwords ``location`` carries, scrubbed from driver messages.
-    """
-
-    backend: Backend
-    location: str = field(repr=False)
-    display: str
-    secrets: tuple[str, ...] = field(default=(), repr=False)
-
-
-def parse_target(original_path: str) -> DatabaseTarget:
-    """Classify ``original_path``: a SQLite file path, ``sqlite:///abs/path``, or a PostgreSQL
-    DSN (``postgresql://`` / ``postgres://`` URL, or libpq ``key=value`` string).
-
-    A redacted DSN (password ``***``) connects without the password, so libpq reads it from
-    ``PGPASSWORD`` / ``PGPASSFILE`` / ``~/.pgpass``. Relative SQLite paths are made absolute
-    against the current directory; an existing file wins over the ``key=value`` reading.
-
-    Raises:
-        ValueError: unsupported URL scheme, or an in-memory SQLite database (it cannot be shared
-            between the sandbox's connections and processes).
-    """
-    text = original_path.strip()
-    scheme = url_scheme(text)
-    if scheme in POSTGRES_SCHEMES or (
-        scheme is None and is_postgres_dsn(text) and not Path(text).exists()
-    ):
-        return DatabaseTarget("postgresql", connectable(text), redact(text), secrets_of(text))
-    if scheme is not None:
-        if scheme != "sqlite":
-            raise ValueError(f"unsupported database URL scheme {scheme!r}")
-        text = text.split("://", 1)[1]
-        # sqlite:///abs/path and sqlite:////abs/path both name /abs/path.
-        text = "/" + text.lstrip("/") if text.startswith("/") else text
-    if text in ("", ":memory:") or text.startswith("file::memory:"):
-        raise ValueError("an in-memory SQLite database cannot be sandboxed")
-    path = str(Path(text).absolute())
-    return DatabaseTarget("sqlite", path, path)
 
 
 def check_identifier(name: str) -> str:

@@ -1,8 +1,11 @@
-"""Database connection strings: classify, redact, and make connectable (``transaction_rollback``).
+"""Redaction of secrets: DSN passwords hidden, scrubbed from messages, and compared without them.
 
-PostgreSQL DSNs are parsed by the database library (psycopg's ``conninfo_to_dict``, which is
-libpq's own parser), so both forms mean exactly what they mean to libpq: the URL form
-(``postgresql://user:pw@host:port/db?password=...``) and the ``key=value`` form
+The core's vocabulary for secrets, used by the ``transaction_rollback`` strategy, the workspace
+agent, the operator, the client and ``sandbox_api``: it imports nothing of the core and no
+database library at import time. PostgreSQL DSNs are parsed by the database library (psycopg's
+``conninfo_to_dict``, which is libpq's own parser), imported on the first DSN parsed, so that
+``import sandbox_client`` loads no psycopg. Both forms mean exactly what they mean to libpq: the
+URL form (``postgresql://user:pw@host:port/db?password=...``) and the ``key=value`` form
 (``host=h user=u password='p w'``).
 
 Redaction policy (one function, :func:`redact`, used wherever a DSN is printed, logged or
@@ -26,9 +29,6 @@ from __future__ import annotations
 
 import re
 from urllib.parse import quote
-
-from psycopg import ProgrammingError
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 MASK = "***"
 SECRET_KEYS = frozenset({"password", "sslpassword"})
@@ -65,6 +65,9 @@ def is_postgres_dsn(text: str) -> bool:
 
 def _parse(text: str) -> dict[str, str] | None:
     """libpq's fields of ``text``, or ``None`` when libpq cannot parse it."""
+    from psycopg import ProgrammingError  # loaded on first use: see the module docstring
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         return {key: str(value) for key, value in conninfo_to_dict(text).items()}
     except (ProgrammingError, ValueError):
@@ -84,6 +87,8 @@ def redact(text: str) -> str:
         return _mask_lexically(text)
     if not SECRET_KEYS & fields.keys():
         return text
+    from psycopg.conninfo import make_conninfo  # loaded on first use: see the module docstring
+
     return make_conninfo("", **{k: MASK if k in SECRET_KEYS else v for k, v in fields.items()})
 
 
@@ -103,6 +108,8 @@ def connectable(text: str) -> str:
     fields = _parse(text)
     if fields is None or not any(fields.get(key) == MASK for key in SECRET_KEYS):
         return text
+    from psycopg.conninfo import make_conninfo  # loaded on first use: see the module docstring
+
     return make_conninfo("", **{k: v for k, v in fields.items() if fields[k] != MASK})
 
 
