@@ -73,11 +73,11 @@ from typing import Any
 
 from aiohttp import web
 
-from sandbox_core._describe import describe as describe_sandbox
 from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.errors import (
     ChangedSinceApprovalError,
     SandboxCommitError,

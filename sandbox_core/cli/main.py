@@ -45,9 +45,9 @@ import click
 
 from sandbox_core import _fs_utils
 from sandbox_core._db import redact
-from sandbox_core._describe import describe as _describe
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.describe import describe as _describe
 from sandbox_core.errors import (
     AtomicCommitError,
     ChangedSinceApprovalError,
@@ -769,7 +769,7 @@ def serve_workspace(
 @click.option("--source-tree", default=None, help="Real source tree to build the repository from.")
 def demo(workdir: str | None, source_tree: str | None) -> None:
     """The main job: a real repository, two sandboxes, a diff, an atomic commit, a compensation."""
-    from sandbox_core._demo import run_demo
+    from sandbox_core.cli.demo import run_demo
 
     sys.exit(run_demo(Path(workdir) if workdir else None, source_tree))
 
@@ -788,7 +788,3 @@ def run() -> None:
         else:
             exc.show()
         sys.exit(exc.exit_code)
-
-
-if __name__ == "__main__":
-    run()
