@@ -1,11 +1,19 @@
-"""One JSON shape of a sandbox, shared by the CLI (``status --json``) and the workspace agent."""
+"""How one sandbox is shown: its JSON shape and its unified diff.
+
+Shared by the CLI (``status --json``, ``diff``), the workspace agent (every reply describing a
+sandbox, ``GET .../diff``) and the demo, which all sit above this module and import it; it
+imports none of them.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from sandbox_core import _fs_utils
 from sandbox_core._db import redact
 from sandbox_core.base import BaseSandbox
+from sandbox_core.errors import SandboxStateError
 
 
 def describe(sandbox: BaseSandbox) -> dict[str, Any]:
@@ -30,3 +38,25 @@ def describe(sandbox: BaseSandbox) -> dict[str, Any]:
         "metadata": dict(context.metadata) if context else {},
         "record": record,
     }
+
+
+def sandbox_diff(sandbox: BaseSandbox) -> str:
+    """Unified diff of the sandbox against its original.
+
+    Uses the strategy's own ``diff()`` when it has one (git_worktree); for a database
+    (transaction_rollback) lists the pending write statements; else compares the trees.
+    """
+    native = getattr(sandbox, "diff", None)
+    if callable(native):
+        return str(native())
+    pending = getattr(sandbox, "statements", None)
+    if callable(pending):
+        lines = []
+        for entry in pending():
+            params = f"  -- params: {json.dumps(entry['params'])}" if entry.get("params") else ""
+            lines.append(f"{entry['sql'].rstrip(';')};{params}")
+        return "\n".join(lines) + ("\n" if lines else "")
+    context = sandbox.context
+    if context is None:
+        raise SandboxStateError(f"sandbox {sandbox.sandbox_id} has not been created")
+    return _fs_utils.compute_diff(context.original_path, context.sandbox_path)

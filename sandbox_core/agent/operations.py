@@ -1,116 +1,57 @@
-"""The workspace agent: a workspace Pod's main process, serving sandbox operations over HTTP.
+"""The sandbox operations the workspace agent serves, synchronous and without HTTP.
 
-Issue 8, "A workspace agent instead of exec". One long-lived process (``sandbox-core
-serve-workspace``) keeps the core in memory and answers the operator over the pod network, so a
-call costs one HTTP round trip instead of an exec that starts a Python process.
+:class:`Operations` does what one route of :mod:`sandbox_core.agent.server` asks, on the
+sandboxes kept in one state directory, and returns the JSON-ready reply (the server runs it in
+its one worker thread). :class:`AgentConfig` says where that state lives and how the server
+listens.
 
-Security:
-
-- Every request except ``GET /healthz`` carries ``Authorization: Bearer <token>`` (or, through
-  the API server's pod proxy, ``X-Sandbox-Agent-Token: <token>``); the token is
-  read from a file (a Secret the operator creates per Sandbox, mounted as a file: never an
-  environment variable or an argument) and compared in constant time. No token file, no service.
 - A DSN arrives as a reference, ``env:NAME`` (the kubelet filled ``NAME`` from the Sandbox's
   Secret through ``secretKeyRef``); every reply shows the reference, never the value.
+- Every reply describing a sandbox has its ``revision`` (a counter of the agent's changes to
+  it), which callers put into their request ids.
 
-Idempotency: a changing request (POST, PUT, DELETE) carries ``X-Request-Id``; every reply
-describing a sandbox has its ``revision`` (a counter of the agent's changes to it), which callers
-put into their ids. Its reply is
-stored under the state directory before it is sent, so the same id sent again - a retry after a
-lost reply or an operator restart - gets the stored reply and does nothing twice (header
-``X-Idempotent-Replay: true``). Requests run one at a time (one worker thread): the agent
-serves one Sandbox and the core's operations are not meant to overlap.
-
-Routes (JSON in and out; errors are ``{"error": {"type", "message"}}``)::
-
-    GET    /healthz                               "ok" (unauthenticated; readiness probe)
-    POST   /v1/sandboxes                          create (idempotent by sandbox_id)
-    GET    /v1/sandboxes/{id}                     status
-    POST   /v1/sandboxes/{id}/activate            CREATED/ROLLED_BACK -> ACTIVE
-    GET    /v1/sandboxes/{id}/path?path=REL       sandbox path of REL (refuses traversal)
-    GET    /v1/sandboxes/{id}/files?path=REL      read a file (base64)
-    PUT    /v1/sandboxes/{id}/files?path=REL      write a file (request body = content)
-    GET    /v1/sandboxes/{id}/list?path=REL       list a directory
-    GET    /v1/sandboxes/{id}/diff                unified diff
-    POST   /v1/sandboxes/{id}/commit              {"message"}
-    POST   /v1/sandboxes/{id}/rollback            {"reactivate": bool}
-    POST   /v1/sandboxes/{id}/checkpoints         {"phase", "metadata"}
-    POST   /v1/checkpoints/{cid}/restore          restore
-    DELETE /v1/sandboxes/{id}                     cleanup
-    GET    /v1/sandboxes/{id}/review              change summary (issue 9; no locks, no change)
-    POST   /v1/sandboxes/{id}/prepare             {"txid", "message"} -> the PreparedCommit
-    POST   /v1/sandboxes/{id}/apply-prepared      {"txid"} -> the CommitResult
-    POST   /v1/sandboxes/{id}/abort-prepared      {"txid"}
-    GET    /v1/sandboxes/{id}/commit-landed       {"landed": true|false|null} (recovery probe)
-
-Two-phase plan commit (issue 9): the three POST routes are idempotent by request id like the
-others, and by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
-again). Their failures are not remembered: a failed apply keeps the sandbox's status so the
-coordinator retries it, and a replayed failure would refuse that retry. A participant that
-cannot prepare durably (``prepares_durably`` false in every sandbox reply: SQLite holds its
-prepared writes in an open connection) is kept in this process between ``prepare`` and
-``apply-prepared``/``abort-prepared``; an agent restart in between loses the prepare, as the
-last resource's contract allows (its ``apply`` is the decision, recovery asks the status).
-
-This module is the only one of ``sandbox_core`` that imports aiohttp; nothing else imports it.
+Two-phase plan commit (issue 9): ``prepare``, ``apply_prepared`` and ``abort_prepared`` are
+idempotent by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
+again). A participant that cannot prepare durably (``prepares_durably`` false in every sandbox
+reply: SQLite holds its prepared writes in an open connection) is kept in this process between
+``prepare`` and ``apply-prepared``/``abort-prepared``; an agent restart in between loses the
+prepare, as the last resource's contract allows (its ``apply`` is the decision, recovery asks
+the status).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import hashlib
-import hmac
 import json
-import logging
 import os
-import re
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
+from sandbox_core.agent.wire import (
+    DEFAULT_PORT,
+    ENV_REF,
+    PORT_ENV,
+    ROOT_ENV,
+    SOURCE_DSN_ENV,
+    STATE_DIR_ENV,
+    TOKEN_FILE,
+    TOKEN_FILE_ENV,
+    TXID_PATTERN,
+    AgentError,
+)
 from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.describe import describe as describe_sandbox
-from sandbox_core.errors import (
-    ChangedSinceApprovalError,
-    SandboxCommitError,
-    SandboxError,
-    SandboxStateError,
-)
+from sandbox_core.describe import sandbox_diff
+from sandbox_core.errors import SandboxError, SandboxStateError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 
-logger = logging.getLogger("sandbox_core.agent")
-
-DEFAULT_PORT = 8471
-TOKEN_FILE = "/var/run/sandbox-agent/token"  # noqa: S105 - a path, not a token
-REQUEST_ID_HEADER = "X-Request-Id"
-# The token for callers that reach the agent through the API server's pod proxy (the engine's
-# client, issue 10): the API server consumes ``Authorization`` (its own credentials) and never
-# forwards it, so the proxied request carries the agent token in this header instead.
-TOKEN_HEADER = "X-Sandbox-Agent-Token"  # noqa: S105 - a header name, not a token
-REPLAY_HEADER = "X-Idempotent-Replay"
-ENV_REF = "env:"
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-_TXID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # the coordinator's transaction ids (issue 9)
 RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
-
-
-class AgentError(Exception):
-    """A request the agent refuses; ``status`` is the HTTP status of the reply."""
-
-    def __init__(self, status: int, type_: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type_
 
 
 @dataclass(frozen=True)
@@ -126,7 +67,7 @@ class AgentConfig:
     token_file: Path = Path(TOKEN_FILE)
     host: str = "0.0.0.0"  # noqa: S104 - the pod network; a NetworkPolicy admits only the operator
     port: int = DEFAULT_PORT
-    secret_env: tuple[str, ...] = ("SANDBOX_SOURCE_DSN",)
+    secret_env: tuple[str, ...] = (SOURCE_DSN_ENV,)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @classmethod
@@ -135,12 +76,12 @@ class AgentConfig:
         ``SANDBOX_AGENT_PORT`` (defaults: ~/.local/state/sandbox-core, <state>/sandboxes,
         /var/run/sandbox-agent/token, 8471)."""
         env = dict(os.environ if environ is None else environ)
-        state = Path(env.get("SANDBOX_CORE_STATE_DIR") or Path.home() / ".local/state/sandbox-core")
+        state = Path(env.get(STATE_DIR_ENV) or Path.home() / ".local/state/sandbox-core")
         return cls(
             state_dir=state,
-            sandbox_root=Path(env.get("SANDBOX_CORE_ROOT") or state / "sandboxes"),
-            token_file=Path(env.get("SANDBOX_AGENT_TOKEN_FILE") or TOKEN_FILE),
-            port=int(env.get("SANDBOX_AGENT_PORT") or DEFAULT_PORT),
+            sandbox_root=Path(env.get(ROOT_ENV) or state / "sandboxes"),
+            token_file=Path(env.get(TOKEN_FILE_ENV) or TOKEN_FILE),
+            port=int(env.get(PORT_ENV) or DEFAULT_PORT),
             environ=env,
         )
 
@@ -325,8 +266,6 @@ class Operations:
 
     def diff(self, sandbox_id: str) -> dict[str, Any]:
         """Unified diff against the original (the CLI's ``diff``)."""
-        from sandbox_core.cli import sandbox_diff
-
         return {"sandbox_id": sandbox_id, "diff": sandbox_diff(self.load(sandbox_id))}
 
     def commit(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +329,7 @@ class Operations:
     @staticmethod
     def _txid(body: dict[str, Any]) -> str:
         txid = str(body.get("txid") or "")
-        if not _TXID.match(txid):
+        if not TXID_PATTERN.match(txid):
             raise AgentError(422, "ValueError", "txid must be 1-64 characters of [A-Za-z0-9._-]")
         return txid
 
@@ -457,249 +396,3 @@ class Operations:
         self.store.delete(sandbox_id)
         self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
-
-
-class RequestJournal:
-    """Stored replies of changing requests, by request id (files under ``<state>/requests``)."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.directory = state_dir / "requests"
-
-    def _path(self, request_id: str) -> Path:
-        return self.directory / (hashlib.sha256(request_id.encode()).hexdigest() + ".json")
-
-    def get(self, request_id: str) -> tuple[int, Any] | None:
-        """The stored ``(status, payload)``, or None."""
-        try:
-            data = json.loads(self._path(request_id).read_text())
-        except (OSError, ValueError):
-            return None
-        return int(data["status"]), data["payload"]
-
-    def put(self, request_id: str, status: int, payload: Any) -> None:
-        """Store a reply durably (write, fsync, rename)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self._path(request_id)
-        temp = final.with_suffix(".tmp")
-        with open(temp, "w") as handle:
-            json.dump({"status": status, "payload": payload}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        temp.replace(final)
-
-
-def _error_reply(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    if isinstance(exc, AgentError):
-        status, type_ = exc.status, exc.type
-    elif isinstance(exc, SandboxCommitError | SandboxStateError):
-        status, type_ = 409, type(exc).__name__
-    elif isinstance(exc, SandboxError | ValueError):
-        status, type_ = 422, type(exc).__name__
-    else:
-        status, type_ = 500, type(exc).__name__
-    error: dict[str, Any] = {"type": type_, "message": str(exc)}
-    if isinstance(exc, SandboxCommitError) and exc.conflicts:
-        error["conflicts"] = list(exc.conflicts)
-    if isinstance(exc, ChangedSinceApprovalError):
-        error["approved_digest"] = exc.approved_digest
-        error["actual_digest"] = exc.actual_digest
-    return status, {"error": error}
-
-
-class Agent:
-    """The aiohttp application around :class:`Operations` (see the module docstring)."""
-
-    def __init__(self, config: AgentConfig) -> None:
-        self.config = config
-        self.ops = Operations(config)
-        self.journal = RequestJournal(config.state_dir)
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent")
-
-    def _token(self) -> bytes | None:
-        try:
-            token = self.config.token_file.read_bytes().strip()
-        except OSError:
-            return None
-        return token or None
-
-    def authorized(self, request: web.Request) -> bool:
-        """True when the request carries the token of this Pod (constant-time compare)."""
-        expected = self._token()
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            offered = header[len("Bearer ") :].strip()
-        else:
-            offered = request.headers.get(TOKEN_HEADER, "").strip()
-        if expected is None or not offered:
-            return False
-        return hmac.compare_digest(offered.encode(), expected)
-
-    async def _run(
-        self,
-        request: web.Request,
-        action: Callable[[], Any],
-        changes: bool,
-        remember_failures: bool = True,
-    ) -> web.Response:
-        request_id = request.headers.get(REQUEST_ID_HEADER, "")
-        if changes and not _REQUEST_ID.match(request_id):
-            return _json(400, {"error": {"type": "BadRequest", "message": "X-Request-Id needed"}})
-
-        def call() -> tuple[int, Any, bool]:
-            if changes:
-                stored = self.journal.get(request_id)
-                if stored is not None:
-                    return stored[0], stored[1], True
-            try:
-                status, payload = 200, self.ops.hide(action())
-            except Exception as exc:  # every failure becomes a JSON reply
-                status, payload = _error_reply(exc)
-                payload = self.ops.hide(payload)
-                if status == 500:
-                    logger.exception("agent: %s %s failed", request.method, request.path)
-            # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
-            if changes and (status < 300 or (status < 500 and remember_failures)):
-                self.journal.put(request_id, status, payload)
-            return status, payload, False
-
-        loop = asyncio.get_running_loop()
-        status, payload, replay = await loop.run_in_executor(self.worker, call)
-        response = _json(status, payload)
-        if replay:
-            response.headers[REPLAY_HEADER] = "true"
-        return response
-
-    def app(self) -> web.Application:
-        """The aiohttp application (auth middleware + routes)."""
-
-        @web.middleware
-        async def auth(
-            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-        ) -> web.StreamResponse:
-            if request.path == "/healthz" or self.authorized(request):
-                return await handler(request)
-            return _json(401, {"error": {"type": "Unauthorized", "message": "bad or no token"}})
-
-        app = web.Application(middlewares=[auth], client_max_size=64 * 1024 * 1024)
-        ops = self.ops
-
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def create(request: web.Request) -> web.Response:
-            body = await _body(request)
-            return await self._run(request, lambda: ops.create(body), True)
-
-        def sid(request: web.Request) -> str:
-            return request.match_info["sid"]
-
-        def rel(request: web.Request) -> str:
-            return request.query.get("path", ".")
-
-        async def status(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.status(sid(request)), False)
-
-        async def activate(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.activate(sid(request)), True)
-
-        async def path(request: web.Request) -> web.Response:
-            return await self._run(
-                request, lambda: {"path": str(ops.path(sid(request), rel(request)))}, False
-            )
-
-        async def read(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.read(sid(request), rel(request)), False)
-
-        async def write(request: web.Request) -> web.Response:
-            content = await request.read()
-            return await self._run(
-                request, lambda: ops.write(sid(request), rel(request), content), True
-            )
-
-        async def listdir(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.listdir(sid(request), rel(request)), False)
-
-        async def diff(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.diff(sid(request)), False)
-
-        async def commit(request: web.Request) -> web.Response:
-            body = await _body(request)
-            return await self._run(request, lambda: ops.commit(sid(request), body), True)
-
-        async def rollback(request: web.Request) -> web.Response:
-            body = await _body(request)
-            return await self._run(request, lambda: ops.rollback(sid(request), body), True)
-
-        async def checkpoint(request: web.Request) -> web.Response:
-            body = await _body(request)
-            return await self._run(request, lambda: ops.checkpoint(sid(request), body), True)
-
-        async def restore(request: web.Request) -> web.Response:
-            cid = request.match_info["cid"]
-            return await self._run(request, lambda: ops.restore(cid), True)
-
-        async def cleanup(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.cleanup(sid(request)), True)
-
-        async def review(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.review(sid(request)), False)
-
-        async def landed(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.commit_landed(sid(request)), False)
-
-        def two_phase(
-            operation: Callable[[str, dict[str, Any]], dict[str, Any]],
-        ) -> Callable[[web.Request], Awaitable[web.Response]]:
-            async def handler(request: web.Request) -> web.Response:
-                body = await _body(request)
-                return await self._run(
-                    request, lambda: operation(sid(request), body), True, remember_failures=False
-                )
-
-            return handler
-
-        app.router.add_get("/healthz", healthz)
-        app.router.add_post("/v1/sandboxes", create)
-        app.router.add_get("/v1/sandboxes/{sid}", status)
-        app.router.add_delete("/v1/sandboxes/{sid}", cleanup)
-        app.router.add_post("/v1/sandboxes/{sid}/activate", activate)
-        app.router.add_get("/v1/sandboxes/{sid}/path", path)
-        app.router.add_get("/v1/sandboxes/{sid}/files", read)
-        app.router.add_put("/v1/sandboxes/{sid}/files", write)
-        app.router.add_get("/v1/sandboxes/{sid}/list", listdir)
-        app.router.add_get("/v1/sandboxes/{sid}/diff", diff)
-        app.router.add_post("/v1/sandboxes/{sid}/commit", commit)
-        app.router.add_post("/v1/sandboxes/{sid}/rollback", rollback)
-        app.router.add_post("/v1/sandboxes/{sid}/checkpoints", checkpoint)
-        app.router.add_post("/v1/checkpoints/{cid}/restore", restore)
-        app.router.add_get("/v1/sandboxes/{sid}/review", review)
-        app.router.add_get("/v1/sandboxes/{sid}/commit-landed", landed)
-        app.router.add_post("/v1/sandboxes/{sid}/prepare", two_phase(ops.prepare))
-        app.router.add_post("/v1/sandboxes/{sid}/apply-prepared", two_phase(ops.apply_prepared))
-        app.router.add_post("/v1/sandboxes/{sid}/abort-prepared", two_phase(ops.abort_prepared))
-        return app
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        data = await request.json()
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text="body is not JSON") from exc
-    return dict(data) if isinstance(data, dict) else {}
-
-
-def _json(status: int, payload: Any) -> web.Response:
-    return web.Response(
-        status=status, text=json.dumps(payload, default=str), content_type="application/json"
-    )
-
-
-def serve(config: AgentConfig | None = None) -> None:
-    """Run the agent until SIGTERM/SIGINT (aiohttp's own signal handling)."""
-    config = config or AgentConfig.from_env()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    agent = Agent(config)
-    logger.info("sandbox-core workspace agent listening on %s:%d", config.host, config.port)
-    web.run_app(agent.app(), host=config.host, port=config.port, print=None, access_log=None)
