@@ -48,7 +48,7 @@ from sandbox_client.errors import (
     from_api_exception,
 )
 from sandbox_client.models import SandboxInfo, SandboxPhase
-from sandbox_core.agent import REQUEST_ID_HEADER, TOKEN_HEADER
+from sandbox_core.agent.wire import REQUEST_ID_HEADER, TOKEN_HEADER
 from sandbox_core.paths import TRAVERSAL_MESSAGE
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox_core.cli import sandbox_diff
+from sandbox_core.describe import sandbox_diff
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.store import SandboxStore

@@ -1,0 +1,398 @@
+"""The sandbox operations the workspace agent serves, synchronous and without HTTP.
+
+:class:`Operations` does what one route of :mod:`sandbox_core.agent.server` asks, on the
+sandboxes kept in one state directory, and returns the JSON-ready reply (the server runs it in
+its one worker thread). :class:`AgentConfig` says where that state lives and how the server
+listens.
+
+- A DSN arrives as a reference, ``env:NAME`` (the kubelet filled ``NAME`` from the Sandbox's
+  Secret through ``secretKeyRef``); every reply shows the reference, never the value.
+- Every reply describing a sandbox has its ``revision`` (a counter of the agent's changes to
+  it), which callers put into their request ids.
+
+Two-phase plan commit (issue 9): ``prepare``, ``apply_prepared`` and ``abort_prepared`` are
+idempotent by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
+again). A participant that cannot prepare durably (``prepares_durably`` false in every sandbox
+reply: SQLite holds its prepared writes in an open connection) is kept in this process between
+``prepare`` and ``apply-prepared``/``abort-prepared``; an agent restart in between loses the
+prepare, as the last resource's contract allows (its ``apply`` is the decision, recovery asks
+the status).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox_core.redaction import same_database
+from sandbox_core.redaction import secrets_of as dsn_secrets
+from sandbox_core.agent.wire import (
+    DEFAULT_PORT,
+    ENV_REF,
+    PORT_ENV,
+    ROOT_ENV,
+    SOURCE_DSN_ENV,
+    STATE_DIR_ENV,
+    TOKEN_FILE,
+    TOKEN_FILE_ENV,
+    TXID_PATTERN,
+    AgentError,
+)
+from sandbox_core.base import BaseSandbox
+from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.describe import describe as describe_sandbox
+from sandbox_core.describe import sandbox_diff
+from sandbox_core.errors import SandboxError, SandboxStateError
+from sandbox_core.factory import SandboxFactory
+from sandbox_core.status import SandboxStatus
+from sandbox_core.store import SandboxStore
+
+RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Where the agent keeps its state and how it listens.
+
+    ``secret_env``: names of environment variables whose values are secrets (DSNs); replies
+    show ``env:NAME`` instead of the value.
+    """
+
+    state_dir: Path
+    sandbox_root: Path
+    token_file: Path = Path(TOKEN_FILE)
+    host: str = "0.0.0.0"  # noqa: S104 - the pod network; a NetworkPolicy admits only the operator
+    port: int = DEFAULT_PORT
+    secret_env: tuple[str, ...] = (SOURCE_DSN_ENV,)
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> AgentConfig:
+        """Read ``SANDBOX_CORE_STATE_DIR``, ``SANDBOX_CORE_ROOT``, ``SANDBOX_AGENT_TOKEN_FILE``,
+        ``SANDBOX_AGENT_PORT`` (defaults: ~/.local/state/sandbox-core, <state>/sandboxes,
+        /var/run/sandbox-agent/token, 8471)."""
+        env = dict(os.environ if environ is None else environ)
+        state = Path(env.get(STATE_DIR_ENV) or Path.home() / ".local/state/sandbox-core")
+        return cls(
+            state_dir=state,
+            sandbox_root=Path(env.get(ROOT_ENV) or state / "sandboxes"),
+            token_file=Path(env.get(TOKEN_FILE_ENV) or TOKEN_FILE),
+            port=int(env.get(PORT_ENV) or DEFAULT_PORT),
+            environ=env,
+        )
+
+
+class Operations:
+    """The sandbox operations, synchronous, on one state directory (run in the worker thread)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.store = SandboxStore(str(config.state_dir))
+        self.factory = SandboxFactory()
+        self.checkpoints = CheckpointManager(state_dir=str(config.state_dir))
+        # Prepared participants that cannot prepare durably, by (sandbox id, txid).
+        self._held: dict[tuple[str, str], BaseSandbox] = {}
+
+    # -- secrets ------------------------------------------------------------------------------
+
+    def resolve(self, original: str) -> str:
+        """``env:NAME`` -> the value of ``NAME``; anything else as is.
+
+        Raises:
+            AgentError: 422 when ``NAME`` is not set in the Pod.
+        """
+        if not original.startswith(ENV_REF):
+            return original
+        name = original[len(ENV_REF) :]
+        value = self.config.environ.get(name)
+        if not value:
+            raise AgentError(422, "MissingSecret", f"environment variable {name} is not set")
+        return value
+
+    def hide(self, payload: Any) -> Any:
+        """``payload`` with every secret environment value replaced by its ``env:NAME``."""
+        text = json.dumps(payload, default=str)
+        for name in self.config.secret_env:
+            value = self.config.environ.get(name)
+            if value and len(value) >= 4:
+                text = text.replace(json.dumps(value)[1:-1], ENV_REF + name)
+        return json.loads(text)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _revision_path(self, sandbox_id: str) -> Path:
+        return self.config.state_dir / "revisions" / sandbox_id
+
+    def revision(self, sandbox_id: str) -> int:
+        """How many times the agent changed this sandbox (0 when never). Callers put it into
+        their request ids, so one logical call is deduplicated while a new one after any
+        change is a new request."""
+        try:
+            return int(self._revision_path(sandbox_id).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _save(self, sandbox: BaseSandbox) -> None:
+        self.store.save(sandbox)
+        self._bump(sandbox.sandbox_id)
+
+    def _bump(self, sandbox_id: str) -> None:
+        path = self._revision_path(sandbox_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(self.revision(sandbox_id) + 1))
+
+    def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
+        """Re-open from a record; a database sandbox gets its password back from the Pod's
+        secret environment (records keep DSNs redacted, issue 7)."""
+        sandbox = self.factory.reopen(record)
+        use_credentials = getattr(sandbox, "use_credentials", None)
+        if use_credentials is None:
+            return sandbox
+        for name in self.config.secret_env:
+            dsn = os.environ.get(name, "")
+            if dsn_secrets(dsn) and same_database(dsn, sandbox.original_path):
+                use_credentials(dsn)
+                break
+        return sandbox
+
+    def load(self, sandbox_id: str) -> BaseSandbox:
+        """Re-open a stored sandbox.
+
+        Raises:
+            AgentError: 404 when unknown.
+        """
+        try:
+            record = self.store.load(sandbox_id)
+        except SandboxError as exc:
+            raise AgentError(404, "NotFound", str(exc)) from exc
+        return self._reopen(record)
+
+    def describe(self, sandbox: BaseSandbox) -> dict[str, Any]:
+        """The reply shape of one sandbox: the CLI's ``status --json`` shape without the
+        top-level ``original_path`` (the record holds it), plus the agent's ``revision``."""
+        reply = describe_sandbox(sandbox)
+        del reply["original_path"]
+        reply["revision"] = self.revision(sandbox.sandbox_id)
+        reply["prepares_durably"] = bool(getattr(sandbox, "prepares_durably", True))
+        return reply
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create (or re-open: same ``sandbox_id``) a sandbox and return it (case 18)."""
+        sandbox_id = str(body.get("sandbox_id") or "")
+        if sandbox_id:
+            try:
+                sandbox = self._reopen(self.store.load(sandbox_id))
+            except SandboxError:
+                sandbox = None
+            if sandbox is not None and sandbox.status is not SandboxStatus.PENDING:
+                return self.describe(sandbox)
+            if sandbox is not None:
+                sandbox.cleanup()  # a create that died half-way: start again under the same id
+        options: dict[str, Any] = {str(k): v for k, v in dict(body.get("options") or {}).items()}
+        options.setdefault("sandbox_root", str(self.config.sandbox_root))
+        if sandbox_id:
+            options["sandbox_id"] = sandbox_id
+        sandbox = self.factory.create(
+            str(body["strategy"]),
+            str(body["resource_id"]),
+            self.resolve(str(body["original"])),
+            **options,
+        )
+        self._save(sandbox)
+        try:
+            sandbox.create(str(body["plan_id"]))
+        except SandboxError:
+            sandbox.cleanup()
+            self.store.delete(sandbox.sandbox_id)
+            raise
+        self._save(sandbox)
+        return self.describe(sandbox)
+
+    def status(self, sandbox_id: str) -> dict[str, Any]:
+        """One sandbox."""
+        return self.describe(self.load(sandbox_id))
+
+    def activate(self, sandbox_id: str) -> dict[str, Any]:
+        """CREATED or ROLLED_BACK -> ACTIVE; other states unchanged."""
+        sandbox = self.load(sandbox_id)
+        if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            sandbox.activate()
+            self._save(sandbox)
+        return self.describe(sandbox)
+
+    def path(self, sandbox_id: str, rel: str) -> Path:
+        """The sandbox path of ``rel`` (activates; ``ValueError`` on traversal). Only an
+        activation is saved: a read must not rewrite the record nor move the revision."""
+        sandbox = self.load(sandbox_id)
+        before = sandbox.status
+        try:
+            return Path(sandbox.get_path(rel))
+        finally:
+            if sandbox.status is not before:
+                self._save(sandbox)
+
+    def read(self, sandbox_id: str, rel: str) -> dict[str, Any]:
+        """``{"path", "content_b64"}`` of a file in the sandbox."""
+        target = self.path(sandbox_id, rel)
+        if not target.is_file():
+            raise AgentError(404, "NotFound", f"no file {rel} in sandbox {sandbox_id}")
+        return {"path": rel, "content_b64": base64.b64encode(target.read_bytes()).decode()}
+
+    def write(self, sandbox_id: str, rel: str, content: bytes) -> dict[str, Any]:
+        """Write ``content`` to ``rel`` in the sandbox (parents made)."""
+        target = self.path(sandbox_id, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        self._bump(sandbox_id)  # new content: a later commit is a new request
+        return {"path": rel, "size": len(content)}
+
+    def listdir(self, sandbox_id: str, rel: str) -> dict[str, Any]:
+        """Entries of a directory of the sandbox: ``[{"name", "type", "size"}]``."""
+        target = self.path(sandbox_id, rel)
+        if not target.is_dir():
+            raise AgentError(404, "NotFound", f"no directory {rel} in sandbox {sandbox_id}")
+        entries = []
+        for entry in sorted(target.iterdir()):
+            kind = "dir" if entry.is_dir() else "symlink" if entry.is_symlink() else "file"
+            size = entry.lstat().st_size
+            entries.append({"name": entry.name, "type": kind, "size": size})
+        return {"path": rel, "entries": entries}
+
+    def diff(self, sandbox_id: str) -> dict[str, Any]:
+        """Unified diff against the original (the CLI's ``diff``)."""
+        return {"sandbox_id": sandbox_id, "diff": sandbox_diff(self.load(sandbox_id))}
+
+    def commit(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Commit; the reply is the CommitResult plus the record after it."""
+        sandbox = self.load(sandbox_id)
+        try:
+            result = sandbox.commit(body.get("message"))
+        finally:
+            self._save(sandbox)
+        return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
+
+    def rollback(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Discard changes (or undo a commit); re-activate when ``reactivate``."""
+        sandbox = self.load(sandbox_id)
+        try:
+            if sandbox.status is SandboxStatus.CREATED:
+                sandbox.activate()
+            if sandbox.status is not SandboxStatus.ROLLED_BACK:
+                sandbox.rollback()
+            if body.get("reactivate") and sandbox.status is SandboxStatus.ROLLED_BACK:
+                sandbox.activate()
+        finally:
+            self._save(sandbox)
+        return self.describe(sandbox)
+
+    def checkpoint(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Snapshot; a ``metadata.k8s_checkpoint_uid`` seen before returns the first snapshot."""
+        sandbox = self.load(sandbox_id)
+        metadata = {str(k): str(v) for k, v in dict(body.get("metadata") or {}).items()}
+        uid = metadata.get("k8s_checkpoint_uid")
+        if uid:
+            for existing in self.checkpoints.list_checkpoints(sandbox_id):
+                if existing.metadata.get("k8s_checkpoint_uid") == uid:
+                    return existing.model_dump(mode="json")
+        plan_id = sandbox.context.plan_id if sandbox.context else ""
+        created = self.checkpoints.create_checkpoint(
+            sandbox, plan_id, str(body.get("phase") or "manual"), metadata
+        )
+        self._save(sandbox)
+        return created.model_dump(mode="json")
+
+    def restore(self, checkpoint_id: str) -> dict[str, Any]:
+        """Restore the sandbox of ``checkpoint_id`` to it (and activate)."""
+        found = self.checkpoints.get_checkpoint(checkpoint_id)
+        if found is None:
+            raise AgentError(404, "NotFound", f"no checkpoint with id {checkpoint_id}")
+        sandbox = self.load(found.sandbox_id)
+        if sandbox.status not in RESTORABLE:
+            raise SandboxStateError(
+                f"cannot restore sandbox {sandbox.sandbox_id} in status {sandbox.status.value}"
+            )
+        if not self.checkpoints.restore(sandbox, found):
+            raise SandboxError(f"restore of checkpoint {checkpoint_id} failed")
+        if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            sandbox.activate()
+        self._save(sandbox)
+        return self.describe(sandbox)
+
+    # -- two-phase plan commit (issue 9) ---------------------------------------------------------
+
+    @staticmethod
+    def _txid(body: dict[str, Any]) -> str:
+        txid = str(body.get("txid") or "")
+        if not TXID_PATTERN.match(txid):
+            raise AgentError(422, "ValueError", "txid must be 1-64 characters of [A-Za-z0-9._-]")
+        return txid
+
+    def _participant(self, sandbox_id: str, txid: str) -> BaseSandbox:
+        """The sandbox that prepared under ``txid`` when this process holds it, else re-opened."""
+        held = self._held.get((sandbox_id, txid))
+        return held if held is not None else self.load(sandbox_id)
+
+    def review(self, sandbox_id: str) -> dict[str, Any]:
+        """``{"summary": ChangeSummary, "sandbox"}``; nothing changes, nothing is saved."""
+        sandbox = self.load(sandbox_id)
+        return {"summary": sandbox.review().to_dict(), "sandbox": self.describe(sandbox)}
+
+    def prepare(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"prepared": PreparedCommit, "sandbox"}``: stage the commit under ``txid``.
+
+        A participant that does not prepare durably is held in this process for the apply.
+        """
+        txid = self._txid(body)
+        message = body.get("message")
+        sandbox = self._participant(sandbox_id, txid)
+        prepared = sandbox.prepare(txid, str(message) if message is not None else None)
+        if not getattr(sandbox, "prepares_durably", True):
+            self._held[(sandbox_id, txid)] = sandbox
+        self._save(sandbox)
+        return {"prepared": prepared.to_dict(), "sandbox": self.describe(sandbox)}
+
+    def apply_prepared(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"result": CommitResult, "sandbox"}``: apply what ``prepare`` staged (idempotent)."""
+        txid = self._txid(body)
+        sandbox = self._participant(sandbox_id, txid)
+        try:
+            result = sandbox.apply_prepared(txid)
+        finally:
+            self._save(sandbox)
+        self._held.pop((sandbox_id, txid), None)
+        return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
+
+    def abort_prepared(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"sandbox"}``: drop what ``prepare`` staged (idempotent; fine when nothing was)."""
+        txid = self._txid(body)
+        sandbox = self._participant(sandbox_id, txid)
+        sandbox.abort_prepared(txid)
+        self._held.pop((sandbox_id, txid), None)
+        self._save(sandbox)
+        return {"sandbox": self.describe(sandbox)}
+
+    def commit_landed(self, sandbox_id: str) -> dict[str, Any]:
+        """``{"landed": bool | None}``: the strategy's ``commit_landed()`` (did a commit whose
+        outcome was lost reach the original?), None when the strategy cannot tell. Recovery
+        asks it of a last resource recorded committing (issue 9) and of an interrupted saga."""
+        sandbox = self.load(sandbox_id)
+        probe = getattr(sandbox, "commit_landed", None)
+        answer = probe() if callable(probe) else None
+        return {"landed": answer if isinstance(answer, bool) else None}
+
+    def cleanup(self, sandbox_id: str) -> dict[str, Any]:
+        """Remove every artefact and forget the sandbox; unknown ids are fine."""
+        try:
+            sandbox = self.load(sandbox_id)
+        except AgentError:
+            return {"sandbox_id": sandbox_id, "status": "cleaned_up"}
+        sandbox.cleanup()
+        self.store.delete(sandbox_id)
+        self._revision_path(sandbox_id).unlink(missing_ok=True)
+        return {"sandbox_id": sandbox_id, "status": sandbox.status.value}

@@ -1,0 +1,274 @@
+"""The workspace agent's HTTP server (aiohttp): the routes of :mod:`sandbox_core.agent.wire`
+served by :class:`~sandbox_core.agent.operations.Operations`.
+
+Security: every request except ``GET /healthz`` carries ``Authorization: Bearer <token>`` (or,
+through the API server's pod proxy, ``X-Sandbox-Agent-Token: <token>``); the token is read from
+a file (a Secret the operator creates per Sandbox, mounted as a file: never an environment
+variable or an argument) and compared in constant time. No token file, no service.
+
+Idempotency: a changing request (POST, PUT, DELETE) carries ``X-Request-Id``. Its reply is
+stored under the state directory before it is sent, so the same id sent again - a retry after a
+lost reply or an operator restart - gets the stored reply and does nothing twice (header
+``X-Idempotent-Replay: true``). Requests run one at a time (one worker thread): the agent
+serves one Sandbox and the core's operations are not meant to overlap. The failures of the
+two-phase routes (prepare, apply-prepared, abort-prepared) are not remembered: a failed apply
+keeps the sandbox's status so the coordinator retries it, and a replayed failure would refuse
+that retry.
+
+This module is the only one of ``sandbox_core`` that imports aiohttp; nothing else imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from sandbox_core.agent import wire
+from sandbox_core.agent.operations import AgentConfig, Operations
+
+logger = logging.getLogger("sandbox_core.agent")
+
+
+class RequestJournal:
+    """Stored replies of changing requests, by request id (files under ``<state>/requests``)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "requests"
+
+    def _path(self, request_id: str) -> Path:
+        return self.directory / (hashlib.sha256(request_id.encode()).hexdigest() + ".json")
+
+    def get(self, request_id: str) -> tuple[int, Any] | None:
+        """The stored ``(status, payload)``, or None."""
+        try:
+            data = json.loads(self._path(request_id).read_text())
+        except (OSError, ValueError):
+            return None
+        return int(data["status"]), data["payload"]
+
+    def put(self, request_id: str, status: int, payload: Any) -> None:
+        """Store a reply durably (write, fsync, rename)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self._path(request_id)
+        temp = final.with_suffix(".tmp")
+        with open(temp, "w") as handle:
+            json.dump({"status": status, "payload": payload}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        temp.replace(final)
+
+
+class Agent:
+    """The aiohttp application around :class:`Operations` (see the module docstring)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.ops = Operations(config)
+        self.journal = RequestJournal(config.state_dir)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent")
+
+    def _token(self) -> bytes | None:
+        try:
+            token = self.config.token_file.read_bytes().strip()
+        except OSError:
+            return None
+        return token or None
+
+    def authorized(self, request: web.Request) -> bool:
+        """True when the request carries the token of this Pod (constant-time compare)."""
+        expected = self._token()
+        header = request.headers.get(wire.AUTHORIZATION_HEADER, "")
+        if header.startswith(wire.BEARER_PREFIX):
+            offered = header[len(wire.BEARER_PREFIX) :].strip()
+        else:
+            offered = request.headers.get(wire.TOKEN_HEADER, "").strip()
+        if expected is None or not offered:
+            return False
+        return hmac.compare_digest(offered.encode(), expected)
+
+    async def _run(
+        self,
+        request: web.Request,
+        action: Callable[[], Any],
+        changes: bool,
+        remember_failures: bool = True,
+    ) -> web.Response:
+        request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
+        if changes and not wire.REQUEST_ID_PATTERN.match(request_id):
+            return _json(400, {"error": {"type": "BadRequest", "message": "X-Request-Id needed"}})
+
+        def call() -> tuple[int, Any, bool]:
+            if changes:
+                stored = self.journal.get(request_id)
+                if stored is not None:
+                    return stored[0], stored[1], True
+            try:
+                status, payload = 200, self.ops.hide(action())
+            except Exception as exc:  # every failure becomes a JSON reply
+                status, payload = wire.error_reply(exc)
+                payload = self.ops.hide(payload)
+                if status == 500:
+                    logger.exception("agent: %s %s failed", request.method, request.path)
+            # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
+            if changes and (status < 300 or (status < 500 and remember_failures)):
+                self.journal.put(request_id, status, payload)
+            return status, payload, False
+
+        loop = asyncio.get_running_loop()
+        status, payload, replay = await loop.run_in_executor(self.worker, call)
+        response = _json(status, payload)
+        if replay:
+            response.headers[wire.REPLAY_HEADER] = "true"
+        return response
+
+    def app(self) -> web.Application:
+        """The aiohttp application (auth middleware + routes)."""
+
+        @web.middleware
+        async def auth(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            if request.path == wire.HEALTHZ.template or self.authorized(request):
+                return await handler(request)
+            return _json(401, {"error": {"type": "Unauthorized", "message": "bad or no token"}})
+
+        app = web.Application(middlewares=[auth], client_max_size=wire.MAX_BODY_BYTES)
+        ops = self.ops
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def create(request: web.Request) -> web.Response:
+            body = await _body(request)
+            return await self._run(request, lambda: ops.create(body), True)
+
+        def sid(request: web.Request) -> str:
+            return request.match_info["sid"]
+
+        def rel(request: web.Request) -> str:
+            return request.query.get(wire.PATH_QUERY, ".")
+
+        async def status(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.status(sid(request)), False)
+
+        async def activate(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.activate(sid(request)), True)
+
+        async def path(request: web.Request) -> web.Response:
+            return await self._run(
+                request, lambda: {"path": str(ops.path(sid(request), rel(request)))}, False
+            )
+
+        async def read(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.read(sid(request), rel(request)), False)
+
+        async def write(request: web.Request) -> web.Response:
+            content = await request.read()
+            return await self._run(
+                request, lambda: ops.write(sid(request), rel(request), content), True
+            )
+
+        async def listdir(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.listdir(sid(request), rel(request)), False)
+
+        async def diff(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.diff(sid(request)), False)
+
+        async def commit(request: web.Request) -> web.Response:
+            body = await _body(request)
+            return await self._run(request, lambda: ops.commit(sid(request), body), True)
+
+        async def rollback(request: web.Request) -> web.Response:
+            body = await _body(request)
+            return await self._run(request, lambda: ops.rollback(sid(request), body), True)
+
+        async def checkpoint(request: web.Request) -> web.Response:
+            body = await _body(request)
+            return await self._run(request, lambda: ops.checkpoint(sid(request), body), True)
+
+        async def restore(request: web.Request) -> web.Response:
+            cid = request.match_info["cid"]
+            return await self._run(request, lambda: ops.restore(cid), True)
+
+        async def cleanup(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.cleanup(sid(request)), True)
+
+        async def review(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.review(sid(request)), False)
+
+        async def landed(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.commit_landed(sid(request)), False)
+
+        def two_phase(
+            operation: Callable[[str, dict[str, Any]], dict[str, Any]],
+        ) -> Callable[[web.Request], Awaitable[web.Response]]:
+            async def handler(request: web.Request) -> web.Response:
+                body = await _body(request)
+                return await self._run(
+                    request, lambda: operation(sid(request), body), True, remember_failures=False
+                )
+
+            return handler
+
+        handlers: dict[wire.Route, Callable[[web.Request], Awaitable[web.Response]]] = {
+            wire.HEALTHZ: healthz,
+            wire.CREATE: create,
+            wire.STATUS: status,
+            wire.CLEANUP: cleanup,
+            wire.ACTIVATE: activate,
+            wire.PATH: path,
+            wire.READ: read,
+            wire.WRITE: write,
+            wire.LIST: listdir,
+            wire.DIFF: diff,
+            wire.COMMIT: commit,
+            wire.ROLLBACK: rollback,
+            wire.CHECKPOINT: checkpoint,
+            wire.RESTORE: restore,
+            wire.REVIEW: review,
+            wire.COMMIT_LANDED: landed,
+            wire.PREPARE: two_phase(ops.prepare),
+            wire.APPLY_PREPARED: two_phase(ops.apply_prepared),
+            wire.ABORT_PREPARED: two_phase(ops.abort_prepared),
+        }
+        for route, handler in handlers.items():
+            if route.method == "GET":
+                app.router.add_get(route.template, handler)  # HEAD too, aiohttp's default
+            else:
+                app.router.add_route(route.method, route.template, handler)
+        return app
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        data = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text="body is not JSON") from exc
+    return dict(data) if isinstance(data, dict) else {}
+
+
+def _json(status: int, payload: Any) -> web.Response:
+    return web.Response(
+        status=status, text=json.dumps(payload, default=str), content_type=wire.JSON_CONTENT_TYPE
+    )
+
+
+def serve(config: AgentConfig | None = None) -> None:
+    """Run the agent until SIGTERM/SIGINT (aiohttp's own signal handling)."""
+    config = config or AgentConfig.from_env()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    agent = Agent(config)
+    logger.info("sandbox-core workspace agent listening on %s:%d", config.host, config.port)
+    web.run_app(agent.app(), host=config.host, port=config.port, print=None, access_log=None)

@@ -1,0 +1,215 @@
+"""The workspace agent's contract on the wire: routes, headers, error codes, limits.
+
+One table, shared by the agent's server (:mod:`sandbox_core.agent.server`) and by every client
+of it (the operator's pod executor, ``sandbox_client``'s file operations through the pod proxy).
+It imports only the standard library and the core's vocabulary (``sandbox_core.errors``): a
+client importing it loads no aiohttp, no GitPython, no psycopg and no strategy code.
+
+Requests and replies are JSON (:data:`JSON_CONTENT_TYPE`), except the body of ``PUT .../files``:
+the file's bytes (:data:`BYTES_CONTENT_TYPE`). Every request except ``GET /healthz`` carries the
+Pod's token, as ``Authorization: Bearer <token>`` or, through the API server's pod proxy (which
+consumes ``Authorization``), as :data:`TOKEN_HEADER`. A changing request (POST, PUT, DELETE)
+carries :data:`REQUEST_ID_HEADER`; a reply served again from the agent's journal carries
+``X-Idempotent-Replay: true``.
+
+A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refused commit,
+``approved_digest`` and ``actual_digest`` for a plan changed since approval), with the status:
+
+    400  BadRequest      a changing request without a valid request id (a body that is not
+                         JSON gets aiohttp's own plain-text 400)
+    401  Unauthorized    no token, or not this Pod's
+    404  NotFound        no such sandbox, checkpoint, file or directory
+    409  <core error>    SandboxCommitError and its kinds (``conflicts``; the two digests of a
+                         ChangedSinceApprovalError), or SandboxStateError
+    422  <core error>    any other SandboxError, a ValueError (traversal, a bad txid), or
+                         MissingSecret (a DSN reference ``env:NAME`` whose NAME is unset)
+    500  <error>         anything else; may pass on retry
+
+:func:`error_reply` writes that body from an exception (the agent), :func:`core_error` reads
+the core exception back from it (a client that wants a remote sandbox to raise what a local one
+does).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_core.errors import (
+    ChangedSinceApprovalError,
+    SandboxCommitError,
+    SandboxError,
+    SandboxStateError,
+    TwoPhaseUnavailableError,
+)
+
+# -- the workspace Pod ----------------------------------------------------------------------------
+
+DEFAULT_PORT = 8471
+TOKEN_FILE = "/var/run/sandbox-agent/token"  # noqa: S105 - a path, not a token
+# The environment the workspace Pod gives the agent (AgentConfig.from_env reads it).
+STATE_DIR_ENV = "SANDBOX_CORE_STATE_DIR"
+ROOT_ENV = "SANDBOX_CORE_ROOT"
+TOKEN_FILE_ENV = "SANDBOX_AGENT_TOKEN_FILE"  # noqa: S105 - a variable name, not a token
+PORT_ENV = "SANDBOX_AGENT_PORT"
+SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
+# A DSN is sent as ``env:NAME``, never as its value; every reply shows the reference.
+ENV_REF = "env:"
+
+# -- headers, content types, limits ------------------------------------------------------------
+
+AUTHORIZATION_HEADER = "Authorization"
+BEARER_PREFIX = "Bearer "
+# The token for callers that reach the agent through the API server's pod proxy (the engine's
+# client, issue 10): the API server consumes ``Authorization`` (its own credentials) and never
+# forwards it, so the proxied request carries the agent token in this header instead.
+TOKEN_HEADER = "X-Sandbox-Agent-Token"  # noqa: S105 - a header name, not a token
+REQUEST_ID_HEADER = "X-Request-Id"
+REPLAY_HEADER = "X-Idempotent-Replay"
+JSON_CONTENT_TYPE = "application/json"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+PATH_QUERY = "path"  # ``?path=REL``: a path relative to the sandbox's root ("." by default)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+TXID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # the coordinator's transaction ids (issue 9)
+CHANGING_METHODS = frozenset({"POST", "PUT", "DELETE"})
+
+# -- routes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the agent: its HTTP method and its path template (``{sid}``, ``{cid}``)."""
+
+    method: str
+    template: str
+
+    @property
+    def changes(self) -> bool:
+        """Whether a request must carry :data:`REQUEST_ID_HEADER` (its reply is journaled)."""
+        return self.method in CHANGING_METHODS
+
+    def path(self, **params: str) -> str:
+        """The template filled in, each value percent-quoted: ``STATUS.path(sid="01J...")``."""
+        return self.template.format(
+            **{name: urllib.parse.quote(value, safe="") for name, value in params.items()}
+        )
+
+
+HEALTHZ = Route("GET", "/healthz")  # "ok" (unauthenticated; readiness probe)
+CREATE = Route("POST", "/v1/sandboxes")  # create (idempotent by sandbox_id)
+STATUS = Route("GET", "/v1/sandboxes/{sid}")  # status
+CLEANUP = Route("DELETE", "/v1/sandboxes/{sid}")  # cleanup
+ACTIVATE = Route("POST", "/v1/sandboxes/{sid}/activate")  # CREATED/ROLLED_BACK -> ACTIVE
+PATH = Route("GET", "/v1/sandboxes/{sid}/path")  # ?path=REL: sandbox path (refuses traversal)
+READ = Route("GET", "/v1/sandboxes/{sid}/files")  # ?path=REL: read a file (base64)
+WRITE = Route("PUT", "/v1/sandboxes/{sid}/files")  # ?path=REL: write (body = the content)
+LIST = Route("GET", "/v1/sandboxes/{sid}/list")  # ?path=REL: list a directory
+DIFF = Route("GET", "/v1/sandboxes/{sid}/diff")  # unified diff
+COMMIT = Route("POST", "/v1/sandboxes/{sid}/commit")  # {"message"}
+ROLLBACK = Route("POST", "/v1/sandboxes/{sid}/rollback")  # {"reactivate": bool}
+CHECKPOINT = Route("POST", "/v1/sandboxes/{sid}/checkpoints")  # {"phase", "metadata"}
+RESTORE = Route("POST", "/v1/checkpoints/{cid}/restore")  # restore
+REVIEW = Route("GET", "/v1/sandboxes/{sid}/review")  # change summary (no locks, no change)
+PREPARE = Route("POST", "/v1/sandboxes/{sid}/prepare")  # {"txid", "message"} -> PreparedCommit
+APPLY_PREPARED = Route("POST", "/v1/sandboxes/{sid}/apply-prepared")  # {"txid"} -> CommitResult
+ABORT_PREPARED = Route("POST", "/v1/sandboxes/{sid}/abort-prepared")  # {"txid"}
+COMMIT_LANDED = Route("GET", "/v1/sandboxes/{sid}/commit-landed")  # {"landed"}: recovery probe
+
+ROUTES: tuple[Route, ...] = (
+    HEALTHZ,
+    CREATE,
+    STATUS,
+    CLEANUP,
+    ACTIVATE,
+    PATH,
+    READ,
+    WRITE,
+    LIST,
+    DIFF,
+    COMMIT,
+    ROLLBACK,
+    CHECKPOINT,
+    RESTORE,
+    REVIEW,
+    PREPARE,
+    APPLY_PREPARED,
+    ABORT_PREPARED,
+    COMMIT_LANDED,
+)
+
+# -- errors -------------------------------------------------------------------------------------
+
+BAD_REQUEST = 400
+UNAUTHORIZED = 401
+NOT_FOUND = 404
+CONFLICT = 409
+UNPROCESSABLE = 422
+SERVER_ERROR = 500
+# A refusal that can never pass as sent (wrong state, conflict, invalid argument).
+REFUSAL_STATUSES = frozenset({CONFLICT, UNPROCESSABLE})
+
+
+class AgentError(Exception):
+    """A request the agent refuses; ``status`` is the HTTP status of the reply."""
+
+    def __init__(self, status: int, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+
+
+def error_reply(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The status and ``{"error": ...}`` body the agent replies for ``exc`` (the table above)."""
+    if isinstance(exc, AgentError):
+        status, type_ = exc.status, exc.type
+    elif isinstance(exc, SandboxCommitError | SandboxStateError):
+        status, type_ = CONFLICT, type(exc).__name__
+    elif isinstance(exc, SandboxError | ValueError):
+        status, type_ = UNPROCESSABLE, type(exc).__name__
+    else:
+        status, type_ = SERVER_ERROR, type(exc).__name__
+    error: dict[str, Any] = {"type": type_, "message": str(exc)}
+    if isinstance(exc, SandboxCommitError) and exc.conflicts:
+        error["conflicts"] = list(exc.conflicts)
+    if isinstance(exc, ChangedSinceApprovalError):
+        error["approved_digest"] = exc.approved_digest
+        error["actual_digest"] = exc.actual_digest
+    return status, {"error": error}
+
+
+def error_of(payload: Any) -> dict[str, Any]:
+    """The ``error`` object of a decoded reply body; ``{}`` when it carries none (e.g. a reply
+    of the API server itself, through the pod proxy)."""
+    found = payload.get("error") if isinstance(payload, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def core_error(error: Mapping[str, Any], message: str | None = None) -> SandboxError:
+    """The core exception a refusal's ``error`` object stands for, so that callers of a remote
+    sandbox see what a local one raises: ``SandboxStateError``, ``ChangedSinceApprovalError``
+    (with both digests), ``TwoPhaseUnavailableError``, ``SandboxCommitError`` (with
+    ``conflicts``; also for any commit, prepare or replay error), else ``SandboxError``.
+
+    ``message`` defaults to the error's own (never a DSN: the agent hides secrets in every
+    reply).
+    """
+    kind = str(error.get("type") or "Error")
+    text = message if message is not None else str(error.get("message") or "")
+    conflicts = [str(c) for c in error.get("conflicts") or []]
+    if kind == "SandboxStateError":
+        return SandboxStateError(text)
+    if kind == "ChangedSinceApprovalError":
+        return ChangedSinceApprovalError(
+            text,
+            approved_digest=str(error.get("approved_digest") or ""),
+            actual_digest=str(error.get("actual_digest") or ""),
+        )
+    if kind == "TwoPhaseUnavailableError":
+        return TwoPhaseUnavailableError(text)
+    if conflicts or "Commit" in kind or "Conflict" in kind or "Replay" in kind:
+        return SandboxCommitError(text, conflicts=conflicts or None)
+    return SandboxError(text)
