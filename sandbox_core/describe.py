@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from sandbox_core import _fs_utils
-from sandbox_core.redaction import redact
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxStateError
+from sandbox_core.redaction import redact
 
 
 def describe(sandbox: BaseSandbox) -> dict[str, Any]:

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_core.redaction import same_database
-from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.agent.wire import (
     DEFAULT_PORT,
     ENV_REF,
@@ -48,6 +46,8 @@ from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
 from sandbox_core.factory import SandboxFactory
+from sandbox_core.redaction import same_database
+from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
 

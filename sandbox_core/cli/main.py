@@ -22,7 +22,6 @@ from typing import Any
 
 import click
 
-from sandbox_core.redaction import redact
 from sandbox_core.agent.operations import AgentConfig
 from sandbox_core.cli.context import (
     EXIT_CODES_HELP,
@@ -40,6 +39,7 @@ from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
 from sandbox_core.factory import SandboxStrategy
 from sandbox_core.manager import drop_finished_journal
+from sandbox_core.redaction import redact
 
 
 @click.group(epilog=EXIT_CODES_HELP)
