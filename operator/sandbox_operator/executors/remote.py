@@ -9,7 +9,7 @@ agent's ``create`` request.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sandbox_api.models import ROLLBACKABLE_STRATEGIES
 from sandbox_core import CommitResult, SandboxStatus
@@ -20,8 +20,24 @@ from sandbox_operator.executors.base import SandboxTarget, WorkspaceNotReady
 from sandbox_operator.executors.pod_manifests import overlay_privileged
 from sandbox_operator.settings import Settings
 
-if TYPE_CHECKING:  # the executor makes its RemoteSandboxes; only the type is needed here
-    from sandbox_operator.executors.pod import PodExecutor
+
+class AgentCaller(Protocol):
+    """What a :class:`RemoteSandbox` needs of its executor: one agent call in a Sandbox's
+    workspace Pod (:meth:`PodExecutor.call <sandbox_operator.executors.pod.PodExecutor.call>`;
+    a Protocol, so that this module does not import the executor that imports it)."""
+
+    def call(
+        self,
+        target: SandboxTarget,
+        method: str,
+        path: str,
+        body: dict[str, Any] | bytes | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, Any]:
+        """The agent's JSON reply."""
+        ...
 
 
 def create_body(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
@@ -58,7 +74,7 @@ def state_key(reply: dict[str, Any]) -> str:
 class RemoteSandbox:
     """A sandbox behind a workspace agent, shaped like the core's ``Sandbox`` for the saga."""
 
-    def __init__(self, executor: PodExecutor, target: SandboxTarget, reply: dict[str, Any]):
+    def __init__(self, executor: AgentCaller, target: SandboxTarget, reply: dict[str, Any]):
         self._executor = executor
         self._target = target
         self.reply = reply
