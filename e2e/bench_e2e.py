@@ -103,7 +103,7 @@ TIMED_CALLS = (
 
 def call_latencies(kube: Kube, namespace: str, name: str, calls: int = 10) -> tuple[float, float]:
     """(agent round trip, exec of the same call) in seconds, medians of ``calls``."""
-    from sandbox_operator.executors.pod import SANDBOX_ROOT, STATE_DIR
+    from sandbox_operator.executors.pod_manifests import SANDBOX_ROOT, STATE_DIR
 
     sandbox = kube.json("get", "sandbox", name, "-n", namespace)
     status = sandbox["status"]

@@ -323,7 +323,7 @@ def write_in_sandbox(
 def core_cli(kube: Kube, namespace: str, status: dict[str, Any], *args: str) -> str:
     """stdout of ``sandbox-core --json ...`` in the Sandbox's workspace Pod (the operator's own
     state and sandbox directories, as the pod executor passes them)."""
-    from sandbox_operator.executors.pod import CONTAINER, SANDBOX_ROOT, STATE_DIR
+    from sandbox_operator.executors.pod_manifests import CONTAINER, SANDBOX_ROOT, STATE_DIR
 
     argv = [
         "sandbox-core",

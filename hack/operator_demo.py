@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from sandbox_operator.conditions import find_condition  # noqa: E402
+from sandbox_operator.kube.conditions import find_condition  # noqa: E402
 
 from sandbox_core.cli.demo import _build_inputs, _default_source_tree, _git  # noqa: E402
 from tests.apiserver.harness import LocalApiServer  # noqa: E402

@@ -728,7 +728,7 @@ def test_status_rejects_bad_condition(crd_server: LocalApiServer, namespace: str
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
 def test_the_operator_cuts_condition_messages_to_the_schemas_length(kind: str) -> None:
-    from sandbox_operator.conditions import MAX_MESSAGE
+    from sandbox_operator.kube.conditions import MAX_MESSAGE
 
     assert _at(kind, "status.conditions")["items"]["properties"]["message"]["maxLength"] == (
         MAX_MESSAGE

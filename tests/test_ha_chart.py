@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import prometheus_client
-from sandbox_operator import leader, metrics
+from sandbox_operator.kube import leader, metrics
 
 from tests.test_chart import _container, _env, _one, _render, _run_helm, helm  # noqa: F401
 
@@ -120,5 +120,5 @@ def test_service_monitor_and_alerts_match_the_metrics(helm: Path) -> None:  # no
     assert 'outcome="error"' in alerts["SandboxReconcileErrors"]["expr"]
     assert alerts["SandboxCompensationFailed"]["labels"]["severity"] == "critical"
     # The phase label value the alert filters on is one the operator writes.
-    plancommit = (Path(metrics.__file__).parent / "plancommit_handlers.py").read_text()
+    plancommit = (Path(metrics.__file__).parents[1] / "resources" / "plancommit.py").read_text()
     assert '"Failed"' in plancommit or "FAILED" in plancommit

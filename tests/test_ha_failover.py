@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_operator.leader import LEADING_MESSAGE
+from sandbox_operator.kube.leader import LEADING_MESSAGE
 
 from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 from tests.operator.support import Cluster, OperatorProcess, git, plancommit_manifest, wait_for

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from sandbox_operator.executors.agent_client import AgentRefused, core_error
 from sandbox_operator.executors.base import SandboxHandle, SandboxTarget
-from sandbox_operator.executors.pod import RemoteSandbox
+from sandbox_operator.executors.remote import RemoteSandbox
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError

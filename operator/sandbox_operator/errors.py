@@ -29,7 +29,13 @@ from sandbox_core.errors import (
     SandboxPermissionError,
     SandboxRetryableError,
 )
-from sandbox_operator.deletion import BeingDeletedError
+from sandbox_operator.kube.claims import BeingDeletedError
+
+# kopf's two retry decisions, named here so that the logic below the reconcilers (resources/)
+# raises and catches them without importing kopf: kopf stays in the wiring, the reconcilers,
+# this module and kube/. The same classes, not wrappers: kopf sees exactly what it saw before.
+TemporaryError = kopf.TemporaryError
+PermanentError = kopf.PermanentError
 
 
 class ExecutorError(Exception):

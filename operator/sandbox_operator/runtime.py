@@ -1,17 +1,26 @@
-"""The process-wide objects the handlers share, built once at import and startup."""
+"""The process-wide objects the handlers share, built once at import and startup.
+
+:data:`SETTINGS` is read from the environment once, at import: the reconcilers' decorators take
+their timeouts and intervals from it. The :class:`Runtime` (executor, API access, the logic of
+each resource) is built by the startup handler of :mod:`sandbox_operator.main` and reached by
+every handler through :func:`runtime`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox_operator.checkpoint_handlers import CheckpointLogic
-from sandbox_operator.events import EventSink
 from sandbox_operator.executors.base import Executor
-from sandbox_operator.k8s import Api
-from sandbox_operator.plancommit_handlers import PlanCommitLogic
-from sandbox_operator.redaction import scrubbing_events
-from sandbox_operator.sandbox_handlers import SandboxLogic
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.events import EventSink
+from sandbox_operator.kube.redaction import scrubbing_events
+from sandbox_operator.resources.checkpoint import CheckpointLogic
+from sandbox_operator.resources.plancommit import PlanCommitLogic
+from sandbox_operator.resources.sandbox import SandboxLogic
 from sandbox_operator.settings import ExecutorKind, Settings
+
+SETTINGS = Settings.from_env()
+TIMEOUT = SETTINGS.handler_timeout_seconds  # every handler has one (issue 8)
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,19 @@ class Runtime:
     sandboxes: SandboxLogic
     checkpoints: CheckpointLogic
     plancommits: PlanCommitLogic
+
+
+_RUNTIME: list[Runtime] = []
+
+
+def runtime() -> Runtime:
+    """The runtime built by the startup handler."""
+    return _RUNTIME[0]
+
+
+def install(built: Runtime) -> None:
+    """Make ``built`` the runtime every handler reaches (the startup handler calls it once)."""
+    _RUNTIME[:] = [built]
 
 
 def make_executor(settings: Settings, api: Api) -> Executor:

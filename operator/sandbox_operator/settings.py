@@ -69,7 +69,7 @@ class Settings(BaseSettings):
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
         leader_election: only the holder of a ``coordination.k8s.io`` Lease reconciles
-            (several replicas, one active; :mod:`sandbox_operator.leader`).
+            (several replicas, one active; :mod:`sandbox_operator.kube.leader`).
         leader_election_lease_name: name of that Lease in ``pod_namespace``.
         lease_duration_seconds: a standby takes the Lease over when its holder has not renewed
             it for this long.

@@ -32,7 +32,7 @@ from sandbox_api.models import (
     SANDBOX_PLURAL,
     VERSION,
 )
-from sandbox_operator import k8s
+from sandbox_operator.kube import api as k8s
 
 logger = logging.getLogger("sandbox_operator.uninstall")
 

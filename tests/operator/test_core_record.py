@@ -9,7 +9,8 @@ import kopf
 import pytest
 from sandbox_operator.executors.base import sandbox_id_for_uid
 from sandbox_operator.executors.local import LocalExecutor
-from sandbox_operator.sandbox_handlers import status_of_state, target_from_body
+from sandbox_operator.resources.sandbox import status_of_state
+from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import Settings
 
 from sandbox_api import core_record

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sandbox_operator.deletion import BeingDeletedError, Claims, deletion_began
+from sandbox_operator.kube.claims import BeingDeletedError, Claims, deletion_began
 
 
 def test_a_finalizer_waits_for_holders_and_then_no_new_claim_is_granted() -> None:

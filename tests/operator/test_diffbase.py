@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import kopf
-from sandbox_operator.diffbase import StatusDiffBase
+from sandbox_operator.kube.diffbase import StatusDiffBase
 
 from sandbox_api.models import PLAN_LABEL
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 import pytest
-from sandbox_operator.diffbase import StatusDiffBase
+from sandbox_operator.kube.diffbase import StatusDiffBase
 
 from sandbox_api.models import PLAN_LABEL
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from sandbox_operator.events import (
+from sandbox_operator.kube.events import (
     EventRecorder,
     NamespaceGate,
     build_event,

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import kopf
-from sandbox_operator.main import KOPF_MARKER, missing_metadata, set_metadata
+from sandbox_operator.reconcilers.metadata import KOPF_MARKER, missing_metadata, set_metadata
 
 from sandbox_api.models import PLAN_LABEL
 

@@ -12,7 +12,7 @@ import pytest
 from sandbox_operator.errors import FaultInjected
 from sandbox_operator.executors.base import SandboxTarget, sandbox_id_for_uid
 from sandbox_operator.executors.local import LocalExecutor
-from sandbox_operator.sandbox_handlers import SandboxLogic
+from sandbox_operator.resources.sandbox import SandboxLogic
 from sandbox_operator.settings import Settings
 
 from sandbox_core import SandboxStatus, SandboxStore
@@ -196,7 +196,7 @@ def test_a_rollback_request_is_served_once_per_id(repo: Path, settings: Settings
 def test_checkpoint_is_taken_once_per_uid_and_restores_after_a_restart(
     repo: Path, settings: Settings
 ) -> None:
-    from sandbox_operator.checkpoint_handlers import checkpoint_info_from_body
+    from sandbox_operator.resources.targets import checkpoint_info_from_body
 
     executor = LocalExecutor(settings)
     state = executor.provision(target(repo))

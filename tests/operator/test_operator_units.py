@@ -8,22 +8,23 @@ from datetime import UTC, datetime, timedelta
 import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
-from sandbox_operator.conditions import find_condition, set_condition
 from sandbox_operator.errors import classify, to_kopf
 from sandbox_operator.executors.base import SandboxState, SandboxTarget, sandbox_id_for_uid
-from sandbox_operator.executors.pod import (
+from sandbox_operator.executors.pod_manifests import (
     build_network_policy,
     build_scratch_pvc,
     build_token_secret,
     build_workspace_pod,
     child_name,
-    create_body,
     label_value,
     scratch_size,
 )
-from sandbox_operator.journal import journal_of_status, status_of_journal
-from sandbox_operator.plancommit_handlers import blocking_plancommit
-from sandbox_operator.sandbox_handlers import status_of_state, target_from_body, ttl_expired
+from sandbox_operator.executors.remote import create_body
+from sandbox_operator.kube.conditions import find_condition, set_condition
+from sandbox_operator.resources.journal import journal_of_status, status_of_journal
+from sandbox_operator.resources.plancommit import blocking_plancommit
+from sandbox_operator.resources.sandbox import status_of_state, ttl_expired
+from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
 
 from sandbox_api.models import PlanCommitAction, SandboxOptions, SandboxPhase, SandboxSource
@@ -466,7 +467,7 @@ def test_the_workspace_block_shapes_the_pod_claim_and_network_policy() -> None:
 
 def test_reconcile_timer_counts_outcomes_and_durations() -> None:
     from prometheus_client import REGISTRY
-    from sandbox_operator import metrics
+    from sandbox_operator.kube import metrics
 
     def value(outcome: str) -> float:
         labels = {"kind": "Test", "handler": "h", "outcome": outcome}
@@ -518,7 +519,7 @@ def test_pod_cleanup_skips_the_agent_when_the_workspace_pod_is_gone() -> None:
 
 
 def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -> None:
-    from sandbox_operator.sandbox_handlers import pod_event_annotation
+    from sandbox_operator.resources.sandbox import pod_event_annotation
 
     def event(type_: str, phase: str, ready: str, deleting: bool = False) -> dict:
         metadata = {
@@ -552,7 +553,7 @@ def test_retries_back_off_exponentially_with_a_cap() -> None:
 def test_a_condition_message_longer_than_the_schema_allows_is_cut() -> None:
     """The CRDs allow 32768 characters: a longer message would make the API server refuse the
     whole status write, kopf's diff-base with it, and the handler would run again."""
-    from sandbox_operator.conditions import MAX_MESSAGE, set_condition
+    from sandbox_operator.kube.conditions import MAX_MESSAGE, set_condition
 
     [condition] = set_condition(None, "Degraded", "True", "GitFailed", "é" * 40_000)
     assert len(condition["message"]) == MAX_MESSAGE

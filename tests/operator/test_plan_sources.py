@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from sandbox_operator.executors.base import SandboxTarget
-from sandbox_operator.plan_sources import source_root
+from sandbox_operator.resources.plan_sources import source_root
 
 from sandbox_api.models import SandboxSource
 from sandbox_core.protocol import ChangeSummary, PreparedCommit

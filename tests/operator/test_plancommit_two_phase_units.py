@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sandbox_operator.approval import ApprovalState, approval_decision, review_status
-from sandbox_operator.journal import journal_of_status, status_of_journal
-from sandbox_operator.plancommit_handlers import (
+from sandbox_operator.resources.approval import ApprovalState, approval_decision, review_status
+from sandbox_operator.resources.journal import journal_of_status, status_of_journal
+from sandbox_operator.resources.plancommit import (
     FallbackGuardJournal,
     older_plancommits,
     two_phase_outcome,
@@ -250,10 +250,10 @@ def test_a_failed_two_phase_attempt_is_never_followed_by_a_saga(
 ) -> None:
     """Only a plan that cannot use two phases runs the saga; one whose two-phase attempt failed
     ends with that attempt (a saga would commit what it aborted). The fault is injected."""
-    from sandbox_operator import plancommit_handlers
-    from sandbox_operator.events import no_events
     from sandbox_operator.executors.local import LocalExecutor
-    from sandbox_operator.plancommit_handlers import PlanCommitLogic
+    from sandbox_operator.kube.events import no_events
+    from sandbox_operator.resources import plancommit as plancommit_handlers
+    from sandbox_operator.resources.plancommit import PlanCommitLogic
     from sandbox_operator.settings import Settings
 
     from sandbox_core.errors import AtomicCommitError

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import kopf
 import pytest
-from sandbox_operator.deletion import Claims
 from sandbox_operator.errors import (
     WAIT_BACKOFF_MAX_SECONDS,
     QuietWaits,
     install_quiet_waits,
     waiting,
 )
-from sandbox_operator.events import no_events
 from sandbox_operator.executors.local import LocalExecutor
-from sandbox_operator.sandbox_handlers import SandboxLogic
+from sandbox_operator.kube.claims import Claims
+from sandbox_operator.kube.events import no_events
+from sandbox_operator.resources.sandbox import SandboxLogic
 from sandbox_operator.settings import Settings
 
 UID = "6f1c2a52-1a0b-4c55-9a53-8e2b51a0c001"

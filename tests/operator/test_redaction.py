@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sandbox_operator import redaction
-from sandbox_operator.conditions import FINISHED, find_condition
 from sandbox_operator.executors.base import SandboxState
-from sandbox_operator.sandbox_handlers import failure_status, status_of_state
+from sandbox_operator.kube import redaction
+from sandbox_operator.kube.conditions import FINISHED, find_condition
+from sandbox_operator.resources.sandbox import failure_status, status_of_state
 
 from sandbox_core.redaction import same_database
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from kubernetes import config
 from kubernetes.client.exceptions import ApiException
-from sandbox_operator.events import build_event, is_terminating_refusal
-from sandbox_operator.k8s import Api
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.events import build_event, is_terminating_refusal
 
 from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 from tests.operator.support import (

@@ -2,7 +2,7 @@
 
 Create: take the snapshot (idempotent per Checkpoint uid, case 18) and record it in the status.
 Delete (finalizer): remove the snapshot. Restores are served by the Sandbox's
-``spec.restoreRequest`` (sandbox_handlers).
+``spec.restoreRequest`` (:mod:`sandbox_operator.resources.sandbox`).
 """
 
 from __future__ import annotations
@@ -11,68 +11,30 @@ import logging
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-import kopf
-
 from sandbox_api.models import SANDBOX_PLURAL, CheckpointSpec
-from sandbox_operator import metrics
-from sandbox_operator.conditions import set_condition
-from sandbox_operator.deletion import CLAIMS, BeingDeletedError, deletion_began
-from sandbox_operator.errors import classify, is_not_found, to_kopf, waiting
-from sandbox_operator.events import EventSink
+from sandbox_operator.errors import (
+    PermanentError,
+    TemporaryError,
+    classify,
+    is_not_found,
+    to_kopf,
+    waiting,
+)
 from sandbox_operator.executors.base import (
     CheckpointInfo,
     Executor,
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.k8s import Api
-from sandbox_operator.sandbox_handlers import target_from_body
+from sandbox_operator.kube import metrics
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.claims import CLAIMS, BeingDeletedError, deletion_began
+from sandbox_operator.kube.conditions import set_condition
+from sandbox_operator.kube.events import EventSink
+from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger("sandbox_operator.checkpoint")
-
-KINDS_TO_CORE = {
-    "git-tag": "git_ref",
-    "upper-snapshot": "overlay_snapshot",
-    "directory-snapshot": "directory",
-}
-
-
-def checkpoint_info_from_body(body: Mapping[str, Any], target: SandboxTarget) -> CheckpointInfo:
-    """The snapshot a Ready Checkpoint object stands for (enough for the core to restore it)."""
-    spec = dict(body.get("spec") or {})
-    status = dict(body.get("status") or {})
-    kind = str(status.get("kind") or "metadata-only")
-    metadata = dict(spec.get("metadata") or {})
-    core_kind = KINDS_TO_CORE.get(kind)
-    if core_kind:
-        metadata["checkpoint_kind"] = core_kind
-    snapshot = str(status.get("snapshotLocation") or "")
-    if core_kind == "git_ref":
-        metadata["checkpoint_ref"] = str(status.get("checkpointId") or "")
-        snapshot_path = ""
-    else:
-        snapshot_path = snapshot
-    record = target.core_record or {}
-    sandbox_path = ((record.get("context") or {}).get("sandbox_path")) or ""
-    if sandbox_path:
-        metadata.setdefault("sandbox_path", sandbox_path)
-    return CheckpointInfo(
-        checkpoint_id=str(status.get("checkpointId") or ""),
-        sandbox_id=str(status.get("sandboxId") or target.sandbox_id),
-        snapshot_location=snapshot,
-        kind=kind,
-        created_at=str(status.get("createdAt") or ""),
-        extra={
-            "checkpoint_id": str(status.get("checkpointId") or ""),
-            "sandbox_id": str(status.get("sandboxId") or target.sandbox_id),
-            "plan_id": target.plan_id,
-            "phase": str(spec.get("phase") or ""),
-            "snapshot_path": snapshot_path,
-            "created_at": str(status.get("createdAt") or "") or None,
-            "metadata": metadata,
-        },
-    )
 
 
 class CheckpointLogic:
@@ -92,7 +54,7 @@ class CheckpointLogic:
         if deletion_began(sandbox):
             raise BeingDeletedError(f"sandbox {spec.sandbox_name} is being deleted")
         if (sandbox.get("status") or {}).get("phase") in (None, "Pending"):
-            raise kopf.TemporaryError(
+            raise TemporaryError(
                 f"sandbox {spec.sandbox_name} is not provisioned yet",
                 delay=self.settings.retry_delay_seconds,
             )
@@ -102,8 +64,8 @@ class CheckpointLogic:
         """Create handler: snapshot the Sandbox and record it as Ready.
 
         Raises:
-            kopf.TemporaryError: the Sandbox is not provisioned yet, or a transient error.
-            kopf.PermanentError: the Sandbox does not exist, is being deleted (case 17: no
+            TemporaryError: the Sandbox is not provisioned yet, or a transient error.
+            PermanentError: the Sandbox does not exist, is being deleted (case 17: no
                 snapshot of it is taken), or the snapshot failed (condition Ready=False and a
                 Warning Event first).
         """
@@ -119,13 +81,11 @@ class CheckpointLogic:
                     info = self.executor.create_checkpoint(
                         target, spec.phase, dict(spec.metadata), uid=str(body["metadata"]["uid"])
                     )
-            except kopf.TemporaryError:
+            except TemporaryError:
                 raise
             except WorkspaceNotReady as exc:
                 # The workspace Pod is starting, re-made or suspended: a wait, not a failure.
-                raise kopf.TemporaryError(
-                    str(exc), delay=self.settings.retry_delay_seconds
-                ) from exc
+                raise TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
             except Exception as exc:
                 failure = classify(exc)
                 if is_not_found(exc):
@@ -141,7 +101,7 @@ class CheckpointLogic:
                     body, "Warning", "CheckpointFailed", f"{failure.reason}: {failure.message}"
                 )
                 if is_not_found(exc) or isinstance(exc, BeingDeletedError):
-                    raise kopf.PermanentError(failure.message) from exc
+                    raise PermanentError(failure.message) from exc
                 raise to_kopf(exc, self.settings.retry_delay_seconds) from exc
         out.update(
             {
@@ -171,10 +131,10 @@ class CheckpointLogic:
 
     def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove the snapshot (nothing made is fine); waits while a restore
-        reads it (case 17, module ``deletion``).
+        reads it (case 17, :mod:`sandbox_operator.kube.claims`).
 
         Raises:
-            kopf.TemporaryError: a restore holds it, or the deletion failed (retried).
+            TemporaryError: a restore holds it, or the deletion failed (retried).
         """
         holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
         if holders:
@@ -201,6 +161,4 @@ class CheckpointLogic:
             self.events(
                 body, "Warning", "CheckpointDeleteFailed", f"{failure.reason}: {failure.message}"
             )
-            raise kopf.TemporaryError(
-                failure.message, delay=self.settings.retry_delay_seconds
-            ) from exc
+            raise TemporaryError(failure.message, delay=self.settings.retry_delay_seconds) from exc

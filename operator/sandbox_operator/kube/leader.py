@@ -101,7 +101,7 @@ class LeaderElector:
     ) -> None:
         self.settings = settings
         if api_client is None:
-            # Its own client without the operator's retries (k8s.load_config): a renewal must
+            # Its own client without the operator's retries (api.load_config): a renewal must
             # fail fast and count against the deadline, never sit in back-off past the expiry.
             configuration = client.Configuration.get_default_copy()
             configuration.retries = False

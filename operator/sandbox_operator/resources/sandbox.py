@@ -1,4 +1,5 @@
-"""Sandbox reconciliation logic, callable without a cluster (main.py holds the kopf wiring).
+"""Sandbox reconciliation logic, callable without a cluster (the kopf wiring is in
+:mod:`sandbox_operator.reconcilers.sandbox`).
 
 Issue 3, "Sandbox": provision through the executor and drive the core to ACTIVE, mirror the
 core's status into ``status.phase``, serve ``spec.rollbackRequest`` / ``spec.restoreRequest``
@@ -8,13 +9,10 @@ once per distinct id, and clean up everything on deletion without touching the o
 from __future__ import annotations
 
 import logging
-import posixpath
 import re
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
-
-import kopf
 
 from sandbox_api import core_record
 from sandbox_api.models import (
@@ -24,123 +22,38 @@ from sandbox_api.models import (
     SANDBOX_PLURAL,
     VERSION,
     SandboxPhase,
-    SandboxSpec,
-    WorkspaceSpec,
 )
 from sandbox_core import CommitResult, SandboxStatus
-from sandbox_operator import metrics, redaction
-from sandbox_operator.conditions import find_condition, set_condition, set_finished
-from sandbox_operator.deletion import CLAIMS, deletion_began
-from sandbox_operator.errors import classify, is_not_found, to_kopf, waiting
-from sandbox_operator.events import EventSink
+from sandbox_operator.errors import (
+    PermanentError,
+    TemporaryError,
+    classify,
+    is_not_found,
+    to_kopf,
+    waiting,
+)
 from sandbox_operator.executors.base import (
     CheckpointInfo,
     Executor,
     SandboxState,
     SandboxTarget,
     WorkspaceNotReady,
-    sandbox_id_for_uid,
 )
-from sandbox_operator.executors.pod import pod_is_ready
-from sandbox_operator.k8s import Api
+from sandbox_operator.executors.pod_manifests import pod_is_ready
+from sandbox_operator.kube import metrics, redaction
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.claims import CLAIMS, deletion_began
+from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
+from sandbox_operator.kube.events import EventSink
+from sandbox_operator.resources.targets import checkpoint_info_from_body, target_from_body
 from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")
 
-SOURCE_MOUNT = "/workspace/source"
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # the workspace Pod's env var holding a secretRef's value
 # Where a workspace Pod's readiness is mirrored onto its Sandbox (wakes the Sandbox's handler).
 # Not under sandbox.cleveragents.io/: kopf keeps its progress there and ignores those keys.
 WORKSPACE_ANNOTATION = "workspace.sandbox.cleveragents.io/pod"
-
-
-def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
-    """Where the executor finds the original of ``spec``.
-
-    ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); for
-    ``secretRef`` (transaction_rollback) the DSN read from the Secret with the local executor
-    (registered with :mod:`redaction`, so it never reaches status, Events or logs), and with the
-    pod executor only a reference, ``env:SANDBOX_SOURCE_DSN``: the kubelet puts the Secret's
-    value into the workspace Pod's environment (``secretKeyRef``) and the operator never reads
-    it (issue 8).
-
-    Raises:
-        kopf.PermanentError: the source does not fit the executor (e.g. a PVC with the local
-            executor) or names nothing.
-    """
-    source = spec.source
-    if source.secret_ref is not None:
-        if settings.executor == "pod":
-            return f"env:{SOURCE_DSN_ENV}"
-        if api is None:
-            raise kopf.PermanentError("secretRef sources need API access")
-        try:
-            value = api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
-        except KeyError as exc:
-            raise kopf.PermanentError(str(exc)) from exc
-        redaction.register(value)
-        return value
-    if source.node_path:
-        if settings.executor == "pod":
-            raise kopf.PermanentError("source.nodePath needs the local executor")
-        return source.node_path
-    if source.persistent_volume_claim is not None:
-        if settings.executor == "local":
-            raise kopf.PermanentError(
-                "source.persistentVolumeClaim needs the pod executor; "
-                "the local executor only reaches source.nodePath"
-            )
-        sub = source.persistent_volume_claim.sub_path.strip("/")
-        return posixpath.join(SOURCE_MOUNT, sub) if sub else SOURCE_MOUNT
-    raise kopf.PermanentError("spec.source names no original")
-
-
-def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | None) -> SandboxTarget:
-    """Build the executor's view of one Sandbox object.
-
-    Raises:
-        kopf.PermanentError: the spec is invalid for this operator.
-    """
-    metadata = body["metadata"]
-    try:
-        spec = SandboxSpec.model_validate(dict(body.get("spec") or {}))
-    except ValueError as exc:
-        raise kopf.PermanentError(f"invalid Sandbox spec: {exc}") from exc
-    status = dict(body.get("status") or {})
-    sandbox_id = str(status.get("sandboxId") or sandbox_id_for_uid(str(metadata["uid"])))
-    original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
-    try:
-        record = core_record.decode(status.get("coreRecord"), original)
-    except core_record.CoreRecordVersionError as exc:
-        raise kopf.PermanentError(str(exc)) from exc
-    return SandboxTarget(
-        name=str(metadata["name"]),
-        namespace=str(metadata.get("namespace") or "default"),
-        uid=str(metadata["uid"]),
-        sandbox_id=sandbox_id,
-        plan_id=spec.plan_id,
-        resource_id=spec.resource_id,
-        strategy=spec.strategy,
-        original=original,
-        source=spec.source,
-        options=spec.options,
-        core_record=record,
-        workspace_pod=str(status.get("workspacePod") or ""),
-        workspace=spec.workspace.merged_over(workspace_defaults(settings)),
-    )
-
-
-def workspace_defaults(settings: Settings) -> WorkspaceSpec:
-    """The chart's ``workspace.*`` defaults (``settings.workspace_defaults``, JSON).
-
-    Raises:
-        kopf.PermanentError: the JSON is not a valid workspace block (a deployment error).
-    """
-    try:
-        return WorkspaceSpec.model_validate_json(settings.workspace_defaults or "{}")
-    except ValueError as exc:
-        raise kopf.PermanentError(f"invalid workspace defaults: {exc}") from exc
 
 
 def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -311,7 +224,7 @@ class SandboxLogic:
         exc: BaseException,
         action: str,
         retry: int = 0,
-    ) -> kopf.TemporaryError | kopf.PermanentError:
+    ) -> TemporaryError | PermanentError:
         failure = classify(exc)
         conditions = (body.get("status") or {}).get("conditions")
         generation = body["metadata"].get("generation")
@@ -352,13 +265,13 @@ class SandboxLogic:
         created with ``spec.suspend: true`` starts ``Suspended``.
 
         Raises:
-            kopf.PermanentError: the spec can never work (condition and Event set first).
-            kopf.TemporaryError: retry later (transient API or I/O trouble), with exponential
+            PermanentError: the spec can never work (condition and Event set first).
+            TemporaryError: retry later (transient API or I/O trouble), with exponential
                 backoff by ``retry``.
         """
         try:
             target = target_from_body(body, self.settings, self.api)
-        except kopf.PermanentError as exc:
+        except PermanentError as exc:
             raise self._fail(body, patch, ValueError(str(exc)), "provision") from exc
         if (body.get("spec") or {}).get("suspend"):
             self._set_suspended(body, patch)
@@ -457,7 +370,7 @@ class SandboxLogic:
         Nothing happens for a suspended or deleted Sandbox.
 
         Raises:
-            kopf.TemporaryError: provisioning failed for now; backs off exponentially.
+            TemporaryError: provisioning failed for now; backs off exponentially.
         """
         if body["metadata"].get("deletionTimestamp") or (body.get("spec") or {}).get("suspend"):
             return
@@ -467,7 +380,7 @@ class SandboxLogic:
         state = value.rpartition(":")[2]
         try:
             target = target_from_body(body, self.settings, self.api)
-        except kopf.PermanentError:
+        except PermanentError:
             return
         if state == "Ready":
             self._provision(body, patch, target, retry)
@@ -507,7 +420,7 @@ class SandboxLogic:
         """``spec.suspend`` changed: delete the Pod (claim kept) or bring it back (issue 8).
 
         Raises:
-            kopf.TemporaryError: the Pod could not be deleted or made; backs off.
+            TemporaryError: the Pod could not be deleted or made; backs off.
         """
         if body["metadata"].get("deletionTimestamp"):
             return
@@ -516,7 +429,7 @@ class SandboxLogic:
             return
         try:
             target = target_from_body(body, self.settings, self.api)
-        except kopf.PermanentError:
+        except PermanentError:
             return
         if suspend:
             try:
@@ -590,7 +503,7 @@ class SandboxLogic:
             state = self.executor.rollback(target)
         except WorkspaceNotReady as exc:
             # Served once the workspace Pod serves again (the id is not recorded yet).
-            raise kopf.TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
+            raise TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
         except Exception as exc:
             out["lastRollbackRequestId"] = request_id
             failure = classify(exc)
@@ -637,10 +550,10 @@ class SandboxLogic:
             holder = f"Sandbox {target.namespace}/{target.name}"
             with self.claims.holding(checkpoint_uid, holder, f"checkpoint {checkpoint_name}"):
                 state = self.executor.restore_checkpoint(target, checkpoint)
-        except kopf.TemporaryError:
+        except TemporaryError:
             raise
         except WorkspaceNotReady as exc:
-            raise kopf.TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
+            raise TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
         except Exception as exc:
             failure = classify(exc)
             out["lastRestoreRequestId"] = request_id
@@ -680,14 +593,12 @@ class SandboxLogic:
         """The Ready Checkpoint ``name`` of this sandbox, and its uid.
 
         Raises:
-            kopf.TemporaryError: it is not Ready yet.
+            TemporaryError: it is not Ready yet.
             ValueError: it belongs to another Sandbox, failed, or is being deleted.
             ApiException: 404 when it does not exist.
         """
         if self.api is None:
             raise ValueError("restore needs API access")
-        from sandbox_operator.checkpoint_handlers import checkpoint_info_from_body
-
         body = self.api.get(CHECKPOINT_PLURAL, target.namespace, name)
         if (body.get("spec") or {}).get("sandboxName") != target.name:
             raise ValueError(f"checkpoint {name} belongs to another sandbox")
@@ -697,7 +608,7 @@ class SandboxLogic:
         if phase == "Failed":
             raise ValueError(f"checkpoint {name} failed and cannot be restored")
         if phase != "Ready":
-            raise kopf.TemporaryError(
+            raise TemporaryError(
                 f"checkpoint {name} is not Ready yet", delay=self.settings.retry_delay_seconds
             )
         return checkpoint_info_from_body(body, target), str(body["metadata"]["uid"])
@@ -706,11 +617,11 @@ class SandboxLogic:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
         Works whether or not provisioning finished (case 16): cleanup of nothing is fine. Waits
-        while a PlanCommit or Checkpoint holds the sandbox (case 17, module ``deletion``); from
+        while a PlanCommit or Checkpoint holds the sandbox (case 17, module ``kube.claims``); from
         then on nothing else acts on it, so no record outlives the object.
 
         Raises:
-            kopf.TemporaryError: cleanup failed (retried; an Event names the failure), or the
+            TemporaryError: cleanup failed (retried; an Event names the failure), or the
                 sandbox is still in use (:func:`errors.waiting`: backs off by ``retry``, logged
                 at INFO, no Event).
         """
@@ -724,7 +635,7 @@ class SandboxLogic:
             )
         try:
             target = target_from_body(body, self.settings, self.api)
-        except kopf.PermanentError:
+        except PermanentError:
             logger.warning(
                 "sandbox %s: invalid spec, nothing to clean up", body["metadata"]["name"]
             )
@@ -734,7 +645,7 @@ class SandboxLogic:
         except Exception as exc:
             failure = classify(exc)
             self.events(body, "Warning", "CleanupFailed", f"{failure.reason}: {failure.message}")
-            raise kopf.TemporaryError(
+            raise TemporaryError(
                 f"cleanup failed: {failure.message}", delay=self.settings.retry_delay_seconds
             ) from exc
         self.events(body, "Normal", "CleanedUp", f"sandbox {target.sandbox_id} cleaned up")

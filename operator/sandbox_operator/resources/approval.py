@@ -4,7 +4,7 @@
 ``status.review`` (the first :data:`MAX_REVIEW_PATHS` paths per sandbox and the counts);
 :func:`approval_decision` says what a PlanCommit with ``approval: Required`` does next, from its
 spec, the reviewed digest, when it was reviewed and the clock. The handler
-(:mod:`sandbox_operator.plancommit_handlers`) writes conditions, Events and metrics from it.
+(:mod:`sandbox_operator.resources.plancommit`) writes conditions, Events and metrics from it.
 """
 
 from __future__ import annotations

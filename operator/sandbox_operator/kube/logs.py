@@ -7,7 +7,7 @@ import logging
 
 from pythonjsonlogger.json import JsonFormatter
 
-from sandbox_operator.redaction import ScrubFilter
+from sandbox_operator.kube.redaction import ScrubFilter
 
 # kopf attaches its OperatorSettings (locks inside: not serialisable) and a skip flag to records.
 _DROPPED_ATTRIBUTES = ("settings", "k8s_skip")

@@ -132,7 +132,7 @@ class NamespaceGate:
 
 
 EventPoster = Callable[[str, dict[str, Any]], Any]
-"""``(namespace, event) -> Any``: creates one core/v1 Event (:meth:`k8s.Api.post_event`)."""
+"""``(namespace, event) -> Any``: creates one core/v1 Event (:meth:`api.Api.post_event`)."""
 
 
 def build_event(

@@ -25,9 +25,9 @@ from typing import Any
 from sandbox_core.journal import JournalPhase, JournalReason, JournalState, StepState
 from sandbox_core.saga import PlanCommitSaga, SandboxResolver
 from sandbox_core.two_phase import TwoPhasePlanCommit
-from sandbox_operator.journal import PlanCommitStatusJournal
+from sandbox_operator.resources.journal import PlanCommitStatusJournal
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sandbox_operator.resume")
 
 
 def aborted_untouched(state: JournalState) -> bool:

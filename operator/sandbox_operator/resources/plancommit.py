@@ -3,15 +3,16 @@
 The algorithm is the core's :class:`~sandbox_core.saga.PlanCommitSaga` (seed 002, "Atomic Commit":
 rollbackable first, LIFO compensation; cases 20 and 22 recovery policy); this module only feeds it
 the plan's Sandboxes and a journal kept on the PlanCommit's status
-(:class:`~sandbox_operator.journal.PlanCommitStatusJournal`). No second copy of the algorithm.
+(:class:`~sandbox_operator.resources.journal.PlanCommitStatusJournal`). No second copy of the
+algorithm.
 
 Mode TwoPhase (the default, issue 9) runs :class:`~sandbox_core.two_phase.TwoPhasePlanCommit`
 instead: every sandbox is prepared before any original is touched. Before it the plan is
 reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the PlanCommit
 waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed digest
-(:mod:`sandbox_operator.approval`), and the coordinator verifies the prepared changes still
-hash to it (reason ``ChangedSinceApproval`` otherwise, nothing touched). A plan that cannot run
-in two phases runs as the saga with condition ``TwoPhase=False`` reason ``FellBackToSaga``.
+(:mod:`sandbox_operator.resources.approval`), and the coordinator verifies the prepared changes
+still hash to it (reason ``ChangedSinceApproval`` otherwise, nothing touched). A plan that cannot
+run in two phases runs as the saga with condition ``TwoPhase=False`` reason ``FellBackToSaga``.
 
 Policies (docs/operator-design.md):
 
@@ -29,7 +30,7 @@ Policies (docs/operator-design.md):
   ``RollbackFailed=True``; the handler retries ``recover`` with exponential backoff
   (``retry_delay_seconds`` doubling, at most ``MAX_COMPENSATION_RETRY_DELAY_SECONDS``) until it
   succeeds and the PlanCommit ends as it would have without the fault.
-- Never acts on a Sandbox whose deletion began (case 17, :mod:`sandbox_operator.deletion`):
+- Never acts on a Sandbox whose deletion began (case 17, :mod:`sandbox_operator.kube.claims`):
   every Sandbox of the saga is claimed first, so its finalizer waits until the saga ends, and
   is re-read right before its commit; one being deleted fails its step (the plan is compensated,
   all or nothing). A PlanCommit whose own deletion began before its saga started does nothing.
@@ -49,8 +50,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-
 from sandbox_api.models import (
     GROUP,
     PLANCOMMIT_PLURAL,
@@ -69,28 +68,29 @@ from sandbox_core.protocol import utc_now
 from sandbox_core.review import review_plan
 from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
 from sandbox_core.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
-from sandbox_operator import metrics
-from sandbox_operator.approval import (
-    ApprovalState,
-    approval_decision,
-    review_message,
-    review_status,
-)
-from sandbox_operator.conditions import find_condition, set_condition, set_finished
-from sandbox_operator.deletion import CLAIMS, deletion_began
-from sandbox_operator.errors import is_not_found
-from sandbox_operator.events import EventSink
+from sandbox_operator.errors import PermanentError, TemporaryError, is_not_found
 from sandbox_operator.executors.base import (
     Executor,
     SandboxState,
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
-from sandbox_operator.k8s import Api
-from sandbox_operator.plan_sources import source_root
-from sandbox_operator.resume import resume_attempt
-from sandbox_operator.sandbox_handlers import is_usable, mirror_to_object, target_from_body
+from sandbox_operator.kube import metrics
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.claims import CLAIMS, deletion_began
+from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
+from sandbox_operator.kube.events import EventSink
+from sandbox_operator.resources.approval import (
+    ApprovalState,
+    approval_decision,
+    review_message,
+    review_status,
+)
+from sandbox_operator.resources.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
+from sandbox_operator.resources.plan_sources import source_root
+from sandbox_operator.resources.resume import resume_attempt
+from sandbox_operator.resources.sandbox import is_usable, mirror_to_object
+from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger("sandbox_operator.plancommit")
@@ -110,7 +110,8 @@ class DeletionGuardedHandle:
         self, wrapped: Any, check: Callable[[], None], source_root: str | None = None
     ) -> None:
         """``source_root``: the original's identity across workspace Pods
-        (:func:`~sandbox_operator.plan_sources.source_root`), for the two-phase overlap check."""
+        (:func:`~sandbox_operator.resources.plan_sources.source_root`), for the two-phase overlap
+        check."""
         self.wrapped = wrapped
         self._check = check
         self.source_root = source_root
@@ -259,7 +260,7 @@ class PlanCommitLogic:
         for item in sorted(items, key=_created_key):
             try:
                 target = target_from_body(item, self.settings, self.api)
-            except kopf.PermanentError as exc:
+            except PermanentError as exc:
                 logger.warning("sandbox %s skipped: %s", item["metadata"]["name"], exc)
                 continue
             found.append((target, self._describe_resuming(item, target)))
@@ -274,13 +275,13 @@ class PlanCommitLogic:
                 GROUP, VERSION, target.namespace, SANDBOX_PLURAL, name, {"spec": {"suspend": False}}
             )
             self.events(item, "Normal", "Resumed", "resumed for a PlanCommit of its plan")
-            raise kopf.TemporaryError(
+            raise TemporaryError(
                 f"resuming suspended sandbox {name}", delay=self.settings.retry_delay_seconds
             )
         try:
             return self.executor.describe(target)
         except WorkspaceNotReady as exc:
-            raise kopf.TemporaryError(
+            raise TemporaryError(
                 f"waiting for the workspace of sandbox {name}: {exc}",
                 delay=self.settings.retry_delay_seconds,
             ) from exc
@@ -295,7 +296,7 @@ class PlanCommitLogic:
         approval returns normally (the next call decides again).
 
         Raises:
-            kopf.TemporaryError: blocked by another PlanCommit, or the journal could not be
+            TemporaryError: blocked by another PlanCommit, or the journal could not be
                 written (the retry resumes from the journal).
         """
         with self._locks_guard:
@@ -368,7 +369,7 @@ class PlanCommitLogic:
                 else:
                     state = self._rollback(spec, journal, targets, by_id, body)
         except JournalWriteError as exc:
-            raise kopf.TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
+            raise TemporaryError(str(exc), delay=self.settings.retry_delay_seconds) from exc
         if state is not None and state.phase.is_terminal:
             metrics.PLAN_COMMIT_SECONDS.labels(spec.action.value).observe(
                 time.monotonic() - started
@@ -392,7 +393,7 @@ class PlanCommitLogic:
         """Case 21: a compensation failed; retry ``recover`` later, backing off exponentially.
 
         Raises:
-            kopf.TemporaryError: always (the retry).
+            TemporaryError: always (the retry).
         """
         uid = str(body["metadata"].get("uid"))
         retries = self._compensation_retries.get(uid, 0)
@@ -413,7 +414,7 @@ class PlanCommitLogic:
                 f"{delay:.0f}s"
             )
         self.events(body, "Warning", "CompensationFailed", message)
-        raise kopf.TemporaryError(message, delay=delay)
+        raise TemporaryError(message, delay=delay)
 
     def _block(
         self,
@@ -442,7 +443,7 @@ class PlanCommitLogic:
                 {"phase": PlanCommitPhase.PENDING.value, "conditions": conditions},
             )
             self.events(body, "Normal", "Blocked", message)
-        raise kopf.TemporaryError(message, delay=self.settings.retry_delay_seconds)
+        raise TemporaryError(message, delay=self.settings.retry_delay_seconds)
 
     def _on_change(self, by_id: Mapping[str, SandboxTarget], plan_commit: str) -> Any:
         def changed(handle: Any) -> None:

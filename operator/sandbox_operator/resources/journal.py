@@ -28,8 +28,8 @@ from sandbox_core.journal import (
     JournalStep,
     StepState,
 )
-from sandbox_operator.conditions import set_condition, set_finished
-from sandbox_operator.k8s import Api
+from sandbox_operator.kube.api import Api
+from sandbox_operator.kube.conditions import set_condition, set_finished
 
 PHASES = {
     JournalPhase.PENDING: PlanCommitPhase.PENDING,

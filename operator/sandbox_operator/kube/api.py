@@ -2,20 +2,24 @@
 
 kopf applies a handler's ``patch`` only after the handler returns; the PlanCommit journal must be
 on the API server *before* each side effect, so journal writes go through here directly.
-Handlers run in kopf's thread pool, so blocking calls are fine.
+Handlers run in kopf's thread pool, so blocking calls are fine. Children the operator creates
+itself (the workspace Pod and its Secret, claim and NetworkPolicy) are adopted here too
+(:func:`adopt`), so the executors need no kopf of their own.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any, cast
 
+import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
 from sandbox_api.models import GROUP, VERSION
-from sandbox_operator import redaction
+from sandbox_operator.kube import redaction
 
 
 def load_config() -> None:
@@ -33,6 +37,13 @@ def load_config() -> None:
         allowed_methods=None, respect_retry_after_header=True, raise_on_status=False,
     )  # fmt: skip
     client.Configuration.set_default(defaults)
+
+
+def adopt(manifest: dict[str, Any], owner: Mapping[str, Any]) -> None:
+    """Make ``owner`` (an object's body) the owner of the child ``manifest``, in place
+    (``kopf.adopt``: an ownerReference, so the child is garbage-collected with its owner; the
+    owner's namespace and labels where the manifest has none)."""
+    kopf.adopt(manifest, owner=cast(kopf.Body, owner))
 
 
 class Api:

@@ -1,0 +1,216 @@
+"""The agent side of the pod executor: a sandbox behind a workspace agent, driven over HTTP.
+
+:class:`RemoteSandbox` is shaped like the core's ``Sandbox`` for the saga and the two-phase
+coordinator; every call is one HTTP round trip to the agent of the Sandbox's workspace Pod
+(through :meth:`PodExecutor.call <sandbox_operator.executors.pod.PodExecutor.call>`), idempotent
+by request id (:func:`state_key` makes the id of a changing call). :func:`create_body` is the
+agent's ``create`` request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sandbox_api.models import ROLLBACKABLE_STRATEGIES
+from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core.protocol import ChangeSummary, PreparedCommit
+from sandbox_operator.errors import ExecutorError
+from sandbox_operator.executors.agent_client import AgentRefused, core_error, request_id
+from sandbox_operator.executors.base import SandboxTarget, WorkspaceNotReady
+from sandbox_operator.executors.pod_manifests import overlay_privileged
+from sandbox_operator.settings import Settings
+
+
+class AgentCaller(Protocol):
+    """What a :class:`RemoteSandbox` needs of its executor: one agent call in a Sandbox's
+    workspace Pod (:meth:`PodExecutor.call <sandbox_operator.executors.pod.PodExecutor.call>`;
+    a Protocol, so that this module does not import the executor that imports it)."""
+
+    def call(
+        self,
+        target: SandboxTarget,
+        method: str,
+        path: str,
+        body: dict[str, Any] | bytes | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, Any]:
+        """The agent's JSON reply."""
+        ...
+
+
+def create_body(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
+    """The agent's ``create`` request: deterministic sandbox id (case 18), strategy options.
+
+    ``original`` is a mount path, or ``env:SANDBOX_SOURCE_DSN`` for a Secret (the agent reads
+    its own environment; the DSN never crosses the wire).
+    """
+    options: dict[str, str] = {}
+    if target.strategy == "overlay":
+        mode = target.options.overlay_mode
+        if not overlay_privileged(target, settings):
+            mode = "fallback"
+        if mode != "auto":
+            options["mode"] = mode
+    return {
+        "plan_id": target.plan_id,
+        "resource_id": target.resource_id,
+        "strategy": target.strategy,
+        "sandbox_id": target.sandbox_id,
+        "original": target.original,
+        "options": options,
+    }
+
+
+def state_key(reply: dict[str, Any]) -> str:
+    """What a changing call depends on: the sandbox revision and status the operator saw (the
+    agent counts its changes per sandbox), so a retry of one call has the same request id and
+    any later call, even from an equal-looking state, a new one."""
+    record = reply.get("record") or {}
+    return f"{reply.get('revision', 0)}:{record.get('status')}"
+
+
+class RemoteSandbox:
+    """A sandbox behind a workspace agent, shaped like the core's ``Sandbox`` for the saga."""
+
+    def __init__(self, executor: AgentCaller, target: SandboxTarget, reply: dict[str, Any]):
+        self._executor = executor
+        self._target = target
+        self.reply = reply
+        self.resource_id = target.resource_id
+        self.strategy = target.strategy
+        self.context = None
+
+    @property
+    def sandbox_id(self) -> str:
+        """The core sandbox id."""
+        return self._target.sandbox_id
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The core record as last reported by the agent."""
+        return dict(self.reply.get("record") or {})
+
+    @property
+    def status(self) -> SandboxStatus:
+        """Status as last reported by the agent."""
+        return SandboxStatus(str(self.record.get("status") or "pending"))
+
+    @property
+    def rollbackable(self) -> bool:
+        """Whether a commit can be undone (seed 002)."""
+        return self._target.strategy in ROLLBACKABLE_STRATEGIES
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox_id}{suffix}"
+
+    def _refresh(self) -> None:
+        self.reply = self._executor.call(self._target, "GET", self._path())
+
+    def commit(self, message: str | None = None) -> CommitResult:
+        """``POST .../commit``; the request id repeats for the same commit from the same state."""
+        rid = request_id("commit", self.sandbox_id, message or "", state_key(self.reply))
+        try:
+            payload = self._executor.call(
+                self._target, "POST", self._path("/commit"), {"message": message}, request_id=rid
+            )
+        except ExecutorError:
+            self._refresh()
+            raise
+        self.reply = payload["sandbox"]
+        return CommitResult.from_dict(payload["result"])
+
+    def rollback(self) -> None:
+        """``POST .../rollback`` (no re-activation: the saga's compensation)."""
+        rid = request_id("rollback", self.sandbox_id, state_key(self.reply))
+        self.reply = self._executor.call(
+            self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
+        )
+
+    # -- two-phase plan commit (issue 9) -------------------------------------------------------
+
+    @property
+    def prepares_durably(self) -> bool:
+        """Whether the agent's sandbox survives a crash between prepare and apply (SQLite does
+        not: it can only be the plan's last resource)."""
+        return bool(self.reply.get("prepares_durably", True))
+
+    def _two_phase(self, path: str, body: dict[str, Any], rid: str) -> dict[str, Any]:
+        """One two-phase call; the agent's refusal raised as the core error it stands for
+        (transport failures stay retryable ``ExecutorError``s)."""
+        try:
+            payload = self._executor.call(
+                self._target, "POST", self._path(path), body, request_id=rid
+            )
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return payload
+
+    def review(self) -> ChangeSummary:
+        """``GET .../review``: what a commit would change now (no locks, nothing changes).
+
+        Raises:
+            SandboxStateError: not CREATED/ACTIVE. SandboxError: the changes could not be read.
+        """
+        try:
+            payload = self._executor.call(self._target, "GET", self._path("/review"))
+        except AgentRefused as exc:
+            raise core_error(exc) from None
+        self.reply = payload["sandbox"]
+        return ChangeSummary.from_dict(payload["summary"])
+
+    def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
+        """``POST .../prepare``; a retry after a lost reply (same state seen) is a replay.
+
+        Raises:
+            SandboxCommitError: would fail (``conflicts`` set for a conflict).
+            TwoPhaseUnavailableError: this sandbox cannot prepare.
+            SandboxStateError: not CREATED/ACTIVE.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("prepare", self.sandbox_id, txid, message or "", state_key(self.reply))
+        payload = self._two_phase("/prepare", {"txid": txid, "message": message}, rid)
+        return PreparedCommit.from_dict(payload["prepared"])
+
+    def apply_prepared(self, txid: str) -> CommitResult:
+        """``POST .../apply-prepared``: idempotent per ``txid`` (the agent answers a repeat with
+        the recorded result), so the request id is the txid's alone.
+
+        Raises:
+            SandboxCommitError: the apply failed; the status is unchanged (retry).
+            SandboxStateError: neither CREATED/ACTIVE nor COMMITTED by ``txid``.
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("apply-prepared", self.sandbox_id, txid)
+        payload = self._two_phase("/apply-prepared", {"txid": txid}, rid)
+        return CommitResult.from_dict(payload["result"])
+
+    def abort_prepared(self, txid: str) -> None:
+        """``POST .../abort-prepared``: idempotent, fine when nothing was prepared.
+
+        Raises:
+            SandboxError: the staged state could not be removed (retry).
+            ExecutorError: the agent could not be reached (retryable).
+        """
+        rid = request_id("abort-prepared", self.sandbox_id, txid, state_key(self.reply))
+        self._two_phase("/abort-prepared", {"txid": txid}, rid)
+
+    def commit_landed(self) -> bool | None:
+        """``GET .../commit-landed``: did a commit whose outcome was lost reach the original?
+        None when the strategy cannot tell or the agent cannot be asked (recovery then treats
+        the outcome as unknown, as ``sandbox_core.saga.probe_commit_landed`` does)."""
+        try:
+            payload = self._executor.call(self._target, "GET", self._path("/commit-landed"))
+        except (ExecutorError, WorkspaceNotReady):
+            return None
+        answer = payload.get("landed")
+        return answer if isinstance(answer, bool) else None
+
+    def activate(self) -> None:
+        """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
+        rid = request_id("activate", self.sandbox_id, state_key(self.reply))
+        self.reply = self._executor.call(
+            self._target, "POST", self._path("/activate"), request_id=rid
+        )
