@@ -46,7 +46,6 @@ RULES: list[tuple[str, str]] = [
     (r"\basync_([a-z]\w*)", r"\1"),
     # the library, the package and the public face
     (r"\bkubernetes_asyncio\b", "kubernetes"),
-    (r"\b_async\b", "_sync"),
     (r"\bsandbox_client\.aio\b", "sandbox_client.client"),
     # tests: the async test runner's marker
     (r"\bpytest\.mark\.anyio, ", ""),
