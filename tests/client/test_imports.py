@@ -3,8 +3,8 @@
 - ``import sandbox_client`` (and each public module) loads no git, no database driver, no web
   server, no operator and no kopf; the package, the two clients, the models and the errors load
   no Kubernetes client either (that happens on the first call to the API server).
-- The client imports, of the repository, only ``sandbox_api`` and the core's vocabulary
-  (shared/ARCHITECTURE.md, "Layers").
+- The client imports, of the repository, only ``sandbox_api`` and the core's vocabulary; the
+  core imports neither the client nor the operator (shared/ARCHITECTURE.md, "Layers").
 - The blocking client is generated from the async one and is current (``hack/unasync.py``),
   so the two have the same names and signatures.
 - The client's copy of the workspace agent's wire matches the agent.
@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,19 +77,28 @@ def test_importing_the_client_loads_no_server_git_database_or_operator() -> None
     assert [(module, bad) for module, bad in report if bad] == []
 
 
-def test_the_client_imports_only_the_layers_below_it() -> None:
-    for source in sorted((REPO_ROOT / "sandbox_client").rglob("*.py")):
+def imported_modules(package: str) -> Iterator[tuple[Path, str]]:
+    """(source file, module name) of every absolute import in ``package``'s sources."""
+    for source in sorted((REPO_ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
+                yield from ((source, alias.name) for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                assert name.split(".")[0] not in FORBIDDEN_TOP, (source, name)
-                if name.split(".")[0] == "sandbox_core":
-                    assert name in ALLOWED_CORE, (source, name)
+                yield source, node.module
+
+
+def test_the_client_imports_only_the_layers_below_it() -> None:
+    for source, name in imported_modules("sandbox_client"):
+        assert name.split(".")[0] not in FORBIDDEN_TOP, (source, name)
+        if name.split(".")[0] == "sandbox_core":
+            assert name in ALLOWED_CORE, (source, name)
+
+
+def test_sandbox_core_imports_none_of_the_layers_above_it() -> None:
+    """The import rule (shared/DESIGN.md, "Layers"), now with the client among the layers."""
+    forbidden = {"kopf", "kubernetes", "kubernetes_asyncio", "sandbox_operator", "sandbox_client"}
+    for source, name in imported_modules("sandbox_core"):
+        assert name.split(".")[0] not in forbidden, (source, name)
 
 
 def test_the_sync_client_is_generated_from_the_async_one_and_current() -> None:

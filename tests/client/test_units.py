@@ -3,7 +3,6 @@ git worktrees, without an API server (issue 10)."""
 
 from __future__ import annotations
 
-import ast
 import itertools
 import json
 import os
@@ -63,20 +62,6 @@ def info_for(path: Path | str, **kwargs: Any) -> SandboxInfo:
 def test_the_client_uses_the_operators_models_not_a_copy() -> None:
     for name in ("SandboxSpec", "SandboxSource", "CheckpointSpec", "PlanCommitSpec", "StepResult"):
         assert getattr(models, name) is getattr(operator_models, name)
-
-
-def test_sandbox_core_imports_none_of_the_layers_above_it() -> None:
-    """The import rule (shared/DESIGN.md, "Layers"), now with the client among the layers."""
-    forbidden = {"kopf", "kubernetes", "kubernetes_asyncio", "sandbox_operator", "sandbox_client"}
-    for source in (REPO_ROOT / "sandbox_core").rglob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            assert not {n.split(".")[0] for n in names} & forbidden, (source, names)
 
 
 # -- names and manifests -----------------------------------------------------------------------
