@@ -103,7 +103,7 @@ def agent_row(server: LocalApiServer, work: Path, calls: int, runs: int) -> str:
     from sandbox_operator.executors.agent_client import AgentClient
 
     from sandbox_client.agent_files import AgentFileOperations, DirectTransport, secret_name
-    from tests.test_client_agent_files import (
+    from tests.client.agent_support import (
         POD,
         SANDBOX_ID,
         TOKEN,

@@ -13,6 +13,7 @@ echo "== ruff"
 ruff check .
 echo "== mypy (strict: sandbox_core, sandbox_operator)"
 mypy
+echo "== unasync: the blocking client is generated from the async one" && python hack/unasync.py --check
 echo "== pytest (tiers 1 and 2)"
 python -m pytest -p no:cacheprovider "$@"
 if [ "$#" -eq 0 ]; then

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 
 
@@ -27,6 +25,8 @@ def default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of ``context`` (or the current context) in the kubeconfig; in a Pod the
     service account's namespace; else ``default``."""
     if kubeconfig:
+        import yaml  # only when a kubeconfig is read: ``import sandbox_client`` stays light
+
         try:
             data = yaml.safe_load(Path(kubeconfig).read_text()) or {}
         except (OSError, yaml.YAMLError):

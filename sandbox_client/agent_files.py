@@ -26,13 +26,10 @@ agent (symlinks resolving outside the sandbox).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -40,6 +37,15 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
+from sandbox_client._agent_wire import (
+    DIFF,
+    FILES,
+    LIST,
+    REQUEST_ID_HEADER,
+    TOKEN_HEADER,
+    sandbox_route,
+)
+from sandbox_client._kube import AsyncKube, Kube
 from sandbox_client.errors import (
     NotFoundError,
     OperationFailedError,
@@ -48,7 +54,6 @@ from sandbox_client.errors import (
     from_api_exception,
 )
 from sandbox_client.models import SandboxInfo, SandboxPhase
-from sandbox_core.agent.wire import REQUEST_ID_HEADER, TOKEN_HEADER
 from sandbox_core.paths import TRAVERSAL_MESSAGE
 
 T = TypeVar("T")
@@ -138,7 +143,7 @@ def _route(sandbox: SandboxInfo, suffix: str) -> str:
             "InvalidState",
             f"sandbox {sandbox.name} has no workspace agent yet (phase {sandbox.phase})",
         )
-    return f"/v1/sandboxes/{urllib.parse.quote(sandbox.sandbox_id, safe='')}/{suffix}"
+    return sandbox_route(sandbox.sandbox_id, suffix)
 
 
 def _payload(reply: AgentReply) -> Any:
@@ -190,7 +195,7 @@ def read_flow(sandbox: SandboxInfo, path: str) -> Flow[bytes]:
     if rel == ".":
         raise RefusedError("InvalidState", f"{path!r} is a directory")
     what = f"read {rel} in {sandbox.name}"
-    reply = yield AgentRequest("GET", _route(sandbox, "files"), {"path": rel})
+    reply = yield AgentRequest("GET", _route(sandbox, FILES), {"path": rel})
     payload = _json_of(reply, what)  # typed errors (a RefusedError is a ValueError) pass
     try:
         return base64.b64decode(payload["content_b64"], validate=True)
@@ -210,7 +215,7 @@ def write_flow(sandbox: SandboxInfo, path: str, data: bytes) -> Flow[None]:
     if rel == ".":
         raise RefusedError("InvalidState", f"{path!r} is a directory")
     request = AgentRequest(
-        "PUT", _route(sandbox, "files"), {"path": rel}, data, f"write-{uuid.uuid4().hex}"
+        "PUT", _route(sandbox, FILES), {"path": rel}, data, f"write-{uuid.uuid4().hex}"
     )
     _json_of((yield request), f"write {rel} in {sandbox.name}")
 
@@ -221,7 +226,7 @@ def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
     Symlinks are listed, not followed out of the sandbox (the agent refuses those).
     """
     start = checked_path(path)
-    route = _route(sandbox, "list")
+    route = _route(sandbox, LIST)
     what = f"list {start} in {sandbox.name}"
     first = yield AgentRequest("GET", route, {"path": start})
     if first.status == 404 and start != ".":
@@ -255,7 +260,7 @@ def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
 
 def diff_flow(sandbox: SandboxInfo) -> Flow[str]:
     """``GET .../diff`` -> the unified diff (``""`` when equal)."""
-    reply = yield AgentRequest("GET", _route(sandbox, "diff"))
+    reply = yield AgentRequest("GET", _route(sandbox, DIFF))
     return str(_json_of(reply, f"diff of {sandbox.name}").get("diff") or "")
 
 
@@ -361,11 +366,10 @@ def secret_name(sandbox: SandboxInfo) -> str:
     return child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
 
 
-def _token_of(secret_data: dict[str, Any] | None, sandbox: SandboxInfo) -> str:
-    encoded = (secret_data or {}).get(AGENT_TOKEN_KEY)
-    if not encoded:
+def _token_of(token: str | None, sandbox: SandboxInfo) -> str:
+    if not token:
         raise RefusedError("InvalidState", f"secret {secret_name(sandbox)} holds no agent token")
-    return base64.b64decode(encoded).decode().strip()
+    return token
 
 
 def _cache_key(sandbox: SandboxInfo) -> tuple[str, str, str]:
@@ -373,19 +377,14 @@ def _cache_key(sandbox: SandboxInfo) -> tuple[str, str, str]:
     return sandbox.namespace, sandbox.name, uid
 
 
-def _api_error(exc: Any, what: str) -> SandboxClientError:
-    error = from_api_exception(exc.status, exc.reason, exc.body)
-    if exc.status == 404:
-        return RefusedError("InvalidState", f"{what}: not found (not a pod-executor sandbox yet)")
+def _secret_error(error: SandboxClientError, sandbox: SandboxInfo) -> SandboxClientError:
+    """The error of reading the Secret; ``InvalidState`` when it does not exist."""
+    if isinstance(error, NotFoundError):
+        return RefusedError(
+            "InvalidState",
+            f"secret {secret_name(sandbox)}: not found (not a pod-executor sandbox yet)",
+        )
     return error
-
-
-def _reply_of(exc: Any, method: str) -> AgentReply:
-    """The reply an ``ApiException`` carries (a non-2xx status), or ``IOError`` without one."""
-    if not exc.status:
-        raise OperationFailedError("IOError", f"agent {method}: {exc.reason}") from None
-    body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
-    return AgentReply(int(exc.status), body)
 
 
 class PodProxyTransport:
@@ -396,12 +395,13 @@ class PodProxyTransport:
     ``pods/proxy`` (docs/client.md, "RBAC").
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (the client's own credentials).
+        api_client: a ``kubernetes.client.ApiClient`` (the client's own credentials), or the
+            client's :class:`~sandbox_client._kube.Kube`.
         timeout_seconds: limit of one request.
     """
 
     def __init__(self, api_client: Any, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.api_client = api_client
+        self.kube = Kube.of(api_client)
         self.timeout_seconds = timeout_seconds
         self._tokens: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
@@ -416,65 +416,40 @@ class PodProxyTransport:
         with self._lock:
             if key in self._tokens:
                 return self._tokens[key]
-        from kubernetes import client as k8s
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            secret = k8s.CoreV1Api(self.api_client).read_namespaced_secret(
-                secret_name(sandbox), sandbox.namespace
-            )
-        except ApiException as exc:
-            raise _api_error(exc, f"secret {secret_name(sandbox)}") from None
-        token = _token_of(secret.data, sandbox)
+            found = self.kube.secret_token(secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY)
+        except SandboxClientError as exc:
+            raise _secret_error(exc, sandbox) from None
+        token = _token_of(found, sandbox)
         with self._lock:
             self._tokens[key] = token
         return token
 
     def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`AgentTransport.send` (one HTTPS request to the API server)."""
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
-
-        headers = request.headers(self.token(sandbox))
-        resource = proxy_path(sandbox, request)
-        query = list(request.query.items())
-        client = self.api_client
-        try:
-            if hasattr(client, "param_serialize"):  # kubernetes >= 31
-                method, url, headers, body, _ = client.param_serialize(
-                    method=request.method,
-                    resource_path=resource,
-                    query_params=query,
-                    header_params=headers,
-                    body=request.body,
-                    auth_settings=["BearerToken"],
-                )
-                response = client.call_api(
-                    method, url, header_params=headers, body=body,
-                    _request_timeout=self.timeout_seconds,
-                )  # fmt: skip
-                response.read()
-                return AgentReply(int(response.status), bytes(response.data or b""))
-            raw = client.call_api(
-                resource, request.method, query_params=query, header_params=headers,
-                body=request.body, auth_settings=["BearerToken"], _preload_content=False,
-                _return_http_data_only=True, _request_timeout=self.timeout_seconds,
-            )  # fmt: skip
-            return AgentReply(int(raw.status), bytes(raw.data or b""))
-        except ApiException as exc:  # older clients raise for a non-2xx reply
-            return _reply_of(exc, request.method)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise OperationFailedError(
-                "IOError", f"agent {request.method} via the API server: {type(exc).__name__}"
-            ) from None
+        status, body = self.kube.proxy(
+            request.method,
+            proxy_path(sandbox, request),
+            list(request.query.items()),
+            request.headers(self.token(sandbox)),
+            request.body,
+            self.timeout_seconds,
+        )
+        return AgentReply(status, body)
 
 
 class AsyncPodProxyTransport:
     """:class:`AsyncAgentTransport` through the pod proxy (``kubernetes_asyncio`` client);
-    same Secret, cache and RBAC as :class:`PodProxyTransport`."""
+    same Secret, cache and RBAC as :class:`PodProxyTransport`.
+
+    Args:
+        api_client: a ``kubernetes_asyncio.client.ApiClient``, or the client's
+            :class:`~sandbox_client._kube.AsyncKube` (which connects on first use).
+        timeout_seconds: limit of one request.
+    """
 
     def __init__(self, api_client: Any, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.api_client = api_client
+        self.kube = AsyncKube.of(api_client)
         self.timeout_seconds = timeout_seconds
         self._tokens: dict[tuple[str, str, str], str] = {}
 
@@ -483,41 +458,27 @@ class AsyncPodProxyTransport:
         key = _cache_key(sandbox)
         if key in self._tokens:
             return self._tokens[key]
-        from kubernetes_asyncio import client as k8s
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         try:
-            secret = await k8s.CoreV1Api(self.api_client).read_namespaced_secret(
-                secret_name(sandbox), sandbox.namespace
+            found = await self.kube.secret_token(
+                secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
             )
-        except ApiException as exc:
-            raise _api_error(exc, f"secret {secret_name(sandbox)}") from None
-        self._tokens[key] = _token_of(secret.data, sandbox)
+        except SandboxClientError as exc:
+            raise _secret_error(exc, sandbox) from None
+        self._tokens[key] = _token_of(found, sandbox)
         return self._tokens[key]
 
     async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`AgentTransport.send`."""
-        import aiohttp
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         headers = request.headers(await self.token(sandbox))
-        try:
-            response = await self.api_client.call_api(
-                proxy_path(sandbox, request), request.method,
-                query_params=list(request.query.items()), header_params=headers,
-                body=request.body, auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=self.timeout_seconds,
-            )  # fmt: skip
-            try:
-                return AgentReply(int(response.status), await response.read())
-            finally:
-                response.release()
-        except ApiException as exc:
-            return _reply_of(exc, request.method)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise OperationFailedError(
-                "IOError", f"agent {request.method} via the API server: {type(exc).__name__}"
-            ) from None
+        status, body = await self.kube.proxy(
+            request.method,
+            proxy_path(sandbox, request),
+            list(request.query.items()),
+            headers,
+            request.body,
+            self.timeout_seconds,
+        )
+        return AgentReply(status, body)
 
 
 class DirectTransport:
@@ -534,6 +495,9 @@ class DirectTransport:
 
     def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`AgentTransport.send` (``urllib``; the sandbox only names the route)."""
+        import urllib.error  # here, not with the module: only this transport needs them
+        import urllib.request
+
         url = self.base_url + request.path
         if request.query:
             url += "?" + urllib.parse.urlencode(request.query)
@@ -560,4 +524,6 @@ class AsyncDirectTransport:
 
     async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`DirectTransport.send`."""
+        import asyncio  # here, not with the module: the blocking client never needs it
+
         return await asyncio.to_thread(self.direct.send, sandbox, request)

@@ -16,20 +16,21 @@ paths, ``..`` and symlinks that resolve outside the sandbox are refused with rea
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.models import SandboxInfo, SandboxPhase
-from sandbox_core import compute_diff, resolve_inside
+from sandbox_core.paths import resolve_inside
 
 # The core's own bookkeeping inside a sandbox tree, never shown as a sandbox file.
+T = TypeVar("T")
 _HIDDEN = frozenset({".git"})
 _WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK)
 
@@ -173,6 +174,10 @@ class LocalFileOperations:
             RefusedError: ``InvalidState`` when the sandbox has no path.
             OperationFailedError: ``DiffFailed`` (git failed, a tree is unreadable).
         """
+        # The core's tree diff is imported here, not with the module: it loads the core's
+        # directory-tree code, which ``import sandbox_client`` does not need.
+        from sandbox_core import compute_diff
+
         root = _root(sandbox)
         try:
             if sandbox.spec.strategy == "git_worktree":
@@ -227,6 +232,12 @@ class AsyncFileOperations(Protocol):
         ...
 
 
+async def _in_thread(function: Callable[..., T], *args: Any) -> T:
+    import asyncio  # here, not with the module: only the async client runs blocking calls
+
+    return await asyncio.to_thread(function, *args)
+
+
 class ThreadedFileOperations:
     """:class:`AsyncFileOperations` running a blocking :class:`FileOperations` in a worker
     thread (the local executor's file system calls)."""
@@ -236,19 +247,19 @@ class ThreadedFileOperations:
 
     async def read_file(self, sandbox: SandboxInfo, path: str) -> bytes:
         """As :meth:`FileOperations.read_file`."""
-        return await asyncio.to_thread(self.files.read_file, sandbox, path)
+        return await _in_thread(self.files.read_file, sandbox, path)
 
     async def write_file(self, sandbox: SandboxInfo, path: str, data: bytes) -> None:
         """As :meth:`FileOperations.write_file`."""
-        await asyncio.to_thread(self.files.write_file, sandbox, path, data)
+        await _in_thread(self.files.write_file, sandbox, path, data)
 
     async def list_files(self, sandbox: SandboxInfo, path: str = "") -> list[str]:
         """As :meth:`FileOperations.list_files`."""
-        return await asyncio.to_thread(self.files.list_files, sandbox, path)
+        return await _in_thread(self.files.list_files, sandbox, path)
 
     async def diff(self, sandbox: SandboxInfo) -> str:
         """As :meth:`FileOperations.diff`."""
-        return await asyncio.to_thread(self.files.diff, sandbox)
+        return await _in_thread(self.files.diff, sandbox)
 
 
 _LOCAL = LocalFileOperations()
@@ -276,3 +287,24 @@ def operations_for(sandbox: SandboxInfo, agent: FileOperations | None = None) ->
         f"sandbox {sandbox.name} runs on the {sandbox.executor} executor; this client "
         "has file operations for: local, pod (with a Kubernetes API client)",
     )
+
+
+def files_for(
+    sandbox: SandboxInfo, files: FileOperations | None, agent: FileOperations
+) -> FileOperations:
+    """The file operations a client uses for ``sandbox``: its own ``files`` when it was given
+    some, else :func:`operations_for` (``agent`` for the pod executor). Errors as
+    :func:`operations_for`."""
+    return files if files is not None else operations_for(sandbox, agent)
+
+
+def async_files_for(
+    sandbox: SandboxInfo, files: FileOperations | None, agent: AsyncFileOperations
+) -> AsyncFileOperations:
+    """:func:`files_for` for the async client: blocking operations (the client's own ``files``,
+    the local executor's) run in a worker thread; ``agent`` serves the pod executor."""
+    if files is not None:
+        return ThreadedFileOperations(files)
+    if sandbox.executor == AGENT_EXECUTOR:
+        return agent
+    return ThreadedFileOperations(operations_for(sandbox))

@@ -69,8 +69,14 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 
 class _View(BaseModel):
+    # defer_build: the validators are built on first use, not at import (``import
+    # sandbox_client.client`` stays light; a view is built the first time an object is read).
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        defer_build=True,
     )
 
 

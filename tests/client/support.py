@@ -1,4 +1,4 @@
-"""Tier-2 set-up shared by the client tests (tests/test_client_*.py).
+"""Tier-2 set-up shared by the client tests (tests/client/).
 
 One real etcd + kube-apiserver per session (``tests.apiserver``); per test module one namespace
 with the CRDs installed and one operator process (local executor) watching it
@@ -34,7 +34,7 @@ class ClientEnv:
     def env(self) -> dict[str, str]:
         """Environment for a subprocess (plugin, MCP server): KUBECONFIG, PATH, PYTHONPATH."""
         env = dict(self.cluster.server.env())
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = os.pathsep.join(
             [str(root / "operator"), str(root), env.get("PYTHONPATH", "")]
         )

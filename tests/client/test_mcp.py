@@ -21,16 +21,10 @@ from mcp.client.stdio import StdioServerParameters
 
 from sandbox_client import Plan, SandboxClient
 from sandbox_client.mcp_server import TOOL_NAMES
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
-from tests.client_support import ClientEnv, client_env_for, make_dir, make_repo, three_sources
+from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
 from tests.operator.support import git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def env(local_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientEnv]:  # noqa: F811
-    yield from client_env_for(local_apiserver, tmp_path_factory.mktemp("operator"), "clmcp")
 
 
 @pytest.fixture

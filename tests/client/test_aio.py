@@ -1,50 +1,23 @@
-"""The asynchronous client (``sandbox_client.aio``) against the real API server (tier 2).
-
-The same flow as tests/test_client_flow.py with the same method names awaited: three Sandboxes
-of different strategies, writes, diff, checkpoint and restore, rollback, commit, a failing
-commit as a typed result, typed errors, ``async with`` cleanup; plus concurrent waits.
+"""What only the asynchronous client (``sandbox_client.aio``) has, against the real API server
+(tier 2): calls of one plan run concurrently (``asyncio.gather``), a failing commit of three
+strategies compensated as a typed result, ``async with`` cleanup, concurrent waits on one
+connection. The flow both clients share is tests/client/_async/test_flow.py (and its generated
+blocking copy).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import sandbox_client
 from sandbox_client import NotFoundError, RefusedError, SandboxPhase, WaitTimeoutError, aio
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
-from tests.client_support import ClientEnv, client_env_for, make_dir, make_repo, three_sources
+from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
 from tests.operator.support import Cluster, git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def env(local_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientEnv]:  # noqa: F811
-    yield from client_env_for(local_apiserver, tmp_path_factory.mktemp("operator"), "clasync")
-
-
-def test_sync_and_async_apis_have_the_same_names() -> None:
-    for sync_cls, async_cls in (
-        (sandbox_client.SandboxClient, aio.SandboxClient),
-        (sandbox_client.Plan, aio.Plan),
-        (sandbox_client.Sandbox, aio.Sandbox),
-    ):
-        sync_names = {n for n in vars(sync_cls) if not n.startswith("_")}
-        async_names = {n for n in vars(async_cls) if not n.startswith("_")}
-        assert sync_names == async_names, sync_cls
-        for name in sync_names:
-            sync_attr, async_attr = getattr(sync_cls, name), getattr(async_cls, name)
-            if callable(sync_attr) and not inspect.iscoroutinefunction(async_attr):
-                continue  # plain constructors of handles (sandbox(), plan(), files_for())
-            assert list(inspect.signature(sync_attr).parameters) == list(
-                inspect.signature(async_attr).parameters
-            ), name
 
 
 def test_async_plan_flow(env: ClientEnv, tmp_path: Path) -> None:
@@ -139,7 +112,7 @@ def test_async_failed_commit_is_a_typed_result(env: ClientEnv, tmp_path: Path) -
     asyncio.run(flow())
 
 
-def test_async_waits_are_watches_that_time_out(local_apiserver: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_async_waits_are_watches_that_time_out(local_apiserver: Any, tmp_path: Path) -> None:
     """Without an operator two concurrent waits on one connection both end at their deadline."""
     cluster = Cluster.fresh(local_apiserver, prefix="clanoop")
 

@@ -14,18 +14,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from sandbox_operator.executors.agent_client import AgentClient, derive_token
+from sandbox_operator.executors.agent_client import AgentClient
 
 from sandbox_client import SandboxClient, aio
 from sandbox_client.agent_files import (
@@ -40,69 +35,17 @@ from sandbox_client.agent_files import (
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.files import operations_for
 from sandbox_client.models import SandboxInfo
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 from tests.apiserver.harness import free_port
-from tests.gitrepo import GIT_ENV, make_repo
+from tests.client.agent_support import (
+    POD,
+    SANDBOX_ID,
+    TOKEN,
+    Agent,
+    pod_manifest,
+    sandbox_info,
+)
+from tests.gitrepo import make_repo
 from tests.operator.support import Cluster
-
-KEY = b"c" * 32
-UID = "5f1d7c2e-0000-4aaa-8bbb-0c0d0e0f1011"
-SANDBOX_ID = "01J0CL1ENTAGENTF1LES0000AB"
-NAME = "repo-sbx"
-POD = "sbx-repo-sbx-ws"
-TOKEN = derive_token(KEY, UID)
-
-
-def host_address() -> str:
-    """This machine's first non-loopback IPv4 address (the API server proxies to it)."""
-    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout
-    for address in out.split():
-        if "." in address and not address.startswith("127."):
-            return address
-    raise AssertionError(f"no non-loopback IPv4 address on this machine: {out!r}")
-
-
-class Agent:
-    """``sandbox-core serve-workspace`` on the host address with a token file."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.host = host_address()
-        self.port = free_port()
-        self.token_file = work / "token"
-        self.token_file.write_text(TOKEN)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> Agent:
-        with open(self.work / "agent.log", "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "sandbox_core.cli",
-                    "--state-dir", str(self.work / "state"),
-                    "--sandbox-root", str(self.work / "sandboxes"),
-                    "serve-workspace", "--host", self.host, "--port", str(self.port),
-                    "--token-file", str(self.token_file),
-                ],
-                env={**os.environ, **GIT_ENV}, stdout=subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as reply:  # noqa: S310
-                    if reply.read() == b"ok":
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError((self.work / "agent.log").read_text())
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -122,27 +65,6 @@ def agent(tmp_path: Path) -> Iterator[tuple[Agent, Path]]:
     yield process, repo
     process.stop()
     assert TOKEN not in (work / "agent.log").read_text()
-
-
-def sandbox_info(namespace: str = "ns", phase: str = "Active") -> SandboxInfo:
-    """The Sandbox as the client would read it once the pod executor provisioned it."""
-    return SandboxInfo.from_object(
-        {
-            "metadata": {"name": NAME, "namespace": namespace, "uid": UID},
-            "spec": {
-                "planId": "plan-a",
-                "resourceId": "repo",
-                "strategy": "git_worktree",
-                "source": {"persistentVolumeClaim": {"claimName": "src"}},
-            },
-            "status": {
-                "phase": phase,
-                "executor": "pod",
-                "sandboxId": SANDBOX_ID,
-                "workspacePod": POD,
-            },
-        }
-    )
 
 
 def exercise(files: AgentFileOperations, info: SandboxInfo, repo: Path) -> None:
@@ -241,27 +163,9 @@ def test_operations_for_picks_the_agent_for_the_pod_executor() -> None:
 # -- through the API server's pod proxy ---------------------------------------------------------
 
 
-def pod_manifest(port: int) -> dict[str, Any]:
-    """The workspace Pod's shape that matters to the proxy: the agent's port, declared first."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": POD},
-        "spec": {
-            "containers": [
-                {
-                    "name": "workspace",
-                    "image": "sandbox-operator:test",
-                    "ports": [{"name": "agent", "containerPort": port, "protocol": "TCP"}],
-                }
-            ]
-        },
-    }
-
-
 @pytest.fixture
 def proxied(
-    local_apiserver: Any,  # noqa: F811 - the fixture
+    local_apiserver: Any,
     agent: tuple[Agent, Path],
 ) -> tuple[Cluster, Agent, Path]:
     """A namespace with the Sandbox's token Secret and its workspace Pod (status reported
@@ -294,7 +198,7 @@ def proxied(
 @pytest.mark.apiserver
 def test_agent_file_operations_through_the_pod_proxy(
     proxied: tuple[Cluster, Agent, Path],
-    local_apiserver: Any,  # noqa: F811 - the fixture
+    local_apiserver: Any,
 ) -> None:
     cluster, _, repo = proxied
     info = sandbox_info(cluster.namespace)
@@ -307,7 +211,7 @@ def test_agent_file_operations_through_the_pod_proxy(
 @pytest.mark.apiserver
 def test_async_agent_file_operations_through_the_pod_proxy(
     proxied: tuple[Cluster, Agent, Path],
-    local_apiserver: Any,  # noqa: F811 - the fixture
+    local_apiserver: Any,
 ) -> None:
     cluster, _, _ = proxied
     info = sandbox_info(cluster.namespace)
@@ -328,7 +232,7 @@ def test_async_agent_file_operations_through_the_pod_proxy(
 @pytest.mark.apiserver
 def test_pod_proxy_errors_are_typed(
     proxied: tuple[Cluster, Agent, Path],
-    local_apiserver: Any,  # noqa: F811 - the fixture
+    local_apiserver: Any,
 ) -> None:
     """No workspace Pod, no Secret: InvalidState, never a raw ApiException."""
     cluster, _, _ = proxied
@@ -347,7 +251,7 @@ def test_pod_proxy_errors_are_typed(
         assert TOKEN not in str(no_secret.value)
 
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "client.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 
 
 def documented_role() -> dict[str, Any]:
@@ -396,7 +300,7 @@ def engine_kubeconfig(
 @pytest.mark.apiserver
 def test_the_documented_engine_role_is_enough_and_needed(
     proxied: tuple[Cluster, Agent, Path],
-    local_apiserver: Any,  # noqa: F811 - the fixture
+    local_apiserver: Any,
     tmp_path: Path,
 ) -> None:
     """As a ServiceAccount with the Role of docs/client.md: the file operations work through

@@ -3,7 +3,7 @@
 Issue 10, section 2: the plan flow through the plugin's commands (list, diff, checkpoint,
 restore, rollback, commit --wait with its progress line, log), a failing commit with its exit
 code and the rolled-back ids, the documented exit codes, and ``kubectl sandbox`` finding the
-plugin on PATH.
+plugin on PATH; ``kubectl sandbox review`` and ``approve`` (issue 9).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -30,16 +29,10 @@ from sandbox_client.kubectl_plugin import (
     EXIT_USAGE,
     cli,
 )
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
-from tests.client_support import ClientEnv, client_env_for, make_dir, make_repo, three_sources
+from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
 from tests.operator.support import git, sandbox_manifest
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def env(local_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientEnv]:  # noqa: F811
-    yield from client_env_for(local_apiserver, tmp_path_factory.mktemp("operator"), "clplug")
 
 
 @pytest.fixture
@@ -202,3 +195,26 @@ def test_kubectl_finds_the_plugin_on_path(env: ClientEnv) -> None:
         ["kubectl", "sandbox", "--help"], capture_output=True, text=True, env=process_env
     )
     assert "Exit codes:" in helped.stdout
+
+
+def test_kubectl_sandbox_review_and_approve(
+    client: SandboxClient, env: ClientEnv, tmp_path: Path
+) -> None:
+    sources = three_sources(tmp_path)
+    with Plan(client, "rev-cli", client.namespace) as plan:
+        data = plan.add_sandbox("data", "copy_on_write", str(sources["data"]))
+        plan.wait_ready(timeout=90)
+        data.write_file("c.txt", "c\n")
+        shown = run(env, "review", "rev-cli", "-o", "json")
+        assert shown.exit_code == 0, shown.output
+        review = json.loads(shown.stdout)
+        assert review["phase"] == "AwaitingApproval" and review["sandboxes"][0]["added"] == 1
+        table = run(env, "review", "rev-cli", "-o", "wide")
+        assert f"digest: {review['digest']}" in table.stdout and "+1 ~0 -0" in table.stdout
+        assert "A c.txt" in table.stdout
+        wrong = run(env, "approve", "rev-cli", "--digest", "sha256:bad")
+        assert wrong.exit_code == EXIT_REFUSED, wrong.output  # not sha256 + 64 hex: Invalid
+        done = run(env, "approve", "rev-cli", "--digest", review["digest"])
+        assert done.exit_code == EXIT_OK, done.output
+        assert "Committed" in done.stdout
+        assert (sources["data"] / "c.txt").read_text() == "c\n"

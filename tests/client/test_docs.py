@@ -6,25 +6,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
-from tests.client_support import ClientEnv, client_env_for
+from tests.client.support import ClientEnv
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "client.md"
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-
-
-@pytest.fixture(scope="module")
-def env(local_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientEnv]:  # noqa: F811
-    yield from client_env_for(local_apiserver, tmp_path_factory.mktemp("operator"), "cldocs")
 
 
 def python_blocks(text: str) -> list[str]:

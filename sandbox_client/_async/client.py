@@ -1,0 +1,755 @@
+"""The engine's client: :class:`SandboxClient`, :class:`Plan` and :class:`Sandbox`.
+
+Built on ``kubernetes_asyncio``, reached through :mod:`sandbox_client._kube`. Every wait is a
+*watch* (list, then watch from the list's resourceVersion, listing again after a 410 Gone),
+never a polling loop. File operations go through the ones :meth:`SandboxClient.files_for` picks
+per sandbox. Typical use (issue 10)::
+
+    async with SandboxClient() as client:
+        async with Plan(client, "plan-1", "default") as plan:
+            repo = await plan.add_sandbox("repo", "git_worktree", "/src/repo")
+            await plan.wait_ready(timeout=120)
+            await repo.write_file("README.md", "hello\\n")
+            result = await plan.commit()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import aclosing
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from sandbox_client import _kube, _logic
+from sandbox_client import files as file_operations
+from sandbox_client._config import default_namespace, kubeconfig_path
+from sandbox_client.agent_files import AsyncAgentFileOperations, AsyncPodProxyTransport
+from sandbox_client.errors import NotFoundError
+from sandbox_client.history import sandbox_history
+from sandbox_client.models import (
+    CHECKPOINT_PLURAL,
+    PLANCOMMIT_PLURAL,
+    SANDBOX_PLURAL,
+    CheckpointInfo,
+    HistoryEntry,
+    PlanCommitAction,
+    PlanCommitResult,
+    PlanReview,
+    SandboxInfo,
+    SandboxOptions,
+)
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
+
+T = TypeVar("T")
+ProgressCallback = Callable[[PlanCommitResult], None]
+
+DEFAULT_READY_TIMEOUT = 120.0
+DEFAULT_OPERATION_TIMEOUT = 120.0
+DEFAULT_COMMIT_TIMEOUT = 300.0
+
+
+class SandboxClient:
+    """One connection to a cluster, with the kubeconfig rules of kubectl.
+
+    Close it with ``await client.close()``, or use ``async with SandboxClient() as client``.
+
+    Args:
+        kubeconfig: path of a kubeconfig file; default ``$KUBECONFIG``, then
+            ``~/.kube/config``, then the in-cluster service account.
+        context: kubeconfig context; default the current one.
+        namespace: default namespace of :meth:`plan`, :meth:`sandbox` and the listings;
+            default the context's namespace (``default`` when it has none).
+        api_client: a ready ``kubernetes_asyncio.client.ApiClient`` (then ``kubeconfig`` and
+            ``context`` are ignored).
+        files: the :class:`~sandbox_client.files.FileOperations` to use for every sandbox;
+            default chosen per sandbox from ``status.executor`` (``local``: the sandbox path;
+            ``pod``: the workspace agent through the API server's pod proxy, with this
+            client's credentials).
+
+    Raises:
+        SandboxClientError: reason ``ConfigError`` when no configuration can be loaded (the
+            blocking client when it is made, the async one on its first call).
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        api_client: k8s.ApiClient | None = None,
+        files: file_operations.FileOperations | None = None,
+    ) -> None:
+        path = kubeconfig_path(kubeconfig)
+        self._kube = _kube.AsyncKube(path, context, api_client)
+        self.namespace = namespace or default_namespace(path, context)
+        self.files = files
+        self.agent_files = AsyncAgentFileOperations(AsyncPodProxyTransport(self._kube))
+
+    @property
+    def api_client(self) -> k8s.ApiClient | None:
+        """The Kubernetes ``ApiClient`` this client talks through (the async client makes it
+        on its first call: None before)."""
+        return self._kube.api_client
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Release the connection pool (the HTTP session)."""
+        await self._kube.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- raw objects (dicts, as the API server returns them) ----------------------------------
+
+    def _ns(self, namespace: str | None) -> str:
+        return namespace or self.namespace
+
+    async def get_object(
+        self, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """The object ``plural/name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        return await self._kube.read(plural, name, self._ns(namespace))
+
+    async def list_objects(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every object of ``plural`` in the namespace."""
+        found = await self._kube.listing(plural, self._ns(namespace))
+        return list(found.get("items") or [])
+
+    async def create_object(
+        self, plural: str, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Create ``body``; returns the stored object (with its generated name).
+
+        Raises:
+            ConflictError: ``AlreadyExists``.
+            RefusedError: ``Invalid`` (schema or CEL rule), ``Forbidden``.
+        """
+        return await self._kube.create(plural, body, self._ns(namespace))
+
+    async def patch_object(
+        self, plural: str, name: str, patch: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """JSON merge patch of ``plural/name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+            RefusedError: ``Invalid`` (e.g. an immutable field).
+        """
+        return await self._kube.patch(plural, name, patch, self._ns(namespace))
+
+    async def delete_object(self, plural: str, name: str, namespace: str | None = None) -> bool:
+        """Ask for deletion (finalizers run afterwards); False when it was already gone."""
+        try:
+            await self._kube.delete(plural, name, self._ns(namespace))
+        except NotFoundError:
+            return False
+        return True
+
+    async def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The ``v1 Event`` dicts (camelCase) about the object ``name``."""
+        return await self._kube.events(name, self._ns(namespace))
+
+    async def wait(
+        self,
+        plural: str,
+        check: _logic.Predicate[T],
+        timeout: float,
+        what: str,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        describe: Callable[[_logic.Objects], str] | None = None,
+    ) -> T:
+        """Watch ``plural`` (only ``name`` when given) until ``check`` returns a value.
+
+        ``timeout`` in seconds. The objects seen so far (name -> raw object) are passed to
+        ``check`` after the initial list and after every watch event.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` passed; the message says what and the last state.
+            SandboxClientError: whatever ``check`` raises, or an API failure.
+        """
+        waiter = _logic.Waiter(check, timeout, what, name, describe)
+        namespace = self._ns(namespace)
+        while True:
+            done = waiter.listed(await self._kube.listing(plural, namespace, waiter.selector))
+            if done is not None:
+                return done
+            try:
+                while True:
+                    arguments = waiter.watch_arguments()  # WaitTimeoutError at the deadline
+                    async with aclosing(self._kube.watch(plural, namespace, arguments)) as events:
+                        async for event in events:
+                            done = waiter.seen(event)
+                            if done is not None:
+                                return done
+                            if waiter.expired:
+                                break
+            except _kube.GoneError:
+                continue  # the version expired: list again
+
+    # -- typed API ----------------------------------------------------------------------------
+
+    async def get_sandbox(self, name: str, namespace: str | None = None) -> SandboxInfo:
+        """The Sandbox ``name``.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        return SandboxInfo.from_object(await self.get_object(SANDBOX_PLURAL, name, namespace))
+
+    async def list_sandboxes(
+        self, namespace: str | None = None, plan_id: str | None = None
+    ) -> list[SandboxInfo]:
+        """Sandboxes of the namespace (of ``plan_id`` only when given), sorted by name."""
+        items = await self.list_objects(SANDBOX_PLURAL, namespace)
+        if plan_id is not None:
+            return _logic.plan_sandboxes(items, plan_id)
+        return sorted((SandboxInfo.from_object(o) for o in items), key=lambda s: s.name)
+
+    async def list_checkpoints(
+        self, namespace: str | None = None, sandbox: str | None = None
+    ) -> list[CheckpointInfo]:
+        """Checkpoints of the namespace (of Sandbox ``sandbox`` only when given), oldest first."""
+        items = await self.list_objects(CHECKPOINT_PLURAL, namespace)
+        found = [CheckpointInfo.from_object(o) for o in items]
+        if sandbox is not None:
+            found = [c for c in found if c.spec.sandbox_name == sandbox]
+        return sorted(found, key=lambda c: (c.created_at, c.name))
+
+    async def list_plancommits(
+        self, namespace: str | None = None, plan_id: str | None = None
+    ) -> list[PlanCommitResult]:
+        """PlanCommits of the namespace (of ``plan_id`` only when given), by name."""
+        items = await self.list_objects(PLANCOMMIT_PLURAL, namespace)
+        found = [PlanCommitResult.from_object(o) for o in items]
+        if plan_id is not None:
+            found = [p for p in found if p.plan_id == plan_id]
+        return sorted(found, key=lambda p: p.name)
+
+    async def history(self, name: str, namespace: str | None = None) -> list[HistoryEntry]:
+        """Commits, rollbacks, checkpoints and restores of Sandbox ``name``, newest first.
+
+        Raises:
+            NotFoundError: the Sandbox does not exist.
+        """
+        info = await self.get_sandbox(name, namespace)
+        return sandbox_history(
+            name,
+            await self.list_plancommits(namespace, info.spec.plan_id),
+            await self.list_checkpoints(namespace, name),
+            await self.events(name, namespace),
+        )
+
+    def sandbox(self, name: str, namespace: str | None = None) -> Sandbox:
+        """A handle on the existing Sandbox ``name`` (no API call yet)."""
+        return Sandbox(self, name, self._ns(namespace))
+
+    def plan(self, plan_id: str, namespace: str | None = None, *, keep: bool = False) -> Plan:
+        """A :class:`Plan` in ``namespace`` (default: the client's)."""
+        return Plan(self, plan_id, namespace, keep=keep)
+
+    async def files_for(self, info: SandboxInfo) -> file_operations.AsyncFileOperations:
+        """The file operations serving ``info``: the client's ``files`` when set, else those
+        of its executor (:attr:`agent_files` for the pod executor).
+
+        Raises:
+            RefusedError: ``NoFileOperations`` (an executor without file operations here),
+                ``InvalidState`` (not provisioned yet).
+        """
+        return file_operations.async_files_for(info, self.files, self.agent_files)
+
+
+class Sandbox:
+    """One Sandbox object: files, diff, checkpoints, restore, rollback.
+
+    Paths are relative to the resource root (``src/main.py``); a path that leaves the sandbox
+    (absolute, ``..``, a symlink pointing out) raises ``RefusedError`` with reason
+    ``PathTraversal``. Timeouts are in seconds.
+    """
+
+    def __init__(self, client: SandboxClient, name: str, namespace: str) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.namespace}/{self.name})"
+
+    async def info(self) -> SandboxInfo:
+        """The Sandbox's current spec and status.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        return await self.client.get_sandbox(self.name, self.namespace)
+
+    async def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> SandboxInfo:
+        """Watch until the Sandbox is Active with ``Ready=True``; return its info.
+
+        Raises:
+            WaitTimeoutError: not ready within ``timeout`` seconds.
+            RefusedError / OperationFailedError: it went Errored (the Degraded condition's
+                reason and message, e.g. ``SandboxCreationFailed``), or is already finished.
+            NotFoundError: it was deleted while waiting.
+        """
+        return await self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.sandbox_ready(self.name),
+            timeout,
+            f"sandbox {self.name} ready",
+            namespace=self.namespace,
+            name=self.name,
+            describe=lambda objs: _logic.describe_sandboxes(objs, [self.name]),
+        )
+
+    # -- files ------------------------------------------------------------------------------
+
+    async def _files(self) -> tuple[file_operations.AsyncFileOperations, SandboxInfo]:
+        info = await self.info()
+        return await self.client.files_for(info), info
+
+    async def read_bytes(self, path: str) -> bytes:
+        """The content of ``path`` (bytes).
+
+        Raises:
+            RefusedError: ``PathTraversal``, ``NoFileOperations``.
+            NotFoundError: no such file.
+        """
+        files, info = await self._files()
+        return await files.read_file(info, path)
+
+    async def read_file(self, path: str, encoding: str = "utf-8") -> str:
+        """The content of ``path`` decoded with ``encoding`` (errors as :meth:`read_bytes`)."""
+        data = await self.read_bytes(path)
+        return data.decode(encoding)
+
+    async def write_file(self, path: str, content: str | bytes, encoding: str = "utf-8") -> None:
+        """Create or replace ``path`` in the sandbox (never the original).
+
+        Raises:
+            RefusedError: ``PathTraversal``; ``InvalidState`` when the sandbox is not Active.
+        """
+        data = content.encode(encoding) if isinstance(content, str) else content
+        files, info = await self._files()
+        await files.write_file(info, path, data)
+
+    async def list_files(self, path: str = "") -> list[str]:
+        """Resource-relative paths of the files below ``path`` (recursive, sorted)."""
+        files, info = await self._files()
+        return await files.list_files(info, path)
+
+    async def diff(self) -> str:
+        """Unified diff (git format) of the sandbox against its original; ``""`` when equal."""
+        files, info = await self._files()
+        return await files.diff(info)
+
+    # -- checkpoints, restore, rollback -------------------------------------------------------
+
+    async def checkpoint(
+        self,
+        phase: str = "manual",
+        metadata: Mapping[str, str] | None = None,
+        *,
+        name: str | None = None,
+        timeout: float = DEFAULT_OPERATION_TIMEOUT,
+    ) -> CheckpointInfo:
+        """Create a Checkpoint of this sandbox and watch until it is Ready (seed 004).
+
+        ``phase``: lowercase snake_case label (``^[a-z][a-z0-9_]*$``). ``name``: default
+        ``<sandbox>-<random>``.
+
+        Raises:
+            RefusedError: ``Invalid`` (bad phase); ``ConflictError``: ``name`` exists.
+            OperationFailedError: the snapshot failed (the Ready condition's reason).
+            WaitTimeoutError: not Ready within ``timeout`` seconds.
+        """
+        body = _logic.checkpoint_manifest(self.name, phase, metadata, name)
+        created = await self.client.create_object(CHECKPOINT_PLURAL, body, self.namespace)
+        checkpoint = str(created["metadata"]["name"])
+        return await self.client.wait(
+            CHECKPOINT_PLURAL,
+            _logic.checkpoint_ready(checkpoint),
+            timeout,
+            f"checkpoint {checkpoint} ready",
+            namespace=self.namespace,
+            name=checkpoint,
+        )
+
+    async def checkpoints(self) -> list[CheckpointInfo]:
+        """Checkpoints of this sandbox, oldest first."""
+        return await self.client.list_checkpoints(self.namespace, self.name)
+
+    async def restore(
+        self, checkpoint: str | CheckpointInfo, *, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> SandboxInfo:
+        """Put the sandbox back to ``checkpoint`` (a name or a :class:`CheckpointInfo`).
+
+        Raises:
+            NotFoundError: the sandbox does not exist.
+            OperationFailedError / RefusedError: the Restored condition's reason (e.g. the
+                checkpoint belongs to another sandbox: ``InvalidSpec``).
+            WaitTimeoutError: not served within ``timeout`` seconds.
+        """
+        checkpoint_name = checkpoint if isinstance(checkpoint, str) else checkpoint.name
+        request = _logic.request_id()
+        await self.client.patch_object(
+            SANDBOX_PLURAL,
+            self.name,
+            {"spec": {"restoreRequest": {"id": request, "checkpointName": checkpoint_name}}},
+            self.namespace,
+        )
+        return await self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.request_served(self.name, "lastRestoreRequestId", "Restored", request),
+            timeout,
+            f"restore of {self.name} to {checkpoint_name}",
+            namespace=self.namespace,
+            name=self.name,
+        )
+
+    async def rollback(self, *, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> SandboxInfo:
+        """Discard every change made in this sandbox; it stays Active for more work.
+
+        Raises:
+            RefusedError: ``InvalidState`` (e.g. already committed).
+            OperationFailedError: the RollbackRequested condition's reason.
+            WaitTimeoutError: not served within ``timeout`` seconds.
+        """
+        request = _logic.request_id()
+        await self.client.patch_object(
+            SANDBOX_PLURAL,
+            self.name,
+            {"spec": {"rollbackRequest": {"id": request}}},
+            self.namespace,
+        )
+        return await self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.request_served(self.name, "lastRollbackRequestId", "RollbackRequested", request),
+            timeout,
+            f"rollback of {self.name}",
+            namespace=self.namespace,
+            name=self.name,
+        )
+
+    async def history(self) -> list[HistoryEntry]:
+        """Commits, rollbacks, checkpoints and restores of this sandbox, newest first."""
+        return await self.client.history(self.name, self.namespace)
+
+    async def delete(
+        self, *, wait: bool = True, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> None:
+        """Delete the Sandbox; with ``wait`` watch until the operator's finalizer removed its
+        artefacts (worktree, copy, layers) and the object is gone. The original is untouched."""
+        await self.client.delete_object(SANDBOX_PLURAL, self.name, self.namespace)
+        if wait:
+            await self.client.wait(
+                SANDBOX_PLURAL,
+                _logic.all_gone([self.name]),
+                timeout,
+                f"deletion of {self.name}",
+                namespace=self.namespace,
+                name=self.name,
+            )
+
+
+class Plan:
+    """The Sandboxes of one plan in one namespace, committed or rolled back together.
+
+    A context manager (``async with``): on exit the plan's Sandboxes (with their Checkpoints
+    and PlanCommits) are deleted and cleaned up, unless ``keep`` is true.
+
+    Args:
+        client: the :class:`SandboxClient`.
+        plan_id: ``spec.planId`` of the plan's Sandboxes (1-253 characters).
+        namespace: default the client's namespace.
+        keep: keep the Sandboxes when the ``async with`` block ends.
+    """
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        plan_id: str,
+        namespace: str | None = None,
+        *,
+        keep: bool = False,
+    ) -> None:
+        self.client = client
+        self.plan_id = plan_id
+        self.namespace = namespace or client.namespace
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return f"Plan({self.namespace}/{self.plan_id})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.keep:
+            await self.delete(cleanup=True)
+
+    async def add_sandbox(
+        self,
+        resource_id: str,
+        strategy: str,
+        source: _logic.SourceLike,
+        *,
+        workspace: Mapping[str, Any] | None = None,
+        options: SandboxOptions | Mapping[str, Any] | None = None,
+        name: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
+    ) -> Sandbox:
+        """Create a Sandbox of this plan for ``resource_id`` (does not wait: see
+        :meth:`wait_ready`).
+
+        Args:
+            resource_id: the resource's id inside the plan.
+            strategy: ``git_worktree``, ``copy_on_write``, ``overlay``,
+                ``transaction_rollback`` or ``none``.
+            source: a path the operator can reach (local executor: ``nodePath``), a
+                ``SandboxSource`` or a CRD-shaped mapping (``{"persistentVolumeClaim": ...}``).
+            workspace: ``spec.workspace`` (pod executor's Pod shape; needs a CRD that has it).
+            options: ``spec.options`` (``{"overlayMode": "fallback"}``).
+            name: the object's name; default ``<plan>-<resource>`` as a DNS label.
+
+        Raises:
+            RefusedError: ``InvalidSpec`` (the operator's model refused it) or ``Invalid``
+                (the API server's schema or CEL rules did).
+            ConflictError: ``AlreadyExists``.
+        """
+        object_name = name or _logic.dns_name(self.plan_id, resource_id)
+        body = _logic.sandbox_manifest(
+            object_name,
+            self.plan_id,
+            resource_id,
+            strategy,
+            source,
+            options=options,
+            workspace=workspace,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+        )
+        await self.client.create_object(SANDBOX_PLURAL, body, self.namespace)
+        return Sandbox(self.client, object_name, self.namespace)
+
+    async def sandboxes(self) -> list[Sandbox]:
+        """Handles on every Sandbox of the plan (``spec.planId``), by name."""
+        found = await self.client.list_sandboxes(self.namespace, self.plan_id)
+        return [Sandbox(self.client, s.name, self.namespace) for s in found]
+
+    async def sandbox(self, resource_id: str) -> Sandbox:
+        """The plan's Sandbox for ``resource_id``.
+
+        Raises:
+            NotFoundError: the plan has none.
+        """
+        for info in await self.client.list_sandboxes(self.namespace, self.plan_id):
+            if info.spec.resource_id == resource_id:
+                return Sandbox(self.client, info.name, self.namespace)
+        raise NotFoundError(
+            "NotFound", f"plan {self.plan_id} has no sandbox for resource {resource_id}"
+        )
+
+    async def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> list[SandboxInfo]:
+        """Watch until every Sandbox of the plan is Active with ``Ready=True``.
+
+        Raises:
+            WaitTimeoutError: not all ready within ``timeout`` seconds (the message names the
+                phase and last failure of each).
+            RefusedError / OperationFailedError: one went Errored (its Degraded reason).
+            NotFoundError: the plan has no Sandboxes.
+        """
+        found = await self.client.list_sandboxes(self.namespace, self.plan_id)
+        names = [s.name for s in found]
+        if not names:
+            raise NotFoundError("NotFound", f"plan {self.plan_id} has no sandboxes")
+        return await self.client.wait(
+            SANDBOX_PLURAL,
+            _logic.all_ready(names),
+            timeout,
+            f"plan {self.plan_id} ready",
+            namespace=self.namespace,
+            describe=lambda objs: _logic.describe_sandboxes(objs, names),
+        )
+
+    async def _plancommit(
+        self,
+        action: PlanCommitAction,
+        message: str | None,
+        wait: bool,
+        timeout: float,
+        on_progress: ProgressCallback | None,
+        mode: str | None = None,
+    ) -> PlanCommitResult:
+        body = _logic.plancommit_manifest(self.plan_id, action, message, mode=mode)
+        created = await self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(created["metadata"]["name"])
+        if not wait:
+            return PlanCommitResult.from_object(created)
+        return await self._wait_plancommit(name, timeout, on_progress)
+
+    async def _wait_plancommit(
+        self, name: str, timeout: float, on_progress: ProgressCallback | None
+    ) -> PlanCommitResult:
+        return await self.client.wait(
+            PLANCOMMIT_PLURAL,
+            _logic.plancommit_progress(name, on_progress),
+            timeout,
+            f"plancommit {name} of plan {self.plan_id}",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    async def commit(
+        self,
+        *,
+        wait: bool = True,
+        message: str | None = None,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+        mode: str | None = None,
+    ) -> PlanCommitResult:
+        """Commit every Sandbox of the plan, all or nothing (a PlanCommit; seed 002, "Atomic
+        Commit").
+
+        A failed commit is a *result*, not an exception: ``committed`` is False and
+        ``rolled_back_ids`` / ``failed_rollback_ids`` name the compensated sandboxes; the
+        ``Committed`` condition has the reason (``Conflict``, ``SandboxCommitFailed``) and the
+        message. With ``wait=False`` the just-created PlanCommit is returned (``done`` False).
+        ``on_progress`` is called with every observed state while waiting. ``mode``:
+        ``"TwoPhase"`` (the operator's default: a failure touches no original, so
+        ``rolled_back_ids`` stays empty) or ``"Saga"`` (landed sandboxes are compensated).
+
+        Raises:
+            WaitTimeoutError: not finished within ``timeout`` seconds.
+        """
+        return await self._plancommit(
+            PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode
+        )
+
+    async def rollback(
+        self,
+        *,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """Discard the changes of every Sandbox of the plan (a PlanCommit with action
+        Rollback); the result as in :meth:`commit`."""
+        return await self._plancommit(PlanCommitAction.ROLLBACK, None, wait, timeout, on_progress)
+
+    async def review(
+        self, *, message: str | None = None, timeout: float = DEFAULT_COMMIT_TIMEOUT
+    ) -> PlanReview:
+        """The review of the plan's changes (issue 9, §2): per sandbox the files added,
+        changed and deleted, lines, bytes, statements and conflicts, and the plan ``digest``.
+
+        The review is made by a PlanCommit with ``approval: Required`` that then waits at
+        ``AwaitingApproval``: the one already waiting for this plan, else a new one (with
+        ``message``). Nothing is applied before :meth:`approve` names the digest.
+
+        Raises:
+            WaitTimeoutError: no review within ``timeout`` seconds.
+            OperationFailedError / RefusedError: the PlanCommit ended without a review (the
+                ``Reviewed`` condition's reason, e.g. ``ReviewFailed``).
+        """
+        found = await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+        waiting = _logic.awaiting_approval(self.plan_id, {o["metadata"]["name"]: o for o in found})
+        if waiting is None:
+            body = _logic.plancommit_manifest(
+                self.plan_id, PlanCommitAction.COMMIT, message, approval_required=True
+            )
+            waiting = await self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(waiting["metadata"]["name"])
+        return await self.client.wait(
+            PLANCOMMIT_PLURAL,
+            _logic.plancommit_reviewed(name),
+            timeout,
+            f"review of plan {self.plan_id} ({name})",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    async def approve(
+        self,
+        digest: str,
+        *,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+        on_progress: ProgressCallback | None = None,
+    ) -> PlanCommitResult:
+        """Approve the reviewed plan: set ``spec.approvedDigest`` of the PlanCommit waiting for
+        it, which then commits exactly the reviewed changes (a sandbox changed since fails
+        the commit with ``ChangedSinceApproval``; a digest that is not the reviewed one is
+        refused with ``Approved=False DigestMismatch`` and the PlanCommit keeps waiting).
+
+        Args:
+            digest: the :attr:`PlanReview.digest` a person approved (``"sha256:<64 hex>"``).
+            wait: watch until the PlanCommit finished (else return it as it is now).
+
+        Returns:
+            The commit's result, as :meth:`commit` returns it.
+
+        Raises:
+            NotFoundError: no PlanCommit of the plan waits for an approval (call :meth:`review`).
+            RefusedError: ``Invalid`` when ``digest`` is not ``sha256:`` + 64 hex.
+            WaitTimeoutError: not finished within ``timeout`` seconds.
+        """
+        found = await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
+        name = _logic.approval_target(self.plan_id, found)
+        patched = await self.client.patch_object(
+            PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
+        )
+        if not wait:
+            return PlanCommitResult.from_object(patched)
+        return await self._wait_plancommit(name, timeout, on_progress)
+
+    async def commits(self) -> list[PlanCommitResult]:
+        """The plan's PlanCommits (commits and rollbacks), by name."""
+        return await self.client.list_plancommits(self.namespace, self.plan_id)
+
+    async def delete(
+        self, cleanup: bool = True, *, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> None:
+        """Delete the plan's Sandboxes, their Checkpoints and the plan's PlanCommits.
+
+        With ``cleanup`` watch until the operator's finalizers removed every sandbox artefact
+        (worktrees, branches, copies, layers) and the Sandboxes are gone; the originals are
+        never touched. Without it, return once the deletions are accepted.
+
+        Raises:
+            WaitTimeoutError: the Sandboxes were not gone within ``timeout`` seconds.
+        """
+        found = await self.client.list_sandboxes(self.namespace, self.plan_id)
+        sandboxes = [s.name for s in found]
+        for checkpoint in await self.client.list_checkpoints(self.namespace):
+            if checkpoint.spec.sandbox_name in sandboxes:
+                await self.client.delete_object(CHECKPOINT_PLURAL, checkpoint.name, self.namespace)
+        for commit in await self.commits():
+            await self.client.delete_object(PLANCOMMIT_PLURAL, commit.name, self.namespace)
+        for name in sandboxes:
+            await self.client.delete_object(SANDBOX_PLURAL, name, self.namespace)
+        if cleanup and sandboxes:
+            await self.client.wait(
+                SANDBOX_PLURAL,
+                _logic.all_gone(sandboxes),
+                timeout,
+                f"cleanup of plan {self.plan_id}",
+                namespace=self.namespace,
+            )
