@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sandbox_core._dsn import redact as redact_dsn
     from sandbox_core._dsn import secrets_of as dsn_secrets
-    from sandbox_core._fs_utils import backup_directory, compute_diff, safe_restore
     from sandbox_core.base import BaseSandbox
     from sandbox_core.boundary import Resource, ResourceRegistry
     from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
@@ -51,12 +50,14 @@ if TYPE_CHECKING:
     from sandbox_core.strategies.none import NoSandbox
     from sandbox_core.strategies.overlay import OverlaySandbox
     from sandbox_core.strategies.transaction import TransactionSandbox
+    from sandbox_core.tree.ops import backup_directory, safe_restore
+    from sandbox_core.tree.textdiff import compute_diff
     from sandbox_core.two_phase import TwoPhasePlanCommit
 
 # Public name -> (module, attribute in that module).
 _EXPORTS: dict[str, tuple[str, str]] = {
     "AtomicCommitError": ("sandbox_core.errors", "AtomicCommitError"),
-    "backup_directory": ("sandbox_core._fs_utils", "backup_directory"),
+    "backup_directory": ("sandbox_core.tree.ops", "backup_directory"),
     "BaseSandbox": ("sandbox_core.base", "BaseSandbox"),
     "ChangedSinceApprovalError": ("sandbox_core.errors", "ChangedSinceApprovalError"),
     "ChangeSummary": ("sandbox_core.protocol", "ChangeSummary"),
@@ -64,7 +65,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "CheckpointManager": ("sandbox_core.checkpoint", "CheckpointManager"),
     "CommitJournal": ("sandbox_core.journal", "CommitJournal"),
     "CommitResult": ("sandbox_core.protocol", "CommitResult"),
-    "compute_diff": ("sandbox_core._fs_utils", "compute_diff"),
+    "compute_diff": ("sandbox_core.tree.textdiff", "compute_diff"),
     "CopyOnWriteSandbox": ("sandbox_core.strategies.copy_on_write", "CopyOnWriteSandbox"),
     "dsn_secrets": ("sandbox_core._dsn", "secrets_of"),
     "FileCommitJournal": ("sandbox_core.journal", "FileCommitJournal"),
@@ -81,7 +82,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Resource": ("sandbox_core.boundary", "Resource"),
     "ResourceRegistry": ("sandbox_core.boundary", "ResourceRegistry"),
     "review_plan": ("sandbox_core.review", "review_plan"),
-    "safe_restore": ("sandbox_core._fs_utils", "safe_restore"),
+    "safe_restore": ("sandbox_core.tree.ops", "safe_restore"),
     "Sandbox": ("sandbox_core.protocol", "Sandbox"),
     "SandboxCheckpoint": ("sandbox_core.checkpoint", "SandboxCheckpoint"),
     "SandboxCommitError": ("sandbox_core.errors", "SandboxCommitError"),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sandbox_core._fs_utils import read_xattrs
+from sandbox_core.tree.scan import read_xattrs
 
 MNT_DETACH = 2
 """umount2 flag: detach now, release when the last user is gone (lazy unmount)."""

@@ -44,23 +44,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox_core._fs_utils import (
-    Meta,
-    TreeChanges,
+from sandbox_core.base import BaseSandbox
+from sandbox_core.durable import defer_durability
+from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.tree.guards import check_key, lock_tree
+from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.staging import (
     abort_staged,
     apply_staged,
-    change_stats,
-    check_key,
-    lock_tree,
     prepared_keys,
     stage_sync,
     staged_state,
     verify_staged,
 )
-from sandbox_core.base import BaseSandbox
-from sandbox_core.durable import defer_durability
-from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.tree.sync import Meta
+from sandbox_core.tree.textdiff import change_stats
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
 _AREA_STAGED = "staged-two-phase"  # staged_state() of an area whose apply has not begun

@@ -38,7 +38,6 @@ from typing import Any, ClassVar, Self
 
 from ulid import ULID
 
-from sandbox_core._fs_utils import RefusedBeforeWriteError
 from sandbox_core._path_limits import too_long_refusal
 from sandbox_core.errors import (
     SandboxCommitError,
@@ -51,6 +50,7 @@ from sandbox_core.errors import (
 from sandbox_core.paths import resolve_inside
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.tree.guards import RefusedBeforeWriteError
 
 logger = logging.getLogger("sandbox_core")
 

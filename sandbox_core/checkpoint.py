@@ -32,10 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 from ulid import ULID
 
-from sandbox_core._fs_utils import backup_directory, safe_restore
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError, SandboxLockedError, SandboxPermissionError
 from sandbox_core.protocol import SandboxContext, utc_now
+from sandbox_core.tree.ops import backup_directory, safe_restore
 
 logger = logging.getLogger("sandbox_core.checkpoint")
 

@@ -43,7 +43,6 @@ from typing import Any, NoReturn
 
 import click
 
-from sandbox_core import _fs_utils
 from sandbox_core._db import redact
 from sandbox_core._describe import describe as _describe
 from sandbox_core.base import BaseSandbox
@@ -62,6 +61,7 @@ from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.manager import SandboxManager, drop_finished_journal
 from sandbox_core.review import PlanReview
 from sandbox_core.store import SandboxStore
+from sandbox_core.tree import textdiff
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 3
@@ -344,7 +344,7 @@ def sandbox_diff(sandbox: BaseSandbox) -> str:
     context = sandbox.context
     if context is None:
         raise SandboxStateError(f"sandbox {sandbox.sandbox_id} has not been created")
-    return _fs_utils.compute_diff(context.original_path, context.sandbox_path)
+    return textdiff.compute_diff(context.original_path, context.sandbox_path)
 
 
 @main.command()

@@ -47,28 +47,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_core import _prepared
-from sandbox_core._fs_utils import (
-    Baseline,
-    Meta,
-    TreeChanges,
-    change_digest,
-    compute_changes_at,
-    copy_with_baseline,
-    drifted,
-    link_closure,
-    lock_tree,
-    pending_since,
-    read_touched,
-    recover_sync,
-    refuse_mount_points,
-    reset_copy,
-    root_change,
-    sync_tree,
-    undo_sync,
-)
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.tree.baseline import (
+    Baseline,
+    copy_with_baseline,
+    drifted,
+    pending_since,
+    read_touched,
+    reset_copy,
+)
+from sandbox_core.tree.guards import lock_tree, refuse_mount_points
+from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.snapshot import compute_changes_at, link_closure
+from sandbox_core.tree.staging import change_digest
+from sandbox_core.tree.sync import Meta, recover_sync, root_change, sync_tree, undo_sync
 
 GIT_ADMIN_PRIVATE = "private"
 

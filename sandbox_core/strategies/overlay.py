@@ -66,33 +66,6 @@ from typing import Any
 
 from sandbox_core import _overlay_mount as kernel
 from sandbox_core import _prepared
-from sandbox_core._fs_utils import (
-    Baseline,
-    Entry,
-    LinkMap,
-    Meta,
-    TreeChanges,
-    backup_directory,
-    change_digest,
-    compute_changes_at,
-    copy_entry,
-    copy_metadata,
-    copy_with_baseline,
-    diff_entries,
-    entry_of,
-    link_closure,
-    lock_tree,
-    pending_since,
-    read_touched,
-    recover_sync,
-    refuse_mount_points,
-    reset_copy,
-    root_change,
-    root_meta,
-    scan_tree,
-    sync_tree,
-    undo_sync,
-)
 from sandbox_core._overlay_mount import LayerChange, OverlayLayout
 from sandbox_core._path_limits import short_alias
 from sandbox_core.base import BaseSandbox, logger
@@ -104,6 +77,20 @@ from sandbox_core.errors import (
 )
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.tree.baseline import (
+    Baseline,
+    copy_with_baseline,
+    pending_since,
+    read_touched,
+    reset_copy,
+)
+from sandbox_core.tree.copy import LinkMap, copy_entry, copy_metadata
+from sandbox_core.tree.guards import lock_tree, refuse_mount_points
+from sandbox_core.tree.ops import backup_directory
+from sandbox_core.tree.scan import Entry, TreeChanges, diff_entries, entry_of, scan_tree
+from sandbox_core.tree.snapshot import compute_changes_at, link_closure
+from sandbox_core.tree.staging import change_digest
+from sandbox_core.tree.sync import Meta, recover_sync, root_change, root_meta, sync_tree, undo_sync
 
 MODES = ("auto", "kernel", "fallback")
 _MANIFEST = "manifest.json"
