@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sandbox_core._dsn import redact as redact_dsn
     from sandbox_core._dsn import secrets_of as dsn_secrets
-    from sandbox_core.base import BaseSandbox
     from sandbox_core.boundary import Resource, ResourceRegistry
     from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
     from sandbox_core.errors import (
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
         SandboxStatementError,
         TwoPhaseUnavailableError,
     )
-    from sandbox_core.factory import SandboxFactory, SandboxStrategy
     from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
     from sandbox_core.manager import SandboxManager
     from sandbox_core.paths import resolve_inside
@@ -45,7 +43,9 @@ if TYPE_CHECKING:
     from sandbox_core.review import PlanReview, plan_digest, review_plan
     from sandbox_core.status import SandboxStatus
     from sandbox_core.store import SandboxStore
+    from sandbox_core.strategies.base import BaseSandbox
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+    from sandbox_core.strategies.factory import SandboxFactory, SandboxStrategy
     from sandbox_core.strategies.git_worktree import GitWorktreeSandbox
     from sandbox_core.strategies.none import NoSandbox
     from sandbox_core.strategies.overlay import OverlaySandbox
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, tuple[str, str]] = {
     "AtomicCommitError": ("sandbox_core.errors", "AtomicCommitError"),
     "backup_directory": ("sandbox_core.tree.ops", "backup_directory"),
-    "BaseSandbox": ("sandbox_core.base", "BaseSandbox"),
+    "BaseSandbox": ("sandbox_core.strategies.base", "BaseSandbox"),
     "ChangedSinceApprovalError": ("sandbox_core.errors", "ChangedSinceApprovalError"),
     "ChangeSummary": ("sandbox_core.protocol", "ChangeSummary"),
     "Checkpointable": ("sandbox_core.checkpoint", "Checkpointable"),
@@ -89,14 +89,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "SandboxContext": ("sandbox_core.protocol", "SandboxContext"),
     "SandboxCreationError": ("sandbox_core.errors", "SandboxCreationError"),
     "SandboxError": ("sandbox_core.errors", "SandboxError"),
-    "SandboxFactory": ("sandbox_core.factory", "SandboxFactory"),
+    "SandboxFactory": ("sandbox_core.strategies.factory", "SandboxFactory"),
     "SandboxManager": ("sandbox_core.manager", "SandboxManager"),
     "SandboxRollbackError": ("sandbox_core.errors", "SandboxRollbackError"),
     "SandboxStateError": ("sandbox_core.errors", "SandboxStateError"),
     "SandboxStatementError": ("sandbox_core.errors", "SandboxStatementError"),
     "SandboxStatus": ("sandbox_core.status", "SandboxStatus"),
     "SandboxStore": ("sandbox_core.store", "SandboxStore"),
-    "SandboxStrategy": ("sandbox_core.factory", "SandboxStrategy"),
+    "SandboxStrategy": ("sandbox_core.strategies.factory", "SandboxStrategy"),
     "TransactionSandbox": ("sandbox_core.strategies.transaction", "TransactionSandbox"),
     "TwoPhasePlanCommit": ("sandbox_core.two_phase", "TwoPhasePlanCommit"),
     "TwoPhaseUnavailableError": ("sandbox_core.errors", "TwoPhaseUnavailableError"),

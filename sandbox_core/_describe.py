@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandbox_core._db import redact
-from sandbox_core.base import BaseSandbox
+from sandbox_core.strategies.base import BaseSandbox
 
 
 def describe(sandbox: BaseSandbox) -> dict[str, Any]:

@@ -76,7 +76,6 @@ from aiohttp import web
 from sandbox_core._describe import describe as describe_sandbox
 from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
-from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     ChangedSinceApprovalError,
@@ -84,9 +83,10 @@ from sandbox_core.errors import (
     SandboxError,
     SandboxStateError,
 )
-from sandbox_core.factory import SandboxFactory
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.factory import SandboxFactory
 
 logger = logging.getLogger("sandbox_core.agent")
 

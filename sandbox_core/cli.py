@@ -45,7 +45,6 @@ import click
 
 from sandbox_core._db import redact
 from sandbox_core._describe import describe as _describe
-from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     AtomicCommitError,
@@ -57,10 +56,11 @@ from sandbox_core.errors import (
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
-from sandbox_core.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.manager import SandboxManager, drop_finished_journal
 from sandbox_core.review import PlanReview
 from sandbox_core.store import SandboxStore
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.factory import SandboxFactory, SandboxStrategy
 from sandbox_core.tree import textdiff
 
 EXIT_ERROR = 1

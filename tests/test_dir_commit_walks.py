@@ -156,7 +156,7 @@ def test_undo_reads_backups_of_both_layouts(tmp_path: Path) -> None:
 def test_fallback_policy_check_from_the_walk_finds_what_the_scan_finds(tmp_path: Path) -> None:
     """Case 05 in fallback mode: the ``.git`` files are taken from the baseline walk; a file
     inside a ``.git`` directory and a symlink named ``.git`` are skipped, as the scan skips."""
-    from sandbox_core.strategies.overlay import (
+    from sandbox_core.strategies.overlay.sandbox import (
         _refuse_external_gitfiles,
         _refuse_listed_gitfiles,
     )

@@ -25,10 +25,10 @@ from unittest import mock
 
 import pytest
 
-from sandbox_core import _overlay_mount
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStateError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as _overlay_mount
 from sandbox_core.tree import sync
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -27,12 +27,13 @@ from typing import Any
 
 import pytest
 
-from sandbox_core import _prepared, durable
-from sandbox_core.base import BaseSandbox
+from sandbox_core import durable
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxError
 from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies import _directory
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.tree import staging as tree_staging
 from sandbox_core.tree import sync
@@ -163,7 +164,7 @@ def test_a_torn_journal_and_record_cut_before_the_flush_are_aborted(
     (staging / sync._JOURNAL).write_bytes(b"")
     _record(sandbox, TXID).write_bytes(b"")
     assert tree_staging.staged_state(src, f"{TXID}.{sandbox.sandbox_id}") == "staged-two-phase"
-    assert _prepared.txids_in(_home(sandbox), "prepared") == []
+    assert _directory.txids_in(_home(sandbox), "prepared") == []
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     reopened.abort_prepared(TXID)
     reopened.abort_prepared(TXID)
@@ -271,7 +272,7 @@ def test_the_applied_record_is_written_before_the_area_is_dropped(
     monkeypatch.setattr(tree_staging, "_finish", real_finish)
     home, key = _home_and_key(sandbox)
     assert find_prepared(src, key) is not None  # not yet dropped
-    assert _prepared.apply_begun(sandbox, home, src) == []  # recorded applied
+    assert _directory.apply_begun(sandbox, home, src) == []  # recorded applied
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     result = reopened.apply_prepared(TXID)
     assert result.added_files == ["new.txt"]
@@ -303,11 +304,11 @@ def test_a_cut_apply_is_known_from_the_area_journal_and_only_rolls_forward(
     home, key = _home_and_key(sandbox)
     assert json.loads(_record(sandbox, TXID).read_text())["state"] == "prepared"
     assert tree_staging.staged_state(src, key) == "applying-two-phase"
-    assert _prepared.apply_begun(sandbox, home, src) == [TXID]
+    assert _directory.apply_begun(sandbox, home, src) == [TXID]
     with pytest.raises(SandboxError):
         sandbox.abort_prepared(TXID)
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     assert reopened.apply_prepared(TXID).deleted_files == ["d/c.txt"]
-    assert _prepared.apply_begun(reopened, home, src) == []
+    assert _directory.apply_begun(reopened, home, src) == []
     assert staged_beside(src) == [] and not (src / "d" / "c.txt").exists()
     reopened.cleanup()

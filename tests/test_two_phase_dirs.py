@@ -21,9 +21,9 @@ from unittest import mock
 import pytest
 from hypothesis import given
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
 from sandbox_core.tree import staging as tree_staging

@@ -23,7 +23,6 @@ from pytest_bdd import given, parsers, then, when
 from pytest_bdd.scenario import scenario_wrapper_template_registry
 from ulid import ULID
 
-from sandbox_core import _overlay_mount
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -32,6 +31,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as _overlay_mount
 from sandbox_core.tree import sync
 
 

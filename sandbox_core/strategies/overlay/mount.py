@@ -11,7 +11,7 @@
   subtree, other directories are recursed into (case 11, case 12).
 
 Copies (staging, checkpoints of the upper layer with its whiteouts and ``*.overlay.*`` xattrs)
-use the exact ``_fs_utils.copy_entry``.
+use the exact ``tree.copy.copy_entry``.
 """
 
 from __future__ import annotations
