@@ -14,8 +14,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox_core._fs_utils import backup_directory, compute_diff, safe_restore
-    from sandbox_core.base import BaseSandbox
     from sandbox_core.boundary import Resource, ResourceRegistry
     from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
     from sandbox_core.errors import (
@@ -30,7 +28,6 @@ if TYPE_CHECKING:
         SandboxStatementError,
         TwoPhaseUnavailableError,
     )
-    from sandbox_core.factory import SandboxFactory, SandboxStrategy
     from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
     from sandbox_core.manager import SandboxManager
     from sandbox_core.paths import resolve_inside
@@ -46,25 +43,29 @@ if TYPE_CHECKING:
     from sandbox_core.review import PlanReview, plan_digest, review_plan
     from sandbox_core.status import SandboxStatus
     from sandbox_core.store import SandboxStore
+    from sandbox_core.strategies.base import BaseSandbox
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+    from sandbox_core.strategies.factory import SandboxFactory, SandboxStrategy
     from sandbox_core.strategies.git_worktree import GitWorktreeSandbox
     from sandbox_core.strategies.none import NoSandbox
     from sandbox_core.strategies.overlay import OverlaySandbox
     from sandbox_core.strategies.transaction import TransactionSandbox
+    from sandbox_core.tree.ops import backup_directory, safe_restore
+    from sandbox_core.tree.textdiff import compute_diff
     from sandbox_core.two_phase import TwoPhasePlanCommit
 
 # Public name -> (module, attribute in that module).
 _EXPORTS: dict[str, tuple[str, str]] = {
     "AtomicCommitError": ("sandbox_core.errors", "AtomicCommitError"),
-    "backup_directory": ("sandbox_core._fs_utils", "backup_directory"),
-    "BaseSandbox": ("sandbox_core.base", "BaseSandbox"),
+    "backup_directory": ("sandbox_core.tree.ops", "backup_directory"),
+    "BaseSandbox": ("sandbox_core.strategies.base", "BaseSandbox"),
     "ChangedSinceApprovalError": ("sandbox_core.errors", "ChangedSinceApprovalError"),
     "ChangeSummary": ("sandbox_core.protocol", "ChangeSummary"),
     "Checkpointable": ("sandbox_core.checkpoint", "Checkpointable"),
     "CheckpointManager": ("sandbox_core.checkpoint", "CheckpointManager"),
     "CommitJournal": ("sandbox_core.journal", "CommitJournal"),
     "CommitResult": ("sandbox_core.protocol", "CommitResult"),
-    "compute_diff": ("sandbox_core._fs_utils", "compute_diff"),
+    "compute_diff": ("sandbox_core.tree.textdiff", "compute_diff"),
     "CopyOnWriteSandbox": ("sandbox_core.strategies.copy_on_write", "CopyOnWriteSandbox"),
     "dsn_secrets": ("sandbox_core.redaction", "secrets_of"),
     "FileCommitJournal": ("sandbox_core.journal", "FileCommitJournal"),
@@ -81,21 +82,21 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Resource": ("sandbox_core.boundary", "Resource"),
     "ResourceRegistry": ("sandbox_core.boundary", "ResourceRegistry"),
     "review_plan": ("sandbox_core.review", "review_plan"),
-    "safe_restore": ("sandbox_core._fs_utils", "safe_restore"),
+    "safe_restore": ("sandbox_core.tree.ops", "safe_restore"),
     "Sandbox": ("sandbox_core.protocol", "Sandbox"),
     "SandboxCheckpoint": ("sandbox_core.checkpoint", "SandboxCheckpoint"),
     "SandboxCommitError": ("sandbox_core.errors", "SandboxCommitError"),
     "SandboxContext": ("sandbox_core.protocol", "SandboxContext"),
     "SandboxCreationError": ("sandbox_core.errors", "SandboxCreationError"),
     "SandboxError": ("sandbox_core.errors", "SandboxError"),
-    "SandboxFactory": ("sandbox_core.factory", "SandboxFactory"),
+    "SandboxFactory": ("sandbox_core.strategies.factory", "SandboxFactory"),
     "SandboxManager": ("sandbox_core.manager", "SandboxManager"),
     "SandboxRollbackError": ("sandbox_core.errors", "SandboxRollbackError"),
     "SandboxStateError": ("sandbox_core.errors", "SandboxStateError"),
     "SandboxStatementError": ("sandbox_core.errors", "SandboxStatementError"),
     "SandboxStatus": ("sandbox_core.status", "SandboxStatus"),
     "SandboxStore": ("sandbox_core.store", "SandboxStore"),
-    "SandboxStrategy": ("sandbox_core.factory", "SandboxStrategy"),
+    "SandboxStrategy": ("sandbox_core.strategies.factory", "SandboxStrategy"),
     "TransactionSandbox": ("sandbox_core.strategies.transaction", "TransactionSandbox"),
     "TwoPhasePlanCommit": ("sandbox_core.two_phase", "TwoPhasePlanCommit"),
     "TwoPhaseUnavailableError": ("sandbox_core.errors", "TwoPhaseUnavailableError"),

@@ -8,8 +8,8 @@ Three kinds of checkpoint, recorded in ``metadata["checkpoint_kind"]``:
 - ``overlay_snapshot``: the sandbox offers ``create_checkpoint_snapshot(destination)`` /
   ``restore_checkpoint_snapshot(source)`` (overlay: a copy of the upper layer).
 - ``directory``: anything else with a ``context.sandbox_path`` - the directory is copied with
-  :func:`~sandbox_core._fs_utils.backup_directory` (symlinks kept as links) and restored with
-  :func:`~sandbox_core._fs_utils.safe_restore` (rename-based swap).
+  :func:`~sandbox_core.tree.ops.backup_directory` (symlinks kept as links) and restored with
+  :func:`~sandbox_core.tree.ops.safe_restore` (rename-based swap).
 
 A sandbox without a context gets a metadata-only checkpoint (an empty snapshot directory, seed
 004). Snapshot directories are ``<root>/sandbox-checkpoint-<id>/snapshot``; ``root`` is
@@ -32,10 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 from ulid import ULID
 
-from sandbox_core._fs_utils import backup_directory, safe_restore
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError, SandboxLockedError, SandboxPermissionError
 from sandbox_core.protocol import SandboxContext, utc_now
+from sandbox_core.tree.ops import backup_directory, safe_restore
 
 logger = logging.getLogger("sandbox_core.checkpoint")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sandbox_core import _fs_utils
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxStateError
 from sandbox_core.redaction import redact
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.tree import textdiff
 
 
 def describe(sandbox: BaseSandbox) -> dict[str, Any]:
@@ -59,4 +59,4 @@ def sandbox_diff(sandbox: BaseSandbox) -> str:
     context = sandbox.context
     if context is None:
         raise SandboxStateError(f"sandbox {sandbox.sandbox_id} has not been created")
-    return _fs_utils.compute_diff(context.original_path, context.sandbox_path)
+    return textdiff.compute_diff(context.original_path, context.sandbox_path)

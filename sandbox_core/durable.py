@@ -42,7 +42,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def write_json_atomic(
-    path: str | os.PathLike[str], data: Any, *, durable: bool = True, pretty: bool = True
+    path: str | os.PathLike[str],
+    data: Any,
+    *,
+    durable: bool = True,
+    pretty: bool = True,
+    tmp_suffix: str | None = None,
 ) -> None:
     """Replace ``path`` by ``data`` as JSON through a renamed temporary file in its directory.
 
@@ -51,7 +56,12 @@ def write_json_atomic(
         data: anything :func:`json.dumps` takes.
         durable: fsync the file before the rename and the directory after it (else the caller
             makes both durable, for example with one ``syncfs`` for many records).
-        pretty: indent and sort keys (records people read); False writes compact JSON.
+        pretty: indent and sort keys (records people read); False writes compact JSON (the C
+            encoder: the journals of a sync are written on the commit's path).
+        tmp_suffix: write through the fixed name ``path + tmp_suffix`` instead of a unique
+            hidden one: a crash then leaves at most that one file, which the next write
+            replaces (the staging journals and two-phase records, whose directories are
+            listed by recovery and by tests, keep the name ``<name>.tmp``).
 
     Raises:
         OSError: the directory cannot be created or written; the temporary file is removed.
@@ -60,7 +70,11 @@ def write_json_atomic(
     target = Path(path)
     text = json.dumps(data, indent=2, sort_keys=True) if pretty else json.dumps(data)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    if tmp_suffix is None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    else:
+        tmp = os.fspath(target) + tmp_suffix
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

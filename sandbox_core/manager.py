@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from sandbox_core.base import require_non_empty
 from sandbox_core.boundary import (
     ResourceLookup,
     resolve_boundary,
@@ -36,7 +35,6 @@ from sandbox_core.boundary import (
 )
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
-from sandbox_core.factory import SandboxFactory
 from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState, MemoryCommitJournal
 from sandbox_core.protocol import CommitResult
 from sandbox_core.review import PlanReview, review_plan
@@ -48,6 +46,8 @@ from sandbox_core.saga import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.store import SandboxStore
+from sandbox_core.strategies.base import require_non_empty
+from sandbox_core.strategies.factory import SandboxFactory
 from sandbox_core.two_phase import (
     TwoPhasePlanCommit,
     two_phase_results,

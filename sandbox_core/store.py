@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError
+from sandbox_core.strategies.base import BaseSandbox
 
 STATE_DIR_ENV = "SANDBOX_CORE_STATE_DIR"
 

@@ -71,7 +71,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.journal import (
@@ -93,6 +92,7 @@ from sandbox_core.saga import (
     commit_order,
     probe_commit_landed,
 )
+from sandbox_core.strategies.base import BaseSandbox
 
 logger = logging.getLogger("sandbox_core.two_phase")
 

@@ -106,7 +106,7 @@ def child_main(raw: str) -> None:
     """Entry point of the child processes (see ``run_child``)."""
     args = json.loads(raw)
     if args.get("kill_mid_sync"):
-        from sandbox_core import _fs_utils
+        from sandbox_core.tree import sync
 
         # SIGKILL at the n-th fault point of a directory sync: after the n-th path was swapped
         # into the original, or (n = paths + 1) once the sync's journal says "applied".
@@ -116,7 +116,7 @@ def child_main(raw: str) -> None:
             if next(calls) == int(args["kill_mid_sync"]):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        _fs_utils.fault_hook = kill_at_nth
+        sync.fault_hook = kill_at_nth
     store = SandboxStore(args["state_dir"])
     plan_id = args["plan_id"]
     if args["action"] == "commit_new":

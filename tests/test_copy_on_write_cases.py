@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core import _fs_utils as fs
-from sandbox_core._fs_utils import backup_directory, recover_sync, safe_restore, scan_tree
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.tree import sync as fs
+from sandbox_core.tree.ops import backup_directory, safe_restore
+from sandbox_core.tree.scan import scan_tree
+from sandbox_core.tree.sync import recover_sync
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
@@ -215,7 +217,7 @@ def test_case09_commit_from_tmpfs_sandbox_root(
 _COMMIT_AND_DIE = textwrap.dedent(
     """
     import json, os, signal, sys
-    from sandbox_core import _fs_utils as fs
+    from sandbox_core.tree import sync as fs
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
     record = json.loads(open(sys.argv[1]).read())
     kill_after = int(sys.argv[2])

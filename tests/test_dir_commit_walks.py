@@ -18,23 +18,21 @@ from unittest import mock
 
 import pytest
 
-from sandbox_core import _fs_utils as fs
-from sandbox_core._fs_utils import (
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError
+from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.tree import snapshot as fs
+from sandbox_core.tree.baseline import (
     Baseline,
-    TreeChanges,
     copy_with_baseline,
     drifted,
     pending_since,
     read_touched,
-    refresh_snapshot,
     reset_copy,
-    snapshot_tree,
-    sync_tree,
     touched_since,
-    undo_sync,
 )
-from sandbox_core.errors import SandboxCommitError, SandboxCreationError
-from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.snapshot import refresh_snapshot, snapshot_tree
+from sandbox_core.tree.sync import sync_tree, undo_sync
 from tests.fidelity_tree import assert_same_tree, tree_state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the directory fidelity runs as root")
@@ -158,7 +156,7 @@ def test_undo_reads_backups_of_both_layouts(tmp_path: Path) -> None:
 def test_fallback_policy_check_from_the_walk_finds_what_the_scan_finds(tmp_path: Path) -> None:
     """Case 05 in fallback mode: the ``.git`` files are taken from the baseline walk; a file
     inside a ``.git`` directory and a symlink named ``.git`` are skipped, as the scan skips."""
-    from sandbox_core.strategies.overlay import (
+    from sandbox_core.strategies.overlay.sandbox import (
         _refuse_external_gitfiles,
         _refuse_listed_gitfiles,
     )
@@ -185,7 +183,7 @@ def test_create_baseline_walks_the_original_when_the_copy_loses_a_field(tmp_path
     ``cp -a``) must not become the original's snapshot: every file would read as changed."""
     from unittest import mock
 
-    from sandbox_core import _fs_utils as fs
+    from sandbox_core.tree import baseline as fs
 
     src = tmp_path / "src"
     src.mkdir()

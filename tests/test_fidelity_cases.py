@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from sandbox_core import _overlay_mount
-from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as _overlay_mount
 from tests.fidelity_tree import assert_same_tree, bind_socket, tree_state
 
 STRATEGIES = [

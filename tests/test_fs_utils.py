@@ -17,19 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core import _fs_utils as fs
-from sandbox_core._fs_utils import (
-    TreeChanges,
-    backup_directory,
-    compute_changes,
-    compute_diff,
-    copy_entry,
-    recover_sync,
-    safe_restore,
-    scan_tree,
-    sync_tree,
-    undo_sync,
-)
+from sandbox_core.tree import snapshot
+from sandbox_core.tree import sync as fs
+from sandbox_core.tree.copy import copy_entry
+from sandbox_core.tree.ops import backup_directory, safe_restore
+from sandbox_core.tree.scan import TreeChanges, scan_tree
+from sandbox_core.tree.snapshot import compute_changes
+from sandbox_core.tree.sync import recover_sync, sync_tree, undo_sync
+from sandbox_core.tree.textdiff import compute_diff
 
 SHM = Path("/dev/shm")
 
@@ -349,7 +344,7 @@ def test_sync_tree_into_a_mount_point_stages_inside_and_hides_staging(
 _KILL_CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from sandbox_core import _fs_utils as fs
+    from sandbox_core.tree import sync as fs
     kill_at = int(sys.argv[3])
     seen = []
     def hook(path):
@@ -433,13 +428,13 @@ def test_a_walk_longer_than_a_pipe_is_read_whole(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"")
     find = shutil.which("find")
     assert find is not None
-    assert set(fs._run_find(find, str(tmp_path), ["-printf", "%P\\0"])) == names
+    assert set(snapshot._run_find(find, str(tmp_path), ["-printf", "%P\\0"])) == names
 
 
 def test_a_failed_walk_says_what_find_said(tmp_path: Path) -> None:
     find = shutil.which("find")
     assert find is not None
     with pytest.raises(OSError) as failed:
-        fs._run_find(find, str(tmp_path), ["-no-such-test"])
+        snapshot._run_find(find, str(tmp_path), ["-no-such-test"])
     assert failed.value.errno == errno.EIO
     assert "find failed" in str(failed.value) and "no-such-test" in str(failed.value)

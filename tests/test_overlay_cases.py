@@ -25,10 +25,11 @@ from unittest import mock
 
 import pytest
 
-from sandbox_core import _fs_utils, _overlay_mount
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStateError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as _overlay_mount
+from sandbox_core.tree import sync
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -516,7 +517,7 @@ def test_failed_swap_leaves_original_exactly_as_it_was(
             raise OSError(errno.EIO, "injected swap failure")
 
     with (
-        mock.patch.object(_fs_utils, "fault_hook", fail_on_second_swap),
+        mock.patch.object(sync, "fault_hook", fail_on_second_swap),
         pytest.raises(SandboxCommitError, match="injected swap failure"),
     ):
         sandbox.commit()
@@ -672,7 +673,7 @@ CRASH_SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from sandbox_core import _fs_utils
+    from sandbox_core.tree import sync
     from sandbox_core.strategies.overlay import OverlaySandbox
     record_file, src, root = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     s = OverlaySandbox("res", src, sandbox_root=root, mode="kernel")
@@ -680,7 +681,7 @@ CRASH_SCRIPT = textwrap.dedent(
     Path(s.get_path("a.txt")).write_text("changed")
     Path(s.get_path("new.txt")).write_text("new")
     record_file.write_text(json.dumps(s.to_record()))
-    _fs_utils.fault_hook = lambda path: os._exit(9)  # killed after the first swap
+    sync.fault_hook = lambda path: os._exit(9)  # killed after the first swap
     s.commit()
     """
 )

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 
 from sandbox_core import SandboxFactory
-from sandbox_core import _fs_utils as fs
+from sandbox_core.tree import baseline, copy, scan, snapshot, textdiff
 
 FILES = 300
 EDITED = ("d0/f0.txt", "d1/f5.txt", "d2/f9.txt")
@@ -44,9 +44,9 @@ class Counter:
 def counted() -> Iterator[dict[str, Counter]]:
     counters = {"copy_file": Counter(), "snapshot_tree": Counter(), "scan_tree": Counter()}
     originals: dict[str, Any] = {
-        "copy_file": fs.copy_file,
-        "snapshot_tree": fs.snapshot_tree,
-        "scan_tree": fs.scan_tree,
+        "copy_file": copy.copy_file,
+        "snapshot_tree": snapshot.snapshot_tree,
+        "scan_tree": scan.scan_tree,
     }
 
     def wrap(name: str) -> Any:
@@ -57,9 +57,11 @@ def counted() -> Iterator[dict[str, Counter]]:
         return call
 
     with (
-        mock.patch.object(fs, "copy_file", wrap("copy_file")),
-        mock.patch.object(fs, "snapshot_tree", wrap("snapshot_tree")),
-        mock.patch.object(fs, "scan_tree", wrap("scan_tree")),
+        mock.patch.object(copy, "copy_file", wrap("copy_file")),
+        mock.patch.object(snapshot, "snapshot_tree", wrap("snapshot_tree")),
+        mock.patch.object(baseline, "snapshot_tree", wrap("snapshot_tree")),
+        mock.patch.object(scan, "scan_tree", wrap("scan_tree")),
+        mock.patch.object(textdiff, "scan_tree", wrap("scan_tree")),
     ):
         yield counters
 
@@ -75,17 +77,17 @@ def test_snapshot_with_find_equals_the_python_walk(big_tree: Path) -> None:
     (big_tree / "d3").chmod(0o1750)
     (big_tree / ".git").mkdir()
     (big_tree / ".git" / "HEAD").write_text("ref\n")
-    with mock.patch.object(fs.shutil, "which", return_value=None):
-        by_python = fs.snapshot_tree(big_tree, exclude=[".git"])
-    by_find = fs.snapshot_tree(big_tree, exclude=[".git"])
+    with mock.patch.object(snapshot.shutil, "which", return_value=None):
+        by_python = snapshot.snapshot_tree(big_tree, exclude=[".git"])
+    by_find = snapshot.snapshot_tree(big_tree, exclude=[".git"])
     assert by_find == by_python
     uid, gid = os.getuid(), os.getgid()
     assert by_find["d3"] == f"d 1750 {uid} {gid}"
     assert by_find["link"] == f"l 777 {uid} {gid} d0/f0.txt"
     assert by_find["fifo"].startswith("p ")
-    stamped = fs.snapshot_tree(big_tree, exclude=[".git"], stamps=True)
-    with mock.patch.object(fs.shutil, "which", return_value=None):
-        assert fs.snapshot_tree(big_tree, exclude=[".git"], stamps=True) == stamped
+    stamped = snapshot.snapshot_tree(big_tree, exclude=[".git"], stamps=True)
+    with mock.patch.object(snapshot.shutil, "which", return_value=None):
+        assert snapshot.snapshot_tree(big_tree, exclude=[".git"], stamps=True) == stamped
     assert not any(rel.startswith(".git") for rel in by_find)
 
 
@@ -135,4 +137,4 @@ def test_rollback_after_commit_copies_only_what_the_commit_changed(
     assert len(counted["copy_file"].calls) <= 2 * len(EDITED)
     assert (big_tree / EDITED[0]).read_text() == "file 0\n"
     assert Path(sandbox.get_path(EDITED[0])).read_text() == "file 0\n"
-    assert fs.compute_changes(big_tree, sandbox.get_path("")).is_empty
+    assert snapshot.compute_changes(big_tree, sandbox.get_path("")).is_empty

@@ -155,7 +155,7 @@ def _disk_full(*_args: Any, **_kwargs: Any) -> Any:
 FAILING_CREATE = {
     "copy_on_write": ("sandbox_core.strategies.copy_on_write.copy_with_baseline", {}),
     "overlay-fallback": (
-        "sandbox_core.strategies.overlay.copy_with_baseline",
+        "sandbox_core.strategies.overlay.sandbox.copy_with_baseline",
         {"mode": "fallback"},
     ),
     "git_worktree": (

@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core import _fs_utils
-from sandbox_core._fs_utils import (
-    apply_staged,
-    compute_changes,
-    find_prepared,
-    recover_sync,
-    stage_sync,
-)
+from sandbox_core.tree import sync
+from sandbox_core.tree.snapshot import compute_changes
+from sandbox_core.tree.staging import apply_staged, find_prepared, stage_sync
+from sandbox_core.tree.sync import recover_sync
 
 KEY = "tpc.plan.0123456789.1.SANDBOX"
 
@@ -65,7 +61,7 @@ def test_a_crash_part_way_through_the_removal_rolls_forward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = _staged(tmp_path)
-    monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
+    monkeypatch.setattr(sync.shutil, "rmtree", _crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         apply_staged(original, KEY)
     monkeypatch.undo()
@@ -87,7 +83,7 @@ def test_remains_of_a_cut_removal_are_removed_by_recover_sync(
 ) -> None:
     original = _staged(tmp_path)
     undo = tmp_path / "backup" / "undo.json"
-    monkeypatch.setattr(_fs_utils.shutil, "rmtree", _crash_after_two)
+    monkeypatch.setattr(sync.shutil, "rmtree", _crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         apply_staged(original, KEY)
     monkeypatch.undo()

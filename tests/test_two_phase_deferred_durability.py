@@ -27,14 +27,17 @@ from typing import Any
 
 import pytest
 
-from sandbox_core import _fs_utils, _prepared, durable
-from sandbox_core._fs_utils import find_prepared
-from sandbox_core.base import BaseSandbox
+from sandbox_core import durable
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxError
 from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies import _directory
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.tree import staging as tree_staging
+from sandbox_core.tree import sync
+from sandbox_core.tree.staging import find_prepared
 from sandbox_core.two_phase import TwoPhasePlanCommit, plan_txid
 from tests.fidelity_tree import tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
@@ -158,10 +161,10 @@ def test_a_torn_journal_and_record_cut_before_the_flush_are_aborted(
         prepared = sandbox.prepare(TXID)
     staging = Path(prepared.details["staging"])
     # What a power cut may leave of files renamed into place but never fsynced: empty files.
-    (staging / _fs_utils._JOURNAL).write_bytes(b"")
+    (staging / sync._JOURNAL).write_bytes(b"")
     _record(sandbox, TXID).write_bytes(b"")
-    assert _fs_utils.staged_state(src, f"{TXID}.{sandbox.sandbox_id}") == "staged-two-phase"
-    assert _prepared.txids_in(_home(sandbox), "prepared") == []
+    assert tree_staging.staged_state(src, f"{TXID}.{sandbox.sandbox_id}") == "staged-two-phase"
+    assert _directory.txids_in(_home(sandbox), "prepared") == []
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     reopened.abort_prepared(TXID)
     reopened.abort_prepared(TXID)
@@ -171,7 +174,7 @@ def test_a_torn_journal_and_record_cut_before_the_flush_are_aborted(
     # A new prepare of the same txid over torn leftovers, then cleanup, leave nothing either.
     with deferred_syncfs():
         again = sandbox.prepare(TXID)
-    (Path(again.details["staging"]) / _fs_utils._JOURNAL).write_bytes(b"")
+    (Path(again.details["staging"]) / sync._JOURNAL).write_bytes(b"")
     _record(sandbox, TXID).write_bytes(b"")
     sandbox.prepare(TXID)  # replaces the torn area and record
     assert json.loads(_record(sandbox, TXID).read_text())["state"] == "prepared"
@@ -257,19 +260,19 @@ def test_the_applied_record_is_written_before_the_area_is_dropped(
     before = tree_state(src)
     edit(sandbox)
     sandbox.prepare(TXID)
-    real_finish = _fs_utils._finish
+    real_finish = tree_staging._finish
 
     def finish(staging: str, journal: dict[str, Any]) -> None:
         assert json.loads(_record(sandbox, TXID).read_text())["state"] == "applied"
         raise _Crash
 
-    monkeypatch.setattr(_fs_utils, "_finish", finish)
+    monkeypatch.setattr(tree_staging, "_finish", finish)
     with pytest.raises(_Crash):
         sandbox.apply_prepared(TXID)
-    monkeypatch.setattr(_fs_utils, "_finish", real_finish)
+    monkeypatch.setattr(tree_staging, "_finish", real_finish)
     home, key = _home_and_key(sandbox)
     assert find_prepared(src, key) is not None  # not yet dropped
-    assert _prepared.apply_begun(sandbox, home, src) == []  # recorded applied
+    assert _directory.apply_begun(sandbox, home, src) == []  # recorded applied
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     result = reopened.apply_prepared(TXID)
     assert result.added_files == ["new.txt"]
@@ -294,18 +297,18 @@ def test_a_cut_apply_is_known_from_the_area_journal_and_only_rolls_forward(
     def hook(point: str) -> None:
         raise _Crash
 
-    monkeypatch.setattr(_fs_utils, "fault_hook", hook)
+    monkeypatch.setattr(sync, "fault_hook", hook)
     with pytest.raises(_Crash):
         sandbox.apply_prepared(TXID)
-    monkeypatch.setattr(_fs_utils, "fault_hook", None)
+    monkeypatch.setattr(sync, "fault_hook", None)
     home, key = _home_and_key(sandbox)
     assert json.loads(_record(sandbox, TXID).read_text())["state"] == "prepared"
-    assert _fs_utils.staged_state(src, key) == "applying-two-phase"
-    assert _prepared.apply_begun(sandbox, home, src) == [TXID]
+    assert tree_staging.staged_state(src, key) == "applying-two-phase"
+    assert _directory.apply_begun(sandbox, home, src) == [TXID]
     with pytest.raises(SandboxError):
         sandbox.abort_prepared(TXID)
     reopened = type(sandbox).reopen(json.loads(json.dumps(sandbox.to_record())))
     assert reopened.apply_prepared(TXID).deleted_files == ["d/c.txt"]
-    assert _prepared.apply_begun(reopened, home, src) == []
+    assert _directory.apply_begun(reopened, home, src) == []
     assert staged_beside(src) == [] and not (src / "d" / "c.txt").exists()
     reopened.cleanup()

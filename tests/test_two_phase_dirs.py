@@ -21,12 +21,13 @@ from unittest import mock
 import pytest
 from hypothesis import given
 
-from sandbox_core import _fs_utils
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.tree import staging as tree_staging
+from sandbox_core.tree import sync
 from tests.fidelity_tree import differences, tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
 from tests.test_fidelity_property import (
@@ -176,7 +177,7 @@ def test_a_failed_prepare_leaves_nothing_staged(sandbox: BaseSandbox) -> None:
     src = original_of(sandbox)
     edit(sandbox)
     before = tree_state(src)
-    real = _fs_utils.copy_entry
+    real = tree_staging.copy_entry
     calls: list[str] = []
 
     def fail_second(*args: Any, **kwargs: Any) -> None:
@@ -185,7 +186,10 @@ def test_a_failed_prepare_leaves_nothing_staged(sandbox: BaseSandbox) -> None:
             raise OSError(28, "No space left on device")
         real(*args, **kwargs)
 
-    with mock.patch.object(_fs_utils, "copy_entry", fail_second), pytest.raises(SandboxCommitError):
+    with (
+        mock.patch.object(tree_staging, "copy_entry", fail_second),
+        pytest.raises(SandboxCommitError),
+    ):
         sandbox.prepare(TXID)
     assert len(calls) == 2
     assert not differences(tree_state(src), before)
@@ -228,7 +232,7 @@ def test_a_staged_area_survives_recover_sync_and_a_one_shot_commit(
     edit(sandbox)
     prepared = sandbox.prepare(TXID)
     staging = Path(prepared.details["staging"])
-    assert _fs_utils.recover_sync(src) == []
+    assert sync.recover_sync(src) == []
     other = CopyOnWriteSandbox("res", str(src), sandbox_root=str(tmp_path / "other"))
     other.create("other")
     Path(other.get_path("other.txt")).write_text("from another sandbox")
@@ -321,7 +325,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import json, os, pickle, sys
     from pathlib import Path
-    from sandbox_core import _fs_utils
+    from sandbox_core.tree import sync
     from tests.fidelity_tree import tree_state
     from tests.test_fidelity_cases import new_sandbox
     kind, src, root, out, kill_at = sys.argv[1:6]
@@ -341,7 +345,7 @@ KILL_SCRIPT = textwrap.dedent(
         calls.append(path)
         if len(calls) == int(kill_at):
             os._exit(9)
-    _fs_utils.fault_hook = hook
+    sync.fault_hook = hook
     s.apply_prepared("plan-kill.1")
     """
 )
@@ -368,7 +372,7 @@ def test_sigkill_mid_apply_then_apply_again_finishes_exactly(
     intended = pickle.loads((tmp_path / "intended.pickle").read_bytes())  # noqa: S301 (ours)
     record = json.loads((tmp_path / "record.json").read_text())
     cls = CopyOnWriteSandbox if kind == "copy_on_write" else OverlaySandbox
-    _fs_utils.recover_sync(src)  # a one-shot commit's recovery never undoes a decided apply
+    sync.recover_sync(src)  # a one-shot commit's recovery never undoes a decided apply
     sandbox = cls.reopen(record)
     try:
         with pytest.raises(SandboxError):
@@ -428,8 +432,8 @@ def test_prepare_apply_and_prepare_abort_keep_the_trees_exact(
 def test_staging_keys_are_checked(tmp_path: Path) -> None:
     for bad in ("", "../x", "a/b", "x y", "x" * 200):
         with pytest.raises(ValueError):
-            _fs_utils.prepared_dir_for(tmp_path, bad)
-    assert _fs_utils.prepared_dir_for(tmp_path, "plan-1.1.ID").endswith("prepared-plan-1.1.ID")
+            tree_staging.prepared_dir_for(tmp_path, bad)
+    assert tree_staging.prepared_dir_for(tmp_path, "plan-1.1.ID").endswith("prepared-plan-1.1.ID")
 
 
 @modes
@@ -475,7 +479,7 @@ def test_a_mount_point_original_stages_inside_itself_invisibly(
         staging = Path(prepared.details["staging"])
         assert staging.parent == src and staging.name.startswith(".sandbox-staging-prepared-")
         assert sandbox.review().digest == digest  # the staged area is not a change
-        assert _fs_utils.recover_sync(src) == [] and staging.is_dir()
+        assert sync.recover_sync(src) == [] and staging.is_dir()
         sandbox.apply_prepared(TXID)
         assert (src / "a.txt").read_text() == "two\n"
         assert staged_beside(src) == []

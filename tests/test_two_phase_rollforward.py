@@ -1,7 +1,7 @@
 """Roll-forward of a directory sandbox's two-phase apply is idempotent (issue 9, gap (b)).
 
 The crash point: the renames are done and the kernel overlay is remounted over an empty upper
-layer, but the ``applied`` record is not written yet (``_prepared.fault_hook``
+layer, but the ``applied`` record is not written yet (``_directory.fault_hook``
 ``"before_applied_record"``, a SIGKILL in a child process). Applying again in a fresh process
 must finish exactly: the original holds the sandbox's tree once, the overlay is mounted with an
 empty upper layer, nothing is staged, and the overlay's ``lower_generation`` (the count of
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from sandbox_core import _overlay_mount as kernel
-from sandbox_core.base import BaseSandbox
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as kernel
 from tests.fidelity_tree import tree_state
 from tests.test_fidelity_cases import STRATEGIES
 from tests.test_fidelity_property import same
@@ -39,7 +39,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import json, os, pickle, sys
     from pathlib import Path
-    from sandbox_core import _prepared
+    from sandbox_core.strategies import _directory
     from tests.fidelity_tree import tree_state
     from tests.test_fidelity_cases import new_sandbox
     kind, src, root, out, txid = sys.argv[1:6]
@@ -56,7 +56,7 @@ KILL_SCRIPT = textwrap.dedent(
         if point == "before_applied_record":
             os._exit(9)
 
-    _prepared.fault_hook = hook
+    _directory.fault_hook = hook
     s.apply_prepared(txid)
     """
 )

@@ -28,11 +28,11 @@ import psycopg
 import pytest
 
 from sandbox_core import GitWorktreeSandbox
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStatementError
-from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.factory import SandboxFactory
 from sandbox_core.strategies.transaction import TransactionSandbox
 from tests.fidelity_tree import differences, tree_state
 from tests.gitrepo import GIT_ENV, git, make_repo

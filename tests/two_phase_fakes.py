@@ -16,9 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxConflictError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.strategies.base import BaseSandbox
 
 
 def _sha(data: bytes) -> str:

@@ -21,7 +21,6 @@ import pytest
 from pytest_bdd import given, parsers, then, when
 from ulid import ULID
 
-from sandbox_core._fs_utils import scan_tree
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -31,6 +30,7 @@ from sandbox_core.errors import (
 from sandbox_core.protocol import Sandbox
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
+from sandbox_core.tree.scan import scan_tree
 
 State = dict[str, Any]
 

@@ -281,7 +281,7 @@ Feature: Copy-on-write directory sandbox lifecycle
     Given a cow test directory is initialised
     And a cow sandbox is created and activated for plan "plan-commiterr"
     And a cow file "existing.txt" is created in the sandbox with content "updated"
-    And cow "sandbox_core._fs_utils.copy_file" is patched to raise OSError
+    And cow "sandbox_core.tree.copy.copy_file" is patched to raise OSError
     When the cow sandbox commit is attempted
     Then a cow SandboxCommitError should be raised
     And the cow sandbox should be in the "errored" state
@@ -291,14 +291,14 @@ Feature: Copy-on-write directory sandbox lifecycle
     Given a cow test directory is initialised
     And a cow sandbox is created and activated for plan "plan-rberr"
     And the cow path "existing.txt" is deleted from the sandbox
-    And cow "sandbox_core._fs_utils.copy_file" is patched to raise OSError
+    And cow "sandbox_core.tree.copy.copy_file" is patched to raise OSError
     When the cow sandbox rollback is attempted
     Then a cow SandboxRollbackError should be raised
     And the cow sandbox should be in the "errored" state
 
   Scenario: Create wraps OSError into SandboxCreationError
     Given a cow test directory is initialised
-    And cow "sandbox_core._fs_utils.backup_directory" is patched to raise OSError
+    And cow "sandbox_core.tree.baseline.backup_directory" is patched to raise OSError
     When a cow sandbox is created for plan "plan-createerr"
     Then a cow SandboxCreationError should be raised with message "injected"
     And the cow sandbox should be in the "errored" state

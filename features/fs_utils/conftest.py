@@ -13,14 +13,11 @@ from typing import Any
 import pytest
 from pytest_bdd import given, parsers, then, when
 
-from sandbox_core._fs_utils import (
-    backup_directory,
-    compute_changes,
-    compute_diff,
-    safe_restore,
-    scan_tree,
-    sync_tree,
-)
+from sandbox_core.tree.ops import backup_directory, safe_restore
+from sandbox_core.tree.scan import scan_tree
+from sandbox_core.tree.snapshot import compute_changes
+from sandbox_core.tree.sync import sync_tree
+from sandbox_core.tree.textdiff import compute_diff
 
 State = dict[str, Any]
 SHM = Path("/dev/shm")

@@ -23,7 +23,6 @@ from pytest_bdd import given, parsers, then, when
 from pytest_bdd.scenario import scenario_wrapper_template_registry
 from ulid import ULID
 
-from sandbox_core import _fs_utils, _overlay_mount
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -32,6 +31,8 @@ from sandbox_core.errors import (
 )
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import OverlaySandbox
+from sandbox_core.strategies.overlay import mount as _overlay_mount
+from sandbox_core.tree import sync
 
 
 def overlay_mounts_under(root: Path) -> list[str]:
@@ -145,7 +146,7 @@ def ovl_created_and_activated(ovl: dict[str, Any], plan_id: str) -> None:
 def ovl_patch_copy2(ovl: dict[str, Any]) -> None:
     """Both modes stage a commit's files with the exact file copy that replaced shutil.copy2
     (``_fs_utils.copy_file``: keeps holes; copy2 would fill them), so the fault goes there."""
-    ovl["faults"].append("sandbox_core._fs_utils.copy_file")
+    ovl["faults"].append("sandbox_core.tree.copy.copy_file")
 
 
 @given("ovl shutil.rmtree is patched to raise OSError for rollback")
@@ -159,7 +160,7 @@ def ovl_patch_copytree(ovl: dict[str, Any]) -> None:
     """The seed names the fallback's create-time copy; a kernel mount copies nothing, so this
     scenario forces the userspace fallback in both parametrisations. The copy is now the exact
     ``cp -a`` of ``backup_directory`` (copytree dropped sockets and owners: cases 10, 36)."""
-    ovl["faults"].append("sandbox_core._fs_utils.backup_directory")
+    ovl["faults"].append("sandbox_core.tree.baseline.backup_directory")
     ovl["mode"] = "fallback"
 
 
@@ -489,7 +490,7 @@ def ovl_kernel_commit_swap_fails(ovl: dict[str, Any]) -> None:
         if len(swapped) == 2:
             raise OSError(errno.EIO, "injected swap failure")
 
-    with mock.patch.object(_fs_utils, "fault_hook", fail_on_second_swap):
+    with mock.patch.object(sync, "fault_hook", fail_on_second_swap):
         _attempt(ovl, ovl["sandbox"].commit)
     assert swapped == ["existing.txt", "notes.txt"]
 

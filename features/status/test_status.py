@@ -15,7 +15,7 @@ from sandbox_core import (
     SandboxStatus,
     SandboxStrategy,
 )
-from sandbox_core.factory import is_rollbackable, rollbackable_strategies
+from sandbox_core.strategies.factory import is_rollbackable, rollbackable_strategies
 
 scenarios("status_transitions.feature")
 

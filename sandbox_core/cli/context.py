@@ -36,7 +36,6 @@ from typing import Any, NoReturn
 
 import click
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     AtomicCommitError,
@@ -48,9 +47,10 @@ from sandbox_core.errors import (
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
-from sandbox_core.factory import SandboxFactory
 from sandbox_core.manager import SandboxManager
 from sandbox_core.store import SandboxStore
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.factory import SandboxFactory
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 3

@@ -3,7 +3,7 @@
 Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
 
 - ``tree/``: the copy the actor writes to (``get_path`` resolves here);
-- ``manifest.json``: a :class:`~sandbox_core._fs_utils.Baseline`: snapshots of the original
+- ``manifest.json``: a :class:`~sandbox_core.tree.baseline.Baseline`: snapshots of the original
   (per path: type, mode, owner, size, mtime, link target) and of the copy (the same plus
   ctime, inode and link count, so any change shows, xattrs and links included) at create, so
   that commit can tell the sandbox's changes from concurrent changes to the original;
@@ -18,11 +18,11 @@ Policies:
   recreated, never read), permission bits with set-uid/set-gid/sticky, owner and group, xattrs
   and POSIX ACLs, hard-link groups (case 34) and the mtime of untouched files.
 - Commit applies only the paths the sandbox changed, with the journaled, crash-safe
-  :func:`~sandbox_core._fs_utils.sync_tree` (case 09). A path changed both in the sandbox and in
+  :func:`~sandbox_core.tree.sync.sync_tree` (case 09). A path changed both in the sandbox and in
   the original since create is a conflict: nothing is written and
   ``SandboxCommitError(conflicts=[...])`` is raised (the sandbox stays ACTIVE). Paths changed
   only in the original are kept.
-- Two-phase plan commit (issue 9, :mod:`sandbox_core._prepared`): ``review`` reports the
+- Two-phase plan commit (issue 9, :mod:`sandbox_core.strategies._directory`): ``review`` reports the
   changes, their text lines and bytes, the conflicts above and a digest over the exact change
   (content, type, mode, owner, xattrs, link targets, hard-link groups, deletions); ``prepare``
   applies the same conflict rules and stages the new entries beside the original under
@@ -46,29 +46,23 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox_core import _prepared
-from sandbox_core._fs_utils import (
-    Baseline,
-    Meta,
-    TreeChanges,
-    change_digest,
-    compute_changes_at,
-    copy_with_baseline,
-    drifted,
-    link_closure,
-    lock_tree,
-    pending_since,
-    read_touched,
-    recover_sync,
-    refuse_mount_points,
-    reset_copy,
-    root_change,
-    sync_tree,
-    undo_sync,
-)
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.strategies import _directory
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.tree.baseline import (
+    Baseline,
+    copy_with_baseline,
+    drifted,
+    pending_since,
+    read_touched,
+    reset_copy,
+)
+from sandbox_core.tree.guards import lock_tree, refuse_mount_points
+from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.snapshot import compute_changes_at, link_closure
+from sandbox_core.tree.staging import change_digest
+from sandbox_core.tree.sync import Meta, recover_sync, root_change, sync_tree, undo_sync
 
 GIT_ADMIN_PRIVATE = "private"
 
@@ -196,15 +190,15 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_review(self) -> ChangeSummary:
         """The sandbox's own changes, the conflicts a commit would refuse now, and their
-        digest (:func:`~sandbox_core._fs_utils.change_digest`); no lock, nothing written."""
+        digest (:func:`~sandbox_core.tree.staging.change_digest`); no lock, nothing written."""
         source = self._source()
         changes, conflicts, root = self._split_changes(source)
         digest = change_digest(self.tree_dir, source, changes, root=root)
-        return _prepared.summary(self, source, self.tree_dir, changes, digest, conflicts)
+        return _directory.summary(self, source, self.tree_dir, changes, digest, conflicts)
 
     def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
         """Stage the commit beside the original (same filesystem), named after ``txid`` and
-        this sandbox's id, with a fsynced journal; see :mod:`sandbox_core._prepared`.
+        this sandbox's id, with a fsynced journal; see :mod:`sandbox_core.strategies._directory`.
 
         Raises:
             SandboxCommitError: a conflict (``conflicts`` set; nothing staged) or staging failed.
@@ -213,7 +207,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         with lock_tree(source):
             recover_sync(source)
             changes, root = self._changes_to_apply(source)
-            return _prepared.prepare(
+            return _directory.prepare(
                 self, self.base_dir, txid, source, self.tree_dir, changes,
                 backup_dir=self._backup_dir, result=self._result(changes, message), root=root,
             )  # fmt: skip
@@ -222,7 +216,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         """Did a commit whose outcome was lost (the process died inside it) reach the original?
 
         Crash recovery (``sandbox_core.saga``, issue 11): an interrupted sync is finished or
-        undone first (:func:`~sandbox_core._fs_utils.recover_sync`, so the original is exactly
+        undone first (:func:`~sandbox_core.tree.sync.recover_sync`, so the original is exactly
         old or exactly new), then the commit landed when the original holds every change the
         sandbox made and nothing conflicts: what a commit now would write is empty. A sandbox
         that changed nothing answers True (there is nothing to land either way).
@@ -238,12 +232,12 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_apply_prepared(self, txid: str) -> CommitResult:
         """Renames only; a concurrent change to a staged path refuses with nothing touched;
-        idempotent after a crash (see :mod:`sandbox_core._prepared`)."""
+        idempotent after a crash (see :mod:`sandbox_core.strategies._directory`)."""
         source = self._source()
-        return _prepared.apply(self, self.base_dir, txid, source, backup_dir=self._backup_dir)
+        return _directory.apply(self, self.base_dir, txid, source, backup_dir=self._backup_dir)
 
     def _do_abort_prepared(self, txid: str) -> None:
-        _prepared.abort(self, self.base_dir, txid, self._source())
+        _directory.abort(self, self.base_dir, txid, self._source())
 
     def _do_rollback(self) -> None:
         self._reset_tree()
@@ -267,7 +261,7 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_cleanup(self) -> None:
         # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
-        _prepared.discard_all(self, self._source())
+        _directory.discard_all(self, self._source())
         if self.base_dir.exists():
             shutil.rmtree(self.base_dir)
 
@@ -277,7 +271,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         """The sandbox's own changes and the metadata to give the original's top directory
         (``None``: unchanged); raise on paths changed on both sides since create.
 
-        One C-speed walk of each tree (:func:`~sandbox_core._fs_utils.snapshot_tree`), compared
+        One C-speed walk of each tree (:func:`~sandbox_core.tree.snapshot.snapshot_tree`), compared
         with the manifest by set operations; only the differing paths are then looked at (and
         their content compared when size and mode agree but the mtime moved), as ``rsync`` does.
 
@@ -333,7 +327,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Make the copy equal to the original again and re-take the manifest
-        (:func:`~sandbox_core._fs_utils.reset_copy`; ``restore_original`` and ``meanwhile`` as
+        (:func:`~sandbox_core.tree.baseline.reset_copy`; ``restore_original`` and ``meanwhile`` as
         there).
 
         One walk of each tree; only differing paths are copied (O(changes)), and the manifest
@@ -343,7 +337,7 @@ class CopyOnWriteSandbox(BaseSandbox):
         def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
                 restore_original(restored)
-            _prepared.forget_applied(self.base_dir)  # undone: no apply may answer with it again
+            _directory.forget_applied(self.base_dir)  # undone: no apply may answer with it again
 
         baseline = reset_copy(  # the manifest is read while both trees are walked
             self._read_manifest,

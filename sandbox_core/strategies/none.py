@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 
-from sandbox_core.base import BaseSandbox, logger
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.strategies.base import BaseSandbox, logger
 
 
 class NoSandbox(BaseSandbox):

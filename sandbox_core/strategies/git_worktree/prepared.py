@@ -19,9 +19,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.git_worktree.git import GitCommand, GitFailure, repository_lock
 from sandbox_core.strategies.git_worktree.merge import _NO_CHANGE, MergeBack, _Change, _Plan
 from sandbox_core.strategies.git_worktree.worktree import (

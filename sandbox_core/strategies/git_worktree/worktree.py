@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCommitLockedError,
@@ -38,6 +37,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.protocol import SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.git_worktree.git import (
     GitCommand,
     GitFailure,

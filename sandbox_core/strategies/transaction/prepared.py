@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandbox_core.base import logger
 from sandbox_core.errors import SandboxCommitError, SandboxStateError, TwoPhaseUnavailableError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.strategies.base import logger
 from sandbox_core.strategies.transaction.db import Connection, DatabaseError
 from sandbox_core.strategies.transaction.replay import (
     _MARKER_SAVEPOINT,

@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sandbox_core.base import BaseSandbox, logger
 from sandbox_core.errors import (
     SandboxBusyError,
     SandboxCommitError,
@@ -30,6 +29,7 @@ from sandbox_core.errors import (
 )
 from sandbox_core.protocol import CommitResult, utc_now
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox, logger
 from sandbox_core.strategies.transaction import pragmas
 from sandbox_core.strategies.transaction.db import Connection, DatabaseError, check_identifier
 from sandbox_core.strategies.transaction.dsn import DatabaseTarget, parse_target

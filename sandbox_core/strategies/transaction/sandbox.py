@@ -66,7 +66,6 @@ import shutil
 from collections.abc import Iterable
 from typing import Any
 
-from sandbox_core.base import logger
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
@@ -76,6 +75,7 @@ from sandbox_core.errors import (
 from sandbox_core.protocol import CommitResult, SandboxContext
 from sandbox_core.redaction import redact, same_database, secrets_of
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import logger
 from sandbox_core.strategies.transaction.db import (
     Connection,
     DatabaseError,

@@ -11,7 +11,7 @@
   subtree, other directories are recursed into (case 11, case 12).
 
 Copies (staging, checkpoints of the upper layer with its whiteouts and ``*.overlay.*`` xattrs)
-use the exact ``_fs_utils.copy_entry``.
+use the exact ``tree.copy.copy_entry``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sandbox_core._fs_utils import read_xattrs
+from sandbox_core.tree.scan import read_xattrs
 
 MNT_DETACH = 2
 """umount2 flag: detach now, release when the last user is gone (lazy unmount)."""

@@ -11,10 +11,10 @@ Two modes, recorded in ``context.metadata["overlay_mode"]``:
   lower layer while it is mounted (undefined behaviour in OverlayFS): commit reads the changed
   paths from the upper layer (whiteouts, opaque and redirected dirs: case 11, case 12), copies
   their final state out of the merged view into ``commit/stage``, unmounts, applies them with
-  ``_fs_utils.sync_tree`` (per-path rename swaps, journaled, undone on error, recovered after a
+  ``tree.sync.sync_tree`` (per-path rename swaps, journaled, undone on error, recovered after a
   crash), and remounts with an empty upper layer.
 - ``fallback``: ``merged`` is a full, exact copy of the original (``cp -a``, as
-  ``copy_on_write``), with a :class:`~sandbox_core._fs_utils.Baseline` in ``manifest.json``;
+  ``copy_on_write``), with a :class:`~sandbox_core.tree.baseline.Baseline` in ``manifest.json``;
   commit syncs the paths the sandbox changed (``sync_tree(merged, original)``; paths changed
   only in the original since create are kept, as the kernel mode keeps lower-layer changes) and
   rollback syncs the differing paths back (``reset_copy``). Used when the process may not mount
@@ -27,10 +27,10 @@ group, xattrs and POSIX ACLs, hard-link groups and the mtime of untouched files 
 create, commit, rollback from COMMITTED and checkpoint restore.
 
 Both modes keep the replaced entries in ``commit/backup`` for rollback from COMMITTED
-(``undo_sync``) and report ``CommitResult`` file lists as ``_fs_utils.TreeChanges`` (the same
+(``undo_sync``) and report ``CommitResult`` file lists as ``tree.scan.TreeChanges`` (the same
 path-level lists as ``copy_on_write``: directories included, a type swap is "changed").
 
-Two-phase plan commit (issue 9, :mod:`sandbox_core._prepared`), both modes: ``review`` and
+Two-phase plan commit (issue 9, ``strategies._directory``), both modes: ``review`` and
 ``prepare`` read the same change set as ``commit`` (kernel: the paths the upper layer names,
 read through the merged view while mounted; fallback: the paths the sandbox touched); prepare
 stages them on the original's filesystem (a hidden sibling named after the txid and the sandbox
@@ -64,38 +64,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox_core import _overlay_mount as kernel
-from sandbox_core import _prepared
-from sandbox_core._fs_utils import (
-    Baseline,
-    Entry,
-    LinkMap,
-    Meta,
-    TreeChanges,
-    backup_directory,
-    change_digest,
-    compute_changes_at,
-    copy_entry,
-    copy_metadata,
-    copy_with_baseline,
-    diff_entries,
-    entry_of,
-    link_closure,
-    lock_tree,
-    pending_since,
-    read_touched,
-    recover_sync,
-    refuse_mount_points,
-    reset_copy,
-    root_change,
-    root_meta,
-    scan_tree,
-    sync_tree,
-    undo_sync,
-)
-from sandbox_core._overlay_mount import LayerChange, OverlayLayout
 from sandbox_core._path_limits import short_alias
-from sandbox_core.base import BaseSandbox, logger
+from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import (
     SandboxCreationError,
     SandboxError,
@@ -104,6 +74,24 @@ from sandbox_core.errors import (
 )
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies import _directory
+from sandbox_core.strategies.base import BaseSandbox, logger
+from sandbox_core.strategies.overlay import mount as kernel
+from sandbox_core.strategies.overlay.mount import LayerChange, OverlayLayout
+from sandbox_core.tree.baseline import (
+    Baseline,
+    copy_with_baseline,
+    pending_since,
+    read_touched,
+    reset_copy,
+)
+from sandbox_core.tree.copy import LinkMap, copy_entry, copy_metadata
+from sandbox_core.tree.guards import lock_tree, refuse_mount_points
+from sandbox_core.tree.ops import backup_directory
+from sandbox_core.tree.scan import Entry, TreeChanges, diff_entries, entry_of, scan_tree
+from sandbox_core.tree.snapshot import compute_changes_at, link_closure
+from sandbox_core.tree.staging import change_digest
+from sandbox_core.tree.sync import Meta, recover_sync, root_change, root_meta, sync_tree, undo_sync
 
 MODES = ("auto", "kernel", "fallback")
 _MANIFEST = "manifest.json"
@@ -444,7 +432,7 @@ class OverlaySandbox(BaseSandbox):
         merged = self.base_path / "merged"
         changes, staged, expand, root = self._change_set(original)
         digest = change_digest(merged, original, staged, expand_links=expand, root=root)
-        return _prepared.summary(self, original, merged, changes, digest, [])
+        return _directory.summary(self, original, merged, changes, digest, [])
 
     def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
         """Stage the commit on the original's filesystem (beside it, not in the upper layer's
@@ -468,7 +456,7 @@ class OverlaySandbox(BaseSandbox):
             if self.overlay_mode != "kernel":
                 recover_sync(original)  # never while a lower directory is mounted
             changes, staged, expand, root = self._change_set(original)
-            return _prepared.prepare(
+            return _directory.prepare(
                 self, self.base_path, txid, original, self.base_path / "merged", staged,
                 backup_dir=self._commit_area() / "backup", expand_links=expand,
                 result=self._result(changes, message), root=root,
@@ -477,7 +465,7 @@ class OverlaySandbox(BaseSandbox):
     def _do_apply_prepared(self, txid: str) -> CommitResult:
         """Renames only (kernel mode: unmounted around them, then remounted over an empty upper
         layer); refused with nothing touched when a staged path changed in the original since
-        prepare; idempotent after a crash (see :mod:`sandbox_core._prepared`)."""
+        prepare; idempotent after a crash (see :mod:`sandbox_core.strategies._directory`)."""
         merged = self.base_path / "merged"
         kernel_mode = self.overlay_mode == "kernel"
 
@@ -490,7 +478,7 @@ class OverlaySandbox(BaseSandbox):
             if kernel_mode:
                 self._remount_empty()
 
-        result = _prepared.apply(
+        result = _directory.apply(
             self, self.base_path, txid, self._original(),
             backup_dir=self._commit_area() / "backup", before=before, after=after,
         )  # fmt: skip
@@ -504,7 +492,7 @@ class OverlaySandbox(BaseSandbox):
         return result
 
     def _do_abort_prepared(self, txid: str) -> None:
-        _prepared.abort(self, self.base_path, txid, self._original())
+        _directory.abort(self, self.base_path, txid, self._original())
 
     def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
         return CommitResult(
@@ -573,12 +561,12 @@ class OverlaySandbox(BaseSandbox):
     ) -> None:
         """Empty the upper layer and remount (kernel), or sync the differing paths of the copy
         back (fallback; ``restore_original`` and ``meanwhile`` as in
-        :func:`~sandbox_core._fs_utils.reset_copy`)."""
+        :func:`~sandbox_core.tree.baseline.reset_copy`)."""
 
         def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
                 restore_original(restored)
-            _prepared.forget_applied(self.base_path)  # undone: no apply may answer with it again
+            _directory.forget_applied(self.base_path)  # undone: no apply may answer with it again
 
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
@@ -607,9 +595,13 @@ class OverlaySandbox(BaseSandbox):
         original's, so new files get the group a set-gid original gives them (case 10). What
         it got is the base a commit compares the view's top with (:meth:`_root_to_commit`)."""
         copy_metadata(self._original(), upper)
-        base = self.base_path / _ROOT_META
-        base.with_suffix(".tmp").write_text(json.dumps(root_meta(self._original())), "utf-8")
-        base.with_suffix(".tmp").replace(base)
+        write_json_atomic(
+            self.base_path / _ROOT_META,
+            root_meta(self._original()),
+            durable=False,
+            pretty=False,
+            tmp_suffix=".tmp",
+        )
 
     def _remount_empty(self) -> None:
         for directory in (self.upper_dir, self.work_dir):
@@ -623,7 +615,7 @@ class OverlaySandbox(BaseSandbox):
 
     def _do_cleanup(self) -> None:
         # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
-        _prepared.discard_all(self, self._original())
+        _directory.discard_all(self, self._original())
         self._discard_artefacts()
         self._merged_dir = None
 
@@ -653,7 +645,7 @@ class OverlaySandbox(BaseSandbox):
         live = (*_SNAPSHOT_STATES, SandboxStatus.COMMITTED)
         if self.overlay_mode != "kernel" or self._status not in live:
             return
-        if _prepared.apply_begun(self, self.base_path, self._original()):
+        if _directory.apply_begun(self, self.base_path, self._original()):
             return  # a decided two-phase apply was cut short: apply_prepared remounts after it
         if not kernel.is_overlay_mounted(self._merged_dir):
             try:
@@ -846,7 +838,7 @@ def stage_layer_changes(
     """Copy each replaced path's final state out of the merged view to the same path in
     ``stage`` (a partial mirror), so the overlay can be unmounted before the original is written.
 
-    Entries are copied exactly with :func:`~sandbox_core._fs_utils.copy_entry` (owners,
+    Entries are copied exactly with :func:`~sandbox_core.tree.copy.copy_entry` (owners,
     set-uid/set-gid, xattrs, holes, special files recreated; symlinks stay links: case 06), one
     link map for all, so names of one merged inode are staged as one inode (case 34).
 

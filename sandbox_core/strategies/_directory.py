@@ -1,8 +1,8 @@
 """Two-phase commit of the directory strategies (issue 9): the sandbox's side.
 
 ``copy_on_write`` and ``overlay`` (both modes) prepare, apply and abort through these functions;
-the filesystem work is :func:`~sandbox_core._fs_utils.stage_sync` /
-:func:`~sandbox_core._fs_utils.apply_staged` / :func:`~sandbox_core._fs_utils.abort_staged`.
+the filesystem work is :func:`~sandbox_core.tree.staging.stage_sync` /
+:func:`~sandbox_core.tree.staging.apply_staged` / :func:`~sandbox_core.tree.staging.abort_staged`.
 
 Names: the staging area is ``prepared_dir_for(original, "<txid>.<sandbox_id>")``, a hidden
 sibling of the original on its filesystem (a hidden child when the original is a mount point),
@@ -38,29 +38,27 @@ txid alone in a fresh process (reopened sandbox). Durable ordering:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox_core._fs_utils import (
-    Meta,
-    TreeChanges,
+from sandbox_core.durable import defer_durability, write_json_atomic
+from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.tree.guards import check_key, lock_tree
+from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.staging import (
     abort_staged,
     apply_staged,
-    change_stats,
-    check_key,
-    lock_tree,
     prepared_keys,
     stage_sync,
     staged_state,
     verify_staged,
 )
-from sandbox_core.base import BaseSandbox
-from sandbox_core.durable import defer_durability
-from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.tree.sync import Meta
+from sandbox_core.tree.textdiff import change_stats
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
 _AREA_STAGED = "staged-two-phase"  # staged_state() of an area whose apply has not begun
@@ -109,22 +107,9 @@ def _read_record_or_prepared(home: Path, txid: str) -> dict[str, Any] | None:
 def _write_record(home: Path, txid: str, record: dict[str, Any], *, durable: bool = True) -> None:
     """Write the record atomically; ``durable``: fsync it and ``home`` (else the caller's
     ``deferred_syncfs`` flush makes it durable)."""
-    path = _record_path(home, txid)
-    tmp = path.with_name(path.name + ".tmp")
-    text = json.dumps(record)  # the C encoder; json.dump to a file runs the pure-Python one
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        if durable:
-            os.fsync(handle.fileno())
-    tmp.replace(path)
-    if not durable:
-        return
-    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_json_atomic(
+        _record_path(home, txid), record, durable=durable, pretty=False, tmp_suffix=".tmp"
+    )
 
 
 def txids_in(home: Path, state: str) -> list[str]:
