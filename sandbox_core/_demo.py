@@ -22,8 +22,8 @@ from pathlib import Path
 
 from sandbox_core.cli import sandbox_diff
 from sandbox_core.factory import SandboxFactory
-from sandbox_core.manager import SandboxManager
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.host.store import SandboxStore
 
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "sandbox-demo",

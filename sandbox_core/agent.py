@@ -77,7 +77,6 @@ from sandbox_core._describe import describe as describe_sandbox
 from sandbox_core._dsn import same_database
 from sandbox_core._dsn import secrets_of as dsn_secrets
 from sandbox_core.base import BaseSandbox
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     ChangedSinceApprovalError,
     SandboxCommitError,
@@ -85,8 +84,9 @@ from sandbox_core.errors import (
     SandboxStateError,
 )
 from sandbox_core.factory import SandboxFactory
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.status import SandboxStatus
-from sandbox_core.store import SandboxStore
 
 logger = logging.getLogger("sandbox_core.agent")
 

@@ -47,7 +47,6 @@ from sandbox_core import _fs_utils
 from sandbox_core._db import redact
 from sandbox_core._describe import describe as _describe
 from sandbox_core.base import BaseSandbox
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     AtomicCommitError,
     ChangedSinceApprovalError,
@@ -59,9 +58,10 @@ from sandbox_core.errors import (
     TwoPhaseUnavailableError,
 )
 from sandbox_core.factory import SandboxFactory, SandboxStrategy
-from sandbox_core.manager import SandboxManager, drop_finished_journal
-from sandbox_core.review import PlanReview
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.manager import SandboxManager, drop_finished_journal
+from sandbox_core.host.store import SandboxStore
+from sandbox_core.plan.review import PlanReview
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 3

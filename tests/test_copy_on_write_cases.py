@@ -18,8 +18,8 @@ import pytest
 
 from sandbox_core import _fs_utils as fs
 from sandbox_core._fs_utils import backup_directory, recover_sync, safe_restore, scan_tree
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 

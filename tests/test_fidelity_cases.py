@@ -17,7 +17,7 @@ import pytest
 
 from sandbox_core import _overlay_mount
 from sandbox_core.base import BaseSandbox
-from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.overlay import OverlaySandbox

@@ -36,7 +36,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from sandbox_core import _overlay_mount
-from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from tests.fidelity_tree import bind_socket, differences, tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox

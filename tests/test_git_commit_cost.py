@@ -18,8 +18,8 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox, SandboxStatus
 from sandbox_core._git import GitCommand
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxConflictError
+from sandbox_core.host.checkpoint import CheckpointManager
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 BASE = {

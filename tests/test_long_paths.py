@@ -21,8 +21,8 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from tests.fidelity_tree import differences, tree_state
 from tests.gitrepo import GIT_ENV, git, make_repo

@@ -35,7 +35,7 @@ import pytest
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
 from sandbox_core.errors import PlanRerunRequiredError
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 STRATEGIES = ("git_worktree", "copy_on_write", "overlay", "transaction_rollback", "none")

@@ -27,9 +27,9 @@ from unittest.mock import patch
 import pytest
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
-from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalReason, StepState
-from sandbox_core.manager import SandboxManager, state_dir_journal_path
-from sandbox_core.saga import InjectedFaultError
+from sandbox_core.host.manager import SandboxManager, state_dir_journal_path
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase, JournalReason, StepState
+from sandbox_core.plan.saga import InjectedFaultError
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 ROLLBACKABLE = ("copy_on_write", "git_worktree", "overlay")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox_core.journal import JournalState, JournalStep, StepState
-from sandbox_core.saga import run_compensations
+from sandbox_core.plan.journal import JournalState, JournalStep, StepState
+from sandbox_core.plan.saga import run_compensations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_only_one_place_marks_a_step_compensating() -> None:
         for line in path.read_text(encoding="utf-8").splitlines()
         if "state = StepState.COMPENSATING" in line
     ]
-    assert marking == ["sandbox_core/saga.py"]
+    assert marking == ["sandbox_core/plan/saga.py"]
     handlers = ROOT / "operator/sandbox_operator/plancommit_handlers.py"
     assert "run_compensations(" in handlers.read_text(encoding="utf-8")
 

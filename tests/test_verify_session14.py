@@ -31,7 +31,7 @@ from sandbox_core import GitWorktreeSandbox
 from sandbox_core.base import BaseSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStatementError
 from sandbox_core.factory import SandboxFactory
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
 from tests.fidelity_tree import differences, tree_state
@@ -885,8 +885,8 @@ def test_executor_handles_on_one_mount_path_are_not_an_overlap(tmp_path: Path) -
     in-process sandboxes are checked for overlapping writes."""
     from types import SimpleNamespace
 
+    from sandbox_core.plan.two_phase import overlapping_writes
     from sandbox_core.protocol import ChangeSummary, PreparedCommit
-    from sandbox_core.two_phase import overlapping_writes
 
     def handle(sid: str) -> SimpleNamespace:
         return SimpleNamespace(sandbox_id=sid, strategy="copy_on_write",

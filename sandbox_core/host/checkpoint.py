@@ -37,6 +37,21 @@ from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError, SandboxLockedError, SandboxPermissionError
 from sandbox_core.protocol import SandboxContext, utc_now
 
+__all__ = [
+    "KIND_DIRECTORY",
+    "KIND_GIT_REF",
+    "KIND_KEY",
+    "KIND_OVERLAY",
+    "SNAPSHOT_PREFIX",
+    "CheckpointManager",
+    "Checkpointable",
+    "RefCheckpointable",
+    "SandboxCheckpoint",
+    "SandboxResolver",
+    "SnapshotCheckpointable",
+    "native_kind",
+]
+
 logger = logging.getLogger("sandbox_core.checkpoint")
 
 SNAPSHOT_PREFIX = "sandbox-checkpoint-"

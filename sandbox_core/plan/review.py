@@ -4,7 +4,7 @@
 :class:`~sandbox_core.protocol.ChangeSummary` (files added, changed and deleted, lines, bytes,
 statements, conflicts) without taking locks, and binds them together with
 :func:`plan_digest`: one ``"sha256:<hex>"`` over the exact changes of the plan. An approval
-names that digest; the two-phase commit (:mod:`sandbox_core.two_phase`) recomputes it over what
+names that digest; the two-phase commit (:mod:`sandbox_core.plan.two_phase`) recomputes it over what
 it prepared and refuses with ``ChangedSinceApproval`` when they differ, before any original is
 touched.
 """
@@ -16,8 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sandbox_core.plan.saga import commit_order
 from sandbox_core.protocol import ChangeSummary
-from sandbox_core.saga import commit_order
+
+__all__ = [
+    "DEFAULT_MAX_PATHS",
+    "PlanReview",
+    "plan_digest",
+    "review_plan",
+]
 
 DEFAULT_MAX_PATHS = 20
 """How many paths (and conflicts) per sandbox :meth:`PlanReview.to_dict` keeps by default."""

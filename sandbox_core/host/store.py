@@ -21,6 +21,12 @@ from sandbox_core.base import BaseSandbox
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError
 
+__all__ = [
+    "STATE_DIR_ENV",
+    "SandboxStore",
+    "default_state_dir",
+]
+
 STATE_DIR_ENV = "SANDBOX_CORE_STATE_DIR"
 
 

@@ -1,14 +1,14 @@
 """``SandboxManager``: sandbox lifecycles across plan executions (seed 002, "SandboxManager").
 
 Seed 000 is the contract. The manager tracks one sandbox per (plan, resource), creates them
-lazily, commits a plan's sandboxes all or nothing (:mod:`sandbox_core.saga`), rolls back and
+lazily, commits a plan's sandboxes all or nothing (:mod:`sandbox_core.plan.saga`), rolls back and
 cleans up in batch, and cleans up on process exit.
 
 Threading: one lock guards the tracking dicts and is held only for dictionary work; each plan has
 its own lock around slow work (create, commit, rollback, cleanup), so plans do not wait for each
 other.
 
-Persistence: with a :class:`~sandbox_core.store.SandboxStore` every sandbox is saved after each
+Persistence: with a :class:`~sandbox_core.host.store.SandboxStore` every sandbox is saved after each
 status change the manager makes, commit journals live in ``<state_dir>/journals/``, and
 :meth:`SandboxManager.reopen_plan` / :meth:`SandboxManager.load` rebuild the sandboxes in another
 process. A manager with a store usually wants ``cleanup_on_exit=False`` (the sandboxes outlive
@@ -34,25 +34,38 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
 from sandbox_core.factory import SandboxFactory
-from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState, MemoryCommitJournal
-from sandbox_core.protocol import CommitResult
-from sandbox_core.review import PlanReview, review_plan
-from sandbox_core.saga import (
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.store import SandboxStore
+from sandbox_core.plan.journal import (
+    CommitJournal,
+    FileCommitJournal,
+    JournalState,
+    MemoryCommitJournal,
+)
+from sandbox_core.plan.review import PlanReview, review_plan
+from sandbox_core.plan.saga import (
     FaultHook,
     PlanCommitSaga,
     refuse_partial_plan,
     results_from_journal,
 )
-from sandbox_core.status import SandboxStatus
-from sandbox_core.store import SandboxStore
-from sandbox_core.two_phase import (
+from sandbox_core.plan.two_phase import (
     TwoPhasePlanCommit,
     two_phase_results,
     two_phase_unavailable_reason,
 )
+from sandbox_core.protocol import CommitResult
+from sandbox_core.status import SandboxStatus
+
+__all__ = [
+    "PLAN_COMMIT_MODES",
+    "PlanCommitMode",
+    "SandboxManager",
+    "drop_finished_journal",
+    "state_dir_journal_path",
+]
 
 logger = logging.getLogger("sandbox_core.manager")
 
@@ -68,7 +81,8 @@ class SandboxManager:
         cleanup_on_exit: register an ``atexit`` handler that cleans up every tracked sandbox.
         store: persist sandboxes and commit journals in this store (cross-process reopen,
             crash recovery).
-        fault_hook: test-only fault injection for ``commit_all`` (see :mod:`sandbox_core.saga`).
+        fault_hook: test-only fault injection for ``commit_all`` (see
+            :mod:`sandbox_core.plan.saga`).
         checkpoints: the checkpoint manager the plans' checkpoints are taken with; default one
             over the store's state dir (``<state_dir>/checkpoints``), or an in-memory one
             without a store. :meth:`cleanup_all` deletes the plan's checkpoints from it.
@@ -221,7 +235,7 @@ class SandboxManager:
     ) -> list[CommitResult]:
         """Commit every CREATED/ACTIVE sandbox of the plan, all or nothing (seed 002).
 
-        Runs :class:`~sandbox_core.saga.PlanCommitSaga` against ``journal`` (default: a file
+        Runs :class:`~sandbox_core.plan.saga.PlanCommitSaga` against ``journal`` (default: a file
         journal in the store's state dir, or an in-memory one without a store). When the
         journal holds an unfinished attempt (the process died mid-commit, or a compensation is
         owed: case 21), that attempt is recovered first and its outcome returned; no new attempt
@@ -262,7 +276,7 @@ class SandboxManager:
     ) -> list[CommitResult]:
         """Commit every CREATED/ACTIVE sandbox of the plan all or nothing (issue 9, §1).
 
-        ``mode="two_phase"`` runs :class:`~sandbox_core.two_phase.TwoPhasePlanCommit`: every
+        ``mode="two_phase"`` runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`: every
         conflict is found before any original is touched. ``mode="saga"`` runs the saga of
         :meth:`commit_all`. ``mode="auto"`` tries two phases and falls back to the saga when
         they cannot be used (:class:`TwoPhaseUnavailableError`: more than one participant that
@@ -347,7 +361,7 @@ class SandboxManager:
         """What committing the plan would change now (issue 9, §2); takes no locks on originals.
 
         Returns:
-            The :class:`~sandbox_core.review.PlanReview` of every CREATED/ACTIVE sandbox of the
+            The :class:`~sandbox_core.plan.review.PlanReview` of every CREATED/ACTIVE sandbox of the
             plan (empty, with the digest of nothing, when none is); its ``digest`` is what
             ``commit_plan(approved_digest=...)`` takes.
 

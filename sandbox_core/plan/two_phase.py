@@ -1,6 +1,6 @@
 """Two-phase plan commit: every conflict is found before any original is touched (issue 9, §1).
 
-The saga (:mod:`sandbox_core.saga`) commits sandboxes one after another and compensates the
+The saga (:mod:`sandbox_core.plan.saga`) commits sandboxes one after another and compensates the
 ones that landed when a later one fails, so a conflict in the last of ten sandboxes changes nine
 originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead:
 
@@ -16,8 +16,8 @@ originals and undoes them. :class:`TwoPhasePlanCommit` splits the commit instead
    aborts every step (also the failed one) and ends the attempt ``failed`` / ``CommitFailed``
    (the first failed step in commit order is named): no original touched, sandboxes keep their
    status.
-2. **Verify**: :func:`~sandbox_core.review.plan_digest` over the prepared digests must equal the
-   approved digest when one is given, else every step is aborted and the attempt ends
+2. **Verify**: :func:`~sandbox_core.plan.review.plan_digest` over the prepared digests must equal
+   the approved digest when one is given, else every step is aborted and the attempt ends
    ``failed`` / ``ChangedSinceApproval``.
 3. **Decide**: with a participant that cannot prepare durably (SQLite holds its writes in an
    open connection; ``prepares_durably`` False) that participant is the *last resource*: it is
@@ -49,7 +49,7 @@ participant cannot prepare durably, or a participant has no prepare; or a prepar
 ``TwoPhaseUnavailableError`` with nothing touched; ``SandboxManager.commit_plan(mode="auto")``
 then falls back to the saga and reports ``fallback_reason`` (see ``docs/two-phase-commit.md``).
 
-Fault injection (tests only), through :func:`sandbox_core.saga.env_fault_hook`
+Fault injection (tests only), through :func:`sandbox_core.plan.saga.env_fault_hook`
 (``SANDBOX_CORE_FAULT=<point>:<index>`` SIGKILLs, ``SANDBOX_CORE_FAULT_RAISE`` raises): points
 ``before_prepare``, ``after_prepare`` (prepared, not yet recorded), ``before_abort`` (each
 step's abort, also in recovery), ``before_apply``,
@@ -74,7 +74,7 @@ from urllib.parse import urlsplit
 from sandbox_core.base import BaseSandbox
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
-from sandbox_core.journal import (
+from sandbox_core.plan.journal import (
     CommitJournal,
     JournalPhase,
     JournalReason,
@@ -82,9 +82,8 @@ from sandbox_core.journal import (
     JournalStep,
     StepState,
 )
-from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
-from sandbox_core.review import plan_digest
-from sandbox_core.saga import (
+from sandbox_core.plan.review import plan_digest
+from sandbox_core.plan.saga import (
     FaultHook,
     JournaledPlanCommit,
     PlanCommitSaga,
@@ -93,6 +92,22 @@ from sandbox_core.saga import (
     commit_order,
     probe_commit_landed,
 )
+from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
+
+__all__ = [
+    "DECISION_FAULT_INDEX",
+    "DEFAULT_MAX_WORKERS",
+    "TWO_PHASE_FAULT_POINTS",
+    "TXID_MAX_LENGTH",
+    "TwoPhasePlanCommit",
+    "failure_result",
+    "independent_chains",
+    "overlapping_writes",
+    "participant_order",
+    "plan_txid",
+    "two_phase_results",
+    "two_phase_unavailable_reason",
+]
 
 logger = logging.getLogger("sandbox_core.two_phase")
 
@@ -242,7 +257,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         on_change: called with a sandbox after each change of its status (the manager persists
             it to its store).
         fault_hook: test-only fault injection; defaults to
-            :func:`~sandbox_core.saga.env_fault_hook`.
+            :func:`~sandbox_core.plan.saga.env_fault_hook`.
         max_workers: participants whose originals are independent (:func:`independent_chains`)
             are prepared and applied by up to this many threads at once; ``1`` runs every step
             one after another in commit order.
@@ -589,7 +604,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             The journal state after recovery, or ``None`` when there is no journal. It is
             terminal unless an abort or an apply failed again (phase ``aborting`` or
             ``applying``: call again later). A terminal journal is returned unchanged; a saga
-            journal is recovered by :class:`~sandbox_core.saga.PlanCommitSaga`.
+            journal is recovered by :class:`~sandbox_core.plan.saga.PlanCommitSaga`.
 
         Raises:
             SandboxError: the journal could not be read or written.

@@ -2,7 +2,7 @@
 
 Seed 002, "Atomic Commit": rollbackable sandboxes commit first, non-rollbackable last; when a
 commit fails, the already-committed ones are compensated (rolled back) in LIFO order. DESIGN.md
-adds crash safety: every step is recorded in a :class:`~sandbox_core.journal.CommitJournal`
+adds crash safety: every step is recorded in a :class:`~sandbox_core.plan.journal.CommitJournal`
 before and after it happens, and :meth:`PlanCommitSaga.recover` finishes an interrupted attempt.
 
 Recovery policy (cases 20 and 22):
@@ -76,7 +76,7 @@ from sandbox_core.errors import (
     SandboxError,
     SandboxStateError,
 )
-from sandbox_core.journal import (
+from sandbox_core.plan.journal import (
     CommitJournal,
     JournalPhase,
     JournalReason,
@@ -86,6 +86,25 @@ from sandbox_core.journal import (
 )
 from sandbox_core.protocol import CommitResult, utc_now
 from sandbox_core.status import SandboxStatus
+
+__all__ = [
+    "FAULT_ENV",
+    "FAULT_POINTS",
+    "FAULT_RAISE_ENV",
+    "CompensationUndo",
+    "FaultHook",
+    "InjectedFaultError",
+    "JournaledPlanCommit",
+    "PlanCommitSaga",
+    "SandboxResolver",
+    "adopt_landed_commit",
+    "commit_order",
+    "env_fault_hook",
+    "probe_commit_landed",
+    "refuse_partial_plan",
+    "results_from_journal",
+    "run_compensations",
+]
 
 logger = logging.getLogger("sandbox_core.saga")
 

@@ -1,9 +1,10 @@
 """Commit journal: the durable record that makes a plan's atomic commit crash-safe.
 
 DESIGN.md, "PlanCommit: atomic commit as a saga"; cases 20 and 22. A plan commit is N separate side
-effects (git merge, directory swap, database COMMIT). :class:`~sandbox_core.saga.PlanCommitSaga`
-records every step in a :class:`CommitJournal` *before* and *after* it happens, so a process
-killed at any point can be resumed by :func:`~sandbox_core.saga.recover_plan_commit`.
+effects (git merge, directory swap, database COMMIT).
+:class:`~sandbox_core.plan.saga.PlanCommitSaga` records every step in a :class:`CommitJournal`
+*before* and *after* it happens, so a process killed at any point can be resumed by
+:func:`~sandbox_core.plan.saga.recover_plan_commit`.
 
 The protocol is deliberately two methods (``load``/``save`` of one :class:`JournalState`) so that
 the operator can implement it on a PlanCommit's ``.status`` and the CLI on a JSON file
@@ -20,7 +21,7 @@ Terminal phases are ``committed``, ``rolled_back`` (an interrupted attempt was c
 recovery) and ``failed`` (a commit step failed; ``rolled_back_ids`` / ``failed_rollback_ids`` say
 what compensation did). An attempt whose compensation failed for a cause that may go away stays
 ``compensating`` with reason ``CompensationFailed`` until recovery succeeds (case 21; see
-:mod:`sandbox_core.saga`). ``reason`` is a CamelCase word fit for a Kubernetes condition.
+:mod:`sandbox_core.plan.saga`). ``reason`` is a CamelCase word fit for a Kubernetes condition.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ from pydantic import BaseModel, Field
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import SandboxError
 from sandbox_core.protocol import utc_now
+
+__all__ = [
+    "CommitJournal",
+    "FileCommitJournal",
+    "JournalPhase",
+    "JournalReason",
+    "JournalState",
+    "JournalStep",
+    "MemoryCommitJournal",
+    "StepState",
+]
 
 
 class JournalPhase(StrEnum):
@@ -141,7 +153,7 @@ class JournalState(BaseModel):
     txid: str | None = None
     """Two-phase: the transaction id every participant prepared under."""
     digest: str | None = None
-    """Two-phase: the plan digest of what was prepared (see ``sandbox_core.review``)."""
+    """Two-phase: the plan digest of what was prepared (see ``sandbox_core.plan.review``)."""
     approved_digest: str | None = None
     """Two-phase: the digest the approval named, when one was required."""
     decided_at: datetime | None = None
