@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox_core.plan.saga import commit_order
+from sandbox_core.plan.participants import ReviewedParticipant, commit_order
 from sandbox_core.protocol import ChangeSummary
 
 __all__ = [
@@ -101,7 +101,7 @@ class PlanReview:
         }
 
 
-def review_plan(plan_id: str, sandboxes: Iterable[Any]) -> PlanReview:
+def review_plan(plan_id: str, sandboxes: Iterable[ReviewedParticipant]) -> PlanReview:
     """Review every sandbox of a plan (issue 9, §2); takes no locks, touches nothing.
 
     Args:

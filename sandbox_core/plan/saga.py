@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sandbox_core.errors import (
@@ -84,6 +84,7 @@ from sandbox_core.plan.journal import (
     JournalStep,
     StepState,
 )
+from sandbox_core.plan.participants import Participant, commit_order
 from sandbox_core.protocol import CommitResult, utc_now
 from sandbox_core.status import SandboxStatus
 
@@ -186,14 +187,6 @@ def refuse_partial_plan(plan_id: str, members: Iterable[tuple[str, str, SandboxS
         plan_id=plan_id,
         sandbox_ids=[sid for sid, _, _ in blocking],
     )
-
-
-def commit_order(sandboxes: Iterable[Any]) -> list[Any]:
-    """Rollbackable sandboxes first, then the others; stable within each group (seed 002)."""
-    items = list(sandboxes)
-    first = [sb for sb in items if bool(getattr(sb, "rollbackable", True))]
-    last = [sb for sb in items if not bool(getattr(sb, "rollbackable", True))]
-    return first + last
 
 
 def probe_commit_landed(sandbox: Any) -> bool | None:
@@ -370,7 +363,7 @@ class PlanCommitSaga(JournaledPlanCommit):
     def run(
         self,
         plan_id: str,
-        sandboxes: list[Any],
+        sandboxes: Sequence[Participant],
         attempt: int = 1,
         message: str | None = None,
         fallback_reason: str | None = None,
@@ -705,7 +698,7 @@ def _may_succeed_later(step: JournalStep, sandbox: Any, exc: Exception) -> bool:
     return not isinstance(exc, SandboxStateError)
 
 
-def _commit_one(sandbox: Any, message: str | None) -> CommitResult:
+def _commit_one(sandbox: Participant, message: str | None) -> CommitResult:
     """``sandbox.commit(message)``; a result with ``success=False`` raises SandboxError."""
     result: CommitResult = sandbox.commit(message)
     if not result.success:
@@ -722,7 +715,7 @@ def _roll_back_one(step: JournalStep, sandbox: Any, *, recovering: bool) -> None
     sandbox.rollback()
 
 
-def _step_for(sandbox: Any) -> JournalStep:
+def _step_for(sandbox: Participant) -> JournalStep:
     context = getattr(sandbox, "context", None)
     resource_id = getattr(sandbox, "resource_id", None) or getattr(context, "resource_id", "")
     return JournalStep(

@@ -66,12 +66,11 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from sandbox_core.base import BaseSandbox
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxCommitError, SandboxError, TwoPhaseUnavailableError
 from sandbox_core.plan.journal import (
@@ -82,6 +81,7 @@ from sandbox_core.plan.journal import (
     JournalStep,
     StepState,
 )
+from sandbox_core.plan.participants import Participant, commit_order, in_process
 from sandbox_core.plan.review import plan_digest
 from sandbox_core.plan.saga import (
     FaultHook,
@@ -89,7 +89,6 @@ from sandbox_core.plan.saga import (
     PlanCommitSaga,
     SandboxResolver,
     adopt_landed_commit,
-    commit_order,
     probe_commit_landed,
 )
 from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
@@ -110,6 +109,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sandbox_core.two_phase")
+
+P = TypeVar("P")
 
 TWO_PHASE_FAULT_POINTS = (
     "before_prepare",
@@ -151,7 +152,7 @@ def plan_txid(plan_id: str, attempt: int) -> str:
     return f"tpc.{readable}.{digest}.{attempt}"[:TXID_MAX_LENGTH]
 
 
-def two_phase_unavailable_reason(sandboxes: Iterable[Any]) -> str | None:
+def two_phase_unavailable_reason(sandboxes: Iterable[Participant]) -> str | None:
     """Why these sandboxes cannot be committed in two phases, or ``None`` when they can.
 
     Issue 9, §1, step 4: at most one participant may prepare non-durably (the last resource);
@@ -178,7 +179,7 @@ def two_phase_unavailable_reason(sandboxes: Iterable[Any]) -> str | None:
     return None
 
 
-def participant_order(sandboxes: Iterable[Any]) -> list[Any]:
+def participant_order(sandboxes: Iterable[P]) -> list[P]:
     """Commit order (seed 002: rollbackable first), with the last resource moved to the end."""
     ordered = commit_order(sandboxes)
     durable = [sb for sb in ordered if bool(getattr(sb, "prepares_durably", True))]
@@ -189,11 +190,11 @@ def _original_key(sandbox: Any) -> str | None:
     """What a participant's prepare and apply write to: the real path of its original, or its
     database address; None when unknown (then it is independent of nothing).
 
-    Only an in-process :class:`~sandbox_core.base.BaseSandbox` can run beside others: an
-    executor's handle or a wrapper around one (the operator's deletion guard, which checks its
-    Sandbox object right before each prepare, in commit order; an agent's HTTP handle) keeps
-    the plan in order."""
-    if not isinstance(sandbox, BaseSandbox):
+    Only an in-process sandbox (:func:`~sandbox_core.plan.participants.in_process`) can run
+    beside others: an executor's handle or a wrapper around one (the operator's deletion guard,
+    which checks its Sandbox object right before each prepare, in commit order; an agent's HTTP
+    handle) keeps the plan in order."""
+    if not in_process(sandbox):
         return None
     original = getattr(sandbox, "original_path", None)
     if not isinstance(original, str) or not original:
@@ -215,7 +216,7 @@ _INTERPRETER_CHAIN = "interpreter:"
 
 def _chain_key(sandbox: Any) -> str | None:
     """The key :func:`independent_chains` groups ``sandbox`` by (see ``_IN_INTERPRETER``)."""
-    if isinstance(sandbox, BaseSandbox) and sandbox.strategy in _IN_INTERPRETER:
+    if in_process(sandbox) and getattr(sandbox, "strategy", None) in _IN_INTERPRETER:
         return _INTERPRETER_CHAIN
     return _original_key(sandbox)
 
@@ -280,7 +281,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
     def run(
         self,
         plan_id: str,
-        sandboxes: list[Any],
+        sandboxes: Sequence[Participant],
         attempt: int = 1,
         message: str | None = None,
         approved_digest: str | None = None,
@@ -289,7 +290,9 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
 
         Args:
             plan_id: the plan.
-            sandboxes: its CREATED/ACTIVE sandboxes (BaseSandbox or an executor handle).
+            sandboxes: its CREATED/ACTIVE sandboxes (in-process, or an executor's handle);
+                each needs what :class:`~sandbox_core.plan.participants.TwoPhaseParticipant`
+                has.
             attempt: the attempt number (1-based); the txid derives from it.
             message: commit message for every participant.
             approved_digest: when given, the plan digest the prepared changes must hash to.
@@ -329,7 +332,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
     def _run(
         self,
         plan_id: str,
-        sandboxes: list[Any],
+        sandboxes: Sequence[Participant],
         attempt: int,
         message: str | None,
         approved_digest: str | None,
@@ -759,13 +762,13 @@ def _written_paths(sandbox: Any, prepared: PreparedCommit) -> tuple[str, set[str
     if summary is None:
         return None
     root = getattr(sandbox, "source_root", None)
-    if isinstance(sandbox, BaseSandbox):
-        top = os.path.realpath(sandbox.original_path)
+    if in_process(sandbox):
+        top = os.path.realpath(str(sandbox.original_path))
     elif isinstance(root, str) and root:
         top = root
     else:
         return None
-    if sandbox.strategy not in ("copy_on_write", "overlay"):
+    if getattr(sandbox, "strategy", None) not in ("copy_on_write", "overlay"):
         return None
     rels = [*summary.added, *summary.changed, *summary.deleted]
     return top, {f"{top.rstrip('/')}/{rel}" for rel in rels}
@@ -875,7 +878,7 @@ def _txid(state: JournalState) -> str:
     return state.txid
 
 
-def _step_for(sandbox: Any) -> JournalStep:
+def _step_for(sandbox: Participant) -> JournalStep:
     context = getattr(sandbox, "context", None)
     resource_id = getattr(sandbox, "resource_id", None) or getattr(context, "resource_id", "")
     return JournalStep(
