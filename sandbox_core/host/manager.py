@@ -18,13 +18,12 @@ the process on purpose).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 from sandbox_core.base import require_non_empty
@@ -34,10 +33,17 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
-from sandbox_core.errors import SandboxError, TwoPhaseUnavailableError
+from sandbox_core.errors import SandboxError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.store import SandboxStore
+from sandbox_core.plan.commit import (
+    PLAN_COMMIT_MODES,
+    PlanCommitMode,
+    check_mode,
+    commit_plan,
+    journal_results,
+)
 from sandbox_core.plan.journal import (
     CommitJournal,
     FileCommitJournal,
@@ -45,17 +51,8 @@ from sandbox_core.plan.journal import (
     MemoryCommitJournal,
 )
 from sandbox_core.plan.review import PlanReview, review_plan
-from sandbox_core.plan.saga import (
-    FaultHook,
-    PlanCommitSaga,
-    refuse_partial_plan,
-    results_from_journal,
-)
-from sandbox_core.plan.two_phase import (
-    TwoPhasePlanCommit,
-    two_phase_results,
-    two_phase_unavailable_reason,
-)
+from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, refuse_partial_plan
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from sandbox_core.protocol import CommitResult
 from sandbox_core.status import SandboxStatus
 
@@ -68,9 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sandbox_core.manager")
-
-PlanCommitMode = Literal["two_phase", "saga", "auto"]
-PLAN_COMMIT_MODES: tuple[str, ...] = ("two_phase", "saga", "auto")
 
 
 class SandboxManager:
@@ -276,20 +270,18 @@ class SandboxManager:
     ) -> list[CommitResult]:
         """Commit every CREATED/ACTIVE sandbox of the plan all or nothing (issue 9, §1).
 
-        ``mode="two_phase"`` runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`: every
-        conflict is found before any original is touched. ``mode="saga"`` runs the saga of
-        :meth:`commit_all`. ``mode="auto"`` tries two phases and falls back to the saga when
-        they cannot be used (:class:`TwoPhaseUnavailableError`: more than one participant that
-        cannot prepare durably, or a PostgreSQL server with ``max_prepared_transactions = 0``);
-        nothing is touched before the fallback. The fallback is reported in every result's
-        metadata (``mode: "saga"``, ``fallback_reason``) and in the journal
-        (``JournalState.fallback_reason``). An unfinished attempt in the journal (either mode)
-        is recovered first and its outcome returned, as in :meth:`commit_all`; so is the plan
-        refused up front when it could only land in part (case 38).
+        The policy - the mode, the fallback from two phases to the saga, the approval check -
+        is :func:`sandbox_core.plan.commit.commit_plan`'s, run on the plan's sandboxes with
+        ``journal`` and this manager's store (each sandbox is saved after each status change).
+        Before it, under the plan lock: an unfinished attempt in the journal (either mode) is
+        recovered and its outcome returned, as in :meth:`commit_all`, and a plan that could
+        only land in part is refused (case 38).
 
         Args:
             plan_id: the plan.
-            mode: ``"two_phase"`` (default), ``"saga"`` or ``"auto"``.
+            mode: ``"two_phase"`` (default), ``"saga"`` or ``"auto"`` (two phases, else the
+                saga; every result's metadata then says ``mode: "saga"`` and
+                ``fallback_reason``).
             journal: default: :meth:`journal_for`.
             message: commit message for every sandbox.
             approved_digest: the plan digest (``"sha256:<hex>"``, from :meth:`review_plan`)
@@ -306,56 +298,28 @@ class SandboxManager:
             TwoPhaseUnavailableError: ``mode="two_phase"`` and the plan cannot use two phases;
                 nothing was touched.
             PlanRerunRequiredError: as :meth:`commit_all` (case 38).
+            PlanReviewError: the saga's review before the approval check failed.
             SandboxError: the journal could not be read or written.
         """
         require_non_empty("plan_id", plan_id)
-        if mode not in PLAN_COMMIT_MODES:
-            raise ValueError(f"mode must be one of {', '.join(PLAN_COMMIT_MODES)}, not {mode!r}")
+        check_mode(mode)
         journal = journal if journal is not None else self.journal_for(plan_id)
         with self._plan_lock(plan_id):
             started = self._begin_attempt(plan_id, journal)
             if isinstance(started, list):
                 return started
             sandboxes, attempt = started
-            fallback: str | None = None
-            if mode != "saga":
-                fallback = two_phase_unavailable_reason(sandboxes)
-                if fallback is not None and mode == "two_phase":
-                    raise TwoPhaseUnavailableError(fallback)
-                if fallback is None:
-                    coordinator = TwoPhasePlanCommit(
-                        journal, on_change=self._persist, fault_hook=self._fault_hook
-                    )
-                    try:
-                        return coordinator.run(
-                            plan_id,
-                            sandboxes,
-                            attempt=attempt,
-                            message=message,
-                            approved_digest=approved_digest,
-                        )
-                    except TwoPhaseUnavailableError as exc:
-                        if mode == "two_phase":
-                            raise
-                        fallback = str(exc)
-                        attempt += 1
-                logger.warning("plan %s: falling back to the saga: %s", plan_id, fallback)
-            if approved_digest is not None:
-                changed = _changed_since_approval(plan_id, sandboxes, approved_digest, fallback)
-                if changed is not None:
-                    return [changed]
-            saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
-            results = saga.run(
-                plan_id, sandboxes, attempt=attempt, message=message, fallback_reason=fallback
+            return commit_plan(
+                plan_id,
+                sandboxes,
+                journal,
+                mode=mode,
+                attempt=attempt,
+                message=message,
+                approved_digest=approved_digest,
+                on_change=self._persist,
+                fault_hook=self._fault_hook,
             )
-            if fallback is None:
-                return results
-            return [
-                dataclasses.replace(
-                    r, metadata={**r.metadata, "mode": "saga", "fallback_reason": fallback}
-                )
-                for r in results
-            ]
 
     def review_plan(self, plan_id: str) -> PlanReview:
         """What committing the plan would change now (issue 9, §2); takes no locks on originals.
@@ -385,7 +349,7 @@ class SandboxManager:
         if previous is not None and not previous.phase.is_terminal:
             recovered = self.recover(plan_id, journal)
             assert recovered is not None  # it was loaded just above
-            return _journal_results(recovered)
+            return journal_results(recovered)
         tracked = self.list_sandboxes(plan_id)
         refuse_partial_plan(plan_id, ((sb.sandbox_id, _label(sb), sb.status) for sb in tracked))
         sandboxes = [sb for sb in tracked if sb.status.can_commit]
@@ -721,47 +685,6 @@ def drop_finished_journal(store: SandboxStore, plan_id: str) -> bool:
         return False
     journal.path.unlink(missing_ok=True)
     return True
-
-
-def _journal_results(state: JournalState) -> list[CommitResult]:
-    """What a finished attempt of either mode stands for (saga or two-phase journal)."""
-    if state.mode == "two_phase":
-        return two_phase_results(state)
-    return results_from_journal(state)
-
-
-def _changed_since_approval(
-    plan_id: str, sandboxes: list[Any], approved_digest: str, fallback: str | None
-) -> CommitResult | None:
-    """The saga's approval check (issue 9, §2): a review just before it starts.
-
-    Returns:
-        ``None`` when the plan still hashes to ``approved_digest``; else the failed result
-        (metadata ``reason: "ChangedSinceApproval"``, ``touched_originals`` 0).
-    """
-    actual = review_plan(plan_id, sandboxes).digest
-    if actual == approved_digest:
-        return None
-    return CommitResult(
-        sandbox_id="",
-        success=False,
-        error=(
-            f"Atomic commit failed: plan {plan_id} changed since approval: its changes hash to "
-            f"{actual}, the approval named {approved_digest}; nothing was changed"
-        ),
-        metadata={
-            "failed_sandbox_id": None,
-            "conflicts": [],
-            "rolled_back_ids": [],
-            "failed_rollback_ids": [],
-            "reason": "ChangedSinceApproval",
-            "touched_originals": 0,
-            "mode": "saga",
-            "fallback_reason": fallback,
-            "digest": actual,
-            "approved_digest": approved_digest,
-        },
-    )
 
 
 def _label(sandbox: Any) -> str:

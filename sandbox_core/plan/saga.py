@@ -371,7 +371,7 @@ class PlanCommitSaga(JournaledPlanCommit):
         """Commit ``sandboxes`` all or nothing (seed 002, "Atomic Commit").
 
         ``fallback_reason`` (issue 9) is recorded in the journal when a two-phase plan commit
-        fell back to this saga (``SandboxManager.commit_plan(mode="auto")``).
+        fell back to this saga (:func:`~sandbox_core.plan.commit.commit_plan`, ``mode="auto"``).
 
         Returns:
             One successful :class:`CommitResult` per sandbox, in commit order; or, when a commit

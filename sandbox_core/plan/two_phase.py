@@ -46,8 +46,9 @@ When two phases cannot be used (:func:`two_phase_unavailable_reason`: more than 
 participant cannot prepare durably, or a participant has no prepare; or a prepare raised
 :class:`~sandbox_core.errors.TwoPhaseUnavailableError`, e.g. PostgreSQL with
 ``max_prepared_transactions = 0``) :meth:`TwoPhasePlanCommit.run` raises
-``TwoPhaseUnavailableError`` with nothing touched; ``SandboxManager.commit_plan(mode="auto")``
-then falls back to the saga and reports ``fallback_reason`` (see ``docs/two-phase-commit.md``).
+``TwoPhaseUnavailableError`` with nothing touched; :func:`~sandbox_core.plan.commit.commit_plan`
+(``mode="auto"``) then falls back to the saga and reports ``fallback_reason`` (see
+``docs/two-phase-commit.md``).
 
 Fault injection (tests only), through :func:`sandbox_core.plan.saga.env_fault_hook`
 (``SANDBOX_CORE_FAULT=<point>:<index>`` SIGKILLs, ``SANDBOX_CORE_FAULT_RAISE`` raises): points
