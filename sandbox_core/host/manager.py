@@ -36,6 +36,7 @@ from sandbox_core.boundary import (
 from sandbox_core.errors import SandboxError
 from sandbox_core.factory import SandboxFactory
 from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.plan.commit import (
     PLAN_COMMIT_MODES,
@@ -96,6 +97,7 @@ class SandboxManager:
         if factory is None:
             raise ValueError("factory cannot be None")
         self._factory = factory
+        self._host = SandboxHost(store, factory)
         self._cleanup_on_exit = cleanup_on_exit
         self._store = store
         self._fault_hook = fault_hook
@@ -170,7 +172,9 @@ class SandboxManager:
 
         A tracked sandbox that is CREATED, ACTIVE or ROLLED_BACK is returned as is; one that is
         COMMITTED, CLEANED_UP or ERRORED is replaced by a fresh sandbox (the old one is cleaned
-        up, best effort). A new sandbox has had ``create(plan_id)`` called: status CREATED.
+        up, best effort). A new sandbox is made by :meth:`SandboxHost.provision
+        <sandbox_core.host.host.SandboxHost.provision>` (with a store: its pending record first,
+        so a crash mid-create leaves nothing that a later reopen trusts): status CREATED.
 
         Raises:
             ValueError: ``"plan_id cannot be empty"``, ``"resource_id cannot be empty"``,
@@ -184,13 +188,11 @@ class SandboxManager:
             existing = self.get_sandbox(plan_id, resource_id)
             if existing is not None and existing.status.is_open:
                 return existing
-            sandbox = self._factory.create(
-                str(sandbox_strategy), resource_id, original_path, **options
+            sandbox = self._host.provision(
+                plan_id, resource_id, original_path, str(sandbox_strategy), **options
             )
-            sandbox.create(plan_id)
             with self._lock:
                 self._sandboxes.setdefault(plan_id, {})[resource_id] = sandbox
-            self._persist(sandbox)
             if existing is not None:
                 self._discard_replaced(existing)
             return sandbox
@@ -534,7 +536,7 @@ class SandboxManager:
                     continue
                 if self.get_sandbox(plan_id, resource_id) is not None:
                     continue
-                sandbox = self._factory.reopen(record)
+                sandbox = self._host.reopen(str(record["sandbox_id"]), record)
                 with self._lock:
                     self._sandboxes.setdefault(plan_id, {})[resource_id] = sandbox
             return self.list_sandboxes(plan_id)
@@ -608,8 +610,7 @@ class SandboxManager:
         if tracked is not None or self._store is None:
             return tracked
         try:
-            record = self._store.load(sandbox_id)
-            sandbox = self._factory.reopen(record)
+            sandbox = self._host.reopen(sandbox_id)
         except SandboxError:
             logger.exception("cannot reopen sandbox %s of plan %s", sandbox_id, plan_id)
             return None
@@ -622,7 +623,7 @@ class SandboxManager:
         if tracked is not None or self._store is None:
             return tracked
         try:
-            return self._factory.reopen(self._store.load(sandbox_id))
+            return self._host.reopen(sandbox_id)
         except SandboxError:
             return None
 

@@ -74,6 +74,16 @@ class SandboxStore:
             raise SandboxError(f"cannot read sandbox {sandbox_id}: {exc}") from exc
         return data
 
+    def find(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The stored record of ``sandbox_id``, or ``None`` when there is none.
+
+        Raises:
+            SandboxError: the record exists but is unreadable.
+        """
+        if not self._path(sandbox_id).exists():
+            return None
+        return self.load(sandbox_id)
+
     def records(self, plan_id: str | None = None) -> list[dict[str, Any]]:
         """All stored records (of one plan when ``plan_id`` is given), oldest id first."""
         if not self._dir.is_dir():
