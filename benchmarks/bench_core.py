@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox_core import SandboxFactory
-from sandbox_core.base import BaseSandbox
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.cli.demo import _default_source_tree
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.strategies.base import BaseSandbox
 
 GIT_ENV = {
     **os.environ,

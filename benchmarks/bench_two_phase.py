@@ -40,10 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox_core.journal import FileCommitJournal
-from sandbox_core.saga import PlanCommitSaga
+from sandbox_core.plan.journal import FileCommitJournal
+from sandbox_core.plan.saga import PlanCommitSaga
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
-from sandbox_core.two_phase import TwoPhasePlanCommit
 
 BLOCK = b"x" * 4096
 

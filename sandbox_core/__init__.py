@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox_core.boundary import Resource, ResourceRegistry
-    from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
     from sandbox_core.errors import (
         AtomicCommitError,
         ChangedSinceApprovalError,
@@ -28,9 +27,12 @@ if TYPE_CHECKING:
         SandboxStatementError,
         TwoPhaseUnavailableError,
     )
-    from sandbox_core.journal import CommitJournal, FileCommitJournal, JournalState
-    from sandbox_core.manager import SandboxManager
+    from sandbox_core.host.manager import SandboxManager
+    from sandbox_core.host.store import SandboxStore
     from sandbox_core.paths import resolve_inside
+    from sandbox_core.plan.journal import CommitJournal, FileCommitJournal, JournalState
+    from sandbox_core.plan.review import PlanReview, plan_digest, review_plan
+    from sandbox_core.plan.two_phase import TwoPhasePlanCommit
     from sandbox_core.protocol import (
         ChangeSummary,
         CommitResult,
@@ -40,9 +42,7 @@ if TYPE_CHECKING:
     )
     from sandbox_core.redaction import redact as redact_dsn
     from sandbox_core.redaction import secrets_of as dsn_secrets
-    from sandbox_core.review import PlanReview, plan_digest, review_plan
     from sandbox_core.status import SandboxStatus
-    from sandbox_core.store import SandboxStore
     from sandbox_core.strategies.base import BaseSandbox
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
     from sandbox_core.strategies.factory import SandboxFactory, SandboxStrategy
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from sandbox_core.strategies.transaction import TransactionSandbox
     from sandbox_core.tree.ops import backup_directory, safe_restore
     from sandbox_core.tree.textdiff import compute_diff
-    from sandbox_core.two_phase import TwoPhasePlanCommit
 
 # Public name -> (module, attribute in that module).
 _EXPORTS: dict[str, tuple[str, str]] = {
@@ -61,44 +60,44 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BaseSandbox": ("sandbox_core.strategies.base", "BaseSandbox"),
     "ChangedSinceApprovalError": ("sandbox_core.errors", "ChangedSinceApprovalError"),
     "ChangeSummary": ("sandbox_core.protocol", "ChangeSummary"),
-    "Checkpointable": ("sandbox_core.checkpoint", "Checkpointable"),
-    "CheckpointManager": ("sandbox_core.checkpoint", "CheckpointManager"),
-    "CommitJournal": ("sandbox_core.journal", "CommitJournal"),
+    "Checkpointable": ("sandbox_core.host.checkpoint", "Checkpointable"),
+    "CheckpointManager": ("sandbox_core.host.checkpoint", "CheckpointManager"),
+    "CommitJournal": ("sandbox_core.plan.journal", "CommitJournal"),
     "CommitResult": ("sandbox_core.protocol", "CommitResult"),
     "compute_diff": ("sandbox_core.tree.textdiff", "compute_diff"),
     "CopyOnWriteSandbox": ("sandbox_core.strategies.copy_on_write", "CopyOnWriteSandbox"),
     "dsn_secrets": ("sandbox_core.redaction", "secrets_of"),
-    "FileCommitJournal": ("sandbox_core.journal", "FileCommitJournal"),
+    "FileCommitJournal": ("sandbox_core.plan.journal", "FileCommitJournal"),
     "GitWorktreeSandbox": ("sandbox_core.strategies.git_worktree", "GitWorktreeSandbox"),
-    "JournalState": ("sandbox_core.journal", "JournalState"),
+    "JournalState": ("sandbox_core.plan.journal", "JournalState"),
     "NoSandbox": ("sandbox_core.strategies.none", "NoSandbox"),
     "OverlaySandbox": ("sandbox_core.strategies.overlay", "OverlaySandbox"),
-    "plan_digest": ("sandbox_core.review", "plan_digest"),
+    "plan_digest": ("sandbox_core.plan.review", "plan_digest"),
     "PlanRerunRequiredError": ("sandbox_core.errors", "PlanRerunRequiredError"),
-    "PlanReview": ("sandbox_core.review", "PlanReview"),
+    "PlanReview": ("sandbox_core.plan.review", "PlanReview"),
     "PreparedCommit": ("sandbox_core.protocol", "PreparedCommit"),
     "redact_dsn": ("sandbox_core.redaction", "redact"),
     "resolve_inside": ("sandbox_core.paths", "resolve_inside"),
     "Resource": ("sandbox_core.boundary", "Resource"),
     "ResourceRegistry": ("sandbox_core.boundary", "ResourceRegistry"),
-    "review_plan": ("sandbox_core.review", "review_plan"),
+    "review_plan": ("sandbox_core.plan.review", "review_plan"),
     "safe_restore": ("sandbox_core.tree.ops", "safe_restore"),
     "Sandbox": ("sandbox_core.protocol", "Sandbox"),
-    "SandboxCheckpoint": ("sandbox_core.checkpoint", "SandboxCheckpoint"),
+    "SandboxCheckpoint": ("sandbox_core.host.checkpoint", "SandboxCheckpoint"),
     "SandboxCommitError": ("sandbox_core.errors", "SandboxCommitError"),
     "SandboxContext": ("sandbox_core.protocol", "SandboxContext"),
     "SandboxCreationError": ("sandbox_core.errors", "SandboxCreationError"),
     "SandboxError": ("sandbox_core.errors", "SandboxError"),
     "SandboxFactory": ("sandbox_core.strategies.factory", "SandboxFactory"),
-    "SandboxManager": ("sandbox_core.manager", "SandboxManager"),
+    "SandboxManager": ("sandbox_core.host.manager", "SandboxManager"),
     "SandboxRollbackError": ("sandbox_core.errors", "SandboxRollbackError"),
     "SandboxStateError": ("sandbox_core.errors", "SandboxStateError"),
     "SandboxStatementError": ("sandbox_core.errors", "SandboxStatementError"),
     "SandboxStatus": ("sandbox_core.status", "SandboxStatus"),
-    "SandboxStore": ("sandbox_core.store", "SandboxStore"),
+    "SandboxStore": ("sandbox_core.host.store", "SandboxStore"),
     "SandboxStrategy": ("sandbox_core.strategies.factory", "SandboxStrategy"),
     "TransactionSandbox": ("sandbox_core.strategies.transaction", "TransactionSandbox"),
-    "TwoPhasePlanCommit": ("sandbox_core.two_phase", "TwoPhasePlanCommit"),
+    "TwoPhasePlanCommit": ("sandbox_core.plan.two_phase", "TwoPhasePlanCommit"),
     "TwoPhaseUnavailableError": ("sandbox_core.errors", "TwoPhaseUnavailableError"),
 }
 

@@ -231,6 +231,11 @@ class ChangedSinceApprovalError(SandboxCommitError):
         self.actual_digest = actual_digest
 
 
+class PlanReviewError(SandboxError):
+    """A plan could not be reviewed again right before its commit, so its approval cannot be
+    checked (issue 9, §2); nothing was touched. ``__cause__`` is the review's own error."""
+
+
 class TwoPhaseUnavailableError(SandboxError):
     """A plan cannot be committed in two phases (issue 9, §1); nothing was touched.
 

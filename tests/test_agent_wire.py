@@ -23,7 +23,7 @@ from sandbox_core.errors import (
 def test_the_contract_loads_no_aiohttp_git_psycopg_or_strategy() -> None:
     code = (
         "import sys, sandbox_core.agent.wire\n"
-        "heavy = ('aiohttp', 'git', 'psycopg', 'click', 'sandbox_core.base',\n"
+        "heavy = ('aiohttp', 'git', 'psycopg', 'click', 'sandbox_core.strategies.base',\n"
         "         'sandbox_core.agent.server', 'sandbox_core.agent.operations')\n"
         "loaded = [m for m in heavy if m in sys.modules]\n"
         "assert loaded == [], loaded\n"

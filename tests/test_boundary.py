@@ -9,7 +9,7 @@ import pytest
 
 from sandbox_core import SandboxFactory
 from sandbox_core.boundary import Resource, ResourceRegistry
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 
 
 @pytest.fixture

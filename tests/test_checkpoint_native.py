@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import SandboxFactory
-from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.host.checkpoint import CheckpointManager
 
 
 @pytest.mark.parametrize("strategy", ["overlay", "git_worktree", "copy_on_write"])

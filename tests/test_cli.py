@@ -207,7 +207,9 @@ def test_transaction_diff_lists_pending_statements_and_hides_passwords(env, tmp_
         conn.execute("CREATE TABLE items (name TEXT)")
     sid = create(env, "p6", "db", "transaction_rollback", db)
     script = (
-        "import sys; from sandbox_core.store import SandboxStore; "
+        "import sys; from sandbox_core.host.store import SandboxStore; "
+        "from sandbox_core.strategies.factory import SandboxFactory; "
+        "import sys; from sandbox_core.host.store import SandboxStore; "
         "from sandbox_core.strategies.factory import SandboxFactory; "
         "s = SandboxFactory().reopen(SandboxStore().load(sys.argv[1])); "
         "s.execute('INSERT INTO items VALUES (?)', ['apple']); SandboxStore().save(s)"

@@ -22,8 +22,8 @@ from unittest.mock import patch
 import pytest
 
 from sandbox_core import BaseSandbox, CommitResult, SandboxContext, SandboxFactory, SandboxStore
-from sandbox_core.journal import FileCommitJournal, JournalPhase, StepState
-from sandbox_core.manager import SandboxManager, state_dir_journal_path
+from sandbox_core.host.manager import SandboxManager, state_dir_journal_path
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase, StepState
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.tree import sync as fs

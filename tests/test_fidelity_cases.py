@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox

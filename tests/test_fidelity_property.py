@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from sandbox_core.checkpoint import CheckpointManager
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import mount as _overlay_mount
 from tests.fidelity_tree import bind_socket, differences, tree_state

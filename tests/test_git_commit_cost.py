@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import GitWorktreeSandbox, SandboxStatus
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxConflictError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.strategies.git_worktree import GitCommand
 from tests.gitrepo import GIT_ENV, git, make_repo
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import GitWorktreeSandbox
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from tests.fidelity_tree import differences, tree_state

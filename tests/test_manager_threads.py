@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core import SandboxFactory, SandboxStatus
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 
 THREADS = 16
 PLANS = 10

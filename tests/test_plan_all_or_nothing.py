@@ -1,6 +1,6 @@
 """A plan commit lands all of the plan or none of it, also across crashes and retries (case 38).
 
-Invariant (``sandbox_core.saga``): for every crash point of the saga's fault hook and every mix
+Invariant (``sandbox_core.plan.saga``): for every crash point of the saga's fault hook and every mix
 of strategies, *crash -> recover -> commit the plan again* leaves the originals either all as they
 were before the plan or all with the plan's changes; never some of each. The retry either
 commits the whole plan, or is refused up front (``PlanRerunRequiredError``) with the originals
@@ -35,7 +35,7 @@ import pytest
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
 from sandbox_core.errors import PlanRerunRequiredError
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 STRATEGIES = ("git_worktree", "copy_on_write", "overlay", "transaction_rollback", "none")

@@ -1,6 +1,6 @@
 """A compensation that failed is retried by ``recover`` once its cause is gone (case 21).
 
-Policy (``sandbox_core.saga``): every compensation is attempted in LIFO order (best effort); a
+Policy (``sandbox_core.plan.saga``): every compensation is attempted in LIFO order (best effort); a
 failed one keeps the attempt open (phase ``compensating``, reason ``CompensationFailed``) and its
 sandbox COMMITTED; ``recover`` (library and ``sandbox-core recover``) retries it, and once it
 succeeds the plan ends as if nothing had failed: the originals as they were before the commit.
@@ -27,9 +27,9 @@ from unittest.mock import patch
 import pytest
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
-from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalReason, StepState
-from sandbox_core.manager import SandboxManager, state_dir_journal_path
-from sandbox_core.saga import InjectedFaultError
+from sandbox_core.host.manager import SandboxManager, state_dir_journal_path
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase, JournalReason, StepState
+from sandbox_core.plan.saga import InjectedFaultError
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 ROLLBACKABLE = ("copy_on_write", "git_worktree", "overlay")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
-from sandbox_core.manager import SandboxManager, state_dir_journal_path
+from sandbox_core.host.manager import SandboxManager, state_dir_journal_path
 from tests.gitrepo import GIT_ENV, git, make_repo
 
 # (strategy, options): overlay in both modes (kernel only where the process may mount).
@@ -188,8 +188,8 @@ def test_a_failed_create_leaves_no_strategy_folder(
 
 def test_a_journal_that_still_owes_a_compensation_is_kept(tmp_path: Path) -> None:
     """Hygiene never destroys the only record of what must still be undone (case 21)."""
-    from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState
-    from sandbox_core.manager import drop_finished_journal
+    from sandbox_core.host.manager import drop_finished_journal
+    from sandbox_core.plan.journal import FileCommitJournal, JournalPhase, JournalState
 
     store = SandboxStore(tmp_path / "state")
     journal = FileCommitJournal(state_dir_journal_path(store.state_dir, "p"))

@@ -59,7 +59,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]
 
 CREATE = """
 from sandbox_core import SandboxFactory, SandboxStore
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False, store=SandboxStore(state_dir))
 cow = manager.get_or_create_sandbox("plan-x", "D", original, "copy_on_write", sandbox_root=root)
 open(cow.get_path("g"), "w").write("d1\\n")
@@ -71,7 +71,7 @@ print(json.dumps({"D": cow.sandbox_id, "R": git.sandbox_id}))
 
 REOPEN_AND_COMMIT = """
 from sandbox_core import SandboxStore
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 manager = SandboxManager.load(SandboxStore(state_dir))
 sandboxes = manager.list_sandboxes("plan-x")
 found = {sb.resource_id: [sb.sandbox_id, sb.status.value] for sb in sandboxes}
@@ -82,7 +82,7 @@ print(json.dumps({"found": found, "edited": edited, "results": [r.success for r 
 
 CLEANUP = """
 from sandbox_core import SandboxStore
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 manager = SandboxManager.load(SandboxStore(state_dir))
 statuses = sorted(sb.status.value for sb in manager.list_sandboxes("plan-x"))
 cleaned = manager.cleanup_abandoned()
@@ -111,8 +111,8 @@ def test_sandboxes_reopen_in_another_process_and_commit(workspace: dict[str, str
 
 CHECKPOINT = """
 from sandbox_core import SandboxStore
-from sandbox_core.checkpoint import CheckpointManager
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.manager import SandboxManager
 manager = SandboxManager.load(SandboxStore(state_dir))
 checkpoints = CheckpointManager(state_dir=state_dir)
 made = {}
@@ -128,8 +128,8 @@ print(json.dumps(made))
 
 RESTORE = """
 from sandbox_core import SandboxFactory, SandboxStore
-from sandbox_core.checkpoint import CheckpointManager
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.manager import SandboxManager
 store = SandboxStore(state_dir)
 manager = SandboxManager.load(store)
 checkpoints = CheckpointManager(state_dir=state_dir, sandbox_resolver=manager.find_sandbox)

@@ -1,15 +1,15 @@
 """The compensation loop appears once in the code (issue 9, §1).
 
 The operator's ``action: Rollback`` used to carry a second copy of the saga's loop; both now call
-:func:`sandbox_core.saga.run_compensations`.
+:func:`sandbox_core.plan.saga.run_compensations`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox_core.journal import JournalState, JournalStep, StepState
-from sandbox_core.saga import run_compensations
+from sandbox_core.plan.journal import JournalState, JournalStep, StepState
+from sandbox_core.plan.saga import run_compensations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +27,8 @@ def test_only_one_place_marks_a_step_compensating() -> None:
     ]
     assert marking == ["sandbox_core/saga.py"]
     handlers = ROOT / "operator/sandbox_operator/resources/plancommit.py"
+    assert marking == ["sandbox_core/plan/saga.py"]
+    handlers = ROOT / "operator/sandbox_operator/plancommit_handlers.py"
     assert "run_compensations(" in handlers.read_text(encoding="utf-8")
 
 

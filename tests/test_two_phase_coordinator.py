@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from sandbox_core.errors import TwoPhaseUnavailableError
-from sandbox_core.journal import JournalPhase, JournalReason, MemoryCommitJournal, StepState
-from sandbox_core.manager import SandboxManager
-from sandbox_core.review import plan_digest
-from sandbox_core.saga import InjectedFaultError
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.plan.journal import JournalPhase, JournalReason, MemoryCommitJournal, StepState
+from sandbox_core.plan.review import plan_digest
+from sandbox_core.plan.saga import InjectedFaultError
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit, independent_chains, plan_txid
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 from sandbox_core.strategies.overlay import OverlaySandbox
-from sandbox_core.two_phase import TwoPhasePlanCommit, independent_chains, plan_txid
 from tests.two_phase_fakes import (
     StagedFileSandbox,
     VolatileSandbox,

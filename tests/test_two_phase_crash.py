@@ -29,8 +29,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from sandbox_core.manager import SandboxManager
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.strategies.factory import SandboxFactory
 from tests.gitrepo import GIT_ENV, git, make_repo
 from tests.postgres_fixture import (  # noqa: F401 - fixtures

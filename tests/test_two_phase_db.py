@@ -673,8 +673,8 @@ def test_pg_two_sandboxes_of_one_database_prepare_in_one_plan_without_a_bookkeep
 ) -> None:
     """The bookkeeping table is created before PREPARE, so a second sandbox of the same
     database does not wait on the first one's prepared CREATE TABLE (found in tier 2)."""
-    from sandbox_core.journal import MemoryCommitJournal
-    from sandbox_core.two_phase import TwoPhasePlanCommit
+    from sandbox_core.plan.journal import MemoryCommitJournal
+    from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 
     assert pg.run("SELECT to_regclass('sandbox_commits') IS NULL") == [(True,)]
     first, second = pg.sandbox(timeout_seconds=3), pg.sandbox(timeout_seconds=3)

@@ -30,7 +30,8 @@ import pytest
 from sandbox_core import durable
 from sandbox_core.durable import deferred_syncfs
 from sandbox_core.errors import SandboxError
-from sandbox_core.journal import FileCommitJournal, JournalPhase, JournalState
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase, JournalState
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit, plan_txid
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies import _directory
 from sandbox_core.strategies.base import BaseSandbox
@@ -38,7 +39,6 @@ from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.tree import staging as tree_staging
 from sandbox_core.tree import sync
 from sandbox_core.tree.staging import find_prepared
-from sandbox_core.two_phase import TwoPhasePlanCommit, plan_txid
 from tests.fidelity_tree import tree_state
 from tests.test_fidelity_cases import STRATEGIES, new_sandbox
 from tests.test_two_phase_dirs import edit, make_source, staged_beside
@@ -188,9 +188,9 @@ KILL_AFTER_FLUSH = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from sandbox_core import durable
-    from sandbox_core.journal import FileCommitJournal
+    from sandbox_core.plan.journal import FileCommitJournal
     from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
-    from sandbox_core.two_phase import TwoPhasePlanCommit
+    from sandbox_core.plan.two_phase import TwoPhasePlanCommit
     from tests.test_two_phase_dirs import edit, make_source
     tmp = Path(sys.argv[1])
     boxes = []

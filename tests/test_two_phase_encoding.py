@@ -19,10 +19,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from sandbox_core.journal import FileCommitJournal, JournalPhase
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.transaction import TransactionSandbox
-from sandbox_core.two_phase import TwoPhasePlanCommit
 from tests.postgres_fixture import postgres_dsn  # noqa: F401 - fixture
 from tests.test_two_phase_db import Pg
 

@@ -15,8 +15,8 @@ import pytest
 
 from sandbox_core import SandboxFactory
 from sandbox_core.errors import TwoPhaseUnavailableError
-from sandbox_core.journal import MemoryCommitJournal
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.plan.journal import MemoryCommitJournal
 from tests.gitrepo import git, make_repo
 from tests.test_two_phase_db import (  # noqa: F401 - fixtures
     Pg,

@@ -26,8 +26,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sandbox_core.journal import FileCommitJournal, JournalPhase
-from sandbox_core.two_phase import TwoPhasePlanCommit
+from sandbox_core.plan.journal import FileCommitJournal, JournalPhase
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from tests.postgres_fixture import (  # noqa: F401 - fixtures
     postgres_dsn,
     postgres_schema_dsn,

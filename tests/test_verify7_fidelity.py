@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxRollbackError
+from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from tests.fidelity_tree import assert_same_tree, tree_state

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from sandbox_core import SandboxFactory, SandboxStore
-from sandbox_core.checkpoint import CheckpointManager
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.manager import SandboxManager
 from tests.gitrepo import GIT_ENV, git, make_repo
 from tests.test_plan_hygiene import (  # noqa: F401 - _git_identity is an autouse fixture
     CASES,

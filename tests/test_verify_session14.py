@@ -29,7 +29,7 @@ import pytest
 
 from sandbox_core import GitWorktreeSandbox
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxStatementError
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
@@ -885,8 +885,8 @@ def test_executor_handles_on_one_mount_path_are_not_an_overlap(tmp_path: Path) -
     in-process sandboxes are checked for overlapping writes."""
     from types import SimpleNamespace
 
+    from sandbox_core.plan.two_phase import overlapping_writes
     from sandbox_core.protocol import ChangeSummary, PreparedCommit
-    from sandbox_core.two_phase import overlapping_writes
 
     def handle(sid: str) -> SimpleNamespace:
         return SimpleNamespace(sandbox_id=sid, strategy="copy_on_write",

@@ -20,7 +20,7 @@ from pytest_bdd import given, parsers, scenarios, then, when
 from ulid import ULID
 
 from sandbox_core import SandboxContext, SandboxError
-from sandbox_core.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
+from sandbox_core.host.checkpoint import Checkpointable, CheckpointManager, SandboxCheckpoint
 
 scenarios("checkpoint_manager.feature")
 
@@ -267,7 +267,8 @@ def when_snapshot_real(ctx: dict[str, Any]) -> None:
 @when("I call _snapshot_directory with a path that triggers OSError")
 def when_snapshot_oserror(ctx: dict[str, Any]) -> None:
     with patch(
-        "sandbox_core.checkpoint.backup_directory", side_effect=OSError("injected copy failure")
+        "sandbox_core.host.checkpoint.backup_directory",
+        side_effect=OSError("injected copy failure"),
     ):
         try:
             ctx["manager"]._snapshot_directory(str(ctx["sandbox_dir"]))
@@ -377,7 +378,7 @@ def when_rollback_crafted(ctx: dict[str, Any]) -> None:
     if fault is None:
         ctx["rollback"] = ctx["manager"].rollback_to(ctx["crafted"])
         return
-    with patch("sandbox_core.checkpoint.safe_restore", side_effect=fault):
+    with patch("sandbox_core.host.checkpoint.safe_restore", side_effect=fault):
         ctx["rollback"] = ctx["manager"].rollback_to(ctx["crafted"])
     # The failed restore left the live sandbox as it was, and no staging copy behind.
     assert (ctx["live_dir"] / "a.txt").read_text() == "live\n"

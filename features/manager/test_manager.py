@@ -25,7 +25,7 @@ from sandbox_core import (
     SandboxRollbackError,
     SandboxStatus,
 )
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
 
 scenarios("sandbox_manager.feature")
 

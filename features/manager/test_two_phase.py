@@ -11,8 +11,8 @@ import pytest
 from pytest_bdd import given, parsers, scenarios, then, when
 
 from sandbox_core import SandboxFactory
-from sandbox_core.journal import MemoryCommitJournal
-from sandbox_core.manager import SandboxManager
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.plan.journal import MemoryCommitJournal
 
 scenarios("two_phase_commit.feature")
 

@@ -30,10 +30,10 @@ from sandbox_core.errors import (
     SandboxReplayDivergedError,
     SandboxStateError,
 )
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.protocol import Sandbox
 from sandbox_core.redaction import redact, secrets_of
 from sandbox_core.status import SandboxStatus
-from sandbox_core.store import SandboxStore
 from sandbox_core.strategies.transaction import (
     STATEMENT_LOG,
     SandboxStatementError,

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.strategies.transaction import TransactionSandbox
 
 

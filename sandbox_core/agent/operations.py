@@ -40,14 +40,14 @@ from sandbox_core.agent.wire import (
     TXID_PATTERN,
     AgentError,
 )
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.redaction import same_database
 from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
-from sandbox_core.store import SandboxStore
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 

@@ -36,7 +36,6 @@ from typing import Any, NoReturn
 
 import click
 
-from sandbox_core.checkpoint import CheckpointManager
 from sandbox_core.errors import (
     AtomicCommitError,
     ChangedSinceApprovalError,
@@ -47,8 +46,9 @@ from sandbox_core.errors import (
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
-from sandbox_core.manager import SandboxManager
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from sandbox_core.describe import sandbox_diff
-from sandbox_core.manager import SandboxManager
-from sandbox_core.store import SandboxStore
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.host.store import SandboxStore
 from sandbox_core.strategies.factory import SandboxFactory
 
 _GIT_ENV = {

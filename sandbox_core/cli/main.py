@@ -37,7 +37,7 @@ from sandbox_core.cli.plan import cleanup_plan, commit_plan, recover, review
 from sandbox_core.describe import describe as _describe
 from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
-from sandbox_core.manager import drop_finished_journal
+from sandbox_core.host.manager import drop_finished_journal
 from sandbox_core.redaction import redact
 from sandbox_core.strategies.factory import SandboxStrategy
 

@@ -18,7 +18,7 @@ from sandbox_core.cli.context import (
     _guard,
 )
 from sandbox_core.errors import AtomicCommitError, ChangedSinceApprovalError, SandboxCommitError
-from sandbox_core.review import PlanReview
+from sandbox_core.plan.review import PlanReview
 
 
 @click.command("cleanup-plan")

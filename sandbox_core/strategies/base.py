@@ -366,7 +366,7 @@ class BaseSandbox:
     def adopt_landed_commit(self) -> None:
         """Record a commit that landed although the process died before recording it.
 
-        Crash recovery only (``sandbox_core.saga``, case 20): the original already holds the
+        Crash recovery only (``sandbox_core.plan.saga``, case 20): the original already holds the
         change, so the sandbox moves to COMMITTED (via ACTIVE) and ``last_commit`` is rebuilt by
         the strategy's ``_rebuild_landed_commit`` hook where it can, so that compensation can
         undo it. No-op when already COMMITTED.

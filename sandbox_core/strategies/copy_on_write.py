@@ -215,7 +215,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     def commit_landed(self) -> bool:
         """Did a commit whose outcome was lost (the process died inside it) reach the original?
 
-        Crash recovery (``sandbox_core.saga``, issue 11): an interrupted sync is finished or
+        Crash recovery (``sandbox_core.plan.saga``, issue 11): an interrupted sync is finished or
         undone first (:func:`~sandbox_core.tree.sync.recover_sync`, so the original is exactly
         old or exactly new), then the commit landed when the original holds every change the
         sandbox made and nothing conflicts: what a commit now would write is empty. A sandbox

@@ -36,7 +36,13 @@ from sandbox_core.errors import (
     SandboxConnectionError,
     SandboxCreationPermissionError,
 )
-from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
+from sandbox_core.plan.journal import (
+    JournalPhase,
+    JournalReason,
+    JournalState,
+    JournalStep,
+    StepState,
+)
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 

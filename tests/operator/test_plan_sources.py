@@ -14,8 +14,8 @@ from sandbox_operator.executors.base import SandboxTarget
 from sandbox_operator.resources.plan_sources import source_root
 
 from sandbox_api.models import SandboxSource
+from sandbox_core.plan.two_phase import overlapping_writes
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
-from sandbox_core.two_phase import overlapping_writes
 
 
 def target(

@@ -21,9 +21,15 @@ from sandbox_operator.resources.plancommit import (
 )
 
 from sandbox_api.models import PlanCommitAction, PlanCommitPhase, PlanCommitSpec
-from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
+from sandbox_core.plan.journal import (
+    JournalPhase,
+    JournalReason,
+    JournalState,
+    JournalStep,
+    StepState,
+)
+from sandbox_core.plan.review import PlanReview
 from sandbox_core.protocol import ChangeSummary
-from sandbox_core.review import PlanReview
 
 DIGEST = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64

@@ -126,7 +126,7 @@ class SandboxHandle(Protocol):
     """The duck type the core's ``PlanCommitSaga`` and ``TwoPhasePlanCommit`` drive: one
     sandbox, local (the core's ``BaseSandbox``) or remote (the pod executor's agent handle).
 
-    The two-phase members follow ``sandbox_core.base`` (issue 9): ``review`` and ``prepare``
+    The two-phase members follow ``sandbox_core.strategies.base``: ``review`` and ``prepare``
     never touch the original nor change the status; ``apply_prepared`` and ``abort_prepared``
     are idempotent per transaction id; ``prepares_durably`` is False for a participant that
     can only be the last resource (SQLite). Errors are the core's (``SandboxCommitError`` with

@@ -29,7 +29,7 @@ from sandbox_core import (
     SandboxStore,
     dsn_secrets,
 )
-from sandbox_core.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
+from sandbox_core.host.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import FaultInjected
 from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
@@ -37,7 +37,7 @@ from sandbox_operator.settings import Settings
 
 logger = logging.getLogger("sandbox_operator.executors.local")
 
-# Core checkpoint kinds (sandbox_core.checkpoint) -> Checkpoint.status.kind (CRD contract).
+# Core checkpoint kinds (sandbox_core.host.checkpoint) -> Checkpoint.status.kind (CRD contract).
 CHECKPOINT_KINDS = {
     "git_ref": "git-tag",
     "overlay_snapshot": "upper-snapshot",

@@ -200,7 +200,7 @@ class RemoteSandbox:
     def commit_landed(self) -> bool | None:
         """``GET .../commit-landed``: did a commit whose outcome was lost reach the original?
         None when the strategy cannot tell or the agent cannot be asked (recovery then treats
-        the outcome as unknown, as ``sandbox_core.saga.probe_commit_landed`` does)."""
+        the outcome as unknown, as ``sandbox_core.plan.saga.probe_commit_landed`` does)."""
         try:
             payload = self._executor.call(self._target, "GET", self._path("/commit-landed"))
         except (ExecutorError, WorkspaceNotReady):

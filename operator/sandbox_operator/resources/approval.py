@@ -1,7 +1,7 @@
 """Review and approval of a PlanCommit (issue 9, §2): pure functions, no API calls.
 
-:func:`review_status` turns the core's :class:`~sandbox_core.review.PlanReview` into the bounded
-``status.review`` (the first :data:`MAX_REVIEW_PATHS` paths per sandbox and the counts);
+:func:`review_status` turns the core's :class:`~sandbox_core.plan.review.PlanReview` into
+the bounded ``status.review`` (the first :data:`MAX_REVIEW_PATHS` paths per sandbox and the counts);
 :func:`approval_decision` says what a PlanCommit with ``approval: Required`` does next, from its
 spec, the reviewed digest, when it was reviewed and the clock. The handler
 (:mod:`sandbox_operator.resources.plancommit`) writes conditions, Events and metrics from it.

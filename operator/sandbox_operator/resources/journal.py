@@ -5,7 +5,7 @@ DESIGN.md, "PlanCommit: atomic commit as a saga": the PlanCommit status *is* the
 a step before and after it happens, the API server holds it before the next side effect.
 Only CRD-declared fields are written (case 15). Conditions follow :func:`plancommit_conditions`.
 
-Two-phase attempts (issue 9, ``sandbox_core.two_phase``) add ``status.mode`` and
+Two-phase attempts (issue 9, ``sandbox_core.plan.two_phase``) add ``status.mode`` and
 ``status.twoPhase`` (``txid``, ``attempt``, ``stage`` = the journal phase while not terminal,
 ``reason``, ``digest``, ``approvedDigest``, ``decidedAt``) and per step ``lastResource``,
 ``preparedDigest`` and ``conflicts``: enough for :meth:`TwoPhasePlanCommit.recover` to abort
@@ -21,7 +21,7 @@ from typing import Any
 
 from sandbox_api.models import PLANCOMMIT_PLURAL, PlanCommitAction, PlanCommitPhase
 from sandbox_core import SandboxError
-from sandbox_core.journal import (
+from sandbox_core.plan.journal import (
     JournalPhase,
     JournalReason,
     JournalState,

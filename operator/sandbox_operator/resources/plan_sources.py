@@ -5,7 +5,7 @@ says nothing about which directory it is. The Sandbox spec does: the volume (a
 PersistentVolumeClaim of the namespace, or a node path) and the sub-path inside it. Two
 directory Sandboxes of one plan whose sources are the same volume at the same or nested
 sub-paths write the same tree; the two-phase coordinator
-(:func:`sandbox_core.two_phase.overlapping_writes`) compares their prepared writes by this
+(:func:`sandbox_core.plan.two_phase.overlapping_writes`) compares their prepared writes by this
 identity before anything is applied. Sandboxes of different volumes never clash.
 """
 

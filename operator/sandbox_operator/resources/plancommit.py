@@ -1,12 +1,12 @@
 """PlanCommit logic: the plan's atomic commit (or rollback), two-phase or as a crash-safe saga.
 
-The algorithm is the core's :class:`~sandbox_core.saga.PlanCommitSaga` (seed 002, "Atomic Commit":
-rollbackable first, LIFO compensation; cases 20 and 22 recovery policy); this module only feeds it
-the plan's Sandboxes and a journal kept on the PlanCommit's status
+The algorithm is the core's :class:`~sandbox_core.plan.saga.PlanCommitSaga` (seed 002,
+"Atomic Commit": rollbackable first, LIFO compensation; cases 20 and 22 recovery policy); this
+module only feeds it the plan's Sandboxes and a journal kept on the PlanCommit's status
 (:class:`~sandbox_operator.resources.journal.PlanCommitStatusJournal`). No second copy of the
 algorithm.
 
-Mode TwoPhase (the default, issue 9) runs :class:`~sandbox_core.two_phase.TwoPhasePlanCommit`
+Mode TwoPhase (the default, issue 9) runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`
 instead: every sandbox is prepared before any original is touched. Before it the plan is
 reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the PlanCommit
 waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed digest
@@ -63,11 +63,17 @@ from sandbox_api.models import (
 )
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
 from sandbox_core.errors import PlanRerunRequiredError, TwoPhaseUnavailableError
-from sandbox_core.journal import JournalPhase, JournalReason, JournalState, JournalStep, StepState
+from sandbox_core.plan.journal import (
+    JournalPhase,
+    JournalReason,
+    JournalState,
+    JournalStep,
+    StepState,
+)
+from sandbox_core.plan.review import review_plan
+from sandbox_core.plan.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
 from sandbox_core.protocol import utc_now
-from sandbox_core.review import review_plan
-from sandbox_core.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
-from sandbox_core.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
 from sandbox_operator.errors import PermanentError, TemporaryError, is_not_found
 from sandbox_operator.executors.base import (
     Executor,

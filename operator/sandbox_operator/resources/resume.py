@@ -4,7 +4,7 @@ Issue 11, "Scale under faults": the PlanCommit is the user's standing request to
 and its status journal is the resume point, so a restarted (or the other, peered) operator
 finishes the interrupted attempt instead of ending it ``Failed``:
 
-- **Saga**: :class:`~sandbox_core.saga.PlanCommitSaga` with ``resume=True`` commits the steps
+- **Saga**: :class:`~sandbox_core.plan.saga.PlanCommitSaga` with ``resume=True`` commits the steps
   still pending when no commit failed and every step's outcome is known. A step whose commit
   may or may not have landed (a strategy without ``commit_landed()``, killed inside the commit)
   keeps the core's policy: the attempt is compensated (all or nothing, never half a plan).
@@ -22,9 +22,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sandbox_core.journal import JournalPhase, JournalReason, JournalState, StepState
-from sandbox_core.saga import PlanCommitSaga, SandboxResolver
-from sandbox_core.two_phase import TwoPhasePlanCommit
+from sandbox_core.plan.journal import JournalPhase, JournalReason, JournalState, StepState
+from sandbox_core.plan.saga import PlanCommitSaga, SandboxResolver
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from sandbox_operator.resources.journal import PlanCommitStatusJournal
 
 logger = logging.getLogger("sandbox_operator.resume")

@@ -1,0 +1,240 @@
+"""``commit_plan()``: the one plan-commit policy (mode, fallback, approval), for every caller.
+
+Seed 002, "Atomic Commit" (all or nothing; rollbackable participants first; LIFO compensation)
+and issue 9 (two phases; review and approval). ``SandboxManager.commit_plan`` and the operator's
+PlanCommit both call :func:`commit_plan`; what differs between them is a parameter: the
+participants (in-process sandboxes or executor handles), the journal (a file, memory, or the
+PlanCommit's status), the attempt number, what to do after each status change of a participant
+and how to announce a fallback.
+
+Policy:
+
+1. **Mode.** ``"two_phase"`` (the default) and ``"auto"`` commit in two phases
+   (:class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`: every conflict is found before
+   any original is touched); ``"saga"`` commits one by one and compensates
+   (:class:`~sandbox_core.plan.saga.PlanCommitSaga`).
+2. **Fallback.** When two phases cannot be used - more than one participant cannot prepare
+   durably, a participant has no prepare, or a prepare raised
+   :class:`~sandbox_core.errors.TwoPhaseUnavailableError` (PostgreSQL with
+   ``max_prepared_transactions = 0``) - ``"two_phase"`` raises that error and ``"auto"`` runs
+   the saga instead. Nothing is touched before the fallback (a refused prepare aborted every
+   prepared participant first). A two-phase attempt that the coordinator recorded takes the
+   attempt number, so the saga runs as the next attempt. The fallback is logged, passed to
+   ``on_fallback``, recorded in the journal (``fallback_reason``) and in every result's
+   metadata (``mode: "saga"``, ``fallback_reason``). A two-phase attempt that *failed* (a
+   conflict, a refused prepare for any other reason) is never followed by a saga: the saga
+   would commit what it aborted.
+3. **Approval.** With ``approved_digest`` (a plan digest, :func:`~sandbox_core.plan.review.
+   plan_digest`, that a person approved) the commit refuses a plan whose changes no longer
+   hash to it, before any original is touched: two phases compare it with the digest of what
+   they prepared; the saga reviews the plan again right before it starts. A refusal is
+   recorded in the journal (phase ``failed``, reason ``ChangedSinceApproval``) and returned as
+   one failed result (metadata ``reason: "ChangedSinceApproval"``, ``digest``,
+   ``approved_digest``, ``touched_originals`` 0); callers that raise turn it into
+   :class:`~sandbox_core.errors.ChangedSinceApprovalError`.
+
+Before calling it, a caller finishes (or recovers) an unfinished attempt of its journal and
+refuses a plan that could only land in part (:func:`~sandbox_core.plan.saga.
+refuse_partial_plan`, :class:`~sandbox_core.errors.PlanRerunRequiredError`, case 38): the
+manager rolls an interrupted attempt back, the operator resumes it, so that stays theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from sandbox_core.errors import PlanReviewError, TwoPhaseUnavailableError
+from sandbox_core.plan.journal import CommitJournal, JournalPhase, JournalReason, JournalState
+from sandbox_core.plan.participants import ReviewedParticipant
+from sandbox_core.plan.review import review_plan
+from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, results_from_journal
+from sandbox_core.plan.two_phase import (
+    TwoPhasePlanCommit,
+    two_phase_results,
+    two_phase_unavailable_reason,
+)
+from sandbox_core.protocol import CommitResult, utc_now
+
+__all__ = [
+    "PLAN_COMMIT_MODES",
+    "PlanCommitMode",
+    "check_mode",
+    "commit_plan",
+    "journal_results",
+]
+
+logger = logging.getLogger(__name__)
+
+PlanCommitMode = Literal["two_phase", "saga", "auto"]
+PLAN_COMMIT_MODES: tuple[str, ...] = ("two_phase", "saga", "auto")
+
+
+def check_mode(mode: str) -> None:
+    """Refuse a plan commit mode that is not one of :data:`PLAN_COMMIT_MODES`.
+
+    Raises:
+        ValueError: ``"mode must be one of two_phase, saga, auto, not '<mode>'"``.
+    """
+    if mode not in PLAN_COMMIT_MODES:
+        raise ValueError(f"mode must be one of {', '.join(PLAN_COMMIT_MODES)}, not {mode!r}")
+
+
+def commit_plan(
+    plan_id: str,
+    participants: Sequence[ReviewedParticipant],
+    journal: CommitJournal,
+    *,
+    mode: str = "two_phase",
+    attempt: int = 1,
+    message: str | None = None,
+    approved_digest: str | None = None,
+    on_change: Callable[[Any], None] | None = None,
+    on_fallback: Callable[[str], None] | None = None,
+    fault_hook: FaultHook | None = None,
+) -> list[CommitResult]:
+    """Commit ``participants`` all or nothing under the policy of the module docstring.
+
+    Seed 002, "Atomic Commit"; issue 9, §1 (two phases, fallback) and §2 (approval).
+
+    Args:
+        plan_id: the plan.
+        participants: its CREATED/ACTIVE sandboxes, at least one (in-process sandboxes or
+            executor handles; two phases need :class:`~sandbox_core.plan.participants.
+            TwoPhaseParticipant`, the saga :class:`~sandbox_core.plan.participants.Participant`).
+        journal: where the attempt is recorded; it holds no unfinished attempt.
+        mode: ``"two_phase"`` (default), ``"saga"`` or ``"auto"``.
+        attempt: the attempt number (1-based; the previous attempt's plus one); the two-phase
+            transaction id derives from it.
+        message: commit message for every participant.
+        approved_digest: the plan digest (``"sha256:<hex>"``) that was approved, if one was.
+        on_change: called with a participant after each change of its status (persist it).
+        on_fallback: called with the reason when ``"auto"`` falls back to the saga, before the
+            saga starts (announce it).
+        fault_hook: test-only fault injection (see :mod:`sandbox_core.plan.saga`).
+
+    Returns:
+        One successful :class:`CommitResult` per participant in commit order; or one
+        ``CommitResult(success=False)`` whose ``error`` starts with ``"Atomic commit failed"``
+        (shape: :meth:`TwoPhasePlanCommit.run <sandbox_core.plan.two_phase.TwoPhasePlanCommit.
+        run>`, :meth:`PlanCommitSaga.run <sandbox_core.plan.saga.PlanCommitSaga.run>`), the
+        refusal of a changed plan among them (metadata ``reason: "ChangedSinceApproval"``).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+        TwoPhaseUnavailableError: ``mode="two_phase"`` and the plan cannot use two phases;
+            nothing was touched.
+        PlanReviewError: the saga's review before the approval check failed (``__cause__``);
+            nothing was touched.
+        AtomicCommitError: a non-sandbox exception interrupted the saga (after compensation).
+        SandboxError: the journal could not be written.
+    """
+    check_mode(mode)
+    fallback: str | None = None
+    if mode != "saga":
+        fallback = two_phase_unavailable_reason(participants)
+        if fallback is not None and mode == "two_phase":
+            raise TwoPhaseUnavailableError(fallback)
+        if fallback is None:
+            coordinator = TwoPhasePlanCommit(journal, on_change=on_change, fault_hook=fault_hook)
+            try:
+                return coordinator.run(
+                    plan_id,
+                    participants,
+                    attempt=attempt,
+                    message=message,
+                    approved_digest=approved_digest,
+                )
+            except TwoPhaseUnavailableError as exc:
+                if mode == "two_phase":
+                    raise
+                fallback = str(exc)
+                attempt += 1  # the coordinator recorded its attempt (aborted, nothing touched)
+        logger.warning("plan %s: falling back to the saga: %s", plan_id, fallback)
+        if on_fallback is not None:
+            on_fallback(fallback)
+    if approved_digest is not None:
+        refused = _changed_since_approval(
+            plan_id, participants, journal, attempt, approved_digest, fallback
+        )
+        if refused is not None:
+            return [refused]
+    saga = PlanCommitSaga(journal, on_change=on_change, fault_hook=fault_hook)
+    results = saga.run(
+        plan_id, participants, attempt=attempt, message=message, fallback_reason=fallback
+    )
+    if fallback is None:
+        return results
+    return [
+        dataclasses.replace(r, metadata={**r.metadata, "mode": "saga", "fallback_reason": fallback})
+        for r in results
+    ]
+
+
+def journal_results(state: JournalState) -> list[CommitResult]:
+    """What a finished attempt of either mode stands for (saga or two-phase journal)."""
+    if state.mode == "two_phase":
+        return two_phase_results(state)
+    return results_from_journal(state)
+
+
+def _changed_since_approval(
+    plan_id: str,
+    participants: Sequence[ReviewedParticipant],
+    journal: CommitJournal,
+    attempt: int,
+    approved_digest: str,
+    fallback: str | None,
+) -> CommitResult | None:
+    """The saga's approval check (issue 9, §2): a review just before it starts.
+
+    Returns:
+        ``None`` when the plan still hashes to ``approved_digest``; else the failed result
+        (metadata ``reason: "ChangedSinceApproval"``, ``touched_originals`` 0), recorded in
+        ``journal`` as a failed attempt first.
+
+    Raises:
+        PlanReviewError: the review failed.
+    """
+    try:
+        actual = review_plan(plan_id, participants).digest
+    except Exception as exc:  # an unreadable sandbox, a handle that cannot review
+        raise PlanReviewError(f"the plan could not be reviewed again: {exc}") from exc
+    if actual == approved_digest:
+        return None
+    refusal = (
+        f"plan {plan_id} changed since approval: its changes hash to {actual}, the approval "
+        f"named {approved_digest}; nothing was changed"
+    )
+    journal.save(
+        JournalState(
+            plan_id=plan_id,
+            attempt=attempt,
+            phase=JournalPhase.FAILED,
+            reason=JournalReason.CHANGED_SINCE_APPROVAL,
+            error=refusal,
+            digest=actual,
+            approved_digest=approved_digest,
+            fallback_reason=fallback,
+            finished_at=utc_now(),
+        )
+    )
+    return CommitResult(
+        sandbox_id="",
+        success=False,
+        error=f"Atomic commit failed: {refusal}",
+        metadata={
+            "failed_sandbox_id": None,
+            "conflicts": [],
+            "rolled_back_ids": [],
+            "failed_rollback_ids": [],
+            "reason": "ChangedSinceApproval",
+            "touched_originals": 0,
+            "mode": "saga",
+            "fallback_reason": fallback,
+            "digest": actual,
+            "approved_digest": approved_digest,
+        },
+    )
