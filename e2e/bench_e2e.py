@@ -11,7 +11,7 @@ Two flows, each measured both ways:
 (b) PlanCommit apply -> Committed for 3 Sandboxes (copy_on_write, overlay, git_worktree), each
     with one changed file.
 
-Anchors read in the same run (issue 8): the workspace Pod's own start time (its
+Anchors read in the same run: the workspace Pod's own start time (its
 ``creationTimestamp`` to its ``Ready`` condition, from the Pod's status; one-second resolution),
 and one workspace-agent call round trip (``GET status`` with the Sandbox's token, from the
 operator's Pod) beside one exec of the same call (``kubectl exec ... sandbox-core --json

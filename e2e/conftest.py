@@ -26,7 +26,7 @@ from e2e.kube import CHART, Kube, wait_until
 
 TEST_LABEL = "sandbox-e2e/test"
 RELEASE = "sbx-e2e"
-WORKSPACE_UID = 1000  # the workspace Pods' UID (operator/sandbox_operator/executors/pod.py)
+WORKSPACE_UID = 1000  # the workspace Pods' UID (sandbox_operator.executors.pod_manifests)
 GIT_IDENTITY = "-c user.name=e2e -c user.email=e2e@sandbox.test"
 
 

@@ -1,4 +1,4 @@
-"""Tier 3, issue 10: the engine's client flow against the real cluster with the pod executor.
+"""Tier 3: the engine's client flow against the real cluster with the pod executor.
 
 The client runs where an engine runs, outside the cluster, with the admin kubeconfig: it creates
 a plan of three Sandboxes (git_worktree, copy_on_write, overlay over the originals' claim),

@@ -1,4 +1,4 @@
-"""A git_worktree Sandbox on a PersistentVolume holding a real repository (issue 4): the
+"""A git_worktree Sandbox on a PersistentVolume holding a real repository: the
 workspace Pod runs with the worktree in it, a write made with ``kubectl exec`` shows up in the
 diff, and a PlanCommit lands it on the original's branch."""
 

@@ -1,4 +1,4 @@
-"""The chart installed with ``helm install`` (issue 4, "The end-to-end suite"): the operator Pod
+"""The chart installed with ``helm install``: the operator Pod
 runs and reports healthy, its metrics are served, and the CRDs read well in kubectl."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The workspace Pods' NetworkPolicy, enforced on a real cluster (tier 3, issue 8).
+"""The workspace Pods' NetworkPolicy, enforced on a real cluster (tier 3).
 
 ``e2e/cluster`` runs kube-network-policies (hack/build-k8s-binaries.sh --all), so the policy the
-operator makes for each workspace Pod (operator/sandbox_operator/executors/pod.py,
+operator makes for each workspace Pod (operator/sandbox_operator/executors/pod_manifests.py,
 ``build_network_policy``) is enforced, not only stored:
 
 - ingress: the agent answers the operator's Pod; a plain Pod of the same namespace that reaches

@@ -1,6 +1,6 @@
-"""Plans across strategies in a real cluster (issue 4): an atomic three-strategy commit, an
-injected failure with compensation, checkpoint and restore, the operator Pod killed in the
-middle of a PlanCommit, and cleanup with ``cleanupPolicy: Delete``.
+"""Plans across strategies in a real cluster: an atomic three-strategy commit, an injected failure
+with compensation, checkpoint and restore, the operator Pod killed in the middle of a PlanCommit,
+and cleanup with ``cleanupPolicy: Delete``.
 
 The injected failure is a real one: a commit lands on the original repository's branch after
 the sandbox was made, so the git sandbox's commit conflicts (case 03 of shared/cases)."""
@@ -81,8 +81,8 @@ def test_three_strategies_commit_atomically(
 def test_injected_failure_compensates_and_leaves_originals(
     kube: Kube, namespace: str, originals: Originals, mode: str
 ) -> None:
-    """The last sandbox conflicts. Saga: the two before it land and are compensated; TwoPhase
-    (issue 9): the conflict is found while preparing and no original is touched at all."""
+    """The last sandbox conflicts. Saga: the two before it land and are compensated; TwoPhase:
+    the conflict is found while preparing and no original is touched at all."""
     plan = f"plan-fail-{mode.lower()}"
     statuses = three_sandbox_plan(kube, namespace, plan)
     # The fault: main moves on under the git sandbox, on the same line.
@@ -224,7 +224,7 @@ def test_delete_cleanup_leaves_nothing(kube: Kube, namespace: str, originals: Or
     assert volumes_before
     kube.apply(namespace, plancommit_manifest("commit-gc", "plan-gc", cleanup="Delete"))
     assert kube.wait_phase("plancommit", namespace, "commit-gc", TERMINAL)["phase"] == "Committed"
-    # cleanupPolicy Delete: the Sandboxes go as soon as the commit succeeded (issue 11 §6).
+    # cleanupPolicy Delete: the Sandboxes go as soon as the commit succeeded.
     wait_until("the plan's Sandboxes gone", lambda: not kube.names("sbx", namespace, ""), 120)
     assert kube.names("pcommit", namespace, "") == ["commit-gc"]
 

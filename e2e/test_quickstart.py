@@ -1,4 +1,4 @@
-"""The README's "On Kubernetes" quick start, run as written (issue 11 §7).
+"""The README's "On Kubernetes" quick start, run as written.
 
 The shell block is taken from README.md's text, not copied here, so the README cannot drift from
 what works. The one line that makes a kind cluster (``e2e/kind.sh up ...``) is left out: this

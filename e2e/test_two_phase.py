@@ -1,4 +1,4 @@
-"""Tier 3, issue 9: a two-phase PlanCommit with a PostgreSQL sandbox in the real cluster.
+"""Tier 3: a two-phase PlanCommit with a PostgreSQL sandbox in the real cluster.
 
 PostgreSQL 15 runs in a Pod from the Debian-built image ``localhost/sandbox-e2e/postgres:15``
 (``e2e/images/build.sh postgres``, imported by ``e2e/cluster up``) with

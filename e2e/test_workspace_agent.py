@@ -1,4 +1,4 @@
-"""Issue 8 on a real cluster (tier 3): the workspace agent instead of exec, no secrets in sight,
+"""The workspace agent on a real cluster (tier 3): the agent instead of exec, no secrets in sight,
 workspace Pods that are watched, shaped and suspended.
 
 - agent calls with the Sandbox's token succeed; without a token or with a wrong one they are

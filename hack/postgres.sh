@@ -17,7 +17,7 @@
 #   SANDBOX_PG_DB    database the tests use       (default sandbox_test)
 #   SANDBOX_PG_MAX_PREPARED  max_prepared_transactions (default 64; the two-phase plan commit
 #                    PREPAREs one transaction per database sandbox; 0 makes plans fall back to
-#                    the saga, issue 9). A running server with another value is restarted.
+#                    the saga). A running server with another value is restarted.
 #
 # The server is tuned for tests (fsync off): never point it at data you want to keep.
 set -euo pipefail

@@ -43,7 +43,7 @@ class SandboxPhase(StrEnum):
     ROLLED_BACK = "RolledBack"
     CLEANED_UP = "CleanedUp"
     ERRORED = "Errored"
-    SUSPENDED = "Suspended"  # spec.suspend: no workspace Pod, the scratch claim kept (issue 8)
+    SUSPENDED = "Suspended"  # spec.suspend: no workspace Pod, the scratch claim kept
 
     @classmethod
     def from_core(cls, status: SandboxStatus | str) -> SandboxPhase:
@@ -134,7 +134,7 @@ class ScratchSpec(_Model):
 
 
 class WorkspaceSpec(_Model):
-    """``Sandbox.spec.workspace``: how the workspace Pod is shaped (pod executor; issue 8).
+    """``Sandbox.spec.workspace``: how the workspace Pod is shaped (pod executor).
 
     Every field is optional; an unset one takes the chart's ``workspace.*`` default
     (:meth:`merged_over`). Kubernetes-shaped fields (resources, tolerations, affinity...) are
@@ -203,7 +203,7 @@ class PlanCommitAction(StrEnum):
 
 
 class PlanCommitMode(StrEnum):
-    """``PlanCommit.spec.mode`` (issue 9, §1): how a Commit is carried out."""
+    """``PlanCommit.spec.mode``: how a Commit is carried out."""
 
     TWO_PHASE = "TwoPhase"
     """Prepare every sandbox, decide, then apply: a conflict touches no original."""
@@ -212,7 +212,7 @@ class PlanCommitMode(StrEnum):
 
 
 class PlanCommitApproval(StrEnum):
-    """``PlanCommit.spec.approval`` (issue 9, §2)."""
+    """``PlanCommit.spec.approval``: whether a person approves the reviewed plan first."""
 
     REQUIRED = "Required"
     """Stop at ``AwaitingApproval`` after the review until ``approvedDigest`` names it."""
@@ -223,7 +223,7 @@ class PlanCommitSpec(_Model):
     """``PlanCommit.spec``.
 
     ``approved_digest`` (``"sha256:<64 hex>"``) is the reviewed plan digest a person approved;
-    ``approval_timeout_seconds`` ends an unapproved PlanCommit as ``Expired`` (issue 9, §2).
+    ``approval_timeout_seconds`` ends an unapproved PlanCommit as ``Expired``.
     """
 
     plan_id: str
@@ -250,7 +250,7 @@ class PlanCommitPhase(StrEnum):
     ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
-    AWAITING_APPROVAL = "AwaitingApproval"  # reviewed; waits for spec.approvedDigest (issue 9)
+    AWAITING_APPROVAL = "AwaitingApproval"  # reviewed; waits for spec.approvedDigest
     EXPIRED = "Expired"  # approvalTimeoutSeconds elapsed without an approval; nothing touched
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-AGENT_SECRET_SUFFIX = "agent"  # noqa: S105 - the Secret holding the workspace agent's token (issue 8)
+AGENT_SECRET_SUFFIX = "agent"  # noqa: S105 - the Secret holding the workspace agent's token
 AGENT_TOKEN_KEY = "token"  # noqa: S105 - the Secret's key, not a token
 
 

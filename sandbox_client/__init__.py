@@ -1,4 +1,4 @@
-"""sandbox_client: the engine's side of the sandbox operator (issue 10).
+"""sandbox_client: the engine's side of the sandbox operator.
 
 A typed client for the ``Sandbox``, ``Checkpoint`` and ``PlanCommit`` custom resources, sync
 (this module) and async (:mod:`sandbox_client.aio`, the same names). The ``kubectl-sandbox``

@@ -90,8 +90,8 @@ def sandbox_manifest(
 ) -> dict[str, Any]:
     """The Sandbox object to create, its spec validated by the operator's ``SandboxSpec``.
 
-    ``workspace`` is passed through as ``spec.workspace`` (the pod executor's Pod shape, issue
-    8); the API server refuses it while the installed CRD does not declare that field.
+    ``workspace`` is passed through as ``spec.workspace`` (the pod executor's Pod shape); the
+    API server refuses it while the installed CRD does not declare that field.
 
     Raises:
         RefusedError: reason ``InvalidSpec``, the spec does not validate.
@@ -143,7 +143,7 @@ def plancommit_manifest(
 ) -> dict[str, Any]:
     """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``);
     with ``approval_required`` it stops at ``AwaitingApproval`` after its review, ``mode``
-    (``"TwoPhase"`` | ``"Saga"``) chooses the protocol (issue 9; unset: the operator's default,
+    (``"TwoPhase"`` | ``"Saga"``) chooses the protocol (unset: the operator's default,
     TwoPhase). Only the fields given are sent."""
     fields: dict[str, Any] = {
         "plan_id": plan_id,
@@ -158,7 +158,7 @@ def plancommit_manifest(
     spec = PlanCommitSpec(**fields)
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
     meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
-    # Only the fields set here: mode and approval keep the server's defaults (issue 9).
+    # Only the fields set here: mode and approval keep the server's defaults.
     body = spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
     return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": body}
 

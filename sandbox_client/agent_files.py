@@ -1,7 +1,7 @@
-"""File operations of pod-executor Sandboxes through their workspace agent (issue 10, section 1).
+"""File operations of pod-executor Sandboxes through their workspace agent.
 
 A pod-executor Sandbox lives in a workspace Pod whose main process is the workspace agent
-(``sandbox_core.agent``, issue 8). The engine's client runs outside the cluster, so it reaches the
+(``sandbox_core.agent``). The engine's client runs outside the cluster, so it reaches the
 agent the way ``kubectl`` reaches a Pod: through the API server's **pod proxy**
 (``/api/v1/namespaces/{ns}/pods/{pod}/proxy/...``, the ``pods/proxy`` subresource), with the
 client's own kubeconfig credentials. The API server picks the Pod's first declared container

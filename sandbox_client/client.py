@@ -2,7 +2,7 @@
 
 Built on the official ``kubernetes`` client. Every wait is a *watch* (list, then watch from the
 list's resourceVersion, re-listing after a 410 Gone), never a polling loop. The asynchronous API
-in :mod:`sandbox_client.aio` has the same classes and method names. Typical use (issue 10)::
+in :mod:`sandbox_client.aio` has the same classes and method names. Typical use::
 
     client = SandboxClient()
     with Plan(client, "plan-1", "default") as plan:

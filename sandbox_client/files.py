@@ -1,11 +1,11 @@
-"""File operations inside a sandbox, behind one interface (issue 10, section 1).
+"""File operations inside a sandbox, behind one interface.
 
 :class:`FileOperations` is what the client calls for ``read_file``, ``write_file``,
 ``list_files`` and ``diff``. :class:`LocalFileOperations` serves Sandboxes of the *local*
 executor (``status.executor == "local"``): the operator runs the core on paths this process can
 reach, so the client works on ``status.sandboxPath`` directly. Sandboxes of the pod executor
 (``status.executor == "pod"``) are served by
-:class:`~sandbox_client.agent_files.AgentFileOperations`: their workspace agent (issue 8),
+:class:`~sandbox_client.agent_files.AgentFileOperations`: their workspace agent,
 reached through the API server's pod proxy. :class:`AsyncFileOperations` is the same interface
 with awaitable methods (the async client; :class:`ThreadedFileOperations` adapts a blocking one).
 

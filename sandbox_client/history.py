@@ -1,6 +1,6 @@
 """A sandbox's history, newest first: commits, rollbacks, checkpoints and restores.
 
-Assembled from three sources the API server keeps (issue 10, ``kubectl sandbox log``):
+Assembled from three sources the API server keeps (for ``kubectl sandbox log``):
 the PlanCommit journals that name the sandbox (``status.sandboxes[]``), the Checkpoint objects
 of the sandbox, and the Events the operator posted about it (``RolledBack``, ``Restored`` and
 their failures, ``Provisioned``). Pure functions over raw objects.

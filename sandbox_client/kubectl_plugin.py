@@ -1,4 +1,4 @@
-"""``kubectl-sandbox``: a kubectl plugin on :mod:`sandbox_client` (issue 10, section 2).
+"""``kubectl-sandbox``: a kubectl plugin on :mod:`sandbox_client`.
 
 Installed as the console script ``kubectl-sandbox``, so ``kubectl sandbox ...`` finds it on
 ``PATH``. kubectl's conventions: every command takes ``-n/--namespace``, ``--context``,
@@ -362,7 +362,7 @@ def _review_text(review: PlanReview, wide: bool) -> str:
 @_timeout_option("5m")
 @_common
 def review(options: Options, plan_id: str, message: str | None, timeout: str) -> None:
-    """Review PLAN's changes before they land (issue 9): a PlanCommit with approval Required
+    """Review PLAN's changes before they land: a PlanCommit with approval Required
     is made (or the waiting one reused) and its review printed; approve it with
     ``approve PLAN --digest D``. Nothing is applied."""
     with options.client() as client:

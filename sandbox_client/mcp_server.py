@@ -1,4 +1,4 @@
-"""``sandbox-mcp``: a Model Context Protocol server for the agents of one plan (issue 10, §3).
+"""``sandbox-mcp``: a Model Context Protocol server for the agents of one plan.
 
 Scoped by its arguments to one plan in one namespace: every tool names a sandbox of *that*
 plan (by resource id or Sandbox name) and refuses any other, and every path is checked by the

@@ -1,9 +1,9 @@
 """Typed views of the three custom resources, built on the operator's own models.
 
 The spec models (``SandboxSpec``, ``SandboxSource``, ``CheckpointSpec``, ``PlanCommitSpec``,
-``JournalStep``, ``StepResult``, phases) are imported from :mod:`sandbox_api.models`: the
-client validates with exactly the definitions the operator validates with (issue 10, one
-definition). That module imports only pydantic and ``sandbox_core``, never kopf or kubernetes.
+``JournalStep``, ``StepResult``, phases) are imported from :mod:`sandbox_api.models`: the client
+validates with exactly the definitions the operator validates with. That module imports only
+pydantic and ``sandbox_core``, never kopf or kubernetes.
 The classes below are read-only views of *status*, which the operator writes as plain dicts.
 """
 
@@ -249,7 +249,7 @@ class PlanCommitResult(_View):
 
 
 class ReviewedSandbox(_View):
-    """One sandbox's row of a plan review (``status.review.sandboxes[]``, issue 9 §2).
+    """One sandbox's row of a plan review (``status.review.sandboxes[]``).
 
     Counts of files ``added``/``changed``/``deleted``; ``paths`` the first ones (each
     ``"A path"``, ``"M path"`` or ``"D path"``); ``lines_added``/``lines_removed`` of text;
@@ -275,7 +275,7 @@ class ReviewedSandbox(_View):
 
 class PlanReview(_View):
     """The review of a plan, as a PlanCommit with ``approval: Required`` shows it
-    (``status.review``; issue 9 §2). Approve it with its ``digest``: the commit then applies
+    (``status.review``). Approve it with its ``digest``: the commit then applies
     exactly these changes, or fails with ``ChangedSinceApproval`` touching nothing.
 
     ``plancommit`` names the PlanCommit waiting for the approval; ``phase`` is its phase

@@ -1,4 +1,4 @@
-"""The kernel's path limits as the product meets them (issue 7, docs/fidelity.md "Long paths").
+"""The kernel's path limits as the product meets them (docs/fidelity.md, "Long paths").
 
 Linux refuses a path string of ``PATH_MAX`` (4096) bytes or more and a name of more than
 ``NAME_MAX`` (255) bytes with ``ENAMETOOLONG``. The product's own working paths (stage mirrors,

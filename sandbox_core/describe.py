@@ -20,7 +20,7 @@ def describe(sandbox: BaseSandbox) -> dict[str, Any]:
     """``sandbox`` as a JSON-ready dict: ids, strategy, status, paths, metadata and its record.
 
     A database DSN may carry a password: every ``original_path`` in it is redacted
-    (``sandbox_core.redact_dsn``, issue 7).
+    (``sandbox_core.redact_dsn``).
     """
     record = sandbox.to_record()
     record["original_path"] = redact(sandbox.original_path)

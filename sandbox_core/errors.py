@@ -99,7 +99,7 @@ class PlanRerunRequiredError(SandboxStateError):
         self.sandbox_ids: list[str] = list(sandbox_ids)
 
 
-# -- classified failures (issue 7: a leftover lock, a permission problem and a real conflict are
+# -- classified failures (a leftover lock, a permission problem and a real conflict are
 # different errors with different CLI exit codes). Each kind is a mixin-free base class; the
 # phase-specific subclasses also derive from the phase's error, so ``except SandboxCommitError``
 # keeps catching every commit failure.
@@ -176,7 +176,7 @@ class SandboxBusyError(SandboxRetryableError):
 
     Raised by ``TransactionSandbox`` after retrying with backoff for ``timeout_seconds``
     (SQLite ``SQLITE_BUSY`` / ``SQLITE_LOCKED``; PostgreSQL lock timeout or deadlock). The
-    statement or commit did not happen; the sandbox stays ACTIVE (issue 7, case 31).
+    statement or commit did not happen; the sandbox stays ACTIVE (case 31).
     """
 
 
@@ -191,7 +191,7 @@ class SandboxConnectionError(SandboxRetryableError):
 
 
 class SandboxReplayDivergedError(SandboxCommitError):
-    """Replaying the statement log did not reproduce what the sandbox saw (issue 7, case 32).
+    """Replaying the statement log did not reproduce what the sandbox saw (case 32).
 
     A logged statement failed on replay, or returned other rows, another row count or another
     generated id (``lastrowid``, a sequence value) than when the sandbox ran it, so applying the
@@ -211,11 +211,11 @@ class SandboxReplayDivergedError(SandboxCommitError):
         self.sql = sql
 
 
-# -- two-phase plan commit and review/approval (issue 9) -------------------------------------
+# -- two-phase plan commit and review/approval -----------------------------------------------
 
 
 class ChangedSinceApprovalError(SandboxCommitError):
-    """A plan's changes no longer hash to the digest that was approved (issue 9, §2).
+    """A plan's changes no longer hash to the digest that was approved.
 
     Raised before the decision of a two-phase plan commit: every prepared participant is
     aborted and no original is touched.
@@ -233,11 +233,11 @@ class ChangedSinceApprovalError(SandboxCommitError):
 
 class PlanReviewError(SandboxError):
     """A plan could not be reviewed again right before its commit, so its approval cannot be
-    checked (issue 9, §2); nothing was touched. ``__cause__`` is the review's own error."""
+    checked; nothing was touched. ``__cause__`` is the review's own error."""
 
 
 class TwoPhaseUnavailableError(SandboxError):
-    """A plan cannot be committed in two phases (issue 9, §1); nothing was touched.
+    """A plan cannot be committed in two phases; nothing was touched.
 
     For example the PostgreSQL server has ``max_prepared_transactions = 0``, or more than one
     participant cannot prepare durably (only one may be the last resource). Callers that asked

@@ -103,7 +103,7 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class ChangeSummary:
-    """What one sandbox would change in its original, computed without locks (issue 9, §2).
+    """What one sandbox would change in its original, computed without locks (for a plan's review).
 
     File lists are resource-relative POSIX paths, sorted. ``lines_added``/``lines_removed``
     count text lines (binary files count 0); ``bytes_changed`` is the size in bytes of the new
@@ -165,7 +165,7 @@ class ChangeSummary:
 
 @dataclass(frozen=True)
 class PreparedCommit:
-    """A participant's answer to ``prepare`` in a two-phase plan commit (issue 9, §1).
+    """A participant's answer to ``prepare`` in a two-phase plan commit.
 
     ``txid`` is the plan commit's transaction id the participant prepared under; everything it
     staged is named after it, so ``apply_prepared(txid)`` and ``abort_prepared(txid)`` work from

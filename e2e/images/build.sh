@@ -190,7 +190,7 @@ build_base() {
     echo "$BASE_IMAGE $tarball"
 }
 
-# --- PostgreSQL (tier 3 database sandboxes, issue 9) ------------------------------------------
+# --- PostgreSQL (tier 3 database sandboxes) ---------------------------------------------------
 
 # Debian 12's PostgreSQL 15 from its own debootstrap (the project image stays as small as the
 # Dockerfile's). The entrypoint initialises an empty data directory once, with the superuser

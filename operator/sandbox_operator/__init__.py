@@ -1,6 +1,6 @@
 """sandbox_operator: kopf handlers for the Sandbox, Checkpoint and PlanCommit custom resources.
 
-Run with ``kopf run -m sandbox_operator.main`` (issue 3, DESIGN.md). Layers, each importing
+Run with ``kopf run -m sandbox_operator.main`` (DESIGN.md). Layers, each importing
 only the ones below it::
 
     main         the startup handler, kopf's tuning; imports the reconcilers (registers them)
@@ -19,7 +19,7 @@ the reconcilers, ``errors`` and ``kube``; the resources raise kopf's ``Temporary
 ``PermanentError`` by the names ``errors`` gives them.
 
 ``__version__`` is the installed distribution's version: pyproject.toml is the one place the
-version is written (the chart and the image label are checked against it, issue 11).
+version is written (the chart and the image label are checked against it).
 """
 
 from importlib.metadata import PackageNotFoundError, version

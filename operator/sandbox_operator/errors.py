@@ -2,7 +2,7 @@
 
 - A spec that can never work (missing source, unknown strategy, bad request): ``PermanentError``;
   the handler sets a condition with a reason and posts an Event first, so there is no silent
-  retry loop (issue 3, "Errors").
+  retry loop.
 - Something that may pass later (API conflict, transient API error, I/O hiccup, an executor
   that is not ready): ``TemporaryError`` with a delay. Handlers never sleep.
 """
@@ -64,7 +64,7 @@ class Failure:
 
 # ``exception class -> (reason, retryable)``, first match wins. The classified core failures come
 # before the phase errors: a busy database, a lost connection and a leftover lock may go away
-# (retry); a permission problem needs a person (issue 7). A commit error with conflicts is
+# (retry); a permission problem needs a person. A commit error with conflicts is
 # reported as ``Conflict``.
 _FAILURE_KINDS: tuple[tuple[type[BaseException], str, bool], ...] = (
     (BeingDeletedError, "BeingDeleted", False),
@@ -121,7 +121,7 @@ def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
 
 
-# -- waiting is not failing (issue 11) -----------------------------------------------------------
+# -- waiting is not failing ----------------------------------------------------------------------
 
 WAIT_PREFIXES = ("cleanup waits: ", "snapshot deletion waits: ")
 """How the messages of :func:`waiting` begin; :class:`QuietWaits` knows kopf's lines by them."""
@@ -134,9 +134,9 @@ def waiting(prefix: str, reason: str, base_seconds: float, retry: int) -> kopf.T
     """The retry of a handler that waits for another one to let go (a saga holds the Sandbox).
 
     Not an error: the delay backs off (``base_seconds * 2**retry``, capped at
-    ``WAIT_BACKOFF_MAX_SECONDS``) and kopf's "failed temporarily" line about it is logged at
-    INFO, with the reason, by :class:`QuietWaits` (issue 11: a Sandbox cleanup held by a saga
-    was logged at ERROR once a second).
+    ``WAIT_BACKOFF_MAX_SECONDS``) and kopf's "failed temporarily" line about it is logged at INFO,
+    with the reason, by :class:`QuietWaits` (else a Sandbox cleanup held by a saga would log an
+    ERROR once a second).
 
     Args:
         prefix: one of ``WAIT_PREFIXES``.

@@ -8,7 +8,7 @@ return nothing (case 15); progress lives in annotations, kopf's diff-base in the
 kopf's in ``.status``.
 With ``SANDBOX_OPERATOR_LEADER_ELECTION=true`` (the chart's default) the startup handler first
 waits for the leader-election Lease (:mod:`sandbox_operator.kube.leader`): of several replicas
-only the holder ever starts watching (issue 11, "High availability").
+only the holder ever starts watching (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def tune(settings: kopf.OperatorSettings) -> None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf, serve metrics, wait for the lead (leader election), build the runtime."""
     configure_logging(SETTINGS.log_format)
-    install_quiet_waits()  # a finalizer waiting for a saga is not an error (issue 11)
+    install_quiet_waits()  # a finalizer waiting for a saga is not an error
     tune(settings)
     k8s.load_config()
     # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
@@ -94,7 +94,7 @@ def freeze_startup_heap() -> int:
     The modules the operator imports (kopf, the kubernetes client's models, pydantic) leave
     objects that live as long as the process, and every full collection walked them all: about
     140 ms of a held event loop each. Frozen, kopf's loop took 0.50-0.54 s of CPU for 100 new
-    Sandboxes instead of 0.57-0.65 s (issue 11, throughput; docs/benchmarks.md). Garbage made
+    Sandboxes instead of 0.57-0.65 s (docs/benchmarks.md). Garbage made
     so far is collected first, so nothing that could be freed is frozen.
     """
     gc.collect()

@@ -20,7 +20,7 @@ from sandbox_operator.resources.sandbox import SandboxLogic
 from sandbox_operator.settings import ExecutorKind, Settings
 
 SETTINGS = Settings.from_env()
-TIMEOUT = SETTINGS.handler_timeout_seconds  # every handler has one (issue 8)
+TIMEOUT = SETTINGS.handler_timeout_seconds  # every handler has one
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def make_executor(settings: Settings, api: Api) -> Executor:
 def build_runtime(settings: Settings, api: Api, events: EventSink) -> Runtime:
     """Wire everything for one operator process."""
     executor = make_executor(settings, api)
-    events = scrubbing_events(events)  # issue 8: no secret in any Event
+    events = scrubbing_events(events)  # no secret in any Event
     return Runtime(
         settings=settings,
         executor=executor,

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
             keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
             did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
         agent_key_file: file holding the key workspace-agent tokens are derived from (the chart
-            mounts a Secret of the operator's namespace there; issue 8).
+            mounts a Secret of the operator's namespace there).
         agent_port: port of the workspace agent in workspace Pods.
         pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
             only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
@@ -203,7 +203,7 @@ def _explain(exc: ValidationError) -> str:
 
 def backoff_seconds(settings: Settings, retry: int) -> float:
     """Delay before retry number ``retry`` (0-based): ``retry_delay_seconds * 2**retry``, capped
-    at ``retry_backoff_max_seconds`` (issue 8: retries back off exponentially)."""
+    at ``retry_backoff_max_seconds`` (retries back off exponentially)."""
     base = settings.retry_delay_seconds
     return float(
         min(base * (2 ** min(max(retry, 0), 16)), max(base, settings.retry_backoff_max_seconds))

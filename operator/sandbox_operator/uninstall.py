@@ -1,6 +1,6 @@
 """The chart's pre-delete hook: delete every custom object while the operator still runs.
 
-Case 19 and issue 11 §2: ``helm uninstall`` removes the operator; a Sandbox left behind keeps
+Case 19: ``helm uninstall`` removes the operator; a Sandbox left behind keeps
 its finalizer ``sandbox.cleveragents.io/cleanup`` for good, and ``kubectl delete namespace``
 then hangs in Terminating. The chart runs this module as a ``helm.sh/hook: pre-delete`` Job
 (``python -m sandbox_operator.uninstall``), before Helm deletes anything: it deletes the

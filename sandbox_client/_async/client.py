@@ -3,7 +3,7 @@
 Built on ``kubernetes_asyncio``, reached through :mod:`sandbox_client._kube`. Every wait is a
 *watch* (list, then watch from the list's resourceVersion, listing again after a 410 Gone),
 never a polling loop. File operations go through the ones :meth:`SandboxClient.files_for` picks
-per sandbox. Typical use (issue 10)::
+per sandbox. Typical use::
 
     async with SandboxClient() as client:
         async with Plan(client, "plan-1", "default") as plan:
@@ -657,7 +657,7 @@ class Plan:
     async def review(
         self, *, message: str | None = None, timeout: float = DEFAULT_COMMIT_TIMEOUT
     ) -> PlanReview:
-        """The review of the plan's changes (issue 9, §2): per sandbox the files added,
+        """The review of the plan's changes: per sandbox the files added,
         changed and deleted, lines, bytes, statements and conflicts, and the plan ``digest``.
 
         The review is made by a PlanCommit with ``approval: Required`` that then waits at

@@ -1,8 +1,8 @@
 """The workspace agent: a workspace Pod's main process, serving sandbox operations over HTTP.
 
-Issue 8, "A workspace agent instead of exec". One long-lived process (``sandbox-core
-serve-workspace``) keeps the core in memory and answers the operator over the pod network, so a
-call costs one HTTP round trip instead of an exec that starts a Python process.
+One long-lived process (``sandbox-core serve-workspace``) keeps the core in memory and answers
+the operator over the pod network, so a call costs one HTTP round trip instead of an exec that
+starts a Python process.
 
 - :mod:`~sandbox_core.agent.wire`: the contract on the wire (routes, headers, error codes,
   limits), shared with every client; standard library and the core's vocabulary only.

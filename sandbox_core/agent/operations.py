@@ -10,13 +10,13 @@ listens.
 - Every reply describing a sandbox has its ``revision`` (a counter of the agent's changes to
   it), which callers put into their request ids.
 
-Two-phase plan commit (issue 9): ``prepare``, ``apply_prepared`` and ``abort_prepared`` are
-idempotent by transaction id in the core (``apply_prepared`` and ``abort_prepared`` may run
-again). A participant that cannot prepare durably (``prepares_durably`` false in every sandbox
-reply: SQLite holds its prepared writes in an open connection) is kept in this process between
-``prepare`` and ``apply-prepared``/``abort-prepared``; an agent restart in between loses the
-prepare, as the last resource's contract allows (its ``apply`` is the decision, recovery asks
-the status).
+Two-phase plan commit (docs/two-phase-commit.md): ``prepare``, ``apply_prepared`` and
+``abort_prepared`` are idempotent by transaction id in the core (``apply_prepared`` and
+``abort_prepared`` may run again). A participant that cannot prepare durably (``prepares_durably``
+false in every sandbox reply: SQLite holds its prepared writes in an open connection) is kept in
+this process between ``prepare`` and ``apply-prepared``/``abort-prepared``; an agent restart in
+between loses the prepare, as the last resource's contract allows (its ``apply`` is the decision,
+recovery asks the status).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Operations:
 
     def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
         """Re-open from a record; a database sandbox gets its password back from the Pod's
-        secret environment (records keep DSNs redacted, issue 7)."""
+        secret environment (records keep DSNs redacted)."""
         sandbox = self.factory.reopen(record)
         use_credentials = getattr(sandbox, "use_credentials", None)
         if use_credentials is None:
@@ -324,7 +324,7 @@ class Operations:
         self._save(sandbox)
         return self.describe(sandbox)
 
-    # -- two-phase plan commit (issue 9) ---------------------------------------------------------
+    # -- two-phase plan commit -------------------------------------------------------------------
 
     @staticmethod
     def _txid(body: dict[str, Any]) -> str:
@@ -380,7 +380,7 @@ class Operations:
     def commit_landed(self, sandbox_id: str) -> dict[str, Any]:
         """``{"landed": bool | None}``: the strategy's ``commit_landed()`` (did a commit whose
         outcome was lost reach the original?), None when the strategy cannot tell. Recovery
-        asks it of a last resource recorded committing (issue 9) and of an interrupted saga."""
+        asks it of a two-phase last resource recorded committing and of an interrupted saga."""
         sandbox = self.load(sandbox_id)
         probe = getattr(sandbox, "commit_landed", None)
         answer = probe() if callable(probe) else None

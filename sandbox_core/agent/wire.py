@@ -64,7 +64,7 @@ ENV_REF = "env:"
 AUTHORIZATION_HEADER = "Authorization"
 BEARER_PREFIX = "Bearer "
 # The token for callers that reach the agent through the API server's pod proxy (the engine's
-# client, issue 10): the API server consumes ``Authorization`` (its own credentials) and never
+# client): the API server consumes ``Authorization`` (its own credentials) and never
 # forwards it, so the proxied request carries the agent token in this header instead.
 TOKEN_HEADER = "X-Sandbox-Agent-Token"  # noqa: S105 - a header name, not a token
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -74,7 +74,7 @@ BYTES_CONTENT_TYPE = "application/octet-stream"
 PATH_QUERY = "path"  # ``?path=REL``: a path relative to the sandbox's root ("." by default)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-TXID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # the coordinator's transaction ids (issue 9)
+TXID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # the two-phase coordinator's transaction ids
 CHANGING_METHODS = frozenset({"POST", "PUT", "DELETE"})
 
 # -- routes -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ Exit codes:
     8  a lock file left by another process (e.g. git's index.lock) blocks it; nothing changed
     9  permission denied, or the resource's owner is another user not trusted; nothing changed
     10 ``commit-plan`` refused: the plan changed since the approved digest
-       (ChangedSinceApproval, issue 9); every participant was aborted, nothing changed
+       (ChangedSinceApproval); every participant was aborted, nothing changed
     11 ``commit-plan --two-phase`` refused: the plan cannot be committed in two phases
        (TwoPhaseUnavailableError: more than one participant that cannot prepare durably, or a
        PostgreSQL server with max_prepared_transactions = 0); nothing changed. With ``--auto``

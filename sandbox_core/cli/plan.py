@@ -81,7 +81,7 @@ def commit_plan(
 ) -> None:
     """Atomically commit every sandbox of PLAN_ID: all committed, or none changed.
 
-    ``--two-phase``: every conflict is found before any original is touched (issue 9); refused
+    ``--two-phase``: every conflict is found before any original is touched; refused
     (exit 11) when the plan cannot use two phases. ``--auto``: two phases, falling back to the
     saga when they cannot be used (the result says why, ``fallback_reason``). Default
     (``--saga``): the seed's saga, commit one by one and compensate (LIFO) on failure.
@@ -192,7 +192,7 @@ def _review_table(review: PlanReview) -> str:
 @click.option("--max-paths", default=20, show_default=True, help="Paths per sandbox in --json.")
 @click.pass_obj
 def review(state: CliState, plan_id: str, max_paths: int) -> None:
-    """What committing PLAN_ID would change now, per sandbox, and the plan digest (issue 9).
+    """What committing PLAN_ID would change now, per sandbox, and the plan digest.
 
     Takes no locks on the originals and changes nothing. Approve the digest with
     ``commit-plan --approved-digest``. ``--json`` prints ``PlanReview.to_dict()``.
@@ -228,7 +228,7 @@ def recover(state: CliState, plan_id: str) -> None:
         payload = {"plan_id": plan_id, "journal": journal.model_dump(mode="json")}
         if not journal.phase.is_terminal:
             # Case 21: a compensation failed again; the journal stays open for the next run.
-            # Two-phase (issue 9): an abort or an apply after the decision failed again.
+            # Two-phase: an abort or an apply after the decision failed again.
             still = (
                 f"compensation still failing for {', '.join(journal.failed_rollback_ids)}"
                 if journal.mode == "saga"

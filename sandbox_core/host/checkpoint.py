@@ -291,7 +291,7 @@ class CheckpointManager:
 
         With a state dir the records are re-read first, so checkpoints another process (the CLI,
         another manager) recorded there are deleted too. Idempotent: deleting again finds
-        nothing (issue 7, hygiene: cleanup leaves nothing behind).
+        nothing (cleanup leaves nothing behind).
 
         Returns:
             How many checkpoints were deleted.

@@ -270,7 +270,7 @@ class SandboxManager:
         message: str | None = None,
         approved_digest: str | None = None,
     ) -> list[CommitResult]:
-        """Commit every CREATED/ACTIVE sandbox of the plan all or nothing (issue 9, §1).
+        """Commit every CREATED/ACTIVE sandbox of the plan all or nothing.
 
         The policy - the mode, the fallback from two phases to the saga, the approval check -
         is :func:`sandbox_core.plan.commit.commit_plan`'s, run on the plan's sandboxes with
@@ -324,7 +324,7 @@ class SandboxManager:
             )
 
     def review_plan(self, plan_id: str) -> PlanReview:
-        """What committing the plan would change now (issue 9, §2); takes no locks on originals.
+        """What committing the plan would change now; takes no locks on originals.
 
         Returns:
             The :class:`~sandbox_core.plan.review.PlanReview` of every CREATED/ACTIVE sandbox of the
@@ -363,7 +363,7 @@ class SandboxManager:
         """Finish an interrupted ``commit_all`` or ``commit_plan`` of ``plan_id`` (cases 20 and 22).
 
         A two-phase journal is recovered by :meth:`TwoPhasePlanCommit.recover` (before its
-        decision every participant is aborted, after it the apply rolls forward; issue 9).
+        decision every participant is aborted, after it the apply rolls forward).
 
         Sandboxes named in the journal are taken from tracking or reopened from the store.
         Ends in all-committed or all-compensated. Compensations that failed earlier are retried
@@ -415,7 +415,7 @@ class SandboxManager:
     def cleanup_all(self, plan_id: str) -> None:
         """Clean up every sandbox of the plan and stop tracking the plan (failures contained).
 
-        Nothing is left behind (issue 7, hygiene): the plan's checkpoints (records, snapshots
+        Nothing is left behind: the plan's checkpoints (records, snapshots
         and git refs, in :attr:`checkpoints`, deleted before the sandboxes so that a git ref is
         removed while its worktree still exists), each sandbox's artefacts and store record, and
         the plan's finished commit journal once no record of the plan is left. A journal that

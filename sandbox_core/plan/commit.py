@@ -1,11 +1,11 @@
 """``commit_plan()``: the one plan-commit policy (mode, fallback, approval), for every caller.
 
-Seed 002, "Atomic Commit" (all or nothing; rollbackable participants first; LIFO compensation)
-and issue 9 (two phases; review and approval). ``SandboxManager.commit_plan`` and the operator's
-PlanCommit both call :func:`commit_plan`; what differs between them is a parameter: the
+Seed 002, "Atomic Commit" (all or nothing; rollbackable participants first; LIFO compensation) and
+docs/two-phase-commit.md (two phases; review and approval). ``SandboxManager.commit_plan`` and the
+operator's PlanCommit both call :func:`commit_plan`; what differs between them is a parameter: the
 participants (in-process sandboxes or executor handles), the journal (a file, memory, or the
-PlanCommit's status), the attempt number, what to do after each status change of a participant
-and how to announce a fallback.
+PlanCommit's status), the attempt number, what to do after each status change of a participant and
+how to announce a fallback.
 
 Policy:
 
@@ -97,7 +97,7 @@ def commit_plan(
 ) -> list[CommitResult]:
     """Commit ``participants`` all or nothing under the policy of the module docstring.
 
-    Seed 002, "Atomic Commit"; issue 9, §1 (two phases, fallback) and §2 (approval).
+    Seed 002, "Atomic Commit"; docs/two-phase-commit.md (two phases, fallback, approval).
 
     Args:
         plan_id: the plan.
@@ -188,7 +188,7 @@ def _changed_since_approval(
     approved_digest: str,
     fallback: str | None,
 ) -> CommitResult | None:
-    """The saga's approval check (issue 9, §2): a review just before it starts.
+    """The saga's approval check: a review just before it starts.
 
     Returns:
         ``None`` when the plan still hashes to ``approved_digest``; else the failed result

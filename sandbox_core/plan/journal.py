@@ -4,7 +4,7 @@ DESIGN.md, "PlanCommit: atomic commit as a saga"; cases 20 and 22. A plan commit
 effects (git merge, directory swap, database COMMIT).
 :class:`~sandbox_core.plan.saga.PlanCommitSaga` records every step in a :class:`CommitJournal`
 *before* and *after* it happens, so a process killed at any point can be resumed by
-:func:`~sandbox_core.plan.saga.recover_plan_commit`.
+:meth:`~sandbox_core.plan.saga.PlanCommitSaga.recover`.
 
 The protocol is deliberately two methods (``load``/``save`` of one :class:`JournalState`) so that
 the operator can implement it on a PlanCommit's ``.status`` and the CLI on a JSON file

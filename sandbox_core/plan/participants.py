@@ -73,7 +73,7 @@ class ReviewedParticipant(Participant, Protocol):
 
 
 class TwoPhaseParticipant(ReviewedParticipant, Protocol):
-    """A participant of a two-phase plan commit (issue 9, §1).
+    """A participant of a two-phase plan commit.
 
     ``prepares_durably`` False makes it the plan's last resource (at most one per plan);
     ``apply_prepared`` and ``abort_prepared`` are idempotent per ``txid``.

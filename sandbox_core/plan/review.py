@@ -1,4 +1,4 @@
-"""Review of a whole plan before it is committed (issue 9, §2).
+"""Review of a whole plan before it is committed (docs/two-phase-commit.md, "Review and approval").
 
 :func:`review_plan` asks every sandbox of a plan for its
 :class:`~sandbox_core.protocol.ChangeSummary` (files added, changed and deleted, lines, bytes,
@@ -41,7 +41,7 @@ class _Digested(Protocol):
 
 
 def plan_digest(summaries: Iterable[_Digested]) -> str:
-    """The digest of a plan's exact changes (issue 9, §2).
+    """The digest of a plan's exact changes.
 
     Args:
         summaries: one item per sandbox with ``sandbox_id`` and ``digest`` (a
@@ -58,7 +58,7 @@ def plan_digest(summaries: Iterable[_Digested]) -> str:
 
 @dataclass(frozen=True)
 class PlanReview:
-    """What committing a plan would change now (issue 9, §2).
+    """What committing a plan would change now.
 
     Attributes:
         plan_id: the plan.
@@ -102,7 +102,7 @@ class PlanReview:
 
 
 def review_plan(plan_id: str, sandboxes: Iterable[ReviewedParticipant]) -> PlanReview:
-    """Review every sandbox of a plan (issue 9, §2); takes no locks, touches nothing.
+    """Review every sandbox of a plan; takes no locks, touches nothing.
 
     Args:
         plan_id: the plan.

@@ -20,7 +20,7 @@ Recovery policy (cases 20 and 22):
   (``transaction_rollback``, ``none``: committed last) has landed, the point of no return, so
   rolling back would leave it beside undone steps (half a plan, case 38): recovery commits the
   remaining steps (those too cannot be undone, since they come last). A caller that holds a
-  standing request to commit (the operator's PlanCommit, issue 11) opts in to roll forward
+  standing request to commit (the operator's PlanCommit) opts in to roll forward
   every interrupted attempt whose steps' outcomes are all known (``resume=True``).
 - A terminal journal is never touched again: running recovery twice changes nothing.
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
@@ -238,7 +238,7 @@ def run_compensations(
     after_undo: Callable[[JournalStep], None] | None = None,
     on_done: Callable[[JournalStep, Any, Exception | None], None] | None = None,
 ) -> list[tuple[JournalStep, Any, Exception]]:
-    """The one compensation loop of the code base (seed 002; cases 21; issue 9, §1).
+    """The one compensation loop of the code base (seed 002; case 21).
 
     For each ``(step, target)`` in the order given (the saga passes LIFO order, the operator's
     ``action: Rollback`` its steps in order): the step is recorded ``compensating`` and saved,
@@ -342,7 +342,7 @@ class PlanCommitSaga(JournaledPlanCommit):
         resume: when True, :meth:`recover` finishes an attempt that a crash interrupted (no
             commit failed, every step's outcome known) by committing its pending steps, instead
             of compensating it; ``resume_message`` is their commit message. The operator resumes
-            (its PlanCommit is the standing request to commit; issue 11, "Scale under faults");
+            (its PlanCommit is the standing request to commit, so a crash does not undo it);
             the default keeps the roll-back policy of the module docstring.
     """
 
@@ -371,7 +371,7 @@ class PlanCommitSaga(JournaledPlanCommit):
     ) -> list[CommitResult]:
         """Commit ``sandboxes`` all or nothing (seed 002, "Atomic Commit").
 
-        ``fallback_reason`` (issue 9) is recorded in the journal when a two-phase plan commit
+        ``fallback_reason`` is recorded in the journal when a two-phase plan commit
         fell back to this saga (:func:`~sandbox_core.plan.commit.commit_plan`, ``mode="auto"``).
 
         Returns:

@@ -1,4 +1,4 @@
-"""Two-phase plan commit: every conflict is found before any original is touched (issue 9, §1).
+"""Two-phase plan commit: every conflict is found before any original is touched.
 
 The saga (:mod:`sandbox_core.plan.saga`) commits sandboxes one after another and compensates the
 ones that landed when a later one fails, so a conflict in the last of ten sandboxes changes nine
@@ -134,7 +134,7 @@ _ABORTABLE = frozenset(
 
 
 def plan_txid(plan_id: str, attempt: int) -> str:
-    """The transaction id of attempt ``attempt`` of ``plan_id`` (issue 9, §1, step 1).
+    """The transaction id of attempt ``attempt`` of ``plan_id`` (step 1 of the module docstring).
 
     Deterministic (a fresh process finds the same staged state from the journal), different per
     attempt, only ``[A-Za-z0-9._-]`` and at most 64 characters, so participants can name files,
@@ -156,8 +156,8 @@ def plan_txid(plan_id: str, attempt: int) -> str:
 def two_phase_unavailable_reason(sandboxes: Iterable[Participant]) -> str | None:
     """Why these sandboxes cannot be committed in two phases, or ``None`` when they can.
 
-    Issue 9, §1, step 4: at most one participant may prepare non-durably (the last resource);
-    every participant must offer ``prepare``/``apply_prepared``/``abort_prepared``.
+    Step 3 of the module docstring: at most one participant may prepare non-durably (the last
+    resource); every participant must offer ``prepare``/``apply_prepared``/``abort_prepared``.
     """
     items = list(sandboxes)
     lacking = [
@@ -252,7 +252,7 @@ def independent_chains(indices: list[int], pairs: list[tuple[JournalStep, Any]])
 
 
 class TwoPhasePlanCommit(JournaledPlanCommit):
-    """Runs and recovers one plan's two-phase commit against one journal (issue 9, §1).
+    """Runs and recovers one plan's two-phase commit against one journal.
 
     Args:
         journal: where the attempt is recorded (``mode="two_phase"``).
@@ -418,7 +418,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         self._in_chains(independent_chains(durable, pairs), prepare)
         if all(isinstance(outcomes.get(i), PreparedCommit) for i in durable):
             for index, (step, _) in enumerate(pairs, start=1):
-                if step.last_resource:  # after every durable one (issue 9, step 4)
+                if step.last_resource:  # after every durable one (step 3, Decide)
                     self._in_chains([[index]], prepare)
         failures = [(i, o) for i, o in sorted(outcomes.items()) if isinstance(o, Exception)]
         for index, outcome in sorted(outcomes.items()):
@@ -758,7 +758,7 @@ def _written_paths(sandbox: Any, prepared: PreparedCommit) -> tuple[str, set[str
     path inside its own workspace Pod (the same mount path in every Pod), so two of them never
     share a directory by their paths alone: such a handle takes part only when it carries a
     ``source_root``, the identity of its original across Pods that the operator gives it
-    (``pvc:<namespace>/<claim>/<sub-path>``, ``node:<path>``; issue 9)."""
+    (``pvc:<namespace>/<claim>/<sub-path>``, ``node:<path>``)."""
     summary = prepared.summary
     if summary is None:
         return None

@@ -1,4 +1,4 @@
-"""Two-phase commit of the directory strategies (issue 9): the sandbox's side.
+"""Two-phase commit of the directory strategies: the sandbox's side.
 
 ``copy_on_write`` and ``overlay`` (both modes) prepare, apply and abort through these functions;
 the filesystem work is :func:`~sandbox_core.tree.staging.stage_sync` /

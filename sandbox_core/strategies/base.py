@@ -15,10 +15,10 @@ strategy behaves the same at its edges:
   leaves the sandbox COMMITTED: the undo is still owed and is retried later (the saga's
   ``recover``, case 21), so strategies keep ``_do_rollback_committed`` safe to run again.
 - ``cleanup``: any -> CLEANED_UP, idempotent.
-- Two-phase plan commit (issue 9): ``review`` and ``prepare`` never touch the original and
-  never change the status (a failed prepare leaves the sandbox as it was); ``apply_prepared``
-  moves CREATED/ACTIVE -> COMMITTED and is idempotent per transaction id (a failure keeps the
-  status so the apply is retried: after the decision recovery rolls forward);
+- Two-phase plan commit (docs/two-phase-commit.md): ``review`` and ``prepare`` never touch the
+  original and never change the status (a failed prepare leaves the sandbox as it was);
+  ``apply_prepared`` moves CREATED/ACTIVE -> COMMITTED and is idempotent per transaction id (a
+  failure keeps the status so the apply is retried: after the decision recovery rolls forward);
   ``abort_prepared`` removes what ``prepare`` staged and is idempotent.
 
 Which statuses each operation accepts is asked of :class:`SandboxStatus` (``can_commit``,
@@ -99,7 +99,7 @@ class BaseSandbox:
     """The per-strategy folder under the sandbox root (``cow``, ``git``, ``overlay``, ``txn``)
     that holds ``<folder>/<sandbox_id>/``; None when the strategy makes none."""
     prepares_durably: bool = True
-    """Whether ``prepare`` survives a crash of this process (issue 9). A participant that cannot
+    """Whether ``prepare`` survives a crash of this process. A participant that cannot
     (SQLite holds its prepared writes in an open connection) can only be the last resource of
     a two-phase plan commit: its commit is the decision."""
 
@@ -325,7 +325,7 @@ class BaseSandbox:
         Idempotent also across processes: a sandbox another process already cleaned up (its
         artefacts gone) cleans up without error. Nothing is left behind: the per-strategy folder
         under the sandbox root (``cow/``, ``git/``, ``overlay/``, ``txn/``) goes too once it is
-        empty (issue 7, hygiene).
+        empty.
 
         Raises:
             SandboxError: an artefact could not be removed (status unchanged, safe to retry).
@@ -387,7 +387,7 @@ class BaseSandbox:
                 self._set_status(SandboxStatus.ACTIVE)
             self._set_status(SandboxStatus.COMMITTED)
 
-    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+    # -- two-phase plan commit --------------------------------------------------------------
 
     def review(self) -> ChangeSummary:
         """What a commit would change now, and what would refuse it; takes no locks.

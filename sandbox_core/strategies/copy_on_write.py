@@ -22,7 +22,7 @@ Policies:
   the original since create is a conflict: nothing is written and
   ``SandboxCommitError(conflicts=[...])`` is raised (the sandbox stays ACTIVE). Paths changed
   only in the original are kept.
-- Two-phase plan commit (issue 9, :mod:`sandbox_core.strategies._directory`): ``review`` reports the
+- Two-phase plan commit (:mod:`sandbox_core.strategies._directory`): ``review`` reports the
   changes, their text lines and bytes, the conflicts above and a digest over the exact change
   (content, type, mode, owner, xattrs, link targets, hard-link groups, deletions); ``prepare``
   applies the same conflict rules and stages the new entries beside the original under
@@ -186,7 +186,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             metadata=metadata,
         )
 
-    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+    # -- two-phase plan commit --------------------------------------------------------------
 
     def _do_review(self) -> ChangeSummary:
         """The sandbox's own changes, the conflicts a commit would refuse now, and their
@@ -215,7 +215,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     def commit_landed(self) -> bool:
         """Did a commit whose outcome was lost (the process died inside it) reach the original?
 
-        Crash recovery (``sandbox_core.plan.saga``, issue 11): an interrupted sync is finished or
+        Crash recovery (``sandbox_core.plan.saga``): an interrupted sync is finished or
         undone first (:func:`~sandbox_core.tree.sync.recover_sync`, so the original is exactly
         old or exactly new), then the commit landed when the original holds every change the
         sandbox made and nothing conflicts: what a commit now would write is empty. A sandbox

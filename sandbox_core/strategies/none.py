@@ -3,7 +3,7 @@
 It bypasses all isolation: writes are immediately permanent and cannot be rolled back, so
 ``rollbackable`` is False and a warning is logged at creation.
 
-Two-phase plan commit (issue 9, §1): review, prepare and apply are trivial, since the writes
+Two-phase plan commit: review, prepare and apply are trivial, since the writes
 already went to the original. ``prepares_durably`` is True: ``prepare`` stages nothing and holds
 nothing in this process, so a crash loses nothing and a fresh process can apply or abort from
 the txid alone; the sandbox therefore never takes the last-resource slot (which stays free for a
@@ -61,7 +61,7 @@ class NoSandbox(BaseSandbox):
     def _do_cleanup(self) -> None:
         """Nothing was created, and the original is never removed."""
 
-    # -- two-phase plan commit (issue 9): nothing to stage, the writes already landed ----------
+    # -- two-phase plan commit: nothing to stage, the writes already landed --------------------
 
     def _do_review(self) -> ChangeSummary:
         """No change set is kept: the digest names the pass-through itself (stable)."""

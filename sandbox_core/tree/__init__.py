@@ -26,7 +26,7 @@ never loads the others):
   :func:`verify_staged` / :func:`apply_staged` / :func:`abort_staged`, :func:`change_digest`).
 
 The public, stable names :func:`backup_directory`, :func:`safe_restore` and :func:`compute_diff`
-are re-exported by ``sandbox_core``. Fidelity (issue 7, docs/fidelity.md): copies keep owner
+are re-exported by ``sandbox_core``. Fidelity (docs/fidelity.md): copies keep owner
 before mode so set-uid/set-gid survive (case 24), xattrs and POSIX ACLs, holes, FIFOs, sockets
 and devices (recreated, never read: cases 36, 37) and hard links (case 34).
 

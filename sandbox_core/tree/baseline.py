@@ -383,8 +383,8 @@ def reset_copy(
     call as soon as the original holds its restored state (``undo_sync``'s ``on_applied``):
     the original's walk starts then (else when ``restore_original`` returns), while the undo
     journals and tidies up. ``meanwhile`` (e.g. removing the used backup) runs once
-    ``restore_original`` returned, while the original is walked (issue 7: the walks, not the
-    undo, set a rollback's time).
+    ``restore_original`` returned, while the original is walked (the walks, not the undo,
+    set a rollback's time).
 
     Raises:
         OSError: a tree cannot be read, ``restore_original`` failed (the copy is then

@@ -102,7 +102,7 @@ def _memory_file(name: str) -> Any:
 def _run_find(find: str, root: str, args: list[str]) -> list[str]:
     # find prints into files in memory, not pipes: a pipe holds 64 KiB, and while another
     # thread holds the GIL (reading a manifest, parsing the other walk) nobody drains it, so
-    # find would stop walking until then (issue 7: the walks set a rollback's time).
+    # find would stop walking until then (and the walks set a rollback's time).
     with _memory_file("find-out") as out, _memory_file("find-err") as err:
         code = subprocess.run(
             [find, ".", "-mindepth", "1", *args], cwd=root, stdout=out, stderr=err, check=False

@@ -2,7 +2,7 @@
 # Why: this module works on str paths with os-level calls (scandir, lstat, rename) on purpose:
 # scans and syncs of 5,000+ entry trees are measured against cp/rsync, and pathlib objects per
 # entry cost time for nothing here.
-"""Two-phase staging (issue 9): a sync cut into a durable first half and a rename-only second.
+"""Two-phase staging: a sync cut into a durable first half and a rename-only second.
 
 :func:`stage_sync` copies the new entries into a staging area named after a key, on the
 target's filesystem (:func:`prepared_dir_for`), fsynced, with the stamps of what it will
@@ -240,7 +240,7 @@ def change_digest(
     root: Meta | None = None,
 ) -> str:
     """The digest :func:`stage_sync` would return for the same arguments, read from
-    ``source`` without staging anything (a review, issue 9): equal when nothing changed in
+    ``source`` without staging anything (a plan's review): equal when nothing changed in
     between. A content, type, mode, owner, xattr, link target, hard-link or deletion change
     gives another digest; an mtime alone does not.
 
@@ -263,7 +263,7 @@ def stage_sync(
     expand_links: bool = True,
     root: Meta | None = None,
 ) -> StagedSync:
-    """The durable first half of :func:`sync_tree` (two-phase commit, issue 9): copy every new
+    """The durable first half of :func:`sync_tree` (two-phase plan commit): copy every new
     entry of ``changes`` into the staging area :func:`prepared_dir_for` ``(target, key)`` on
     ``target``'s filesystem, record the stamps of what the apply will replace, write the
     journal (state ``"staged-two-phase"``) and fsync files, journal and directories.

@@ -1,6 +1,6 @@
 """The operator's side of the workspace agent (``sandbox_core.agent``): tokens and HTTP calls.
 
-Tokens (issue 8): ``token = HMAC-SHA256(key, sandbox uid)`` in hex, where ``key`` is the
+Tokens: ``token = HMAC-SHA256(key, sandbox uid)`` in hex, where ``key`` is the
 operator's agent key (a Secret in the operator's own namespace, mounted into the operator Pod as
 a file). The operator hands the token to one workspace Pod through a Secret it creates in the
 Sandbox's namespace, mounted as a file; nothing else ever carries it, and no message of this

@@ -64,7 +64,7 @@ class SandboxTarget:
 
 
 class WorkspaceNotReady(Exception):  # noqa: N818 - a state, not a failure
-    """The workspace Pod is not Ready yet: a normal wait, not an error (issue 8).
+    """The workspace Pod is not Ready yet: a normal wait, not an error.
 
     Handlers record it as ``Ready=False`` with reason ``WorkspacePodStarting`` and no Warning;
     the Pod's own events resume the work (no fixed sleep).

@@ -58,10 +58,10 @@ class FaultingSandbox:
     """Wraps a core sandbox so the settings' fault hooks can fail its commit or rollback.
 
     It is the local executor's handle: the saga drives ``commit``/``rollback``, the two-phase
-    coordinator ``review``/``prepare``/``apply_prepared``/``abort_prepared``/``prepares_durably``
-    (issue 9), all the wrapped ``BaseSandbox``'s; ``fault_fail_commit`` also fails ``prepare``.
+    coordinator ``review``/``prepare``/``apply_prepared``/``abort_prepared``/``prepares_durably``,
+    all the wrapped ``BaseSandbox``'s; ``fault_fail_commit`` also fails ``prepare``.
 
-        Test-only fault injection (common brief: mocks only to inject faults); a pass-through when
+        Test-only fault injection (mocks are used only to inject faults); a pass-through when
         the resource id is not named in ``fault_fail_commit`` / ``fault_fail_rollback``.
     """
 
@@ -97,11 +97,11 @@ class FaultingSandbox:
 
     @property
     def prepares_durably(self) -> bool:
-        """The wrapped sandbox's ``prepares_durably`` (issue 9: SQLite is a last resource)."""
+        """The wrapped sandbox's ``prepares_durably`` (SQLite is a last resource)."""
         return bool(getattr(self.inner, "prepares_durably", True))
 
     def review(self) -> ChangeSummary:
-        """The wrapped sandbox's change summary (issue 9, §2)."""
+        """The wrapped sandbox's change summary, for the plan's review."""
         return self.inner.review()
 
     def prepare(self, txid: str, message: str | None = None) -> PreparedCommit:
@@ -153,7 +153,7 @@ class LocalExecutor:
         except SandboxError:
             record = target.core_record
             if record and record.get("sandbox_id") == target.sandbox_id:
-                # status.coreRecord holds a redacted DSN (issue 8): the resolved original
+                # status.coreRecord holds a redacted DSN: the resolved original
                 # (read from the Secret again) is what the core must reconnect with.
                 restored = dict(record)
                 restored["original_path"] = target.original
@@ -170,7 +170,7 @@ class LocalExecutor:
         if record is None:
             return None
         sandbox = self.factory.reopen(record)
-        # The core stores DSNs redacted (issue 7): the password comes from the Secret again.
+        # The core stores DSNs redacted: the password comes from the Secret again.
         use_credentials = getattr(sandbox, "use_credentials", None)
         if use_credentials is not None and dsn_secrets(target.original):
             use_credentials(target.original)
@@ -221,7 +221,7 @@ class LocalExecutor:
                     raise
                 changed = True
             if changed:
-                # One write for create + activate (issue 11, throughput): a crash before it
+                # One write for create + activate (for throughput): a crash before it
                 # leaves the PENDING record, which the retry above cleans up and redoes.
                 self.store.save(sandbox)
             return self._state(sandbox)
@@ -364,7 +364,7 @@ class LocalExecutor:
         """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
         self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)
 
-    # -- suspend (issue 8) ---------------------------------------------------------------------
+    # -- suspend -------------------------------------------------------------------------------
 
     def suspend(self, target: SandboxTarget) -> None:
         """Nothing runs per sandbox in-process: the record and artefacts simply stay."""

@@ -2,7 +2,7 @@
 
 DESIGN.md, "Where the work happens": the Sandbox's work runs in its workspace Pod
 (:mod:`~sandbox_operator.executors.pod_manifests` builds it and its children). Its main process is
-the workspace agent (``sandbox_core.agent``, issue 8): the operator calls it over the pod network
+the workspace agent (``sandbox_core.agent``): the operator calls it over the pod network
 with a per-Sandbox token (HMAC of the Sandbox uid; handed over in a Secret mounted as a file),
 one HTTP round trip per operation, idempotent by request id
 (:mod:`~sandbox_operator.executors.remote`). There is no exec path.
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 
 class PodExecutor:
-    """Executor calling the workspace agent of one workspace Pod per Sandbox (issue 8)."""
+    """Executor calling the workspace agent of one workspace Pod per Sandbox."""
 
     kind = "pod"
 
@@ -336,7 +336,7 @@ class PodExecutor:
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Snapshots live on the scratch volume; they go with the Sandbox's cleanup."""
 
-    # -- suspend (issue 8) ---------------------------------------------------------------------
+    # -- suspend -------------------------------------------------------------------------------
 
     def suspend(self, target: SandboxTarget) -> None:
         """Delete the workspace Pod only; the scratch claim keeps every change and the state."""

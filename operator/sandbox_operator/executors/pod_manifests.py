@@ -43,7 +43,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKSPACE_COMPONENT = "workspace"
 TOKEN_DIR = "/var/run/sandbox-agent"  # noqa: S105 - a directory, not a token
 # Strategies whose scratch holds only the agent's state (records, statement log, request
-# journal): a small claim, still a claim, so that it outlives the Pod (issue 8).
+# journal): a small claim, still a claim, so that it outlives the Pod.
 STATE_ONLY = frozenset({"none", "transaction_rollback"})
 STATE_SCRATCH_SIZE = "256Mi"
 
@@ -128,7 +128,7 @@ def _operator_labels(settings: Settings) -> dict[str, str]:
 
 
 def build_network_policy(target: SandboxTarget, settings: Settings) -> dict[str, Any]:
-    """The NetworkPolicy of the workspace Pod (pure; issue 8).
+    """The NetworkPolicy of the workspace Pod (pure).
 
     Ingress: only the agent port, only from the operator's Pods (labels
     ``settings.operator_pod_labels`` in ``settings.operator_namespace``). Egress: denied except
@@ -214,7 +214,7 @@ def build_workspace_pod(
         security.update(privileged=True, capabilities={"add": ["SYS_ADMIN"]})
         pod_security.update(runAsNonRoot=False, runAsUser=0, runAsGroup=0)
     pod_security["fsGroupChangePolicy"] = "OnRootMismatch"  # no chown walk of a big volume
-    # The agent token, as a file only the workspace user's group can read (issue 8).
+    # The agent token, as a file only the workspace user's group can read.
     volumes.append(
         {
             "name": "agent-token",
@@ -231,7 +231,7 @@ def build_workspace_pod(
     ]
     secret = target.source.secret_ref
     if secret is not None:
-        # The kubelet reads the Secret; the operator never sees the DSN (issue 8).
+        # The kubelet reads the Secret; the operator never sees the DSN.
         env.append(
             {
                 "name": SOURCE_DSN_ENV,

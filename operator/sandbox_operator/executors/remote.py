@@ -128,7 +128,7 @@ class RemoteSandbox:
             self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
         )
 
-    # -- two-phase plan commit (issue 9) -------------------------------------------------------
+    # -- two-phase plan commit -----------------------------------------------------------------
 
     @property
     def prepares_durably(self) -> bool:

@@ -29,7 +29,7 @@ def load_config() -> None:
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     # A throttled (429) or failing (5xx) API server is retried here, honouring Retry-After,
-    # instead of failing a journal write mid-saga (issue 11, the API fault proxy test). The
+    # instead of failing a journal write mid-saga (the API fault proxy test checks it). The
     # writes made here are merge patches and creates whose 409 is handled: safe to repeat.
     defaults = client.Configuration.get_default_copy()
     defaults.retries = Retry(
@@ -123,9 +123,9 @@ class Api:
     ) -> None:
         """One request with a plain JSON body; the reply is checked, not parsed.
 
-        The generated client validates a body into its pydantic model and parses every reply
-        into another: for an Event per Sandbox that was most of the poster's CPU (issue 11,
-        throughput). Same client, configuration, token and urllib3 retry as the other calls.
+        The generated client validates a body into its pydantic model and parses every reply into
+        another: for an Event per Sandbox that was most of the poster's CPU. Same client,
+        configuration, token and urllib3 retry as the other calls.
 
         Raises:
             ApiException: any reply other than 2xx.

@@ -1,6 +1,6 @@
 """Which objects a handler is acting on, so that nothing acts on an object being finalized.
 
-Issue 11 §2 and case 17: a PlanCommit woke after a Sandbox's finalizer had run, committed that
+Case 17: a PlanCommit woke after a Sandbox's finalizer had run, committed that
 sandbox anyway and wrote its core record back, a record that outlived its object. kopf runs one
 object's handlers one at a time, but handlers of *different* objects (a PlanCommit and its
 Sandboxes, a Checkpoint and its Sandbox) run concurrently. The policy:

@@ -89,7 +89,7 @@ def is_true(conditions: Sequence[dict[str, Any]] | None, type_: str) -> bool:
 
 
 FINISHED = "Finished"
-"""The terminal condition (issue 8): True once the work ended, whatever the outcome, so that one
+"""The terminal condition: True once the work ended, whatever the outcome, so that one
 ``kubectl wait --for=condition=Finished`` returns on success and on failure alike. The reason
 names the outcome (``Committed``, ``RolledBack``, ``Failed``, ``Errored``...)."""
 

@@ -1,4 +1,4 @@
-"""kopf's diff-base, kept in each object's status beside what the handler writes (issue 11).
+"""kopf's diff-base, kept in each object's status beside what the handler writes.
 
 kopf remembers the last handled spec (the "diff-base") to tell a change from an echo. Kept in an
 annotation, it costs every handled object a PATCH of the object of its own besides the
@@ -25,7 +25,7 @@ import kopf
 from sandbox_api.models import GROUP, PLAN_LABEL
 
 STATUS_FIELD = "lastHandledConfiguration"
-LEGACY_KEY = "last-handled-configuration"  # the annotation's key under GROUP, before issue 11
+LEGACY_KEY = "last-handled-configuration"  # the annotation's key under GROUP, read for upgrades
 
 # What kopf's essence keeps of an object besides the top-level fields other than metadata and
 # status (ownerReferences and kind: kopf's storage keys look at them).
@@ -74,9 +74,8 @@ def _essential(body: kopf.Body, extra_fields: list[Any]) -> kopf.Body:
     """``body`` without what kopf's diff-base drops anyway: status and the system metadata.
 
     kopf deep-copies the whole body (status, managedFields) on every processing cycle before it
-    throws those parts away; copying only the kept parts is the same essence for less CPU
-    (issue 11, throughput). Extra fields outside spec, labels and annotations (none today) keep
-    the whole body.
+    throws those parts away; copying only the kept parts is the same essence for less CPU. Extra
+    fields outside spec, labels and annotations (none today) keep the whole body.
     """
     for field in extra_fields:
         path = field.split(".") if isinstance(field, str) else list(field)

@@ -2,7 +2,7 @@
 
 Handlers get an :class:`EventRecorder`; unit tests pass a list-appending function.
 
-Policy for namespaces being deleted (issue 11 §2, case 17): the API server refuses every new
+Policy for namespaces being deleted (case 17): the API server refuses every new
 object in a terminating namespace (403 ``unable to create new content in namespace X because it
 is being terminated``), so an Event there can never land and a retried post is a log loop.
 
@@ -175,7 +175,7 @@ class EventRecorder:
         poster: creates one Event.
         gate: which namespaces are terminating.
         background: post from one background thread, in order, so that a handler does not wait
-            for the API round trip (issue 11, throughput); the Event is built (and its time
+            for the API round trip (for throughput); the Event is built (and its time
             stamped) when it is recorded. False posts synchronously (unit tests).
 
     ``posted`` and ``dropped`` count Events (metrics and tests).

@@ -1,4 +1,4 @@
-"""Leader election through a ``coordination.k8s.io/v1`` Lease: many replicas, one active (issue 11).
+"""Leader election through a ``coordination.k8s.io/v1`` Lease: many replicas, one active.
 
 The policy is client-go's ``leaderelection`` in a few rules:
 

@@ -1,4 +1,4 @@
-"""JSON logs (python-json-logger) for the operator process (issue 3, "Observability")."""
+"""JSON logs (python-json-logger) for the operator process."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def configure_logging(log_format: str, level: int = logging.INFO) -> None:
         handler.addFilter(_DropKopfInternals())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    handler.addFilter(ScrubFilter())  # issue 8: no secret in any log line
+    handler.addFilter(ScrubFilter())  # no secret in any log line
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -1,8 +1,7 @@
 """Prometheus metrics (prometheus-client), served by :func:`serve` from the startup handler.
 
-Issue 3, "Observability": reconciles, commits, compensations, failed compensations, durations.
-Issue 9: plan reviews, approvals (matched / mismatched), expiries, two-phase outcomes and
-fallbacks to the saga.
+Reconciles, commits, compensations, failed compensations, durations; plan reviews, approvals
+(matched / mismatched), expiries, two-phase outcomes and fallbacks to the saga.
 """
 
 from __future__ import annotations

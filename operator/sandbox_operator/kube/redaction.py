@@ -1,11 +1,11 @@
 """Keep secrets (database DSNs, passwords, agent tokens) out of status, Events and logs.
 
-Issue 8, "No secret in sight": whatever the operator itself reads from a Secret (the local
+No secret in sight: whatever the operator itself reads from a Secret (the local
 executor's ``transaction_rollback`` DSN) is registered here once; :func:`scrub` then replaces
 every registered value, and every password inside it, with ``***`` in any string, dict or list.
 :class:`ScrubFilter` does the same for every log record, and :func:`scrubbing_events` for every
 Event. :func:`redact_dsn` removes the password of a DSN in either libpq form (URI or
-``key=value``): it is the core's one redaction (``sandbox_core.redact_dsn``, issue 7). The pod
+``key=value``): it is the core's one redaction (``sandbox_core.redact_dsn``). The pod
 executor never reads the Secret at all (``secretKeyRef``).
 """
 

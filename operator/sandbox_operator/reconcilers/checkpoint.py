@@ -30,7 +30,7 @@ def checkpoint_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     timeout=TIMEOUT,
 )
 def checkpoint_create_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    """A handled Checkpoint without a status: take the snapshot again to write it (issue 11).
+    """A handled Checkpoint without a status: take the snapshot again to write it.
 
     As for Sandboxes (``sandbox_provision_resume``): an earlier operator killed between kopf's
     two writes left a Checkpoint marked handled with no phase. Snapshots are idempotent per

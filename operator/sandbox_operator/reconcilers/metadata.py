@@ -41,14 +41,14 @@ def _metadata_missing(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> bool:
 @kopf.on.event(GROUP, VERSION, CHECKPOINT_PLURAL, id="metadata", when=_metadata_missing)
 @kopf.on.event(GROUP, VERSION, PLANCOMMIT_PLURAL, id="metadata", when=_metadata_missing)
 async def set_metadata(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    """Set :func:`missing_metadata` in the PATCH that adds kopf's finalizer (issue 11).
+    """Set :func:`missing_metadata` in the PATCH that adds kopf's finalizer.
 
     kopf runs event handlers in every processing cycle, also in the one that only adds the
-    finalizer. The change is a transformation function, as kopf's finalizer is: both become one
-    JSON patch guarded by the object's resourceVersion (a merge patch beside it would be a
-    second request). So a new object gets its plan-id label (issue 11 §6) and kopf's marker
-    without a write of their own (issue 11, throughput), and one made before gets them on its
-    first event. ``async``: a dictionary lookup needs no worker thread.
+    finalizer. The change is a transformation function, as kopf's finalizer is: both become one JSON
+    patch guarded by the object's resourceVersion (a merge patch beside it would be a second
+    request). So a new object gets its plan-id label and kopf's marker without a write of their own
+    (for throughput), and one made before gets them on its first event. ``async``: a dictionary
+    lookup needs no worker thread.
     """
     patch.fns.append(functools.partial(_merge_metadata, missing=missing_metadata(body)))
 

@@ -25,7 +25,7 @@ def plancommit_saga(namespace: str | None, name: str, **_: Any) -> None:
     GROUP, VERSION, PLANCOMMIT_PLURAL, id="approval", field="spec.approvedDigest", timeout=TIMEOUT
 )
 def plancommit_approval(namespace: str | None, name: str, **_: Any) -> None:
-    """spec.approvedDigest changed: decide on the approval now (issue 9, §2)."""
+    """spec.approvedDigest changed: decide on the approval now."""
     runtime().plancommits.reconcile(str(namespace), name)
 
 
@@ -38,7 +38,7 @@ def plancommit_approval(namespace: str | None, name: str, **_: Any) -> None:
     when=lambda status, **_: status.get("phase") == "AwaitingApproval",
 )
 def plancommit_approval_wait(namespace: str | None, name: str, **_: Any) -> None:
-    """A PlanCommit awaiting approval: expire it after approvalTimeoutSeconds (issue 9, §2)."""
+    """A PlanCommit awaiting approval: expire it after approvalTimeoutSeconds."""
     runtime().plancommits.reconcile(str(namespace), name)
 
 

@@ -1,7 +1,7 @@
 """The Sandbox's kopf handlers: thin, with explicit ids; the logic is
 :class:`~sandbox_operator.resources.sandbox.SandboxLogic`.
 
-Issue 3, "Sandbox": provision (and, after a restart, repair a handled Sandbox without a status),
+Provision (and, after a restart, repair a handled Sandbox without a status),
 serve ``spec.rollbackRequest`` / ``spec.restoreRequest``, follow the workspace Pod's readiness
 and ``spec.suspend``, clean up on deletion, and delete a finished Sandbox after its TTL.
 """

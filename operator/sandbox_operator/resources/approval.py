@@ -1,4 +1,4 @@
-"""Review and approval of a PlanCommit (issue 9, §2): pure functions, no API calls.
+"""Review and approval of a PlanCommit: pure functions, no API calls.
 
 :func:`review_status` turns the core's :class:`~sandbox_core.plan.review.PlanReview` into
 the bounded ``status.review`` (the first :data:`MAX_REVIEW_PATHS` paths per sandbox and the counts);
@@ -92,7 +92,7 @@ class ApprovalDecision:
 def approval_decision(
     spec: PlanCommitSpec, reviewed_digest: str, reviewed_at: datetime, now: datetime
 ) -> ApprovalDecision:
-    """Decide from the spec, the reviewed digest and the clock (issue 9, §2).
+    """Decide from the spec, the reviewed digest and the clock.
 
     The timeout is strict: once ``approvalTimeoutSeconds`` after the review passed, the
     PlanCommit expires even if a matching digest is found now (it cannot be told whether it came

@@ -5,7 +5,7 @@ DESIGN.md, "PlanCommit: atomic commit as a saga": the PlanCommit status *is* the
 a step before and after it happens, the API server holds it before the next side effect.
 Only CRD-declared fields are written (case 15). Conditions follow :func:`plancommit_conditions`.
 
-Two-phase attempts (issue 9, ``sandbox_core.plan.two_phase``) add ``status.mode`` and
+Two-phase attempts (``sandbox_core.plan.two_phase``) add ``status.mode`` and
 ``status.twoPhase`` (``txid``, ``attempt``, ``stage`` = the journal phase while not terminal,
 ``reason``, ``digest``, ``approvedDigest``, ``decidedAt``) and per step ``lastResource``,
 ``preparedDigest`` and ``conflicts``: enough for :meth:`TwoPhasePlanCommit.recover` to abort
@@ -60,7 +60,7 @@ MODES = {"two_phase": "TwoPhase", "saga": "Saga"}
 
 
 def plancommit_phase(phase: JournalPhase, action: PlanCommitAction) -> PlanCommitPhase:
-    """``PlanCommit.status.phase`` of a journal phase (issue 11 §6, docs/crd-reference.md).
+    """``PlanCommit.status.phase`` of a journal phase (docs/crd-reference.md).
 
     ``Failed`` means the action did not reach its goal: for ``Commit``, the plan's changes did
     not land (a commit failed or the attempt was interrupted; the ``RolledBack`` and
@@ -118,9 +118,9 @@ def plancommit_conditions(
 ) -> list[dict[str, Any]]:
     """The ``Committed`` / ``RolledBack`` / ``RollbackFailed`` / ``Finished`` conditions.
 
-    ``Finished`` (issue 8) is True once ``state`` is terminal, whatever the outcome.
+    ``Finished`` is True once ``state`` is terminal, whatever the outcome.
 
-    Messages name the failed sandbox and its error and the rolled-back / failed ids (issue 3).
+    Messages name the failed sandbox and its error and the rolled-back / failed ids.
     ``lastTransitionTime`` moves only when a status changes (case 22: re-saving changes nothing).
     An attempt still owing a compensation (case 21: not terminal, ``failedRollbackIds`` set) says
     so: ``Committed=False``, ``RollbackFailed=True`` with "retrying".

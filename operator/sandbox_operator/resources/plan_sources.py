@@ -1,4 +1,4 @@
-"""The identity of a Sandbox's original across workspace Pods (issue 9, two-phase overlap).
+"""The identity of a Sandbox's original across workspace Pods (the two-phase overlap check).
 
 Every workspace Pod mounts its original at the same path, so the path an executor handle names
 says nothing about which directory it is. The Sandbox spec does: the volume (a

@@ -6,7 +6,7 @@ module only feeds it the plan's Sandboxes and a journal kept on the PlanCommit's
 (:class:`~sandbox_operator.resources.journal.PlanCommitStatusJournal`). No second copy of the
 algorithm.
 
-Mode TwoPhase (the default, issue 9) runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`
+Mode TwoPhase (the default) runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`
 instead: every sandbox is prepared before any original is touched. Before it the plan is
 reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the PlanCommit
 waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed digest
@@ -140,7 +140,7 @@ class DeletionGuardedHandle:
 
 
 class FallbackGuardJournal:
-    """The PlanCommit journal seen by the two-phase coordinator (issue 9, §1 step 4).
+    """The PlanCommit journal seen by the two-phase coordinator.
 
     When a participant refuses to prepare with ``TwoPhaseUnavailableError`` the coordinator
     aborts every step, ends its journal ``failed`` and raises; the operator then runs the
@@ -273,7 +273,7 @@ class PlanCommitLogic:
         return found
 
     def _describe_resuming(self, item: Mapping[str, Any], target: SandboxTarget) -> Any:
-        """The sandbox's state; a suspended Sandbox is resumed first (issue 8) and the
+        """The sandbox's state; a suspended Sandbox is resumed first and the
         PlanCommit waits (TemporaryError) until its workspace serves again."""
         name = item["metadata"]["name"]
         if (item.get("spec") or {}).get("suspend"):
@@ -491,7 +491,7 @@ class PlanCommitLogic:
         message = spec.message or f"Apply plan {spec.plan_id} (PlanCommit {journal.name})"
         recorded = journal.load()
         if recorded is not None:
-            # Issue 11: an attempt a crash interrupted is finished (committed), not failed.
+            # An attempt a crash interrupted is finished (committed), not failed.
             resolve = self._resolver(by_id, guarded=True)
             resumed = resume_attempt(journal, resolve, on_change, message)
             if resumed is not None:
@@ -540,7 +540,7 @@ class PlanCommitLogic:
             )
         return self._saga(spec, journal, handles, attempt, message, approved, None, on_change)
 
-    # -- review and approval (issue 9, §2) ------------------------------------------------------
+    # -- review and approval --------------------------------------------------------------------
 
     def _review(
         self,
@@ -697,7 +697,7 @@ class PlanCommitLogic:
         approved: str | None,
         on_change: Callable[[Any], None],
     ) -> JournalState | None:
-        """Two phases (issue 9, §1); a plan that cannot use them runs the saga instead."""
+        """Two phases; a plan that cannot use them runs the saga instead."""
         reason = two_phase_unavailable_reason(handles)
         if reason is None:
             coordinator = TwoPhasePlanCommit(FallbackGuardJournal(journal), on_change=on_change)
@@ -713,7 +713,7 @@ class PlanCommitLogic:
                 reason = str(exc)
             except AtomicCommitError as exc:
                 # Recorded in the journal. Never a saga after a two-phase attempt that failed:
-                # it would commit what the two-phase attempt aborted (all or nothing, issue 11).
+                # it would commit what the two-phase attempt aborted (all or nothing).
                 logger.warning("PlanCommit %s: %s", journal.name, exc)
                 self._count_steps(journal)
                 return journal.last_state
@@ -877,7 +877,7 @@ class PlanCommitLogic:
                 ],
             )
             journal.save(state)
-        # The core's one compensation loop (issue 9: no second copy here).
+        # The core's one compensation loop (no second copy here).
         run_compensations(
             state,
             [

@@ -1,6 +1,6 @@
 """Resume a PlanCommit that an operator crash interrupted: it commits, it does not fail.
 
-Issue 11, "Scale under faults": the PlanCommit is the user's standing request to commit its plan,
+The PlanCommit is the user's standing request to commit its plan,
 and its status journal is the resume point, so a restarted (or the other, peered) operator
 finishes the interrupted attempt instead of ending it ``Failed``:
 

@@ -1,7 +1,7 @@
 """Sandbox reconciliation logic, callable without a cluster (the kopf wiring is in
 :mod:`sandbox_operator.reconcilers.sandbox`).
 
-Issue 3, "Sandbox": provision through the executor and drive the core to ACTIVE, mirror the
+Provision through the executor and drive the core to ACTIVE, mirror the
 core's status into ``status.phase``, serve ``spec.rollbackRequest`` / ``spec.restoreRequest``
 once per distinct id, and clean up everything on deletion without touching the original.
 """
@@ -160,7 +160,7 @@ def status_of_state(
 def plan_label_value(plan_id: str) -> str | None:
     """``spec.planId`` as the value of label ``sandbox.cleveragents.io/plan-id``, or None when it
     cannot be one (over 63 characters or other characters than alphanumerics, ``-_.``; the CRD
-    description says so). Issue 11 §6: ``kubectl get sbx -l sandbox.cleveragents.io/plan-id=P``."""
+    description says so). For ``kubectl get sbx -l sandbox.cleveragents.io/plan-id=P``."""
     if LABEL_VALUE.fullmatch(plan_id):
         return plan_id
     return None
@@ -259,7 +259,7 @@ class SandboxLogic:
     ) -> None:
         """Create handler: provision (idempotently) and drive to ACTIVE, then serve requests.
 
-        A workspace Pod that is still starting is a normal wait, not a failure (issue 8):
+        A workspace Pod that is still starting is a normal wait, not a failure:
         ``phase: Pending``, ``Ready=False`` reason ``WorkspacePodStarting``, no Warning, no
         retry; the Pod's own Ready event resumes (:meth:`workspace_pod_changed`). A Sandbox
         created with ``spec.suspend: true`` starts ``Suspended``.
@@ -417,7 +417,7 @@ class SandboxLogic:
         suspend: bool,
         retry: int = 0,
     ) -> None:
-        """``spec.suspend`` changed: delete the Pod (claim kept) or bring it back (issue 8).
+        """``spec.suspend`` changed: delete the Pod (claim kept) or bring it back.
 
         Raises:
             TemporaryError: the Pod could not be deleted or made; backs off.

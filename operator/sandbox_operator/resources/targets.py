@@ -33,7 +33,7 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
     (registered with :mod:`redaction`, so it never reaches status, Events or logs), and with the
     pod executor only a reference, ``env:SANDBOX_SOURCE_DSN``: the kubelet puts the Secret's
     value into the workspace Pod's environment (``secretKeyRef``) and the operator never reads
-    it (issue 8).
+    it.
 
     Raises:
         PermanentError: the source does not fit the executor (e.g. a PVC with the local

@@ -8,7 +8,7 @@ error of the phase they are in (:func:`failure_kind` tells a leftover lock and a
 problem from the rest; GitPython errors never leave this module).
 
 The repository is the user's: the product's commands run **no code the repository controls**
-(issue 7, cases 27 and 29). Every command gets, as command-scope configuration
+(cases 27 and 29). Every command gets, as command-scope configuration
 (``GIT_CONFIG_COUNT``, which child git processes inherit and which wins over every config file):
 
 - ``core.hooksPath=/dev/null``: no hook runs (post-checkout at create, reference-transaction on
@@ -454,7 +454,7 @@ def open_repo(repo_dir: str | os.PathLike[str]) -> git.Repo:
 def repository_owner(*paths: str | os.PathLike[str]) -> tuple[int, int] | None:
     """(uid, gid) owning ``paths`` when that is not this process's user, else None.
 
-    The first existing path whose owner differs decides. Used for the owner policy (issue 7):
+    The first existing path whose owner differs decides. Used for the owner policy:
     a foreign repository is refused unless trusted, and then git runs as its owner when this
     process is root.
 

@@ -144,7 +144,7 @@ class _Owners:
     """Owner, group and permission bits of the paths a merge writes, put back after git wrote.
 
     git replaces a file by unlink + create, so the new file belongs to whoever runs git, with
-    the umask's mode. Policy (issue 7): a file written back keeps the owner, group and
+    the umask's mode. Policy: a file written back keeps the owner, group and
     permission bits it had; git's executable bit wins when the commit changes it. A new file or
     directory takes the owner and group of the directory it is created in.
     """

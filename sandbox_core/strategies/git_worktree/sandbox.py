@@ -29,7 +29,7 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   work elsewhere survives); otherwise :class:`SandboxRollbackError`.
 - ``get_path`` refuses any ``.git`` component, and the product's own git commands address the
   worktree by ``--git-dir``/``--work-tree``, so a rewritten ``.git`` file cannot redirect them.
-- The repository is the user's (issue 7): the product's git commands run no hooks, no
+- The repository is the user's: the product's git commands run no hooks, no
   fsmonitor, no filter/diff/merge driver and no credential helper (:mod:`.git`); a
   repository owned by another user is refused unless the option ``trust_repository_owner`` is
   true (then, as root, git runs as the owner); files written back keep the owner, group and
@@ -46,7 +46,7 @@ Policies (each tested in ``tests/test_git_worktree_cases.py``):
   when retried, and :meth:`GitWorktreeSandbox.commit_landed` tells crash recovery whether the
   ref moved.
 
-- Two-phase plan commit (issue 9, ``docs/git-worktree.md``): ``review`` stages the worktree into
+- Two-phase plan commit (``docs/git-worktree.md``): ``review`` stages the worktree into
   a throw-away index (nothing moves; digest = sha256 over base commit and tree), ``prepare``
   commits the sandbox branch and merges with the original untouched, recording
   ``refs/sandbox/prepared/<txid>/<sandbox_id>/{new,old,tip}``; ``apply_prepared`` writes the

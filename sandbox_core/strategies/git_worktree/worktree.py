@@ -67,7 +67,7 @@ _PHASE_ERRORS: dict[str, tuple[type[SandboxError], type[SandboxError], type[Sand
     ),
     "other": (SandboxError, SandboxLockedError, SandboxPermissionError),
 }
-# Two-phase plan commit: what prepare recorded, per transaction id and sandbox (issue 9).
+# Two-phase plan commit: what prepare recorded, per transaction id and sandbox.
 _PREPARED_ROOT = "refs/sandbox/prepared/"
 
 

@@ -30,7 +30,7 @@ Both modes keep the replaced entries in ``commit/backup`` for rollback from COMM
 (``undo_sync``) and report ``CommitResult`` file lists as ``tree.scan.TreeChanges`` (the same
 path-level lists as ``copy_on_write``: directories included, a type swap is "changed").
 
-Two-phase plan commit (issue 9, ``strategies._directory``), both modes: ``review`` and
+Two-phase plan commit (``strategies._directory``), both modes: ``review`` and
 ``prepare`` read the same change set as ``commit`` (kernel: the paths the upper layer names,
 read through the merged view while mounted; fallback: the paths the sandbox touched); prepare
 stages them on the original's filesystem (a hidden sibling named after the txid and the sandbox
@@ -338,7 +338,7 @@ class OverlaySandbox(BaseSandbox):
         stage_dir = area / "stage"
         stage_dir.mkdir()
         # The stage mirror is named through a short alias: its paths are then no longer than
-        # the view's, whatever the length of the commit area's own path (issue 7, PATH_MAX).
+        # the view's, whatever the length of the commit area's own path (PATH_MAX).
         with short_alias(stage_dir) as stage:
             changes = self._stage_and_sync(layer_changes, original, merged, stage, area, root)
         shutil.rmtree(stage_dir)
@@ -392,7 +392,7 @@ class OverlaySandbox(BaseSandbox):
             self._remount_empty()
         return changes
 
-    # -- two-phase plan commit (issue 9) ----------------------------------------------------
+    # -- two-phase plan commit --------------------------------------------------------------
 
     def _change_set(self, original: Path) -> tuple[TreeChanges, TreeChanges, bool, Meta | None]:
         """``(changes, staged, expand_links, root)``: the changes a commit reports, the paths it

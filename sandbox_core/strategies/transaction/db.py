@@ -122,7 +122,7 @@ class Result:
             ``UNIQUE``, rowid alias), whatever the conflict resolution did with them
             (``OR REPLACE``/``IGNORE``, ``ON CONFLICT DO UPDATE``/``NOTHING``; rowid and
             ``WITHOUT ROWID`` tables alike). Two runs with equal other outcomes but other
-            effects did different things (issue 7: replay verification).
+            effects did different things (replay verification compares them).
     """
 
     rows: list[tuple[Any, ...]]
@@ -299,7 +299,7 @@ class Connection:
         if inserted:
             rowid_after = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
             if probe:
-                # An upsert that updated assigns no rowid; one that inserted does (issue 7).
+                # An upsert that updated assigns no rowid; one that inserted does.
                 assigned = rowid_after != _ROWID_SENTINEL
                 effect: dict[str, Any] = {"rowid": assigned}
                 if armed:
@@ -324,7 +324,7 @@ class Connection:
         rows holding one of its unique keys, before the conflict resolution acts. That number is
         what tells an insert that created a row from one that replaced, updated or skipped an
         existing row, which neither the row count nor the rowid can on a ``WITHOUT ROWID`` table
-        or for ``INSERT OR REPLACE`` (issue 7). Re-created after a rollback dropped them.
+        or for ``INSERT OR REPLACE``. Re-created after a rollback dropped them.
 
         Returns:
             True when every inserted table is probed (the count is then meaningful).

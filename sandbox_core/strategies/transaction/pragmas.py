@@ -1,4 +1,4 @@
-"""SQLite pragmas that the sandbox's transactions would silently drop (issue 7).
+"""SQLite pragmas that the sandbox's transactions would silently drop (docs/fidelity.md).
 
 A SQLite sandbox runs every statement, and its commit, inside a transaction that replays the
 statement log. SQLite ignores or refuses some pragmas there (checked on SQLite 3):

@@ -269,7 +269,7 @@ class LoggedTransaction(BaseSandbox):
         """PostgreSQL: the statement runs under a savepoint in the held transaction.
 
         Every statement's effects are measured, so a read that wrote (a function called from a
-        ``SELECT``) is logged like any write (issue 7: its write would be lost on replay).
+        ``SELECT``) is logged like any write (else its write would be lost on replay).
         """
         connection = self._open_held()
         self.activate()

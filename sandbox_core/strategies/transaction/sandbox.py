@@ -10,7 +10,7 @@ Every write statement that succeeds is appended (fsynced) to
 generated id, a digest of the rows it returned; :mod:`.statement_log`). The log is the sandbox's
 transaction: commit is replay (when needed) + a marker row + ``COMMIT``, in one transaction.
 
-Lock policy, per backend (issue 7, case 31):
+Lock policy, per backend (case 31):
 
 - SQLite: no transaction is held between statements. Each ``execute`` opens a fresh connection,
   ``BEGIN IMMEDIATE`` (``BEGIN`` for a read with an empty log), replays the log, runs the
@@ -26,7 +26,7 @@ Lock policy, per backend (issue 7, case 31):
   with backoff for ``timeout_seconds``, then raised as :class:`SandboxBusyError`: nothing changed
   and the sandbox keeps its status. It never becomes ERRORED for a lock.
 
-Replay is verified (issue 7, case 32): every replayed statement must produce the outcome the log
+Replay is verified (case 32): every replayed statement must produce the outcome the log
 recorded, else nothing is applied and :class:`SandboxReplayDivergedError` names the statement;
 the sandbox stays ACTIVE. A connection the server closed (idle-in-transaction timeout,
 ``pg_terminate_backend``, restart) is replaced and replayed transparently; a server that stays
@@ -37,7 +37,7 @@ Never applied twice: the marker row ``(sandbox_id, ...)`` goes into the bookkeep
 writes. :meth:`TransactionSandbox.commit_landed` reports whether it exists; ``commit()`` looks for
 it first and, when found, returns the recorded result instead of applying the statements again.
 
-Two-phase plan commit (issue 9; docs/transaction-strategy.md): ``prepare(txid)`` replays (verified)
+Two-phase plan commit (docs/transaction-strategy.md): ``prepare(txid)`` replays (verified)
 and writes the marker, then PostgreSQL ``PREPARE TRANSACTION '<txid>.<sandbox_id>'`` (durable;
 ``max_prepared_transactions = 0`` is a :class:`TwoPhaseUnavailableError` found before replaying)
 or, on SQLite, keeps the ``BEGIN IMMEDIATE`` transaction open in this process (not durable: the

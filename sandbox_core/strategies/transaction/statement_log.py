@@ -7,13 +7,13 @@ fsynced after the statement succeeded::
      "outcome": {"rowcount": 1, "last_id": 7, "rows": 1, "rows_sha256": "...",
                  "preview": "[[7]]"}}
 
-``outcome`` is what the sandbox saw when it ran the statement (issue 7, case 32): the row count,
+``outcome`` is what the sandbox saw when it ran the statement (case 32): the row count,
 the id the database generated for it (``Connection.run``'s ``generated_id``), and a digest of the
 rows it returned (``RETURNING``), compared as a multiset because without ``ORDER BY`` the order is
 not part of the result. A replay that produces another outcome did not reproduce the sandbox's
 transaction. Entries written before outcomes were recorded have none and are replayed unchecked.
 
-For review (issue 9, section 2): :func:`log_digest` names the exact changes of a log (statements,
+For a plan's review: :func:`log_digest` names the exact changes of a log (statements,
 parameters and recorded outcomes), :func:`tables_written` the tables a statement's text writes.
 """
 
