@@ -7,8 +7,10 @@ agent the way ``kubectl`` reaches a Pod: through the API server's **pod proxy**
 client's own kubeconfig credentials. The API server picks the Pod's first declared container
 port, which is the agent's (the operator declares no other). The agent token is read from the
 Sandbox's Secret (``sbx-<sandbox>-agent``, key ``token``; ``sandbox_api.naming``) and sent
-in ``X-Sandbox-Agent-Token``: the API server consumes ``Authorization`` for its own credentials
-and does not forward it. The token is never logged, never put in a message or an argument.
+in the agent's proxy token header (``wire.TOKEN_HEADER``): the API server consumes
+``Authorization`` for its own credentials and does not forward it. The token is never logged,
+never put in a message or an argument. Routes, headers and status codes are the agent's own
+table, :mod:`sandbox_core.agent.wire` (standard library only: the client loads no agent server).
 
 The protocol is written once, sans-IO: each operation is a *flow*, a generator that yields
 :class:`AgentRequest` objects and receives :class:`AgentReply` objects; :class:`AgentFileOperations`
@@ -36,15 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Protocol, TypeAlias, TypeVar
 
+import sandbox_core.agent.wire as wire
 from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
-from sandbox_client._agent_wire import (
-    DIFF,
-    FILES,
-    LIST,
-    REQUEST_ID_HEADER,
-    TOKEN_HEADER,
-    sandbox_route,
-)
 from sandbox_client._kube import AsyncKube, Kube
 from sandbox_client.errors import (
     NotFoundError,
@@ -65,7 +60,7 @@ _WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK
 
 @dataclass(frozen=True)
 class AgentRequest:
-    """One call to the agent: ``path`` is the agent's route (``/v1/sandboxes/{id}/files``)."""
+    """One call to the agent: ``path`` is the agent's route filled in (``wire.READ.path(...)``)."""
 
     method: str
     path: str
@@ -75,11 +70,11 @@ class AgentRequest:
 
     def headers(self, token: str) -> dict[str, str]:
         """Headers of the request, with ``token`` (never logged by this module)."""
-        out = {TOKEN_HEADER: token, "Accept": "application/json"}
+        out = {wire.TOKEN_HEADER: token, "Accept": wire.JSON_CONTENT_TYPE}
         if self.body is not None:
-            out["Content-Type"] = "application/octet-stream"
+            out["Content-Type"] = wire.BYTES_CONTENT_TYPE
         if self.request_id:
-            out[REQUEST_ID_HEADER] = self.request_id
+            out[wire.REQUEST_ID_HEADER] = self.request_id
         return out
 
 
@@ -137,13 +132,13 @@ def checked_path(path: str) -> str:
     return pure.as_posix()
 
 
-def _route(sandbox: SandboxInfo, suffix: str) -> str:
+def _route(sandbox: SandboxInfo, route: wire.Route) -> str:
     if not sandbox.sandbox_id or not sandbox.workspace_pod:
         raise RefusedError(
             "InvalidState",
             f"sandbox {sandbox.name} has no workspace agent yet (phase {sandbox.phase})",
         )
-    return sandbox_route(sandbox.sandbox_id, suffix)
+    return route.path(sid=sandbox.sandbox_id)
 
 
 def _payload(reply: AgentReply) -> Any:
@@ -156,17 +151,18 @@ def _payload(reply: AgentReply) -> Any:
 def error_of(reply: AgentReply, what: str) -> SandboxClientError:
     """The typed error of a failed reply (the agent's ``{"error"}`` or an API ``Status``)."""
     payload = _payload(reply)
-    found = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(found, dict):  # the agent's own refusal
+    found = wire.error_of(payload)
+    if found:  # the agent's own refusal
         kind, message = str(found.get("type") or ""), str(found.get("message") or "")
         text = f"{what}: {message}"
-        if reply.status == 404:
+        if reply.status == wire.NOT_FOUND:
             return NotFoundError("NotFound", text)
-        if reply.status == 401:
+        if reply.status == wire.UNAUTHORIZED:
             return OperationFailedError("IOError", f"{what}: the agent refused the token")
         if TRAVERSAL_MESSAGE.lower() in message.lower():
             return RefusedError("PathTraversal", text)
-        if reply.status in (409, 422) or kind in ("IsADirectoryError", "NotADirectoryError"):
+        refusal = reply.status in wire.REFUSAL_STATUSES
+        if refusal or kind in ("IsADirectoryError", "NotADirectoryError"):
             return RefusedError("InvalidState", text)
         return OperationFailedError("IOError", text)
     if isinstance(payload, dict) and payload.get("kind") == "Status":
@@ -195,7 +191,7 @@ def read_flow(sandbox: SandboxInfo, path: str) -> Flow[bytes]:
     if rel == ".":
         raise RefusedError("InvalidState", f"{path!r} is a directory")
     what = f"read {rel} in {sandbox.name}"
-    reply = yield AgentRequest("GET", _route(sandbox, FILES), {"path": rel})
+    reply = yield AgentRequest(wire.READ.method, _route(sandbox, wire.READ), {wire.PATH_QUERY: rel})
     payload = _json_of(reply, what)  # typed errors (a RefusedError is a ValueError) pass
     try:
         return base64.b64decode(payload["content_b64"], validate=True)
@@ -215,7 +211,11 @@ def write_flow(sandbox: SandboxInfo, path: str, data: bytes) -> Flow[None]:
     if rel == ".":
         raise RefusedError("InvalidState", f"{path!r} is a directory")
     request = AgentRequest(
-        "PUT", _route(sandbox, FILES), {"path": rel}, data, f"write-{uuid.uuid4().hex}"
+        wire.WRITE.method,
+        _route(sandbox, wire.WRITE),
+        {wire.PATH_QUERY: rel},
+        data,
+        f"write-{uuid.uuid4().hex}",
     )
     _json_of((yield request), f"write {rel} in {sandbox.name}")
 
@@ -226,13 +226,13 @@ def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
     Symlinks are listed, not followed out of the sandbox (the agent refuses those).
     """
     start = checked_path(path)
-    route = _route(sandbox, LIST)
+    method, route = wire.LIST.method, _route(sandbox, wire.LIST)
     what = f"list {start} in {sandbox.name}"
-    first = yield AgentRequest("GET", route, {"path": start})
-    if first.status == 404 and start != ".":
+    first = yield AgentRequest(method, route, {wire.PATH_QUERY: start})
+    if first.status == wire.NOT_FOUND and start != ".":
         # Not a directory: a file is listed as itself (as LocalFileOperations does).
         parent = PurePosixPath(start).parent.as_posix()
-        up = yield AgentRequest("GET", route, {"path": parent})
+        up = yield AgentRequest(method, route, {wire.PATH_QUERY: parent})
         entries = _json_of(up, what).get("entries") or [] if up.status == 200 else []
         name = PurePosixPath(start).name
         if any(e.get("name") == name and e.get("type") != "dir" for e in entries):
@@ -250,8 +250,9 @@ def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
             if entry.get("type") != "dir":
                 out.append(rel)
                 continue
-            below = yield AgentRequest("GET", route, {"path": rel})
-            if below.status == 422 and isinstance(error_of(below, what), RefusedError):
+            below = yield AgentRequest(method, route, {wire.PATH_QUERY: rel})
+            refused = below.status == wire.UNPROCESSABLE
+            if refused and isinstance(error_of(below, what), RefusedError):
                 out.append(rel)  # a symlink to a directory outside the sandbox: listed, not read
                 continue
             pending.append((rel, below))
@@ -260,7 +261,7 @@ def list_flow(sandbox: SandboxInfo, path: str = "") -> Flow[list[str]]:
 
 def diff_flow(sandbox: SandboxInfo) -> Flow[str]:
     """``GET .../diff`` -> the unified diff (``""`` when equal)."""
-    reply = yield AgentRequest("GET", _route(sandbox, DIFF))
+    reply = yield AgentRequest(wire.DIFF.method, _route(sandbox, wire.DIFF))
     return str(_json_of(reply, f"diff of {sandbox.name}").get("diff") or "")
 
 

@@ -16,11 +16,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from sandbox_operator.executors.agent_client import AgentRefused, core_error
+from sandbox_operator.executors.agent_client import AgentRefused
 from sandbox_operator.executors.base import SandboxHandle, SandboxTarget
 from sandbox_operator.executors.remote import RemoteSandbox
 
 from sandbox_core import SandboxFactory, SandboxStatus, SandboxStore
+from sandbox_core.agent import wire
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
 from tests.gitrepo import git, make_repo
 from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
@@ -258,7 +259,7 @@ def test_refusals_are_the_core_errors_they_stand_for(agent: AgentProcess, tmp_pa
     with pytest.raises(AgentRefused) as refused:
         client.call("POST", f"{sid}/commit", {"message": "m"}, request_id="c")
     assert refused.value.conflicts == ["f.txt"]
-    translated = core_error(refused.value)
+    translated = wire.core_error(refused.value.error, refused.value.detail)
     assert isinstance(translated, SandboxCommitError) and translated.conflicts == ["f.txt"]
     # A committed sandbox cannot prepare: SandboxStateError, as the core raises.
     (repo / "f.txt").write_text("base\n")

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from sandbox_core.agent.wire import DEFAULT_PORT
+
 PREFIX = "SANDBOX_OPERATOR_"
 
 
@@ -132,7 +134,7 @@ class Settings(BaseSettings):
     standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
     max_workers: Annotated[int, Field(ge=1)] | None = None
     agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
-    agent_port: Annotated[int, Field(ge=1, le=65535)] = 8471
+    agent_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
     pod_labels: str = ""
     network_policy: bool = True
     workspace_defaults: str = "{}"

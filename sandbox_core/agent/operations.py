@@ -72,9 +72,9 @@ class AgentConfig:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> AgentConfig:
-        """Read ``SANDBOX_CORE_STATE_DIR``, ``SANDBOX_CORE_ROOT``, ``SANDBOX_AGENT_TOKEN_FILE``,
-        ``SANDBOX_AGENT_PORT`` (defaults: ~/.local/state/sandbox-core, <state>/sandboxes,
-        /var/run/sandbox-agent/token, 8471)."""
+        """Read the variables named by ``wire.STATE_DIR_ENV``, ``ROOT_ENV``, ``TOKEN_FILE_ENV``
+        and ``PORT_ENV`` (defaults: ~/.local/state/sandbox-core, <state>/sandboxes,
+        ``wire.TOKEN_FILE``, ``wire.DEFAULT_PORT``)."""
         env = dict(os.environ if environ is None else environ)
         state = Path(env.get(STATE_DIR_ENV) or Path.home() / ".local/state/sandbox-core")
         return cls(

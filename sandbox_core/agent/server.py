@@ -1,15 +1,17 @@
 """The workspace agent's HTTP server (aiohttp): the routes of :mod:`sandbox_core.agent.wire`
 served by :class:`~sandbox_core.agent.operations.Operations`.
 
-Security: every request except ``GET /healthz`` carries ``Authorization: Bearer <token>`` (or,
-through the API server's pod proxy, ``X-Sandbox-Agent-Token: <token>``); the token is read from
-a file (a Secret the operator creates per Sandbox, mounted as a file: never an environment
-variable or an argument) and compared in constant time. No token file, no service.
+Security: every request except the health probe (``wire.HEALTHZ``) carries the Pod's token as
+``Authorization: Bearer <token>`` (or, through the API server's pod proxy, in
+``wire.TOKEN_HEADER``); the token is read from a file (a Secret the operator creates per
+Sandbox, mounted as a file: never an environment variable or an argument) and compared in
+constant time. No token file, no service.
 
-Idempotency: a changing request (POST, PUT, DELETE) carries ``X-Request-Id``. Its reply is
-stored under the state directory before it is sent, so the same id sent again - a retry after a
-lost reply or an operator restart - gets the stored reply and does nothing twice (header
-``X-Idempotent-Replay: true``). Requests run one at a time (one worker thread): the agent
+Idempotency: a changing request (POST, PUT, DELETE) carries a request id
+(``wire.REQUEST_ID_HEADER``). Its reply is stored under the state directory before it is sent
+(:class:`RequestJournal`), so the same id sent again - a retry after a lost reply or an
+operator restart - gets the stored reply and does nothing twice (``wire.REPLAY_HEADER:
+true``). Requests run one at a time (one worker thread): the agent
 serves one Sandbox and the core's operations are not meant to overlap. The failures of the
 two-phase routes (prepare, apply-prepared, abort-prepared) are not remembered: a failed apply
 keeps the sandbox's status so the coordinator retries it, and a replayed failure would refuse
@@ -25,7 +27,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,7 @@ from aiohttp import web
 
 from sandbox_core.agent import wire
 from sandbox_core.agent.operations import AgentConfig, Operations
+from sandbox_core.durable import write_json_atomic
 
 logger = logging.getLogger("sandbox_core.agent")
 
@@ -57,15 +59,15 @@ class RequestJournal:
         return int(data["status"]), data["payload"]
 
     def put(self, request_id: str, status: int, payload: Any) -> None:
-        """Store a reply durably (write, fsync, rename)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self._path(request_id)
-        temp = final.with_suffix(".tmp")
-        with open(temp, "w") as handle:
-            json.dump({"status": status, "payload": payload}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        temp.replace(final)
+        """Store a reply durably (write, fsync, rename, fsync of the directory): :meth:`get`
+        sees the whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the
+        next put of the same id replaces."""
+        write_json_atomic(
+            self._path(request_id),
+            {"status": status, "payload": payload},
+            pretty=False,
+            tmp_suffix=".tmp",
+        )
 
 
 class Agent:
@@ -105,7 +107,8 @@ class Agent:
     ) -> web.Response:
         request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
         if changes and not wire.REQUEST_ID_PATTERN.match(request_id):
-            return _json(400, {"error": {"type": "BadRequest", "message": "X-Request-Id needed"}})
+            needed = f"{wire.REQUEST_ID_HEADER} needed"
+            return _json(wire.BAD_REQUEST, {"error": {"type": "BadRequest", "message": needed}})
 
         def call() -> tuple[int, Any, bool]:
             if changes:
@@ -117,7 +120,7 @@ class Agent:
             except Exception as exc:  # every failure becomes a JSON reply
                 status, payload = wire.error_reply(exc)
                 payload = self.ops.hide(payload)
-                if status == 500:
+                if status == wire.SERVER_ERROR:
                     logger.exception("agent: %s %s failed", request.method, request.path)
             # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
             if changes and (status < 300 or (status < 500 and remember_failures)):
@@ -140,7 +143,8 @@ class Agent:
         ) -> web.StreamResponse:
             if request.path == wire.HEALTHZ.template or self.authorized(request):
                 return await handler(request)
-            return _json(401, {"error": {"type": "Unauthorized", "message": "bad or no token"}})
+            refused = {"type": "Unauthorized", "message": "bad or no token"}
+            return _json(wire.UNAUTHORIZED, {"error": refused})
 
         app = web.Application(middlewares=[auth], client_max_size=wire.MAX_BODY_BYTES)
         ops = self.ops

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from sandbox_core.agent import wire
 from sandbox_core.agent.operations import AgentConfig
 from sandbox_core.cli.context import (
     EXIT_CODES_HELP,
@@ -302,13 +303,16 @@ def restore(state: CliState, checkpoint_id: str) -> None:
 
 @main.command("serve-workspace")
 @click.option(
-    "--port", type=int, default=None, help="Listen port (default $SANDBOX_AGENT_PORT or 8471)."
+    "--port",
+    type=int,
+    default=None,
+    help=f"Listen port (default ${wire.PORT_ENV} or {wire.DEFAULT_PORT}).",
 )
 @click.option("--host", default=None, help="Listen address (default 0.0.0.0).")
 @click.option(
     "--token-file",
     default=None,
-    help="File holding the bearer token (default $SANDBOX_AGENT_TOKEN_FILE).",
+    help=f"File holding the bearer token (default ${wire.TOKEN_FILE_ENV}).",
 )
 @click.pass_obj
 def serve_workspace(

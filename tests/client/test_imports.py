@@ -7,7 +7,7 @@
   core imports neither the client nor the operator (shared/ARCHITECTURE.md, "Layers").
 - The blocking client is generated from the async one and is current (``hack/unasync.py``),
   so the two have the same names and signatures.
-- The client's copy of the workspace agent's wire matches the agent.
+- The client's calls to the workspace agent use the agent's own wire table; it keeps no copy.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import sandbox_client
-from sandbox_client import _agent_wire, aio
+from sandbox_client import agent_files, aio
+from sandbox_core.agent import wire
+from tests.client.agent_support import sandbox_info
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,8 +132,32 @@ def test_sync_and_async_apis_have_the_same_names() -> None:
             ), name
 
 
-@pytest.mark.parametrize("name", ["TOKEN_HEADER", "REQUEST_ID_HEADER"])
-def test_the_clients_copy_of_the_agent_wire_matches_the_agent(name: str) -> None:
-    import sandbox_core.agent as agent  # the server: loaded here only, never by the client
-
-    assert getattr(_agent_wire, name) == getattr(agent, name)
+def test_the_clients_agent_calls_use_the_agents_wire_table() -> None:
+    """Each file operation's first request is a route of ``sandbox_core.agent.wire`` filled in,
+    with the table's header and query names; no source of the client spells a route or header
+    of the agent itself."""
+    info = sandbox_info()
+    flows = [
+        (wire.READ, agent_files.read_flow(info, "a/b.txt")),
+        (wire.WRITE, agent_files.write_flow(info, "a/b.txt", b"x")),
+        (wire.LIST, agent_files.list_flow(info, "a")),
+        (wire.DIFF, agent_files.diff_flow(info)),
+    ]
+    for route, flow in flows:
+        request = next(flow)
+        assert (request.method, request.path) == (route.method, route.path(sid=info.sandbox_id))
+        assert request.path.startswith("/v1/sandboxes/")
+        headers = request.headers("t0ken")
+        assert headers[wire.TOKEN_HEADER] == "t0ken"
+        assert (wire.REQUEST_ID_HEADER in headers) is route.changes
+        assert set(request.query) == (set() if route is wire.DIFF else {wire.PATH_QUERY})
+    spelled = {wire.TOKEN_HEADER, wire.REQUEST_ID_HEADER}
+    own = [
+        (source.name, node.value)
+        for source in sorted((REPO_ROOT / "sandbox_client").rglob("*.py"))
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value.startswith("/v1") or node.value in spelled)
+    ]
+    assert own == []

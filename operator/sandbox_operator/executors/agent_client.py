@@ -6,10 +6,13 @@ a file). The operator hands the token to one workspace Pod through a Secret it c
 Sandbox's namespace, mounted as a file; nothing else ever carries it, and no message of this
 module contains it.
 
-Request ids: a changing call carries ``X-Request-Id``; the agent stores the reply under it. The
-ids are derived from what the call means (operation, sandbox, arguments, and the state the
-operator saw before calling), so the same logical call retried after a lost reply or an operator
-restart gets the same id and the agent does nothing twice.
+The routes, headers and status codes are the agent's own table, :mod:`sandbox_core.agent.wire`.
+
+Request ids: a changing call carries one (:data:`~sandbox_core.agent.wire.REQUEST_ID_HEADER`);
+the agent stores the reply under it. The ids are derived from what the call means (operation,
+sandbox, arguments, and the state the operator saw before calling), so the same logical call
+retried after a lost reply or an operator restart gets the same id and the agent does nothing
+twice.
 """
 
 from __future__ import annotations
@@ -23,16 +26,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sandbox_core.errors import (
-    ChangedSinceApprovalError,
-    SandboxCommitError,
-    SandboxError,
-    SandboxStateError,
-    TwoPhaseUnavailableError,
-)
+from sandbox_core.agent import wire
 from sandbox_operator.errors import ExecutorError
 
-AGENT_PORT = 8471
+AGENT_PORT = wire.DEFAULT_PORT
 
 
 def derive_token(key: bytes, uid: str) -> str:
@@ -68,7 +65,8 @@ class AgentRefused(ExecutorError):  # noqa: N818 - named for what the agent did
     ``TwoPhaseUnavailableError``...), ``detail`` the agent's message, ``conflicts`` the
     conflicting paths or statements of a refused commit or prepare (empty otherwise, read by
     the saga and the two-phase coordinator like a core ``SandboxCommitError``'s), ``error`` the
-    whole error object of the reply.
+    whole error object of the reply. ``wire.core_error(refused.error, refused.detail)`` is the
+    core exception it stands for.
     """
 
     def __init__(self, message: str, *, error: dict[str, Any], retryable: bool = False) -> None:
@@ -118,12 +116,12 @@ class AgentClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = body if isinstance(body, bytes) else None
-        headers = {"Authorization": f"Bearer {self._token}"}
+        headers = {wire.AUTHORIZATION_HEADER: f"{wire.BEARER_PREFIX}{self._token}"}
         if isinstance(body, dict):
             data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = wire.JSON_CONTENT_TYPE
         if request_id:
-            headers["X-Request-Id"] = request_id
+            headers[wire.REQUEST_ID_HEADER] = request_id
         request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http only, built from the Pod IP
         what = f"agent {method} {path}"
         try:
@@ -132,41 +130,18 @@ class AgentClient:
         except urllib.error.HTTPError as exc:
             with exc:
                 payload = _decode(exc.read(), what, strict=False)
-            found = payload.get("error")
-            error: dict[str, Any] = found if isinstance(found, dict) else {}
+            error = wire.error_of(payload)
             message = f"{error.get('type', 'Error')}: {error.get('message', exc.reason)}"
-            if exc.code == 404:
+            if exc.code == wire.NOT_FOUND:
                 raise AgentNotFound(message, error=error) from None
-            if exc.code == 401:
+            if exc.code == wire.UNAUTHORIZED:
                 raise ExecutorError(f"{what}: refused (token)", retryable=True) from None
-            if exc.code >= 500:
+            if exc.code >= wire.SERVER_ERROR:
                 raise ExecutorError(message, retryable=True) from None
             raise AgentRefused(message, error=error) from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ExecutorError(f"{what}: {type(reason).__name__}", retryable=True) from None
-
-
-def core_error(exc: AgentRefused) -> SandboxError:
-    """The core exception the agent's refusal stands for, so that callers of a remote sandbox
-    see what a local one raises: ``SandboxStateError``, ``ChangedSinceApprovalError`` (with
-    both digests), ``TwoPhaseUnavailableError``, ``SandboxCommitError`` (with ``conflicts``;
-    also for any commit, prepare or replay error), else ``SandboxError``. The message is the
-    agent's (never a DSN: the agent hides secrets in every reply)."""
-    kind, message = exc.error_type, exc.detail
-    if kind == "SandboxStateError":
-        return SandboxStateError(message)
-    if kind == "ChangedSinceApprovalError":
-        return ChangedSinceApprovalError(
-            message,
-            approved_digest=str(exc.error.get("approved_digest") or ""),
-            actual_digest=str(exc.error.get("actual_digest") or ""),
-        )
-    if kind == "TwoPhaseUnavailableError":
-        return TwoPhaseUnavailableError(message)
-    if exc.conflicts or "Commit" in kind or "Conflict" in kind or "Replay" in kind:
-        return SandboxCommitError(message, conflicts=exc.conflicts or None)
-    return SandboxError(message)
 
 
 def _decode(raw: bytes, what: str, *, strict: bool = True) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, cast
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_core import SandboxStateError, SandboxStatus
+from sandbox_core.agent import wire
 from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import (
     AgentClient,
@@ -169,6 +170,20 @@ class PodExecutor:
         )
         return client.call(method, path, body, query=query, request_id=request_id)
 
+    def _call_route(
+        self,
+        target: SandboxTarget,
+        route: wire.Route,
+        body: dict[str, Any] | None = None,
+        *,
+        request_id: str = "",
+        **params: str,
+    ) -> dict[str, Any]:
+        """:meth:`call` of the agent's ``route`` for ``target``'s sandbox (``{sid}``; ``params``
+        fill the route's other names, e.g. ``cid``)."""
+        path = route.path(sid=target.sandbox_id, **params)
+        return self.call(target, route.method, path, body, request_id=request_id)
+
     # -- Executor -----------------------------------------------------------------------------
 
     def provision(self, target: SandboxTarget) -> SandboxState:
@@ -180,10 +195,9 @@ class PodExecutor:
         owner = self.api.get("sandboxes", target.namespace, target.name)
         pod = self.ensure_children(target, owner)
         target = replace(target, workspace_pod=pod)
-        self.call(
+        self._call_route(
             target,
-            "POST",
-            "/v1/sandboxes",
+            wire.CREATE,
             create_body(target, self.settings),
             request_id=request_id("create", target.uid),
         )
@@ -197,14 +211,14 @@ class PodExecutor:
     def describe(self, target: SandboxTarget) -> SandboxState | None:
         """The agent's ``status``; None when it has no such sandbox."""
         try:
-            payload = self.call(target, "GET", f"/v1/sandboxes/{target.sandbox_id}")
+            payload = self._call_route(target, wire.STATUS)
         except AgentNotFound:
             return None
         return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
     def open(self, target: SandboxTarget) -> RemoteSandbox:
         """A saga handle (status fetched now)."""
-        payload = self.call(target, "GET", f"/v1/sandboxes/{target.sandbox_id}")
+        payload = self._call_route(target, wire.STATUS)
         return RemoteSandbox(self, target, payload)
 
     def revision(self, target: SandboxTarget) -> int:
@@ -228,12 +242,8 @@ class PodExecutor:
                 f"{handle.status.value}"
             )
         rid = request_id("discard", target.sandbox_id, reactivate, state_key(handle.reply))
-        payload = self.call(
-            target,
-            "POST",
-            f"/v1/sandboxes/{target.sandbox_id}/rollback",
-            {"reactivate": reactivate},
-            request_id=rid,
+        payload = self._call_route(
+            target, wire.ROLLBACK, {"reactivate": reactivate}, request_id=rid
         )
         return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 
@@ -247,12 +257,7 @@ class PodExecutor:
         finalizer, and the namespace, forever (found by the e2e tier).
         """
         try:
-            self.call(
-                target,
-                "DELETE",
-                f"/v1/sandboxes/{target.sandbox_id}",
-                request_id=request_id("cleanup", target.uid),
-            )
+            self._call_route(target, wire.CLEANUP, request_id=request_id("cleanup", target.uid))
         except WorkspaceNotReady:
             logger.warning(
                 "workspace pod of sandbox %s/%s is not serving; skipping in-pod cleanup",
@@ -297,10 +302,9 @@ class PodExecutor:
         values = dict(metadata)
         if uid:
             values["k8s_checkpoint_uid"] = uid
-        data = self.call(
+        data = self._call_route(
             target,
-            "POST",
-            f"/v1/sandboxes/{target.sandbox_id}/checkpoints",
+            wire.CHECKPOINT,
             {"phase": phase, "metadata": values},
             request_id=request_id(
                 "checkpoint", target.sandbox_id, uid or phase, self.revision(target)
@@ -322,14 +326,14 @@ class PodExecutor:
         )
 
     def restore_checkpoint(self, target: SandboxTarget, checkpoint: CheckpointInfo) -> SandboxState:
-        """``POST /v1/checkpoints/{id}/restore``."""
-        payload = self.call(
+        """Restore ``checkpoint`` (:data:`~sandbox_core.agent.wire.RESTORE`)."""
+        payload = self._call_route(
             target,
-            "POST",
-            f"/v1/checkpoints/{checkpoint.checkpoint_id}/restore",
+            wire.RESTORE,
             request_id=request_id(
                 "restore", checkpoint.checkpoint_id, target.sandbox_id, self.revision(target)
             ),
+            cid=checkpoint.checkpoint_id,
         )
         return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
 

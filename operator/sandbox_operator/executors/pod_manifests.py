@@ -21,15 +21,15 @@ it whether the agent serves.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
 from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL, PLAN_LABEL
-from sandbox_api.naming import child_object_name
+from sandbox_api.naming import AGENT_TOKEN_KEY, child_object_name
+from sandbox_core.agent import wire
 from sandbox_operator.executors.base import SandboxTarget
 from sandbox_operator.settings import Settings
-
-SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
 
 SOURCE_MOUNT = "/workspace/source"
 SCRATCH_MOUNT = "/workspace/scratch"
@@ -41,7 +41,9 @@ SANDBOX_NAME_LABEL = "sandbox.cleveragents.io/sandbox"
 SANDBOX_UID_LABEL = "sandbox.cleveragents.io/sandbox-uid"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKSPACE_COMPONENT = "workspace"
-TOKEN_DIR = "/var/run/sandbox-agent"  # noqa: S105 - a directory, not a token
+# Where the token Secret's volume is mounted: its key (AGENT_TOKEN_KEY) is the agent's token
+# file, wire.TOKEN_FILE.
+TOKEN_DIR = posixpath.dirname(wire.TOKEN_FILE)
 # Strategies whose scratch holds only the agent's state (records, statement log, request
 # journal): a small claim, still a claim, so that it outlives the Pod.
 STATE_ONLY = frozenset({"none", "transaction_rollback"})
@@ -118,7 +120,7 @@ def build_token_secret(target: SandboxTarget, token: str) -> dict[str, Any]:
             "labels": labels_for(target),
         },
         "type": "Opaque",
-        "stringData": {"token": token},
+        "stringData": {AGENT_TOKEN_KEY: token},
     }
 
 
@@ -223,10 +225,10 @@ def build_workspace_pod(
     )
     mounts.append({"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True})
     env: list[dict[str, Any]] = [
-        {"name": "SANDBOX_CORE_STATE_DIR", "value": STATE_DIR},
-        {"name": "SANDBOX_CORE_ROOT", "value": SANDBOX_ROOT},
-        {"name": "SANDBOX_AGENT_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"},
-        {"name": "SANDBOX_AGENT_PORT", "value": str(settings.agent_port)},
+        {"name": wire.STATE_DIR_ENV, "value": STATE_DIR},
+        {"name": wire.ROOT_ENV, "value": SANDBOX_ROOT},
+        {"name": wire.TOKEN_FILE_ENV, "value": wire.TOKEN_FILE},
+        {"name": wire.PORT_ENV, "value": str(settings.agent_port)},
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the only writable dir besides scratch
     ]
     secret = target.source.secret_ref
@@ -234,7 +236,7 @@ def build_workspace_pod(
         # The kubelet reads the Secret; the operator never sees the DSN.
         env.append(
             {
-                "name": SOURCE_DSN_ENV,
+                "name": wire.SOURCE_DSN_ENV,
                 "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
             }
         )
@@ -246,7 +248,7 @@ def build_workspace_pod(
         "env": env,
         "ports": [{"name": "agent", "containerPort": settings.agent_port, "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": settings.agent_port},
+            "httpGet": {"path": wire.HEALTHZ.template, "port": settings.agent_port},
             "periodSeconds": 2,
             "failureThreshold": 3,
         },

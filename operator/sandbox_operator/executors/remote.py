@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 from sandbox_api.models import ROLLBACKABLE_STRATEGIES
 from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core.agent import wire
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import ExecutorError
-from sandbox_operator.executors.agent_client import AgentRefused, core_error, request_id
+from sandbox_operator.executors.agent_client import AgentRefused, request_id
 from sandbox_operator.executors.base import SandboxTarget, WorkspaceNotReady
 from sandbox_operator.executors.pod_manifests import overlay_privileged
 from sandbox_operator.settings import Settings
@@ -102,19 +103,21 @@ class RemoteSandbox:
         """Whether a commit can be undone (seed 002)."""
         return self._target.strategy in ROLLBACKABLE_STRATEGIES
 
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/sandboxes/{self.sandbox_id}{suffix}"
+    def _call(
+        self, route: wire.Route, body: dict[str, Any] | None = None, *, request_id: str = ""
+    ) -> dict[str, Any]:
+        """One call of the agent's ``route`` for this sandbox."""
+        path = route.path(sid=self.sandbox_id)
+        return self._executor.call(self._target, route.method, path, body, request_id=request_id)
 
     def _refresh(self) -> None:
-        self.reply = self._executor.call(self._target, "GET", self._path())
+        self.reply = self._call(wire.STATUS)
 
     def commit(self, message: str | None = None) -> CommitResult:
         """``POST .../commit``; the request id repeats for the same commit from the same state."""
         rid = request_id("commit", self.sandbox_id, message or "", state_key(self.reply))
         try:
-            payload = self._executor.call(
-                self._target, "POST", self._path("/commit"), {"message": message}, request_id=rid
-            )
+            payload = self._call(wire.COMMIT, {"message": message}, request_id=rid)
         except ExecutorError:
             self._refresh()
             raise
@@ -124,9 +127,7 @@ class RemoteSandbox:
     def rollback(self) -> None:
         """``POST .../rollback`` (no re-activation: the saga's compensation)."""
         rid = request_id("rollback", self.sandbox_id, state_key(self.reply))
-        self.reply = self._executor.call(
-            self._target, "POST", self._path("/rollback"), {"reactivate": False}, request_id=rid
-        )
+        self.reply = self._call(wire.ROLLBACK, {"reactivate": False}, request_id=rid)
 
     # -- two-phase plan commit -----------------------------------------------------------------
 
@@ -136,15 +137,13 @@ class RemoteSandbox:
         not: it can only be the plan's last resource)."""
         return bool(self.reply.get("prepares_durably", True))
 
-    def _two_phase(self, path: str, body: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _two_phase(self, route: wire.Route, body: dict[str, Any], rid: str) -> dict[str, Any]:
         """One two-phase call; the agent's refusal raised as the core error it stands for
         (transport failures stay retryable ``ExecutorError``s)."""
         try:
-            payload = self._executor.call(
-                self._target, "POST", self._path(path), body, request_id=rid
-            )
+            payload = self._call(route, body, request_id=rid)
         except AgentRefused as exc:
-            raise core_error(exc) from None
+            raise wire.core_error(exc.error, exc.detail) from None
         self.reply = payload["sandbox"]
         return payload
 
@@ -155,9 +154,9 @@ class RemoteSandbox:
             SandboxStateError: not CREATED/ACTIVE. SandboxError: the changes could not be read.
         """
         try:
-            payload = self._executor.call(self._target, "GET", self._path("/review"))
+            payload = self._call(wire.REVIEW)
         except AgentRefused as exc:
-            raise core_error(exc) from None
+            raise wire.core_error(exc.error, exc.detail) from None
         self.reply = payload["sandbox"]
         return ChangeSummary.from_dict(payload["summary"])
 
@@ -171,7 +170,7 @@ class RemoteSandbox:
             ExecutorError: the agent could not be reached (retryable).
         """
         rid = request_id("prepare", self.sandbox_id, txid, message or "", state_key(self.reply))
-        payload = self._two_phase("/prepare", {"txid": txid, "message": message}, rid)
+        payload = self._two_phase(wire.PREPARE, {"txid": txid, "message": message}, rid)
         return PreparedCommit.from_dict(payload["prepared"])
 
     def apply_prepared(self, txid: str) -> CommitResult:
@@ -184,7 +183,7 @@ class RemoteSandbox:
             ExecutorError: the agent could not be reached (retryable).
         """
         rid = request_id("apply-prepared", self.sandbox_id, txid)
-        payload = self._two_phase("/apply-prepared", {"txid": txid}, rid)
+        payload = self._two_phase(wire.APPLY_PREPARED, {"txid": txid}, rid)
         return CommitResult.from_dict(payload["result"])
 
     def abort_prepared(self, txid: str) -> None:
@@ -195,14 +194,14 @@ class RemoteSandbox:
             ExecutorError: the agent could not be reached (retryable).
         """
         rid = request_id("abort-prepared", self.sandbox_id, txid, state_key(self.reply))
-        self._two_phase("/abort-prepared", {"txid": txid}, rid)
+        self._two_phase(wire.ABORT_PREPARED, {"txid": txid}, rid)
 
     def commit_landed(self) -> bool | None:
         """``GET .../commit-landed``: did a commit whose outcome was lost reach the original?
         None when the strategy cannot tell or the agent cannot be asked (recovery then treats
         the outcome as unknown, as ``sandbox_core.plan.saga.probe_commit_landed`` does)."""
         try:
-            payload = self._executor.call(self._target, "GET", self._path("/commit-landed"))
+            payload = self._call(wire.COMMIT_LANDED)
         except (ExecutorError, WorkspaceNotReady):
             return None
         answer = payload.get("landed")
@@ -211,6 +210,4 @@ class RemoteSandbox:
     def activate(self) -> None:
         """``POST .../activate`` (CREATED/ROLLED_BACK -> ACTIVE)."""
         rid = request_id("activate", self.sandbox_id, state_key(self.reply))
-        self.reply = self._executor.call(
-            self._target, "POST", self._path("/activate"), request_id=rid
-        )
+        self.reply = self._call(wire.ACTIVATE, request_id=rid)

@@ -15,14 +15,13 @@ from typing import Any
 
 from sandbox_api import core_record
 from sandbox_api.models import SandboxSpec, WorkspaceSpec
+from sandbox_core.agent import wire
 from sandbox_operator.errors import PermanentError
 from sandbox_operator.executors.base import CheckpointInfo, SandboxTarget, sandbox_id_for_uid
+from sandbox_operator.executors.pod_manifests import SOURCE_MOUNT
 from sandbox_operator.kube import redaction
 from sandbox_operator.kube.api import Api
 from sandbox_operator.settings import Settings
-
-SOURCE_MOUNT = "/workspace/source"
-SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # the workspace Pod's env var holding a secretRef's value
 
 
 def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api: Api | None) -> str:
@@ -42,7 +41,7 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
     source = spec.source
     if source.secret_ref is not None:
         if settings.executor == "pod":
-            return f"env:{SOURCE_DSN_ENV}"
+            return f"{wire.ENV_REF}{wire.SOURCE_DSN_ENV}"
         if api is None:
             raise PermanentError("secretRef sources need API access")
         try:
