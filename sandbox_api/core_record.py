@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sandbox_core import redact_dsn
+from sandbox_core.redaction import redact as redact_dsn
 
 SCHEMA_VERSION_KEY = "schemaVersion"
 CURRENT_SCHEMA_VERSION = 1

@@ -176,7 +176,7 @@ class LocalFileOperations:
         """
         # The core's tree diff is imported here, not with the module: it loads the core's
         # directory-tree code, which ``import sandbox_client`` does not need.
-        from sandbox_core import compute_diff
+        from sandbox_core.tree.textdiff import compute_diff
 
         root = _root(sandbox)
         try:

@@ -66,16 +66,17 @@ def _copy_sources(target: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO_ROOT / name, target / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO_ROOT / "sandbox_core", target / "sandbox_core", ignore=ignore)
-    shutil.copytree(REPO_ROOT / "operator", target / "operator", ignore=ignore)
+    # Every package pyproject.toml's [tool.setuptools.packages.find] includes.
+    for package in ("sandbox_core", "sandbox_api", "sandbox_client", "operator"):
+        shutil.copytree(REPO_ROOT / package, target / package, ignore=ignore)
     return target
 
 
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
-import sandbox_core, sandbox_operator
+import sandbox_api, sandbox_core, sandbox_operator
 names = []
-for package in (sandbox_core, sandbox_operator):
+for package in (sandbox_core, sandbox_api, sandbox_operator):
     names.append(package.__name__)
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         names.append(info.name)
