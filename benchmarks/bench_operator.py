@@ -3,9 +3,9 @@
 Run: ``.venv/bin/python benchmarks/bench_operator.py [--sandboxes 100] [--plan-size 10]
 [--rss-sandboxes 1000] [--strategies copy_on_write,git_worktree] [--markdown FILE]``.
 
-Issue 3, "Benchmark". One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
+Issue 3, "Benchmark". One run starts etcd + kube-apiserver (``tests/support/apiserver/harness.py``),
 installs ``crds/`` and runs the operator as a subprocess with the local executor
-(``tests/operator/support.py``), then measures:
+(``tests/support/operator.py``), then measures:
 
 (a) N Sandboxes to Active: one ``kubectl apply`` of a multi-document YAML, then one
     ``kubectl get sbx -o json`` per second until every phase is Active. Anchor: N x
@@ -66,8 +66,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from sandbox_core import SandboxFactory, SandboxManager, SandboxStore  # noqa: E402
-from tests.apiserver.harness import LocalApiServer, free_port  # noqa: E402
-from tests.operator.support import (  # noqa: E402
+from tests.support.apiserver.harness import LocalApiServer, free_port  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     GIT_ENV,
     Cluster,
     OperatorProcess,
