@@ -25,8 +25,8 @@ sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "operator")]
 
 from sandbox_operator.executors.agent_client import AgentClient, derive_token  # noqa: E402
 
-from tests.apiserver.harness import free_port  # noqa: E402
-from tests.gitrepo import GIT_ENV, make_repo  # noqa: E402
+from tests.support.apiserver.harness import free_port  # noqa: E402
+from tests.support.gitrepo import GIT_ENV, make_repo  # noqa: E402
 
 SANDBOX_ID = "01HZX0A7Q3J0F8K2M4N6P8R0T2"
 

@@ -3,8 +3,8 @@
 Run: ``.venv/bin/python benchmarks/bench_client.py [--calls 100] [--runs 3]
 [--strategies copy_on_write,git_worktree,overlay] [--markdown FILE]``.
 
-One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
-installs ``crds/`` and runs the operator with the local executor (``tests/operator/support.py``);
+One run starts etcd + kube-apiserver (``tests/support/apiserver/harness.py``),
+installs ``crds/`` and runs the operator with the local executor (``tests/support/operator.py``);
 per strategy one Active Sandbox. Then, per run, N pairs of ``write_file`` + ``read_file`` of a
 1 KiB file (a new path per pair) through:
 
@@ -44,8 +44,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from sandbox_client import Plan, Sandbox, SandboxClient, aio  # noqa: E402
-from tests.apiserver.harness import LocalApiServer  # noqa: E402
-from tests.operator.support import (  # noqa: E402
+from tests.support.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     GIT_ENV,
     Cluster,
     OperatorProcess,

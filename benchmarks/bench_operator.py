@@ -6,9 +6,9 @@ throughput alone: ``TMPDIR=/dev/shm .venv/bin/python benchmarks/bench_operator.p
 [--sandboxes 100] [--rounds N] [--admission-policy off,on] [--max-workers 6]
 [--operator-src LABEL=DIR] [--profile DIR]``. Method and figures: docs/benchmarks.md.
 
-One run starts etcd + kube-apiserver (``tests/apiserver/harness.py``),
+One run starts etcd + kube-apiserver (``tests/support/apiserver/harness.py``),
 installs ``crds/`` and runs the operator as a subprocess with the local executor
-(``tests/operator/support.py``), then measures:
+(``tests/support/operator.py``), then measures:
 
 (a) N Sandboxes to Active: one ``kubectl apply`` of a multi-document YAML, then one
     ``kubectl get sbx -o json`` per second until every phase is Active. Anchor: N x
@@ -69,8 +69,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from sandbox_core import SandboxFactory, SandboxManager, SandboxStore  # noqa: E402
-from tests.apiserver.harness import LocalApiServer, free_port  # noqa: E402
-from tests.operator.support import (  # noqa: E402
+from tests.support.apiserver.harness import LocalApiServer, free_port  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     GIT_ENV,
     Cluster,
     OperatorProcess,

@@ -2,9 +2,9 @@
 
 Run: ``.venv/bin/python benchmarks/soak.py [--sandboxes 2000] [--plans 200] [--kill-every 20]
 [--max-kills N] [--conflict-every 5] [--modes TwoPhase,Saga] [--timeout 3600] [--json FILE]
-[--keep]`` (tests/test_soak_small.py runs a small one: 100 Sandboxes, 2 kills).
+[--keep]`` (tests/operator/apiserver/test_soak_small.py runs a small one: 100 Sandboxes, 2 kills).
 
-On the real API server (tests/apiserver/harness.py) with the local executor, it:
+On the real API server (tests/support/apiserver/harness.py) with the local executor, it:
 
 1. creates N Sandboxes (``copy_on_write``, each over its own directory) spread over M plans, with
    bulk ``kubectl create`` of multi-object lists, and writes one edit into each sandbox once it is
@@ -40,8 +40,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.apiserver.harness import LocalApiServer  # noqa: E402
-from tests.operator.support import (  # noqa: E402
+from tests.support.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     Cluster,
     OperatorProcess,
     plancommit_manifest,

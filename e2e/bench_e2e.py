@@ -6,8 +6,8 @@ Two flows, each measured both ways:
     ``.status.phase`` every 0.2 s. Pod executor: on the cluster behind ``KUBECONFIG`` (the chart
     must be installed: release ``sbx-e2e``, as the e2e suite leaves it while it runs, or any
     operator watching all namespaces), the repository on a claim of the default StorageClass.
-    Local executor: the tier-2 API server (``tests/apiserver/harness.py``) with the operator as a
-    subprocess, the repository on a local path.
+    Local executor: the tier-2 API server (``tests/support/apiserver/harness.py``) with the
+    operator as a subprocess, the repository on a local path.
 (b) PlanCommit apply -> Committed for 3 Sandboxes (copy_on_write, overlay, git_worktree), each
     with one changed file.
 
@@ -224,8 +224,8 @@ def cluster_runs(runs: int) -> tuple[list[float], list[float]]:
 
 
 def local_runs(runs: int) -> tuple[list[float], list[float]]:
-    from tests.apiserver.harness import LocalApiServer
-    from tests.operator import support
+    from tests.support import operator as support
+    from tests.support.apiserver.harness import LocalApiServer
 
     sandbox_times: list[float] = []
     commit_times: list[float] = []

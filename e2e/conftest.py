@@ -75,7 +75,8 @@ def operator_release(kube: Kube) -> Iterator[Release]:
         "--set", f"image.pullPolicy={os.environ.get('E2E_IMAGE_PULL_POLICY', 'IfNotPresent')}",
         "--set", "retryDelaySeconds=2",
         # One replica: these tests kill and read "the" operator Pod. Two replicas with leader
-        # election are tested on tier 2 (tests/test_ha_failover.py) and by the quick start.
+        # election are tested on tier 2 (tests/operator/apiserver/test_ha_failover.py) and by
+        # the quick start.
         "--set", "replicaCount=1",
         "--wait", "--timeout", "240s",
     )  # fmt: skip

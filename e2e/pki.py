@@ -1,7 +1,7 @@
 """Certificates and kubeconfigs of the e2e cluster (`e2e/cluster up`), tier 3.
 
-Reuses the API-server tier's throw-away PKI (`tests/apiserver/harness.py`, `_Pki`: the CA, the
-admin client certificate in ``system:masters`` and the service-account key pair) and adds what a
+Reuses the API-server tier's throw-away PKI (`tests/support/apiserver/harness.py`, `_Pki`: the CA,
+the admin client certificate in ``system:masters`` and the service-account key pair) and adds what a
 whole cluster needs on top:
 
 - an API server serving certificate that also names the node address (the pod bridge's gateway,
@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import ExtendedKeyUsageOID  # noqa: E402
 
-from tests.apiserver.harness import (  # noqa: E402
+from tests.support.apiserver.harness import (  # noqa: E402
     KUBERNETES_SERVICE_IP,
     _pem_cert,
     _pem_key,

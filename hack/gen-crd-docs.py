@@ -7,7 +7,7 @@ Usage:
 
 The CRDs are the source of truth; the reference lists, for every kind, its names, printer
 columns, CEL validation rules and every field with type, required flag, default, constraints
-and description. tests/test_crds.py runs ``--check``.
+and description. tests/deploy/test_crds.py runs ``--check``.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 from sandbox_operator.kube.conditions import find_condition  # noqa: E402
 
 from sandbox_core.cli.demo import _build_inputs, _default_source_tree, _git  # noqa: E402
-from tests.apiserver.harness import LocalApiServer  # noqa: E402
-from tests.operator.support import Cluster, OperatorProcess, install_crds  # noqa: E402
+from tests.support.apiserver.harness import LocalApiServer  # noqa: E402
+from tests.support.operator import Cluster, OperatorProcess, install_crds  # noqa: E402
 
 NAMESPACE = "sandbox-demo"
 EXAMPLES = ROOT / "examples"

@@ -1,1 +1,20 @@
-"""Shared pytest configuration for tests/ (fixtures live in the modules that need them)."""
+"""pytest configuration of tests/: the support plugins, whose fixtures every test may ask for.
+
+Helpers and fixtures live in ``tests/support/`` (never tests); a fixture used by one folder
+only lives in that folder's ``conftest.py``. A test module never imports another test module
+(``tests/test_layout.py`` checks it). The tier of a test is a marker set once: by the fixture
+that starts the API server (``tests/support/apiserver/fixtures.py`` marks its users
+``apiserver``) or by the folder (``tests/operator/apiserver/conftest.py``).
+"""
+
+# In import order: a plugin is listed before any plugin that imports it (pytest rewrites the
+# asserts of a plugin only when it is not imported yet).
+pytest_plugins = [
+    "tests.support.gitrepo",
+    "tests.support.postgres",
+    "tests.support.apiserver.fixtures",
+    "tests.support.chart",
+    "tests.support.dbkit",
+    "tests.support.directory_sandboxes",
+    "tests.support.pg",
+]

@@ -1,1 +1,2 @@
-"""Package marker: gives this test module a unique import name (tests/test_fs_utils.py exists)."""
+"""Package marker: gives this test module a unique import name (test_fs_utils.py was also a
+name under tests/)."""

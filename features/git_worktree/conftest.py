@@ -22,8 +22,8 @@ from sandbox_core import (
 )
 from sandbox_core.errors import SandboxCommitLockedError
 from sandbox_core.strategies.git_worktree import GitCommand, GitFailure
-from tests.gitrepo import GIT_ENV as IDENTITY
-from tests.gitrepo import git
+from tests.support.gitrepo import GIT_ENV as IDENTITY
+from tests.support.gitrepo import git
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pytest_bdd import given, parsers, then, when
 
-from tests.operator.support import (
+from tests.support.operator import (
     Cluster,
     OperatorProcess,
     checkpoint_manifest,

@@ -2,6 +2,6 @@
 
 from pytest_bdd import scenarios
 
-from tests.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
+from tests.support.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
 
 scenarios("operator.feature")

@@ -40,7 +40,7 @@ from sandbox_core.strategies.transaction import (
     TransactionSandbox,
 )
 from sandbox_core.strategies.transaction import db as _db
-from tests.postgres_fixture import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
+from tests.support.postgres import postgres_dsn, postgres_schema_dsn  # noqa: F401 - fixtures
 
 CHILD = Path(__file__).with_name("txn_child.py")
 

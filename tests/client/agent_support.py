@@ -19,8 +19,8 @@ from typing import Any
 from sandbox_operator.executors.agent_client import derive_token
 
 from sandbox_client.models import SandboxInfo
-from tests.apiserver.harness import free_port
-from tests.gitrepo import GIT_ENV
+from tests.support.apiserver.harness import free_port
+from tests.support.gitrepo import GIT_ENV
 
 KEY = b"c" * 32
 UID = "5f1d7c2e-0000-4aaa-8bbb-0c0d0e0f1011"

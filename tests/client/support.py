@@ -2,7 +2,7 @@
 
 One real etcd + kube-apiserver per session (``tests.apiserver``); per test module one namespace
 with the CRDs installed and one operator process (local executor) watching it
-(``tests.operator.support``). Sources are real git repositories and real directories.
+(``tests.support.operator``). Sources are real git repositories and real directories.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.operator.support import Cluster, OperatorProcess, make_dir, make_repo
+from tests.support.operator import Cluster, OperatorProcess, make_dir, make_repo
 
 __all__ = ["ClientEnv", "client_env_for", "make_dir", "make_repo", "three_sources"]
 

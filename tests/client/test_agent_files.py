@@ -35,7 +35,6 @@ from sandbox_client.agent_files import (
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.files import operations_for
 from sandbox_client.models import SandboxInfo
-from tests.apiserver.harness import free_port
 from tests.client.agent_support import (
     POD,
     SANDBOX_ID,
@@ -44,8 +43,9 @@ from tests.client.agent_support import (
     pod_manifest,
     sandbox_info,
 )
-from tests.gitrepo import make_repo
-from tests.operator.support import Cluster
+from tests.support.apiserver.harness import free_port
+from tests.support.gitrepo import make_repo
+from tests.support.operator import Cluster
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_client import NotFoundError, RefusedError, SandboxPhase, WaitTimeoutError, aio
 from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
-from tests.operator.support import Cluster, git
+from tests.support.operator import Cluster, git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 

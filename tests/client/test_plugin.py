@@ -30,7 +30,7 @@ from sandbox_client.kubectl_plugin import (
     cli,
 )
 from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
-from tests.operator.support import git, sandbox_manifest
+from tests.support.operator import git, sandbox_manifest
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 

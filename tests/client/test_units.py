@@ -18,7 +18,7 @@ from sandbox_client.files import LocalFileOperations, operations_for
 from sandbox_client.history import sandbox_history
 from sandbox_client.kubectl_plugin import parse_duration
 from sandbox_client.models import CheckpointInfo, PlanCommitResult, SandboxInfo
-from tests.gitrepo import git, make_repo
+from tests.support.gitrepo import git, make_repo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

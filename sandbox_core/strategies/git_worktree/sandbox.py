@@ -11,7 +11,7 @@ Layout and naming:
   ``sandbox/<sandbox_id>/committed`` (the sandbox commit being merged, written before the merge) and
   ``sandbox/<sandbox_id>/ckpt/<name>`` (checkpoints).
 
-Policies (each tested in ``tests/test_git_worktree_cases.py``):
+Policies (each tested in ``tests/core/strategies/git_worktree/test_field_cases.py``):
 
 - Content: the sandbox starts from the original's HEAD commit; uncommitted work of the original is
   not visible in it. git tracks files, symlinks and the executable bit; **empty directories are not

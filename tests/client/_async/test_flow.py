@@ -25,7 +25,7 @@ from sandbox_client import (
 )
 from sandbox_client.aio import Plan, SandboxClient
 from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
-from tests.operator.support import Cluster, git
+from tests.support.operator import Cluster, git
 
 pytestmark = [pytest.mark.anyio, pytest.mark.apiserver, pytest.mark.slow]
 

@@ -26,7 +26,7 @@ from sandbox_client import (
 )
 from sandbox_client.client import Plan, SandboxClient
 from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
-from tests.operator.support import Cluster, git
+from tests.support.operator import Cluster, git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 

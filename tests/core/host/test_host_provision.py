@@ -20,7 +20,7 @@ from sandbox_core.errors import SandboxCreationError, SandboxError
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.status import SandboxStatus
-from tests.gitrepo import git, make_repo
+from tests.support.gitrepo import git, make_repo
 
 ROOT = Path(__file__).resolve().parents[3]
 SID = "01J0000000000000000000HOST"

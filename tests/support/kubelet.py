@@ -1,0 +1,96 @@
+"""The kubelet's two parts for a workspace Pod on the API server tier, which has no kubelet:
+:class:`Kubelet` runs the Pod's main process (``sandbox-core serve-workspace``) with the Pod's
+environment and token file, and reports the Pod's status (Running, Ready, podIP 127.0.0.1)
+through the status subresource. :data:`POD` is the workspace Pod of Sandbox ``s-db``; :data:`KEY`
+the operator's agent key.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.support.operator import Cluster, wait_for
+
+KEY = "agent-key-" + "x" * 40
+POD = "sbx-s-db-ws"
+
+
+class Kubelet:
+    """The kubelet's part for one workspace Pod: its main process and its status."""
+
+    def __init__(self, namespace: Cluster, work: Path, port: int, dsn: str) -> None:
+        self.cluster = namespace
+        self.work = work
+        self.port = port
+        self.dsn = dsn
+        self.agent: subprocess.Popen[bytes] | None = None
+
+    def start_container(self) -> None:
+        """Run the Pod's command with the Pod's token file and environment."""
+        secret = self.cluster.get("secret", "sbx-s-db-agent")
+        assert secret is not None
+        token_file = self.work / "token"
+        token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
+        pod = self.cluster.get("pod", POD)
+        assert pod is not None
+        command = pod["spec"]["containers"][0]["command"]
+        assert command == ["sandbox-core", "serve-workspace"]
+        env = {**os.environ, "SANDBOX_SOURCE_DSN": self.dsn}
+        scratch = self.scratch_dir(pod)
+        with open(self.work / "agent.log", "ab") as log:
+            self.agent = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sandbox_core.cli",
+                    "--state-dir", str(scratch / "state"),
+                    "--sandbox-root", str(scratch / "sandboxes"),
+                    "serve-workspace", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--token-file", str(token_file),
+                ],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+
+    def scratch_dir(self, pod: dict[str, Any]) -> Path:
+        """The Pod's ``/workspace/scratch`` as the kubelet would give it: the claim's directory
+        (the same for every Pod mounting the claim), or a new directory per Pod for an
+        emptyDir (lost with the Pod)."""
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "scratch")
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim:
+            return self.work / "claims" / claim
+        return self.work / "pods" / pod["metadata"]["uid"] / "scratch"
+
+    def _serving(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                return bool(r.read() == b"ok")
+        except OSError:
+            return False
+
+    def report_ready(self) -> None:
+        """Once the readiness probe passes (``GET /healthz``), patch the current Pod's status:
+        Running, Ready, podIP 127.0.0.1."""
+        wait_for(self._serving, 60, "the agent's readiness probe")
+        wait_for(lambda: self.cluster.get("pod", POD), 60, "the workspace Pod")
+        status = {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "podIPs": [{"ip": "127.0.0.1"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        }
+        self.cluster.kubectl(
+            "patch", "pod", POD, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+        )
+
+    def stop(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()
+            self.agent.wait(timeout=10)
