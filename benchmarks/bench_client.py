@@ -103,7 +103,7 @@ def agent_row(server: LocalApiServer, work: Path, calls: int, runs: int) -> str:
     from sandbox_operator.executors.agent_client import AgentClient
 
     from sandbox_client.agent_files import AgentFileOperations, DirectTransport, secret_name
-    from tests.client.agent_support import (
+    from tests.support.client_agent import (
         POD,
         SANDBOX_ID,
         TOKEN,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.client.support import ClientEnv, client_env_for
 from tests.support.apiserver.fixtures import local_apiserver  # noqa: F401 - pytest fixture
+from tests.support.client import ClientEnv, client_env_for
 
 
 @pytest.fixture(scope="module")

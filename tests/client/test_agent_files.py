@@ -35,7 +35,8 @@ from sandbox_client.agent_files import (
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.files import operations_for
 from sandbox_client.models import SandboxInfo
-from tests.client.agent_support import (
+from tests.support.apiserver.harness import free_port
+from tests.support.client_agent import (
     POD,
     SANDBOX_ID,
     TOKEN,
@@ -43,7 +44,6 @@ from tests.client.agent_support import (
     pod_manifest,
     sandbox_info,
 )
-from tests.support.apiserver.harness import free_port
 from tests.support.gitrepo import make_repo
 from tests.support.operator import Cluster
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandbox_client import NotFoundError, RefusedError, SandboxPhase, WaitTimeoutError, aio
-from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
+from tests.support.client import ClientEnv, make_dir, make_repo, three_sources
 from tests.support.operator import Cluster, git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]

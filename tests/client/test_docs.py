@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.support import ClientEnv
+from tests.support.client import ClientEnv
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 

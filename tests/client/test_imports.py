@@ -24,7 +24,7 @@ from pathlib import Path
 import sandbox_client
 from sandbox_client import agent_files, aio
 from sandbox_core.agent import wire
-from tests.client.agent_support import sandbox_info
+from tests.support.client_agent import sandbox_info
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from sandbox_client import Plan, SandboxClient
 from sandbox_client.mcp_server import TOOL_NAMES
-from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
+from tests.support.client import ClientEnv, make_dir, make_repo, three_sources
 from tests.support.operator import git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]

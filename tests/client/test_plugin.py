@@ -29,7 +29,7 @@ from sandbox_client.kubectl_plugin import (
     EXIT_USAGE,
     cli,
 )
-from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
+from tests.support.client import ClientEnv, make_dir, make_repo, three_sources
 from tests.support.operator import git, sandbox_manifest
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_client import NotFoundError, PlanCommitPhase
 from sandbox_client.aio import Plan, SandboxClient
-from tests.client.support import ClientEnv, three_sources
+from tests.support.client import ClientEnv, three_sources
 
 pytestmark = [pytest.mark.anyio, pytest.mark.apiserver, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from sandbox_client import (
     WaitTimeoutError,
 )
 from sandbox_client.client import Plan, SandboxClient
-from tests.client.support import ClientEnv, make_dir, make_repo, three_sources
+from tests.support.client import ClientEnv, make_dir, make_repo, three_sources
 from tests.support.operator import Cluster, git
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]

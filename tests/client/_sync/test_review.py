@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_client import NotFoundError, PlanCommitPhase
 from sandbox_client.client import Plan, SandboxClient
-from tests.client.support import ClientEnv, three_sources
+from tests.support.client import ClientEnv, three_sources
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 

@@ -209,8 +209,6 @@ def test_transaction_diff_lists_pending_statements_and_hides_passwords(env, tmp_
     script = (
         "import sys; from sandbox_core.host.store import SandboxStore; "
         "from sandbox_core.strategies.factory import SandboxFactory; "
-        "import sys; from sandbox_core.host.store import SandboxStore; "
-        "from sandbox_core.strategies.factory import SandboxFactory; "
         "s = SandboxFactory().reopen(SandboxStore().load(sys.argv[1])); "
         "s.execute('INSERT INTO items VALUES (?)', ['apple']); SandboxStore().save(s)"
     )

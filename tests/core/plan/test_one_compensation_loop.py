@@ -25,10 +25,8 @@ def test_only_one_place_marks_a_step_compensating() -> None:
         for line in path.read_text(encoding="utf-8").splitlines()
         if "state = StepState.COMPENSATING" in line
     ]
-    assert marking == ["sandbox_core/saga.py"]
-    handlers = ROOT / "operator/sandbox_operator/resources/plancommit.py"
     assert marking == ["sandbox_core/plan/saga.py"]
-    handlers = ROOT / "operator/sandbox_operator/plancommit_handlers.py"
+    handlers = ROOT / "operator/sandbox_operator/resources/plancommit.py"
     assert "run_compensations(" in handlers.read_text(encoding="utf-8")
 
 
