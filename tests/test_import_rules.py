@@ -76,9 +76,9 @@ PLANTED = [
     ),
     pytest.param(
         "sandbox_core/cli/demo.py",
-        "import sandbox_core.host.manager",
+        "import sandbox_core.manager",
         "core-aliases",
-        "- sandbox_core.cli.demo -> sandbox_core.host.manager",
+        "- sandbox_core.cli.demo -> sandbox_core.manager",
         id="product-code-imports-an-alias",
     ),
     pytest.param(
