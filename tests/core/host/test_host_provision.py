@@ -23,6 +23,7 @@ from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.status import SandboxStatus
 from tests.support.gitrepo import git, make_repo
+from tests.support.hygiene import make_original
 
 ROOT = Path(__file__).resolve().parents[3]
 SID = "01J0000000000000000000HOST"
@@ -147,9 +148,8 @@ def _crash_original(tmp_path: Path, case: str) -> Path:
     """The original of ``case``; a git one also has the user's own worktree and a branch named
     after the sandbox id that holds work of its own (neither may be touched)."""
     if case == "sqlite":
-        path = tmp_path / "orig.db"
+        path = make_original(tmp_path, "transaction_rollback")  # table notes
         with sqlite3.connect(path) as connection:
-            connection.execute("CREATE TABLE notes (body TEXT)")
             connection.execute("INSERT INTO notes VALUES ('kept')")
         connection.close()
         return path
