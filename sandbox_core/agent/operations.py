@@ -44,6 +44,7 @@ from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
 from sandbox_core.host.checkpoint import CheckpointManager
+from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.redaction import same_database
 from sandbox_core.redaction import secrets_of as dsn_secrets
@@ -94,6 +95,7 @@ class Operations:
         self.store = SandboxStore(str(config.state_dir))
         self.factory = SandboxFactory()
         self.checkpoints = CheckpointManager(state_dir=str(config.state_dir))
+        self.host = SandboxHost(self.store, self.factory, reopen=self._reopen, save=self._save)
         # Prepared participants that cannot prepare durably, by (sandbox id, txid).
         self._held: dict[tuple[str, str], BaseSandbox] = {}
 
@@ -183,35 +185,22 @@ class Operations:
     # -- operations ---------------------------------------------------------------------------
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create (or re-open: same ``sandbox_id``) a sandbox and return it (case 18)."""
-        sandbox_id = str(body.get("sandbox_id") or "")
-        if sandbox_id:
-            try:
-                sandbox = self._reopen(self.store.load(sandbox_id))
-            except SandboxError:
-                sandbox = None
-            if sandbox is not None and sandbox.status is not SandboxStatus.PENDING:
-                return self.describe(sandbox)
-            if sandbox is not None:
-                sandbox.cleanup()  # a create that died half-way: start again under the same id
+        """Create (or re-open: same ``sandbox_id``) a sandbox and return it (case 18).
+
+        :meth:`SandboxHost.provision <sandbox_core.host.host.SandboxHost.provision>`: a complete
+        record of ``sandbox_id`` is reopened, what an interrupted create left is cleaned up and
+        made again; every record it writes counts as a revision.
+        """
         options: dict[str, Any] = {str(k): v for k, v in dict(body.get("options") or {}).items()}
         options.setdefault("sandbox_root", str(self.config.sandbox_root))
-        if sandbox_id:
-            options["sandbox_id"] = sandbox_id
-        sandbox = self.factory.create(
-            str(body["strategy"]),
+        sandbox = self.host.provision(
+            str(body["plan_id"]),
             str(body["resource_id"]),
             self.resolve(str(body["original"])),
+            str(body["strategy"]),
+            sandbox_id=str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None),
             **options,
         )
-        self._save(sandbox)
-        try:
-            sandbox.create(str(body["plan_id"]))
-        except SandboxError:
-            sandbox.cleanup()
-            self.store.delete(sandbox.sandbox_id)
-            raise
-        self._save(sandbox)
         return self.describe(sandbox)
 
     def status(self, sandbox_id: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from sandbox_core.cli.plan import cleanup_plan, commit_plan, recover, review
 from sandbox_core.describe import describe as _describe
 from sandbox_core.describe import sandbox_diff
 from sandbox_core.errors import SandboxError, SandboxStateError
+from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.manager import drop_finished_journal
 from sandbox_core.redaction import redact
 from sandbox_core.strategies.factory import SandboxStrategy
@@ -96,23 +97,25 @@ def create(
     sandbox_id: str | None,
     original_path: str,
 ) -> None:
-    """Create a sandbox of ORIGINAL_PATH (a directory, a git repository, or a database DSN)."""
+    """Create a sandbox of ORIGINAL_PATH (a directory, a git repository, or a database DSN).
+
+    With ``--sandbox-id`` it may be run again: the sandbox that id names is printed (nothing is
+    made twice), and what an interrupted run left is cleaned up and made again (case 18).
+    """
     extra: dict[str, Any] = _parse_options(options)
     if state.sandbox_root:
         extra.setdefault("sandbox_root", state.sandbox_root)
-    if sandbox_id:
-        extra["sandbox_id"] = sandbox_id
 
     def run() -> None:
-        sandbox = state.factory.create(strategy, resource_id, original_path, **extra)
         with _progress(state, f"creating {strategy} sandbox of {redact(original_path)}"):
-            try:
-                sandbox.create(plan_id)
-            except SandboxError:
-                # The strategy already undid its partial work; leave no orphan record either.
-                sandbox.cleanup()
-                raise
-        state.store.save(sandbox)
+            sandbox = SandboxHost(state.store, state.factory).provision(
+                plan_id,
+                resource_id,
+                original_path,
+                strategy,
+                sandbox_id=sandbox_id or extra.pop("sandbox_id", None),
+                **extra,
+            )
         info = _describe(sandbox)
         state.emit(info, f"{sandbox.sandbox_id}\t{strategy}\t{info['sandbox_path']}")
 

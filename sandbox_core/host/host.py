@@ -9,8 +9,9 @@ creation, the workspace agent's ``POST /v1/sandboxes`` and the operator's local 
    ``provision`` twice with one id gives the same sandbox.
 2. **Clean up a half-made sandbox.** A record whose create never finished (status ``pending``,
    or ``errored`` without a context) is what an earlier attempt left when it died or failed
-   between its pending record and the end of ``create``: whatever it made on disk is cleaned
-   up (the original is never touched) and the sandbox is created again under the same id.
+   between its pending record and the end of ``create``: whatever it made on disk under this
+   id is removed (``BaseSandbox.cleanup_interrupted_create``: the original and other sandboxes
+   are never touched) and the sandbox is created again under the same id.
 3. **Create.** The sandbox is built, its ``pending`` record saved *before* any on-disk work,
    then ``create(plan_id)`` runs (and ``activate()`` when asked), then the complete record is
    saved: one write for create and activate. A crash anywhere in between leaves the pending
@@ -168,7 +169,7 @@ class SandboxHost:
             # An earlier attempt died (or failed) between its pending record and the end of its
             # create: remove what it made, then create again under the same id.
             logger.warning("sandbox %s: cleaning up an interrupted create", record["sandbox_id"])
-            self._reopen(record).cleanup()
+            self._reopen(record).cleanup_interrupted_create()
             record = None
         if record is not None:
             sandbox = self._reopen(record)

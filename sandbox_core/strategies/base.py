@@ -15,6 +15,9 @@ strategy behaves the same at its edges:
   leaves the sandbox COMMITTED: the undo is still owed and is retried later (the saga's
   ``recover``, case 21), so strategies keep ``_do_rollback_committed`` safe to run again.
 - ``cleanup``: any -> CLEANED_UP, idempotent.
+- ``cleanup_interrupted_create``: a sandbox reopened from a record saved before its create
+  finished (no context) -> CLEANED_UP, removing what a create of this sandbox id makes
+  (``cleanup`` alone removes only what a finished create recorded in its context).
 - Two-phase plan commit (docs/two-phase-commit.md): ``review`` and ``prepare`` never touch the
   original and never change the status (a failed prepare leaves the sandbox as it was);
   ``apply_prepared`` moves CREATED/ACTIVE -> COMMITTED and is idempotent per transaction id (a
@@ -342,6 +345,38 @@ class BaseSandbox:
             self._status = SandboxStatus.CLEANED_UP
             self._prune_layout_dir()
 
+    def cleanup_interrupted_create(self) -> None:
+        """Remove what a create of this sandbox id left when it never finished (case 18).
+
+        For a sandbox reopened from a record saved *before* its create (status ``pending``, or
+        ``errored`` without a context): the process died, or the create failed and its own undo
+        failed, somewhere inside ``create``. :meth:`cleanup` removes only what a finished create
+        recorded in its context; this removes what the strategy makes under this sandbox id
+        (its ``<sandbox_root>/<layout_folder>/<sandbox_id>`` and whatever the strategy names
+        after the id), never the original nor another sandbox's artefacts. Then CLEANED_UP, so a
+        new sandbox can be created under the same id. Do not call it on a sandbox whose create
+        failed in this process because the id was taken: the artefacts then are the other's.
+
+        Raises:
+            SandboxStateError: the sandbox has a context (its create finished: use cleanup).
+            SandboxError: an artefact could not be removed (status unchanged, safe to retry).
+        """
+        with self._lock:
+            if self._context is not None:
+                raise SandboxStateError(
+                    f"sandbox {self._sandbox_id} was created; cleanup() removes its artefacts"
+                )
+            try:
+                self._do_cleanup_interrupted_create()
+            except SandboxError:
+                raise
+            except OSError as exc:
+                raise SandboxError(
+                    f"cleanup of the interrupted create of sandbox {self._sandbox_id} failed: {exc}"
+                ) from exc
+            self._status = SandboxStatus.CLEANED_UP
+            self._prune_layout_dir()
+
     def _prune_layout_dir(self) -> None:
         """Remove ``<root>/<kind>/`` once this sandbox's ``<kind>/<id>/`` was its last entry.
 
@@ -597,6 +632,11 @@ class BaseSandbox:
 
     def _do_cleanup(self) -> None:
         raise NotImplementedError
+
+    def _do_cleanup_interrupted_create(self) -> None:
+        """Remove what a create of this id may have made, without a context. Default: the
+        strategy's ``_do_cleanup``, for strategies that find their artefacts by id alone."""
+        self._do_cleanup()
 
     def _rebuild_landed_commit(self) -> CommitResult | None:
         """Rebuild the result of a commit that landed unrecorded; default: unknown (None)."""

@@ -4,10 +4,11 @@ For development, the local demo and the real-API-server test tier (DESIGN.md). R
 :class:`~sandbox_core.SandboxStore` under ``settings.state_dir`` and are mirrored into
 ``status.coreRecord``, so a restarted operator re-opens sandboxes from either.
 
-Idempotent provisioning (case 18): the core sandbox id is derived from the object's uid and a
-``pending`` record is saved *before* any on-disk work. A retry that finds a record re-opens it;
-one that finds a ``pending`` record (the first attempt died mid-create) cleans up what that attempt
-may have left and creates again under the same id.
+Idempotent provisioning (case 18): the core sandbox id is derived from the object's uid and the
+core's :meth:`SandboxHost.provision <sandbox_core.host.host.SandboxHost.provision>` saves a
+``pending`` record *before* any on-disk work. A retry that finds a complete record re-opens it;
+one that finds a ``pending`` record (the first attempt died mid-create) cleans up what that
+attempt may have left and creates again under the same id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sandbox_core import (
     dsn_secrets,
 )
 from sandbox_core.host.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
+from sandbox_core.host.host import SandboxHost
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import FaultInjected
 from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
@@ -165,10 +167,14 @@ class LocalExecutor:
     def _state(self, sandbox: BaseSandbox) -> SandboxState:
         return SandboxState.from_record(sandbox.to_record())
 
-    def _reopen(self, target: SandboxTarget) -> BaseSandbox | None:
-        record = self._record(target)
-        if record is None:
-            return None
+    def _host(self, target: SandboxTarget) -> SandboxHost:
+        """The core's create-or-reopen over this executor's store, reopening with ``target``'s
+        database credentials."""
+        return SandboxHost(
+            self.store, self.factory, reopen=lambda record: self._credentials(record, target)
+        )
+
+    def _credentials(self, record: dict[str, Any], target: SandboxTarget) -> BaseSandbox:
         sandbox = self.factory.reopen(record)
         # The core stores DSNs redacted: the password comes from the Secret again.
         use_credentials = getattr(sandbox, "use_credentials", None)
@@ -176,54 +182,39 @@ class LocalExecutor:
             use_credentials(target.original)
         return sandbox
 
-    def _fresh(self, target: SandboxTarget) -> BaseSandbox:
-        return self.factory.create(
-            target.strategy,
-            target.resource_id,
-            target.original,
-            sandbox_id=target.sandbox_id,
-            **core_options(target, self.settings),
-        )
+    def _reopen(self, target: SandboxTarget) -> BaseSandbox | None:
+        record = self._record(target)
+        return None if record is None else self._credentials(record, target)
+
+    def _slow_create(self, sandbox: BaseSandbox) -> None:
+        # Test-only fault injection (case 16): a slow create the user deletes.
+        time.sleep(self.settings.fault_provision_delay_seconds)
 
     # -- Executor -----------------------------------------------------------------------------
 
     def provision(self, target: SandboxTarget) -> SandboxState:
-        """Create and activate, or re-open what an earlier attempt made (case 18).
+        """Create and activate, or re-open what an earlier attempt made (case 18): the core's
+        :meth:`SandboxHost.provision <sandbox_core.host.host.SandboxHost.provision>`, with the
+        record from the store or else from ``status.coreRecord``.
 
         Raises:
             SandboxCreationError: the source is missing or unusable (permanent).
             SandboxError: the record or an artefact could not be written.
         """
         with self._lock(target.sandbox_id):
-            sandbox = self._reopen(target)
-            if sandbox is not None and sandbox.status is SandboxStatus.PENDING:
-                # The first attempt died between "record saved" and "create finished".
-                logger.warning("sandbox %s: finishing an interrupted create", target.sandbox_id)
-                sandbox.cleanup()
-                sandbox = None
-            changed = sandbox is None
-            if sandbox is None:
-                sandbox = self._fresh(target)
-                self.store.save(sandbox)  # pending record first: the retry can find it
-                try:
-                    sandbox.create(target.plan_id)
-                except BaseException:
-                    self.store.save(sandbox)  # what the failed create left, for the cleanup
-                    raise
-                if self.settings.fault_provision_delay_seconds:
-                    # Test-only fault injection (case 16): a slow create the user deletes.
-                    time.sleep(self.settings.fault_provision_delay_seconds)
-            if sandbox.status.can_activate:
-                try:
-                    sandbox.activate()
-                except BaseException:
-                    self.store.save(sandbox)  # created, not active: the retry activates it
-                    raise
-                changed = True
-            if changed:
-                # One write for create + activate (for throughput): a crash before it
-                # leaves the PENDING record, which the retry above cleans up and redoes.
-                self.store.save(sandbox)
+            sandbox = self._host(target).provision(
+                target.plan_id,
+                target.resource_id,
+                target.original,
+                target.strategy,
+                sandbox_id=target.sandbox_id,
+                record=self._record(target),
+                activate=True,
+                after_create=self._slow_create
+                if self.settings.fault_provision_delay_seconds
+                else None,
+                **core_options(target, self.settings),
+            )
             return self._state(sandbox)
 
     def describe(self, target: SandboxTarget) -> SandboxState | None:

@@ -511,6 +511,30 @@ def registrations_of(common_dir: str | os.PathLike[str], work_tree: Path) -> lis
     return found
 
 
+_STORE_INTERNALS = frozenset({"objects", "refs", "logs", "hooks", "info", "lfs"})
+
+
+def registrations_below(common_dir: str | os.PathLike[str], top: Path) -> list[Path]:
+    """Admin dirs of the submodule stores under ``<common_dir>/modules`` (nested ones too)
+    registered for a work tree strictly inside ``top``: the submodule worktrees a sandbox
+    checked out there, found without its record."""
+    inside = os.path.realpath(top) + os.sep
+    found = []
+    for folder, dirs, _files in os.walk(Path(common_dir) / "modules"):
+        if Path(folder).name != "worktrees":
+            dirs[:] = [d for d in dirs if d not in _STORE_INTERNALS]
+            continue
+        dirs.clear()  # admin dirs hold no module store
+        for entry in sorted(Path(folder).iterdir()):
+            try:
+                target = (entry / "gitdir").read_text(encoding="utf-8").strip()
+            except OSError:
+                continue
+            if target and os.path.realpath(target).startswith(inside):
+                found.append(entry)
+    return found
+
+
 def head_branch(admin_dir: Path) -> str | None:
     """The branch (``refs/heads/...``) a worktree admin dir's HEAD is on, or None."""
     try:

@@ -413,6 +413,17 @@ class GitWorktreeSandbox(PreparedMergeBack):
                 exc, "other", f"cleanup of sandbox {self.sandbox_id} failed", common
             ) from exc
 
+    def _do_cleanup_interrupted_create(self) -> None:
+        try:
+            self._cleanup_interrupted_worktree()
+        except GitFailure as exc:
+            raise _translate(
+                exc,
+                "other",
+                f"cleanup of the interrupted create of sandbox {self.sandbox_id} failed",
+                self.original_path,
+            ) from exc
+
     def _on_reopen(self) -> None:
         """Record what is missing; nothing is created or removed (seed 002, reopen)."""
         context = self._context

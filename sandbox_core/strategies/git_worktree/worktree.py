@@ -3,8 +3,9 @@
 The first layer of :class:`~sandbox_core.strategies.git_worktree.GitWorktreeSandbox`:
 
 - create: the sandbox's directory, its branch (never an existing one adopted), the linked
-  worktree, the submodules checked out as linked worktrees of the original's module store, and
-  the undo of a create that failed part-way (only our own registrations are ever removed);
+  worktree, the submodules checked out as linked worktrees of the original's module store, the
+  undo of a create that failed part-way (only our own registrations are ever removed), and the
+  cleanup by id of a create that was interrupted before its record was complete;
 - the git commands of the original and of the worktree, with the owner policy applied (a
   repository owned by another user is refused unless trusted);
 - the names the sandbox owns (branch, tags, prepared refs) and their deletion;
@@ -46,6 +47,7 @@ from sandbox_core.strategies.git_worktree.git import (
     head_branch,
     open_repo,
     read_gitdir_file,
+    registrations_below,
     registrations_of,
     repository_lock,
     repository_owner,
@@ -123,6 +125,11 @@ def _ref_component(value: str) -> str:
     cleaned = cleaned.replace("..", "-")
     cleaned = cleaned[:-5] + "-lock" if cleaned.endswith(".lock") else cleaned
     return re.sub(r"-{2,}", "-", cleaned)
+
+
+def _gitdir_target(admin: Path) -> str:
+    """The ``<work tree>/.git`` path an admin dir's ``gitdir`` file names."""
+    return (admin / "gitdir").read_text(encoding="utf-8").strip()
 
 
 class WorktreeBase(BaseSandbox):
@@ -355,6 +362,64 @@ class WorktreeBase(BaseSandbox):
                 original.run("update-ref", "-d", f"refs/heads/{branch}", base, ok=(0, 1, 128))
             except GitFailure as exc:
                 logger.warning("undo of failed create %s: %s", self.sandbox_id, exc)
+
+    def _cleanup_interrupted_worktree(self) -> None:
+        """Remove what an interrupted create of this id made, found by its id alone (no context).
+
+        The worktree directory ``<sandbox_root>/git/<sandbox_id>`` with exactly its registration
+        and those of the submodule worktrees inside it; the branch that registration was on when
+        it is named after this id (``sandbox/<plan>/<id>[-N]``); any other branch named after
+        this id that no worktree has checked out and whose commits the original's HEAD already
+        holds (git creates the ``-b`` branch before the worktree, case 01: deleting it loses no
+        work); this id's tags and prepared refs. Other worktrees, branches and the original's
+        files are never touched (no repository-wide prune, case 02).
+
+        Raises:
+            GitFailure: git failed.
+            SandboxPermissionError: the repository is another user's and not trusted.
+        """
+        if not _is_safe_component(self.sandbox_id):
+            return  # create refused this id before making anything
+        path = (self.sandbox_root / "git" / self.sandbox_id).absolute()
+        try:
+            repo = open_repo(self.original_path)
+        except GitFailure:
+            shutil.rmtree(path, ignore_errors=True)  # repository gone: only our directory is left
+            return
+        with repo:
+            if repo.bare or repo.working_tree_dir is None:
+                return  # create refuses a bare repository before making anything
+            toplevel = str(Path(repo.working_tree_dir).resolve())
+            common = str(Path(repo.common_dir).resolve())
+            git_dir = str(Path(repo.git_dir).resolve())
+        trusted, run_as = self._owner_policy(toplevel, common, "other")
+        original = GitCommand(git_dir, common, toplevel, trusted=trusted, run_as=run_as)
+        ours = re.compile(rf"^refs/heads/sandbox/[^/]+/{re.escape(self.sandbox_id)}(-\d+)?$")
+        with repository_lock(common):
+            admins = registrations_of(common, path)
+            made = {b for b in (head_branch(a) for a in admins) if b and ours.match(b)}
+            subs = [
+                {"path": str(Path(_gitdir_target(a)).parent), "admin": str(a)}
+                for a in registrations_below(common, path)
+            ]
+            self._remove_registrations(original, path, subs)
+            checked_out = {head_branch(Path(common))} | {
+                head_branch(a) for a in (Path(common) / "worktrees").glob("*")
+            }
+            listed = original.run("for-each-ref", "--format=%(refname)", "refs/heads/sandbox/")
+            for branch in listed.out.splitlines():
+                if not ours.match(branch) or branch in checked_out:
+                    continue
+                if branch in made or self._held_by_head(original, branch):
+                    logger.warning("sandbox %s: deleting %s", self.sandbox_id, branch)
+                    original.run("update-ref", "-d", branch)
+            self._delete_refs(original)
+
+    @staticmethod
+    def _held_by_head(original: GitCommand, branch: str) -> bool:
+        """Whether the original's HEAD contains every commit of ``branch``."""
+        found = original.run("merge-base", "--is-ancestor", branch, "HEAD", ok=(0, 1, 128))
+        return found.status == 0
 
     @staticmethod
     def _remove_registrations(

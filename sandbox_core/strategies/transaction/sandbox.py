@@ -356,6 +356,13 @@ class TransactionSandbox(PreparedTransaction):
         if scratch is not None and scratch.exists():
             shutil.rmtree(scratch)
 
+    def _do_cleanup_interrupted_create(self) -> None:
+        """Without a context the scratch directory is found by id: ``<root>/txn/<id>``."""
+        self._drop_connection()
+        scratch = self.sandbox_root / "txn" / self.sandbox_id
+        if scratch.exists():
+            shutil.rmtree(scratch)
+
     # -- commit ---------------------------------------------------------------------------------
 
     def _commit_fresh(self, message: str | None) -> CommitResult:

@@ -199,6 +199,19 @@ def test_failed_create_leaves_no_record(env, tmp_path):
     assert cli(env, "list")["sandboxes"] == []
 
 
+def test_create_with_a_sandbox_id_twice_reopens_the_first(env, repo):
+    args = ("create", "--plan", "p", "--resource", "r", "--strategy", "git_worktree",
+            "--sandbox-id", "01J00000000000000000000CLI", str(repo))
+    first = cli(env, *args)
+    Path(cli(env, "path", first["sandbox_id"], "work.txt")["path"]).write_text("kept\n")
+    again = cli(env, *args)
+    assert again["sandbox_id"] == first["sandbox_id"]
+    assert again["sandbox_path"] == first["sandbox_path"]
+    assert again["status"] == "active"  # reopened as `path` left it, nothing made again
+    assert (Path(first["sandbox_path"]) / "work.txt").read_text() == "kept\n"
+    assert [s["sandbox_id"] for s in cli(env, "list")["sandboxes"]] == [first["sandbox_id"]]
+
+
 def test_transaction_diff_lists_pending_statements_and_hides_passwords(env, tmp_path):
     import sqlite3
 

@@ -9,7 +9,9 @@ reopened by id in another host.
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.status import SandboxStatus
 from tests.support.gitrepo import git, make_repo
+from tests.support.hygiene import make_original
 
 ROOT = Path(__file__).resolve().parents[3]
 SID = "01J0000000000000000000HOST"
@@ -82,12 +85,13 @@ def test_provisioning_twice_gives_the_same_sandbox(tmp_path: Path, strategy: str
 
 
 CRASH_CHILD = """
-import os, signal, sys
+import json, os, signal, sys
 from sandbox_core.strategies.factory import SandboxFactory
+from sandbox_core.strategies.git_worktree.git import GitCommand
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 
-state, original, root, strategy, sid, when = sys.argv[1:]
+state, original, root, strategy, options, sid, when = sys.argv[1:]
 factory = SandboxFactory()
 base = factory.strategy_class(strategy)
 
@@ -99,40 +103,117 @@ class Killed(base):
         os.kill(os.getpid(), signal.SIGKILL)  # the sandbox is made; its record still pending
         return context
 
+if when == "mid":  # git_worktree: registered, branch made, submodules not yet checked out
+    real_run = GitCommand.run
+    def run(self, *args, **kwargs):
+        result = real_run(self, *args, **kwargs)
+        if args[:2] == ("worktree", "add"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    GitCommand.run = run
+
 factory.register(strategy, Killed)
 SandboxHost(SandboxStore(state), factory).provision(
-    "plan", "res", original, strategy, sandbox_id=sid, sandbox_root=root
+    "plan", "res", original, strategy, sandbox_id=sid, sandbox_root=root, **json.loads(options)
 )
 """
 
-GIT_LEFTOVERS = pytest.mark.xfail(
-    reason="GitWorktreeSandbox.cleanup() does nothing without a context, so a worktree made by a "
-    "create that died before its record was complete is left, and the retry's create refuses "
-    "its directory ('already exists'); the strategy must clean up by its id (follow-up)",
-    raises=SandboxCreationError,
-    strict=False,
-)
+ALLOW_FILE = ("-c", "protocol.file.allow=always")
+
+# (case, strategy, options): every strategy, overlay in both modes (kernel only where the
+# process may mount), git_worktree also with a nested submodule (registrations in its stores).
+CASES = {
+    "copy_on_write": ("copy_on_write", {}),
+    "overlay-fallback": ("overlay", {"mode": "fallback"}),
+    "overlay-kernel": ("overlay", {"mode": "kernel"}),
+    "sqlite": ("transaction_rollback", {}),
+    "none": ("none", {}),
+    "git_worktree": ("git_worktree", {}),
+    "git_submodules": ("git_worktree", {}),
+}
+KILLS = [
+    pytest.param(
+        case,
+        when,
+        id=f"{case}-{when}",
+        marks=[pytest.mark.overlay_kernel] if case == "overlay-kernel" else [],
+    )
+    for case in CASES
+    for when in ("before", "mid", "after")
+    if when != "mid" or case.startswith("git")
+]
 
 
-@pytest.mark.parametrize(
-    ("strategy", "when"),
-    [
-        ("copy_on_write", "before"),
-        ("copy_on_write", "after"),
-        ("git_worktree", "before"),
-        pytest.param("git_worktree", "after", marks=GIT_LEFTOVERS),
-    ],
-)
+def _crash_original(tmp_path: Path, case: str) -> Path:
+    """The original of ``case``; a git one also has the user's own worktree and a branch named
+    after the sandbox id that holds work of its own (neither may be touched)."""
+    if case == "sqlite":
+        path = make_original(tmp_path, "transaction_rollback")  # table notes
+        with sqlite3.connect(path) as connection:
+            connection.execute("INSERT INTO notes VALUES ('kept')")
+        connection.close()
+        return path
+    if not case.startswith("git"):
+        return _original(tmp_path, case)
+    repo = make_repo(tmp_path / "repo", FILES)
+    if case == "git_submodules":
+        leaf = make_repo(tmp_path / "leaf", {"leaf.txt": "leaf\n"})
+        sub = make_repo(tmp_path / "sub", {"s.txt": "sub\n"})
+        git(sub, *ALLOW_FILE, "submodule", "add", "-q", str(leaf), "deep/leaf")
+        git(sub, "commit", "-qm", "leaf")
+        git(repo, *ALLOW_FILE, "submodule", "add", "-q", str(sub), "libs/sub")
+        git(repo, *ALLOW_FILE, "submodule", "update", "-q", "--init", "--recursive")
+        git(repo, "commit", "-qm", "add sub")
+    git(repo, "worktree", "add", "-q", "-b", "feature", str(tmp_path / "users-worktree"))
+    git(repo, "checkout", "-q", "-b", f"sandbox/foreign/{SID}")
+    (repo / "theirs.txt").write_text("their work\n")
+    git(repo, "add", "theirs.txt")
+    git(repo, "commit", "-qm", "their work")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+def _original_state(original: Path, case: str, boxes: Path) -> object:
+    """Everything of the original a crashed create and its cleanup must leave as it was (the
+    sandbox's own branch and worktree, under ``boxes``, left out)."""
+    if case == "sqlite":
+        with sqlite3.connect(original) as connection:
+            rows = connection.execute("SELECT body FROM notes").fetchall()
+        connection.close()
+        return rows
+    state: dict[str, object] = {"files": _tree(original)}
+    if case.startswith("git"):
+        state["git"] = _git_state(original)
+        refs = git(original, "for-each-ref", "--format=%(refname) %(objectname)")
+        state["branches"] = [line for line in refs.splitlines() if "/sandbox/plan/" not in line]
+        blocks = git(original, "worktree", "list", "--porcelain").split("\n\n")
+        state["worktrees"] = [block for block in blocks if str(boxes) not in block]
+        modules = original / ".git" / "modules"
+        state["module refs"] = sorted(
+            git(store, "for-each-ref", "--format=%(refname) %(objectname)")
+            for store in {p.parent for p in modules.rglob("HEAD")}
+            if (store / "objects").is_dir()
+        )
+    return state
+
+
+def _module_worktrees(original: Path) -> list[str]:
+    """The worktree registrations in the original's submodule stores."""
+    modules = original / ".git" / "modules"
+    return sorted(str(p.relative_to(modules)) for p in modules.glob("**/worktrees/*"))
+
+
+@pytest.mark.parametrize(("case", "when"), KILLS)
 def test_a_create_killed_after_the_pending_record_is_cleaned_up_on_retry(
-    tmp_path: Path, strategy: str, when: str
+    tmp_path: Path, case: str, when: str
 ) -> None:
-    original = _original(tmp_path, strategy)
-    before = _tree(original)
-    git_before = _git_state(original) if strategy == "git_worktree" else None
+    strategy, options = CASES[case]
+    original = _crash_original(tmp_path, case)
     state, root = tmp_path / "state", tmp_path / "boxes"
+    before = _original_state(original, case, root)
     child = subprocess.run(
-        [sys.executable, "-c", CRASH_CHILD, str(state), str(original), str(root), strategy, SID,
-         when],
+        [sys.executable, "-c", CRASH_CHILD, str(state), str(original), str(root), strategy,
+         json.dumps(options), SID, when],
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'operator'}"},
         capture_output=True,
         text=True,
@@ -140,19 +221,40 @@ def test_a_create_killed_after_the_pending_record_is_cleaned_up_on_retry(
     )  # fmt: skip
     assert child.returncode == -9, child.stderr
     assert SandboxStore(state).load(SID)["status"] == "pending"
-    assert _tree(original) == before
+    assert _original_state(original, case, root) == before
+    if when != "before" and case.startswith("git"):
+        assert (root / "git" / SID).is_dir()  # what the retry must remove first
 
     sandbox = SandboxHost(SandboxStore(state)).provision(
-        "plan", "res", str(original), strategy, sandbox_id=SID, sandbox_root=str(root)
+        "plan", "res", str(original), strategy, sandbox_id=SID, sandbox_root=str(root), **options
     )
-    assert sandbox.sandbox_id == SID and sandbox.status is SandboxStatus.CREATED
-    assert SandboxStore(state).load(SID)["status"] == "created"
-    assert _tree(original) == before
-    assert Path(sandbox.get_path("a.txt")).read_text() == "alpha\n"
-    assert [p.name for p in (root / str(sandbox.layout_folder)).iterdir()] == [SID]
-    if strategy == "git_worktree":
-        assert _git_state(original) == git_before
-        assert len(git(original, "worktree", "list").splitlines()) == 2
+    try:
+        assert sandbox.sandbox_id == SID and sandbox.status is SandboxStatus.CREATED
+        assert SandboxStore(state).load(SID)["status"] == "created"
+        assert _original_state(original, case, root) == before
+        if case != "sqlite":
+            assert Path(sandbox.get_path("a.txt")).read_text() == "alpha\n"
+        if sandbox.layout_folder is not None:
+            assert [p.name for p in (root / sandbox.layout_folder).iterdir()] == [SID]
+        if case.startswith("git"):
+            assert sandbox.context is not None
+            assert sandbox.context.metadata["branch"] == f"sandbox/plan/{SID}"  # none left
+            listed = git(original, "for-each-ref", "--format=%(refname:short)", "refs/heads/")
+            assert sorted(listed.split()) == [
+                "feature",
+                "main",
+                f"sandbox/foreign/{SID}",
+                f"sandbox/plan/{SID}",
+            ]
+            assert len(git(original, "worktree", "list").splitlines()) == 3
+        if case == "git_submodules":
+            assert Path(sandbox.get_path("libs/sub/deep/leaf/leaf.txt")).read_text() == "leaf\n"
+            assert len(_module_worktrees(original)) == 2  # the new sandbox's, nothing stale
+    finally:
+        sandbox.cleanup()
+    assert _original_state(original, case, root) == before
+    if case == "git_submodules":
+        assert _module_worktrees(original) == []
 
 
 def test_a_failed_create_leaves_no_record_and_no_artefact(tmp_path: Path) -> None:
