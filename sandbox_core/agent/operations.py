@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core.agent.wire import (
+    BAD_REQUEST,
     DEFAULT_PORT,
     ENV_REF,
     PORT_ENV,
@@ -53,6 +54,8 @@ from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 
 RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
+# What a create request must name (the rest has defaults).
+CREATE_FIELDS = ("plan_id", "resource_id", "original", "strategy")
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,11 @@ class Operations:
         record of ``sandbox_id`` is reopened, what an interrupted create left is cleaned up and
         made again; every record it writes counts as a revision.
         """
+        missing = [key for key in CREATE_FIELDS if not body.get(key)]
+        if missing:
+            raise AgentError(
+                BAD_REQUEST, "ValueError", f"create needs {', '.join(missing)} in its body"
+            )
         options: dict[str, Any] = {str(k): v for k, v in dict(body.get("options") or {}).items()}
         options.setdefault("sandbox_root", str(self.config.sandbox_root))
         sandbox = self.host.provision(

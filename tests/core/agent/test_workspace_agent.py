@@ -15,6 +15,7 @@ import pytest
 from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import (
     AgentNotFound,
+    AgentRefused,
     derive_token,
     request_id,
 )
@@ -52,6 +53,25 @@ def test_a_call_without_or_with_a_wrong_token_is_refused(agent: AgentProcess) ->
         other_sandbox.call("POST", "/v1/sandboxes", {}, request_id="x")
     with pytest.raises(AgentNotFound):  # the right token gets through
         agent.client().call("GET", f"/v1/sandboxes/{SANDBOX_ID}")
+
+
+@pytest.mark.parametrize("missing", ["plan_id", "resource_id", "original", "strategy"])
+def test_a_create_missing_a_field_is_refused_naming_it_and_makes_nothing(
+    agent: AgentProcess, tmp_path: Path, missing: str
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"a.txt": "one\n"})
+    body = {
+        "plan_id": "plan-a", "resource_id": "repo", "strategy": "git_worktree",
+        "original": str(repo), "sandbox_id": SANDBOX_ID,
+    }  # fmt: skip
+    del body[missing]
+    with pytest.raises(AgentRefused) as refused:
+        agent.client().call("POST", "/v1/sandboxes", body, request_id=f"create-{missing}")
+    assert refused.value.error_type == "ValueError"
+    assert missing in refused.value.detail
+    with pytest.raises(AgentNotFound):
+        agent.client().call("GET", f"/v1/sandboxes/{SANDBOX_ID}")
+    assert len(git(repo, "worktree", "list").splitlines()) == 1  # only the original's own
 
 
 def test_the_operations_on_a_real_git_repository(agent: AgentProcess, tmp_path: Path) -> None:
