@@ -854,13 +854,12 @@ class PlanCommitLogic:
         spec: PlanCommitSpec,
         reason: str,
         message: str,
-        journal_reason: JournalReason = JournalReason.COMMIT_FAILED,
     ) -> JournalState:
         """End the PlanCommit ``Failed`` before any sandbox was touched (condition ``reason``)."""
         state = JournalState(
             plan_id=spec.plan_id,
             phase=JournalPhase.FAILED,
-            reason=journal_reason,
+            reason=JournalReason.COMMIT_FAILED,
             error=message,
             finished_at=utc_now(),
         )
