@@ -94,6 +94,7 @@ def commit_plan(
     on_change: Callable[[Any], None] | None = None,
     on_fallback: Callable[[str], None] | None = None,
     fault_hook: FaultHook | None = None,
+    coordinator: TwoPhasePlanCommit | None = None,
 ) -> list[CommitResult]:
     """Commit ``participants`` all or nothing under the policy of the module docstring.
 
@@ -114,6 +115,13 @@ def commit_plan(
         on_fallback: called with the reason when ``"auto"`` falls back to the saga, before the
             saga starts (announce it).
         fault_hook: test-only fault injection (see :mod:`sandbox_core.plan.saga`).
+        coordinator: the two-phase coordinator to run (default: a
+            :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit` on ``journal`` with
+            ``on_change`` and ``fault_hook``). A caller passes its own to record the two-phase
+            attempt through a view of ``journal``: the operator's PlanCommit status holds back
+            the terminal save of an attempt refused for want of two phases, so the PlanCommit
+            never shows ``Failed`` before its saga. The refusal of a changed plan and the saga
+            always write ``journal`` itself.
 
     Returns:
         One successful :class:`CommitResult` per participant in commit order; or one
@@ -138,7 +146,10 @@ def commit_plan(
         if fallback is not None and mode == "two_phase":
             raise TwoPhaseUnavailableError(fallback)
         if fallback is None:
-            coordinator = TwoPhasePlanCommit(journal, on_change=on_change, fault_hook=fault_hook)
+            if coordinator is None:
+                coordinator = TwoPhasePlanCommit(
+                    journal, on_change=on_change, fault_hook=fault_hook
+                )
             try:
                 return coordinator.run(
                     plan_id,

@@ -1,18 +1,22 @@
 """PlanCommit logic: the plan's atomic commit (or rollback), two-phase or as a crash-safe saga.
 
-The algorithm is the core's :class:`~sandbox_core.plan.saga.PlanCommitSaga` (seed 002,
-"Atomic Commit": rollbackable first, LIFO compensation; cases 20 and 22 recovery policy); this
-module only feeds it the plan's Sandboxes and a journal kept on the PlanCommit's status
-(:class:`~sandbox_operator.resources.journal.PlanCommitStatusJournal`). No second copy of the
-algorithm.
+The commit policy - mode, fallback from two phases to the saga, approved-digest check - is the
+core's :func:`~sandbox_core.plan.commit.commit_plan`, the one the manager runs too (seed 002,
+"Atomic Commit": rollbackable first, LIFO compensation; docs/two-phase-commit.md). This module
+only feeds it the plan's Sandboxes and a journal kept on the PlanCommit's status
+(:class:`~sandbox_operator.resources.journal.PlanCommitStatusJournal`), maps ``spec.mode``
+(``TwoPhase`` -> ``"auto"``, ``Saga`` -> ``"saga"``) and says what happened in conditions,
+Events and metrics. No second copy of the policy. What stays here: finding the plan's
+Sandboxes, resuming an interrupted attempt (:mod:`sandbox_operator.resources.resume`; the
+manager rolls back instead), the review and approval on the PlanCommit object.
 
-Mode TwoPhase (the default) runs :class:`~sandbox_core.plan.two_phase.TwoPhasePlanCommit`
-instead: every sandbox is prepared before any original is touched. Before it the plan is
-reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the PlanCommit
-waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed digest
-(:mod:`sandbox_operator.resources.approval`), and the coordinator verifies the prepared changes
-still hash to it (reason ``ChangedSinceApproval`` otherwise, nothing touched). A plan that cannot
-run in two phases runs as the saga with condition ``TwoPhase=False`` reason ``FellBackToSaga``.
+Mode TwoPhase (the default) prepares every sandbox before any original is touched. Before it the
+plan is reviewed (``status.review``, condition ``Reviewed``); with ``approval: Required`` the
+PlanCommit waits in phase ``AwaitingApproval`` until ``spec.approvedDigest`` names the reviewed
+digest (:mod:`sandbox_operator.resources.approval`), and ``commit_plan`` verifies the prepared
+changes still hash to it (reason ``ChangedSinceApproval`` otherwise, nothing touched). A plan
+that cannot run in two phases runs as the saga with condition ``TwoPhase=False`` reason
+``FellBackToSaga``.
 
 Policies (docs/operator-design.md):
 
@@ -62,7 +66,12 @@ from sandbox_api.models import (
     PlanCommitSpec,
 )
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
-from sandbox_core.errors import PlanRerunRequiredError, TwoPhaseUnavailableError
+from sandbox_core.errors import (
+    PlanRerunRequiredError,
+    PlanReviewError,
+    TwoPhaseUnavailableError,
+)
+from sandbox_core.plan.commit import commit_plan
 from sandbox_core.plan.journal import (
     JournalPhase,
     JournalReason,
@@ -71,8 +80,14 @@ from sandbox_core.plan.journal import (
     StepState,
 )
 from sandbox_core.plan.review import review_plan
-from sandbox_core.plan.saga import PlanCommitSaga, refuse_partial_plan, run_compensations
-from sandbox_core.plan.two_phase import TwoPhasePlanCommit, two_phase_unavailable_reason
+from sandbox_core.plan.saga import refuse_partial_plan, run_compensations
+from sandbox_core.plan.two_phase import TwoPhasePlanCommit
+
+# Not called here any more (commit_plan decides the fallback); kept in this module's namespace
+# because the unit tests of the two-phase pieces patch it here.
+from sandbox_core.plan.two_phase import (
+    two_phase_unavailable_reason as two_phase_unavailable_reason,
+)
 from sandbox_core.protocol import utc_now
 from sandbox_operator.errors import PermanentError, TemporaryError, is_not_found
 from sandbox_operator.executors.base import (
@@ -143,10 +158,12 @@ class FallbackGuardJournal:
     """The PlanCommit journal seen by the two-phase coordinator.
 
     When a participant refuses to prepare with ``TwoPhaseUnavailableError`` the coordinator
-    aborts every step, ends its journal ``failed`` and raises; the operator then runs the
-    saga. That terminal save is written as phase ``aborting`` instead, so the PlanCommit never
-    shows ``Failed`` / ``Finished=True`` for an instant before its saga (a crash right there is
-    recovered as an interrupted two-phase attempt: aborted again, nothing touched).
+    aborts every step, ends its journal ``failed`` and raises; ``commit_plan`` (given a
+    coordinator on this journal) then runs the saga. That terminal save is written as phase
+    ``aborting`` instead, so the PlanCommit never shows ``Failed`` / ``Finished=True`` for an
+    instant before its saga (a crash right there is recovered as an interrupted two-phase
+    attempt: aborted again, nothing touched). It stays the operator's: the status is a journal
+    users watch; the manager's journal file is read by nobody in between.
     """
 
     def __init__(self, journal: PlanCommitStatusJournal) -> None:
@@ -538,7 +555,7 @@ class PlanCommitLogic:
             return self._two_phase(
                 spec, journal, handles, body, attempt, message, approved, on_change
             )
-        return self._saga(spec, journal, handles, attempt, message, approved, None, on_change)
+        return self._saga(spec, journal, handles, body, attempt, message, approved, on_change)
 
     # -- review and approval --------------------------------------------------------------------
 
@@ -697,29 +714,78 @@ class PlanCommitLogic:
         approved: str | None,
         on_change: Callable[[Any], None],
     ) -> JournalState | None:
-        """Two phases; a plan that cannot use them runs the saga instead."""
-        reason = two_phase_unavailable_reason(handles)
-        if reason is None:
-            coordinator = TwoPhasePlanCommit(FallbackGuardJournal(journal), on_change=on_change)
-            try:
-                coordinator.run(
-                    spec.plan_id,
-                    handles,
-                    attempt=attempt,
-                    message=message,
-                    approved_digest=approved,
-                )
-            except TwoPhaseUnavailableError as exc:
-                reason = str(exc)
-            except AtomicCommitError as exc:
-                # Recorded in the journal. Never a saga after a two-phase attempt that failed:
-                # it would commit what the two-phase attempt aborted (all or nothing).
-                logger.warning("PlanCommit %s: %s", journal.name, exc)
-                self._count_steps(journal)
-                return journal.last_state
-            else:
-                self._count_steps(journal)
-                return journal.last_state
+        """Mode ``TwoPhase``: the core's mode ``auto`` (two phases; a plan that cannot use them
+        runs the saga instead, condition ``TwoPhase=False`` reason ``FellBackToSaga``)."""
+        # The attempt refused for want of two phases is held back from the status (the saga
+        # follows); the policy that decides it is commit_plan's.
+        coordinator = TwoPhasePlanCommit(FallbackGuardJournal(journal), on_change=on_change)
+        return self._commit_plan(
+            spec, journal, handles, body, "auto", attempt, message, approved, on_change, coordinator
+        )
+
+    def _saga(
+        self,
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        handles: list[Any],
+        body: Mapping[str, Any],
+        attempt: int,
+        message: str,
+        approved: str | None,
+        on_change: Callable[[Any], None],
+    ) -> JournalState | None:
+        """Mode ``Saga``: the core's mode ``saga`` (seed 002)."""
+        return self._commit_plan(
+            spec, journal, handles, body, "saga", attempt, message, approved, on_change
+        )
+
+    def _commit_plan(
+        self,
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        handles: list[Any],
+        body: Mapping[str, Any],
+        mode: str,
+        attempt: int,
+        message: str,
+        approved: str | None,
+        on_change: Callable[[Any], None],
+        coordinator: TwoPhasePlanCommit | None = None,
+    ) -> JournalState | None:
+        """Run :func:`~sandbox_core.plan.commit.commit_plan` (mode, fallback, approval check)
+        on the plan's handles; the outcome is what it recorded on the PlanCommit's status.
+
+        With an approval the saga reviews the plan again right before it: changes since the
+        approval refuse it (``ChangedSinceApproval``, nothing touched); a review that fails
+        ends the PlanCommit ``Failed`` with condition reason ``ReviewFailed``.
+        """
+        try:
+            commit_plan(
+                spec.plan_id,
+                handles,
+                journal,
+                mode=mode,
+                attempt=attempt,
+                message=message,
+                approved_digest=approved,
+                on_change=on_change,
+                on_fallback=lambda reason: self._fell_back(body, journal, reason),
+                coordinator=coordinator,
+            )
+        except PlanReviewError as exc:
+            return self._fail_up_front(journal, spec, "ReviewFailed", str(exc))
+        except AtomicCommitError as exc:
+            # Recorded in the journal (commit_plan never runs a saga after a two-phase attempt
+            # that failed: it would commit what that attempt aborted).
+            logger.warning("PlanCommit %s: %s", journal.name, exc)
+        self._count_steps(journal)
+        return journal.last_state
+
+    def _fell_back(
+        self, body: Mapping[str, Any], journal: PlanCommitStatusJournal, reason: str
+    ) -> None:
+        """Announce the fallback to the saga: metric, condition ``TwoPhase=False`` reason
+        ``FellBackToSaga``, Warning Event."""
         metrics.TWO_PHASE_FALLBACKS.inc()
         text = f"the plan cannot be committed in two phases, so it runs as a saga: {reason}"
         conditions = set_condition(
@@ -732,46 +798,6 @@ class PlanCommitLogic:
         )
         journal.write({"conditions": conditions})
         self.events(body, "Warning", "FellBackToSaga", text)
-        return self._saga(spec, journal, handles, attempt + 1, message, approved, reason, on_change)
-
-    def _saga(
-        self,
-        spec: PlanCommitSpec,
-        journal: PlanCommitStatusJournal,
-        handles: list[Any],
-        attempt: int,
-        message: str,
-        approved: str | None,
-        fallback: str | None,
-        on_change: Callable[[Any], None],
-    ) -> JournalState | None:
-        """The saga (seed 002). With an approval the plan is reviewed again right before it:
-        changes since the approval refuse it (``ChangedSinceApproval``), nothing touched."""
-        if approved is not None:
-            try:
-                now = review_plan(spec.plan_id, handles).digest
-            except Exception as exc:
-                return self._fail_up_front(
-                    journal, spec, "ReviewFailed", f"the plan could not be reviewed again: {exc}"
-                )
-            if now != approved:
-                return self._fail_up_front(
-                    journal,
-                    spec,
-                    JournalReason.CHANGED_SINCE_APPROVAL.value,
-                    f"plan {spec.plan_id} changed since approval: its changes hash to {now}, "
-                    f"the approval named {approved}; nothing was changed",
-                    JournalReason.CHANGED_SINCE_APPROVAL,
-                )
-        saga = PlanCommitSaga(journal, on_change=on_change)
-        try:
-            saga.run(
-                spec.plan_id, handles, attempt=attempt, message=message, fallback_reason=fallback
-            )
-        except AtomicCommitError as exc:
-            logger.warning("PlanCommit %s: %s", journal.name, exc)  # recorded in the journal
-        self._count_steps(journal)
-        return journal.last_state
 
     def _count_steps(self, journal: PlanCommitStatusJournal) -> None:
         for step in journal.last_state.steps if journal.last_state else []:
@@ -828,13 +854,12 @@ class PlanCommitLogic:
         spec: PlanCommitSpec,
         reason: str,
         message: str,
-        journal_reason: JournalReason = JournalReason.COMMIT_FAILED,
     ) -> JournalState:
         """End the PlanCommit ``Failed`` before any sandbox was touched (condition ``reason``)."""
         state = JournalState(
             plan_id=spec.plan_id,
             phase=JournalPhase.FAILED,
-            reason=journal_reason,
+            reason=JournalReason.COMMIT_FAILED,
             error=message,
             finished_at=utc_now(),
         )
