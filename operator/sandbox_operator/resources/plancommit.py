@@ -82,12 +82,6 @@ from sandbox_core.plan.journal import (
 from sandbox_core.plan.review import review_plan
 from sandbox_core.plan.saga import refuse_partial_plan, run_compensations
 from sandbox_core.plan.two_phase import TwoPhasePlanCommit
-
-# Not called here any more (commit_plan decides the fallback); kept in this module's namespace
-# because the unit tests of the two-phase pieces patch it here.
-from sandbox_core.plan.two_phase import (
-    two_phase_unavailable_reason as two_phase_unavailable_reason,
-)
 from sandbox_core.protocol import utc_now
 from sandbox_operator.errors import PermanentError, TemporaryError, is_not_found
 from sandbox_operator.executors.base import (

@@ -263,6 +263,7 @@ def test_a_failed_two_phase_attempt_is_never_followed_by_a_saga(
     from sandbox_operator.settings import Settings
 
     from sandbox_core.errors import AtomicCommitError
+    from sandbox_core.plan import commit as plan_commit
 
     class FailingCoordinator:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -271,12 +272,21 @@ def test_a_failed_two_phase_attempt_is_never_followed_by_a_saga(
         def run(self, *args: Any, **kwargs: Any) -> None:
             raise AtomicCommitError("injected: the attempt failed and was aborted")
 
+    sagas: list[Any] = []
+
+    class RecordingSaga:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            sagas.append(args)
+
+        def run(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("a saga ran after a failed two-phase attempt")
+
+    # The plan can use two phases; the one policy (commit_plan) decides what follows a failure.
     monkeypatch.setattr(plancommit_handlers, "TwoPhasePlanCommit", FailingCoordinator)
-    monkeypatch.setattr(plancommit_handlers, "two_phase_unavailable_reason", lambda h: None)
+    monkeypatch.setattr(plan_commit, "two_phase_unavailable_reason", lambda h: None)
+    monkeypatch.setattr(plan_commit, "PlanCommitSaga", RecordingSaga)
     settings = Settings(state_dir=tmp_path / "state", sandbox_root=tmp_path / "sb")
     logic = PlanCommitLogic(settings, LocalExecutor(settings), None, no_events)  # type: ignore[arg-type]
-    sagas: list[Any] = []
-    monkeypatch.setattr(logic, "_saga", lambda *args, **kwargs: sagas.append(args))
     last = JournalState(plan_id="p", phase=JournalPhase.FAILED)
     journal = SimpleNamespace(name="pc", status={}, generation=1, last_state=last)
     spec = PlanCommitSpec.model_validate({"planId": "p"})
