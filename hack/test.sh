@@ -15,7 +15,7 @@ echo "== mypy (strict: sandbox_core, sandbox_operator)"
 mypy
 echo "== lint-imports (the layers: who may import what, .importlinter)"
 # The operator lives in operator/: both roots on the path, so this tree is what is analysed.
-PYTHONPATH="$PWD:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}" lint-imports --no-cache
+PYTHONPATH="$PWD:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}" lint-imports --no-cache --no-logo
 echo "== unasync: the blocking client is generated from the async one" && python hack/unasync.py --check
 echo "== pytest (tiers 1 and 2)"
 python -m pytest -p no:cacheprovider "$@"
