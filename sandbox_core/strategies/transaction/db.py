@@ -66,6 +66,10 @@ class DatabaseError(Exception):
             such database or role, the SQLite file is gone).
         sqlstate: PostgreSQL's five-character SQLSTATE of the error (``None`` for SQLite and
             for errors without one), e.g. ``"42704"`` for an unknown prepared transaction.
+        constraint: the name of the constraint the server says was violated (PostgreSQL's
+            ``constraint_name`` field; ``None`` when it names none, and for SQLite).
+        primary: the server's one-line primary message, without ``DETAIL`` and ``HINT``
+            (PostgreSQL; the whole message for SQLite).
     """
 
     def __init__(
@@ -77,8 +81,12 @@ class DatabaseError(Exception):
         busy: bool = False,
         permanent: bool = False,
         sqlstate: str | None = None,
+        constraint: str | None = None,
+        primary: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.constraint = constraint
+        self.primary = primary or (message.splitlines()[0] if message else "")
         self.connection_lost = connection_lost
         self.integrity = integrity
         self.busy = busy
@@ -508,12 +516,19 @@ class Connection:
 
     def _translate(self, exc: Exception) -> DatabaseError:
         integrity = isinstance(exc, sqlite3.IntegrityError | psycopg.IntegrityError)
+        constraint = primary = None
+        if isinstance(exc, psycopg.Error):
+            constraint = exc.diag.constraint_name
+            if exc.diag.message_primary:
+                primary = scrub(exc.diag.message_primary, self.target.secrets)
         return DatabaseError(
             _message(exc, self.target),
             connection_lost=self.broken,
             integrity=integrity,
             busy=_is_busy(exc),
             sqlstate=exc.sqlstate if isinstance(exc, psycopg.Error) else None,
+            constraint=constraint,
+            primary=primary,
         )
 
 

@@ -159,7 +159,11 @@ class PreparedTransaction(LoggedTransaction):
                 f"sandbox {self.sandbox_id} was already committed (commit marker found); "
                 "nothing was prepared"
             ) from exc
-        except (DatabaseError, ValueError) as exc:
+        except DatabaseError as exc:
+            if exc.integrity and not (exc.busy or exc.connection_lost):
+                raise self._constraint_refusal(exc, "prepare") from exc
+            raise self._unavailable(exc, doing, commit=True) from exc
+        except ValueError as exc:
             raise self._unavailable(exc, doing, commit=True) from exc
 
     def _prepare_postgres(self, txid: str, gid: str, message: str | None) -> PreparedCommit:
@@ -199,6 +203,7 @@ class PreparedTransaction(LoggedTransaction):
                 if gid in self._pending_gids():
                     return  # an earlier attempt's PREPARE landed although its reply was lost
                 raise
+            self._check_deferred_constraints(connection, "prepare")
             marker = self._new_marker(message, len(entries))
             try:
                 connection.execute(f"SAVEPOINT {_MARKER_SAVEPOINT}")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sandbox_core.errors import (
     SandboxBusyError,
     SandboxCommitError,
+    SandboxConflictError,
     SandboxConnectionError,
     SandboxError,
     SandboxReplayDivergedError,
@@ -30,7 +31,7 @@ from sandbox_core.errors import (
 from sandbox_core.protocol import CommitResult, utc_now
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox, logger
-from sandbox_core.strategies.transaction import pragmas
+from sandbox_core.strategies.transaction import nontransactional, pragmas
 from sandbox_core.strategies.transaction.db import Connection, DatabaseError, check_identifier
 from sandbox_core.strategies.transaction.dsn import DatabaseTarget, parse_target
 from sandbox_core.strategies.transaction.statement_log import LogEntry, Outcome, StatementLog
@@ -45,6 +46,7 @@ FIRST_BACKOFF_SECONDS = 0.05
 MAX_BACKOFF_SECONDS = 1.0
 _SAVEPOINT = "sandbox_statement"
 _MARKER_SAVEPOINT = "sandbox_marker"
+_DEFERRED_SAVEPOINT = "sandbox_deferred"
 _READ_KEYWORDS = frozenset({"SELECT", "VALUES", "SHOW", "TABLE"})
 _TRANSACTION_KEYWORDS = frozenset(
     {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
@@ -203,7 +205,10 @@ class LoggedTransaction(BaseSandbox):
                     f"{keyword} is managed by the sandbox: use commit() or rollback()"
                 )
             fresh = self._target().backend == "sqlite"
-            refused = pragmas.refusal(sql) if fresh and keyword == "PRAGMA" else None
+            if fresh:
+                refused = pragmas.refusal(sql) if keyword == "PRAGMA" else None
+            else:
+                refused = nontransactional.refusal(sql)
             if refused is not None:
                 raise SandboxStatementError(refused)
             try:
@@ -211,6 +216,7 @@ class LoggedTransaction(BaseSandbox):
             except ValueError as exc:
                 raise SandboxStatementError(str(exc)) from exc
             logged = many or not _is_read_only(keyword, sql)
+            logged = logged or (not fresh and nontransactional.writes_a_catalog(sql))
             statement = self._fresh_statement if fresh else self._held_statement
             try:
                 rows, outcome = self._retrying(lambda: statement(entry, params, logged))
@@ -364,18 +370,55 @@ class LoggedTransaction(BaseSandbox):
         conflicts; nothing is written and the sandbox stays ACTIVE.
 
         Raises:
-            SandboxCommitError: with ``conflicts`` = ``table row N -> parent`` texts.
+            SandboxConflictError: with ``conflicts`` = ``table row N -> parent`` texts.
         """
         if not on:
             return
         violations = pragmas.describe_violations(connection.execute("PRAGMA foreign_key_check"))
         if violations:
             shown = ", ".join(violations[:10])
-            raise SandboxCommitError(
+            raise SandboxConflictError(
                 f"{action} of sandbox {self.sandbox_id} refused: PRAGMA foreign_keys is on and "
                 f"{len(violations)} row(s) violate a foreign key: {shown}",
                 violations,
             )
+
+    def _check_deferred_constraints(self, connection: Connection, action: str) -> None:
+        """PostgreSQL: the constraints the held transaction's ``COMMIT`` would check (deferred
+        foreign keys, deferred unique keys, deferred constraint triggers) are checked now, so a
+        violation refuses ``action`` while the transaction is still alive (case 47).
+
+        ``SET CONSTRAINTS ALL IMMEDIATE`` under a savepoint fires every pending deferred check;
+        the savepoint is rolled back either way, so each constraint keeps its mode (a statement
+        run after a refusal is checked as before) and nothing the sandbox wrote is undone.
+
+        Raises:
+            SandboxConflictError: ``conflicts`` = ``["<constraint>: <message>"]``; the held
+                transaction and the log are kept, the sandbox stays ACTIVE.
+            DatabaseError: busy or connection lost (retryable).
+        """
+        connection.execute(f"SAVEPOINT {_DEFERRED_SAVEPOINT}")
+        refused: DatabaseError | None = None
+        try:
+            connection.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        except DatabaseError as exc:
+            if exc.connection_lost or exc.busy:
+                raise
+            refused = exc
+        connection.execute(f"ROLLBACK TO SAVEPOINT {_DEFERRED_SAVEPOINT}")
+        connection.execute(f"RELEASE SAVEPOINT {_DEFERRED_SAVEPOINT}")
+        if refused is not None:
+            raise self._constraint_refusal(refused, action)
+
+    def _constraint_refusal(self, exc: DatabaseError, action: str) -> SandboxConflictError:
+        """The refusal of ``action`` for a constraint the database checks at ``COMMIT``."""
+        conflict = f"{exc.constraint}: {exc.primary}" if exc.constraint else exc.primary
+        return SandboxConflictError(
+            f"{action} of sandbox {self.sandbox_id} refused: a constraint checked at COMMIT is "
+            f"violated: {exc} (nothing was committed; the sandbox keeps its statements: fix the "
+            "data through it and commit again, or roll it back)",
+            [conflict],
+        )
 
     def _settle(self, marker: dict[str, Any], exc: DatabaseError) -> CommitResult:
         """After an error at COMMIT, the marker decides whether the commit landed.

@@ -329,7 +329,13 @@ class TransactionSandbox(PreparedTransaction):
             return self._commit_held(message)
         except _DivergedError as exc:
             raise self._diverged(exc, "nothing was committed") from exc
-        except (DatabaseError, ValueError) as exc:
+        except DatabaseError as exc:
+            self._drop_connection()
+            if exc.integrity and not (exc.busy or exc.connection_lost):
+                # Refused at COMMIT itself: the server rolled back, the log replays it.
+                raise self._constraint_refusal(exc, "commit") from exc
+            raise self._unavailable(exc, doing, commit=True) from exc
+        except ValueError as exc:
             self._drop_connection()
             raise self._unavailable(exc, doing, commit=True) from exc
         except OSError as exc:
@@ -406,6 +412,7 @@ class TransactionSandbox(PreparedTransaction):
                 found = self._read_marker()
                 assert found is not None  # markers are never deleted by sandbox_core
                 return self._result(found, already_committed=True)
+            self._check_deferred_constraints(connection, "commit")
             marker = self._new_marker(message, len(self._log().read()))
             try:
                 connection.execute(f"SAVEPOINT {_MARKER_SAVEPOINT}")

@@ -1,0 +1,79 @@
+"""PostgreSQL effects a transaction does not hold, and effects a row count does not see.
+
+The sandbox is one transaction: whatever it does reaches the original only through ``COMMIT``.
+A few PostgreSQL functions act outside the transaction at once, and a few transactional writes
+go to system catalogs that the sandbox's measure of what a statement wrote
+(``pg_stat_xact_user_tables``) does not cover (docs/transaction-strategy.md, "Database
+sessions"):
+
+- ``setval()`` sets a sequence for every session immediately, and ``ROLLBACK`` does not undo it
+  (PostgreSQL documents sequence functions as non-transactional): the application's next
+  inserts would collide with existing keys while the sandbox is still open, before any rollback
+  could help (case 48). It is refused before it runs. ``ALTER SEQUENCE ... RESTART``, an
+  identity column's ``RESTART`` and ``TRUNCATE ... RESTART IDENTITY`` are transactional
+  (undone by rollback, checked on PostgreSQL 15) and allowed. ``nextval()`` is allowed: a value
+  it drew is a gap after a rollback, as after any rolled-back transaction; no row changes and
+  no value is ever handed out twice.
+- ``dblink_exec()`` / ``dblink()`` write to another database in a transaction of their own:
+  refused.
+- Large-object functions (``lo_create``, ``lo_from_bytea``, ``lo_put``, ``lo_unlink``,
+  ``lo_import``, ``lowrite``...) are transactional but write ``pg_largeobject``, a catalog: a
+  statement calling one is logged as a write whatever its keyword, so a replay (after a lost
+  connection, in another process) reproduces it and verifies the ids it returned.
+
+A lexical reading, not a parse: string literals in single quotes are skipped (dollar-quoted
+bodies, as in ``DO $$ ... $$``, are read). A user-defined function that calls ``setval`` inside
+is not seen.
+"""
+
+from __future__ import annotations
+
+import re
+
+_QUOTED = re.compile(r"'(?:[^']|'')*'")
+_CALL = r"(?:\bpg_catalog\s*\.\s*|\b|(?<=\"))"
+_REFUSED = {
+    "setval": (
+        "setval() is not transactional: it changes the sequence of the original database at "
+        "once, for every session, and no rollback undoes it. Use ALTER SEQUENCE ... RESTART "
+        "(transactional: applied at commit, undone by rollback) instead"
+    ),
+    "dblink_exec": (
+        "dblink_exec() writes to another database outside the sandbox's transaction: sandbox "
+        "that database on its own"
+    ),
+    "dblink": (
+        "dblink() runs a statement in another database outside the sandbox's transaction: "
+        "sandbox that database on its own"
+    ),
+}
+_REFUSED_CALL = re.compile(
+    _CALL + r"(" + "|".join(sorted(_REFUSED, key=len, reverse=True)) + r")\"?\s*\(",
+    re.IGNORECASE,
+)
+_LARGE_OBJECT_CALL = re.compile(
+    _CALL
+    + r"(lo_create|lo_creat|lo_from_bytea|lo_put|lo_unlink|lo_import|lo_truncate|lo_truncate64"
+    r"|lowrite|lo_open|lo_export)\"?\s*\(",
+    re.IGNORECASE,
+)
+
+
+def _code(sql: str) -> str:
+    """``sql`` without its single-quoted string literals (data, not calls)."""
+    return _QUOTED.sub("''", sql)
+
+
+def refusal(sql: str) -> str | None:
+    """Why ``sql`` cannot run in a PostgreSQL sandbox (it calls a function that acts outside
+    the transaction), or ``None``."""
+    match = _REFUSED_CALL.search(_code(sql))
+    if match is None:
+        return None
+    return _REFUSED[match.group(1).lower()] + "; nothing was run"
+
+
+def writes_a_catalog(sql: str) -> bool:
+    """True when ``sql`` calls a large-object function: it writes even when it reads as a
+    ``SELECT``, and the per-table write counts cannot see it."""
+    return _LARGE_OBJECT_CALL.search(_code(sql)) is not None

