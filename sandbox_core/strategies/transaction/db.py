@@ -40,6 +40,8 @@ _ROWID_SENTINEL = -(2**63) + 1
 # SQLite: a connection-private BEFORE INSERT trigger per table counts, through this function, the
 # rows each inserted row collides with on a unique key (Connection._arm_conflict_probe).
 _CONFLICT_FUNCTION = "sandbox_conflicts"
+_FLUSH_SAVEPOINT = "sandbox_flush"
+_CREATES = re.compile(r"\bcreate\b", re.IGNORECASE)
 _CAN_INSERT = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
 # SQLite primary result codes of a lock held by another connection (retryable).
 _SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
@@ -161,6 +163,7 @@ class Connection:
         self._key_columns: dict[tuple[str, str], list[str]] = {}
         self._conflict_triggers: dict[tuple[str, str], str | None] = {}
         self._conflicts = 0
+        self._shadow_tables: set[tuple[str, str]] | None = None
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -180,6 +183,9 @@ class Connection:
                     # Every statement is prepared afresh, so the authorizer sees each one.
                     cached_statements=0,
                 )
+                # Registered once, before any statement: SQLite refuses to (re)define a function
+                # while a statement is active, and a full-text table keeps one open (case 52).
+                self._sqlite.create_function(_CONFLICT_FUNCTION, 1, self._count_conflicts)
             else:
                 self._pg = psycopg.connect(
                     target.location, autocommit=True, connect_timeout=max(1, int(timeout_seconds))
@@ -288,6 +294,12 @@ class Connection:
                 f"INSERT OR REPLACE INTO temp.{_ROWID_PROBE}(rowid, x) VALUES (?, NULL)",  # noqa: S608 - constant
                 (_ROWID_SENTINEL,),
             )
+        if db.in_transaction:
+            # A full-text table (FTS3/4/5) writes its pending index to its shadow tables when
+            # a savepoint opens (and at COMMIT), so whichever later statement opens one would
+            # count those rows as its own. Flushed here, they count for no statement (case 52).
+            db.execute(f"SAVEPOINT {_FLUSH_SAVEPOINT}")
+            db.execute(f"RELEASE {_FLUSH_SAVEPOINT}")
         changes = db.total_changes
         if capture_id:
             db.set_authorizer(authorizer)
@@ -304,6 +316,11 @@ class Connection:
                 db.set_authorizer(None)
         generated = None
         effects = None
+        # A virtual table's own writes to its shadow tables are not the statement's (their
+        # rowids are the virtual table's business, hidden from the actor; case 52).
+        if _CREATES.search(sql):
+            self._shadow_tables = None  # a virtual table made by this statement has new ones
+        inserted = {t for t in inserted if not self._is_shadow(db, *t)}
         if inserted:
             rowid_after = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
             if probe:
@@ -359,7 +376,6 @@ class Connection:
         tables.discard(("temp", _ROWID_PROBE))
         if not tables:
             return False
-        db.create_function(_CONFLICT_FUNCTION, 1, self._count_conflicts)
         for schema, table in sorted(tables):
             trigger = self._conflict_trigger(db, schema, table)
             if trigger is None:
@@ -414,6 +430,19 @@ class Connection:
             trigger = None  # views, virtual and system tables take no such trigger
         self._conflict_triggers[key] = trigger
         return trigger
+
+    def _is_shadow(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
+        """True when ``table`` is a shadow table of a virtual table (FTS3/4/5, R*Tree), as
+        ``PRAGMA table_list`` says (SQLite 3.37+; older versions: never). Cached."""
+        if self._shadow_tables is None:
+            try:
+                found = db.execute(
+                    "SELECT schema, name FROM pragma_table_list WHERE type = 'shadow'"
+                ).fetchall()
+            except sqlite3.Error:
+                found = []
+            self._shadow_tables = {(str(s), str(n)) for s, n in found}
+        return (schema, table) in self._shadow_tables
 
     def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.

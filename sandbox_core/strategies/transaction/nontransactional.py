@@ -17,9 +17,13 @@ sessions"):
 - ``dblink_exec()`` / ``dblink()`` write to another database in a transaction of their own:
   refused.
 - Large-object functions (``lo_create``, ``lo_from_bytea``, ``lo_put``, ``lo_unlink``,
-  ``lo_import``, ``lowrite``...) are transactional but write ``pg_largeobject``, a catalog: a
-  statement calling one is logged as a write whatever its keyword, so a replay (after a lost
-  connection, in another process) reproduces it and verifies the ids it returned.
+  ``lo_import``, ``lowrite``...) are transactional but write ``pg_largeobject``, a catalog, and
+  ``pg_notify()`` queues a notification sent at COMMIT: a statement calling one is logged as a
+  write whatever its keyword, so a replay (after a lost connection, in another process)
+  reproduces it and verifies what it returned.
+- ``PREPARE TRANSACTION`` refuses a transaction that used temporary objects or ``NOTIFY`` /
+  ``LISTEN``: the two-phase prepare finds them first and says two phases are unavailable
+  (``mode="auto"`` then commits the plan as a saga), before the held transaction is lost.
 
 A lexical reading, not a parse: string literals in single quotes are skipped (dollar-quoted
 bodies, as in ``DO $$ ... $$``, are read). A user-defined function that calls ``setval`` inside
@@ -54,8 +58,15 @@ _REFUSED_CALL = re.compile(
 _LARGE_OBJECT_CALL = re.compile(
     _CALL
     + r"(lo_create|lo_creat|lo_from_bytea|lo_put|lo_unlink|lo_import|lo_truncate|lo_truncate64"
-    r"|lowrite|lo_open|lo_export)\"?\s*\(",
+    r"|lowrite|lo_open|lo_export|pg_notify)\"?\s*\(",
     re.IGNORECASE,
+)
+_NOTIFIES = re.compile(
+    r"^\s*(?:NOTIFY|LISTEN|UNLISTEN)\b|" + _CALL + r"pg_notify\"?\s*\(", re.IGNORECASE
+)
+# What PostgreSQL looks for in this session's temporary schema when asked to PREPARE.
+TEMPORARY_OBJECTS_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_my_temp_schema())"
 )
 
 
@@ -74,6 +85,22 @@ def refusal(sql: str) -> str | None:
 
 
 def writes_a_catalog(sql: str) -> bool:
-    """True when ``sql`` calls a large-object function: it writes even when it reads as a
-    ``SELECT``, and the per-table write counts cannot see it."""
+    """True when ``sql`` calls a large-object function or ``pg_notify()``: it writes (or
+    notifies at COMMIT) even when it reads as a ``SELECT``, and the per-table write counts
+    cannot see it, so it must be logged to survive a replay."""
     return _LARGE_OBJECT_CALL.search(_code(sql)) is not None
+
+
+def notifies(sql: str) -> bool:
+    """True when ``sql`` is ``NOTIFY`` / ``LISTEN`` / ``UNLISTEN`` or calls ``pg_notify()``:
+    PostgreSQL cannot ``PREPARE TRANSACTION`` after it."""
+    return _NOTIFIES.search(_code(sql)) is not None
+
+
+def two_phase_refusal(sandbox_id: str, why: str) -> str:
+    """The message of a sandbox whose transaction PostgreSQL cannot ``PREPARE``."""
+    return (
+        f"sandbox {sandbox_id} cannot PREPARE TRANSACTION: {why}; PostgreSQL cannot prepare "
+        "such a transaction, so it cannot take part in a two-phase commit (commit the plan as "
+        "a saga, or with mode auto); nothing was prepared and the sandbox keeps its statements"
+    )

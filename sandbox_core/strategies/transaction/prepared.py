@@ -18,6 +18,7 @@ from typing import Any
 from sandbox_core.errors import SandboxCommitError, SandboxStateError, TwoPhaseUnavailableError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 from sandbox_core.strategies.base import logger
+from sandbox_core.strategies.transaction import nontransactional
 from sandbox_core.strategies.transaction.db import Connection, DatabaseError
 from sandbox_core.strategies.transaction.replay import (
     _MARKER_SAVEPOINT,
@@ -35,6 +36,8 @@ _TXID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _GID = re.compile(r"^[A-Za-z0-9._-]{1,199}$")
 # PostgreSQL SQLSTATE undefined_object: COMMIT/ROLLBACK PREPARED of a gid that is not prepared.
 _NO_SUCH_PREPARED = "42704"
+# PostgreSQL SQLSTATE feature_not_supported: PREPARE of a transaction it cannot prepare.
+_FEATURE_NOT_SUPPORTED = "0A000"
 
 
 @dataclass
@@ -203,6 +206,7 @@ class PreparedTransaction(LoggedTransaction):
                 if gid in self._pending_gids():
                     return  # an earlier attempt's PREPARE landed although its reply was lost
                 raise
+            self._refuse_unpreparable(connection, entries)
             self._check_deferred_constraints(connection, "prepare")
             marker = self._new_marker(message, len(entries))
             try:
@@ -225,12 +229,33 @@ class PreparedTransaction(LoggedTransaction):
                 self._drop_connection()
                 if exc.connection_lost and gid in self._pending_gids():
                     return  # the reply was lost, PREPARE was not
+                if exc.sqlstate == _FEATURE_NOT_SUPPORTED:
+                    raise TwoPhaseUnavailableError(
+                        nontransactional.two_phase_refusal(self.sandbox_id, exc.primary)
+                    ) from exc
                 raise
             # The session holds no transaction now: the prepared one belongs to the server.
             self._drop_connection()
 
         self._retrying(attempt)
         return self._prepared_commit(txid, entries, {"backend": "postgresql", "gid": gid})
+
+    def _refuse_unpreparable(self, connection: Connection, entries: list[LogEntry]) -> None:
+        """PostgreSQL cannot ``PREPARE`` a transaction that used temporary objects or
+        ``NOTIFY``/``LISTEN``: say so before trying, while the held transaction (and the
+        sequence values it drew) is still alive.
+
+        Raises:
+            TwoPhaseUnavailableError: naming what the transaction did.
+            DatabaseError: busy or connection lost (retryable).
+        """
+        why = None
+        if any(nontransactional.notifies(entry.sql) for entry in entries):
+            why = "its statements use NOTIFY, LISTEN or pg_notify()"
+        elif connection.execute(nontransactional.TEMPORARY_OBJECTS_SQL)[0][0]:
+            why = "its session made temporary tables or other temporary objects"
+        if why is not None:
+            raise TwoPhaseUnavailableError(nontransactional.two_phase_refusal(self.sandbox_id, why))
 
     def _prepare_sqlite(self, txid: str, message: str | None) -> PreparedCommit:
         staged = self._staged

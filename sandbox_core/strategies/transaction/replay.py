@@ -47,6 +47,7 @@ MAX_BACKOFF_SECONDS = 1.0
 _SAVEPOINT = "sandbox_statement"
 _MARKER_SAVEPOINT = "sandbox_marker"
 _DEFERRED_SAVEPOINT = "sandbox_deferred"
+_SERIALIZATION_FAILURE = "40001"
 _READ_KEYWORDS = frozenset({"SELECT", "VALUES", "SHOW", "TABLE"})
 _TRANSACTION_KEYWORDS = frozenset(
     {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
@@ -137,7 +138,10 @@ class LoggedTransaction(BaseSandbox):
             except DatabaseError as exc:
                 if exc.permanent or not (exc.busy or exc.connection_lost):
                     raise
-                if exc.connection_lost:
+                if exc.connection_lost or exc.sqlstate == _SERIALIZATION_FAILURE:
+                    # A serialization failure under REPEATABLE READ / SERIALIZABLE (the
+                    # database's default isolation) means the held transaction's snapshot is
+                    # stale: the retry replays the log into a new one (verified).
                     self._drop_connection()
                 if time.monotonic() + delay > deadline:
                     raise

@@ -12,16 +12,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sandbox_core.errors import (
-    SandboxCommitError,
     SandboxConflictError,
     SandboxStatementError,
 )
-from sandbox_core.host.manager import SandboxManager
+from sandbox_core.host.manager import PlanCommitMode, SandboxManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.factory import SandboxFactory
 from sandbox_core.strategies.transaction import TransactionSandbox
@@ -74,7 +72,9 @@ def test_case_47_deferred_fk_violated_at_commit_keeps_the_sandbox_active(db: Db)
 
 
 @pytest.mark.parametrize("mode", ["saga", "two_phase", "auto"])
-def test_case_47_deferred_fk_in_a_plan_keeps_the_sandbox_active(db: Db, mode: str) -> None:
+def test_case_47_deferred_fk_in_a_plan_keeps_the_sandbox_active(
+    db: Db, mode: PlanCommitMode
+) -> None:
     """Case 47 through the plan commit (``commit_all``'s saga, two phases, auto): the plan
     fails naming the constraint, nothing lands, the sandbox stays ACTIVE and the plan commits
     after the fix."""
@@ -86,10 +86,7 @@ def test_case_47_deferred_fk_in_a_plan_keeps_the_sandbox_active(db: Db, mode: st
     db.track(sandbox)
     _fks_on(db, sandbox)
     sandbox.execute("INSERT INTO child VALUES (1, 7)")
-    if mode == "saga":
-        results = manager.commit_all("p47")
-    else:
-        results = manager.commit_plan("p47", mode=mode)
+    results = manager.commit_all("p47") if mode == "saga" else manager.commit_plan("p47", mode=mode)
     assert len(results) == 1 and not results[0].success
     assert _expected_conflict(db) in str(results[0].error)
     assert any(_expected_conflict(db) in c for c in results[0].metadata["conflicts"])
@@ -194,9 +191,7 @@ def test_case_48_setval_is_refused_up_front(db_pg: Db, sql: str) -> None:
         "ALTER SEQUENCE t_id_seq INCREMENT BY 10",
     ],
 )
-def test_case_48_transactional_sequence_changes_are_undone_by_rollback(
-    db_pg: Db, sql: str
-) -> None:
+def test_case_48_transactional_sequence_changes_are_undone_by_rollback(db_pg: Db, sql: str) -> None:
     """``ALTER SEQUENCE ... RESTART``, identity ``RESTART`` and ``TRUNCATE ... RESTART
     IDENTITY`` are transactional in PostgreSQL: allowed, undone by rollback, and the
     application's next insert gets the id it would have got."""
@@ -273,4 +268,233 @@ def _sqlite_rows(path: str, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-_UNUSED = (SandboxCommitError, psycopg)
+# -- case 52: SQLite full-text tables --------------------------------------------------------------
+
+FTS_SCHEMA = """
+CREATE VIRTUAL TABLE docs USING {fts}(title, body);
+INSERT INTO docs(title, body) VALUES ('seed', 'hello world');
+CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT NOT NULL, cents INT NOT NULL,
+                  price REAL GENERATED ALWAYS AS (cents / 100.0) STORED) STRICT;
+CREATE VIEW item_v AS SELECT id, name, cents FROM item;
+CREATE TRIGGER item_v_ins INSTEAD OF INSERT ON item_v
+BEGIN INSERT INTO item(name, cents) VALUES (NEW.name, NEW.cents); END;
+CREATE TABLE audit(id INTEGER PRIMARY KEY, what TEXT);
+CREATE TRIGGER item_audit AFTER INSERT ON item
+BEGIN INSERT INTO audit(what) VALUES ('item ' || NEW.name); END;
+"""
+
+fts_versions = pytest.mark.parametrize("fts", ["fts5", "fts4"])
+
+
+def _fts_db(tmp_path: Path, fts: str) -> str:
+    return _sqlite_file(tmp_path / "app.db", FTS_SCHEMA.format(fts=fts))
+
+
+def _fts_sandbox(path: str, tmp_path: Path) -> TransactionSandbox:
+    sandbox = TransactionSandbox("db", path, sandbox_root=str(tmp_path / "root"))
+    sandbox.create("p52")
+    return sandbox
+
+
+@fts_versions
+def test_case_52_a_full_text_insert_then_other_writes_commit(tmp_path: Path, fts: str) -> None:
+    """Case 52 A: an FTS insert, a MATCH query and a write to another table commit."""
+    path = _fts_db(tmp_path, fts)
+    sandbox = _fts_sandbox(path, tmp_path)
+    try:
+        sandbox.execute("INSERT INTO docs(title, body) VALUES ('agent', 'hello from agent')")
+        found = sandbox.execute("SELECT title FROM docs WHERE docs MATCH 'hello'")
+        assert sorted(found) == [("agent",), ("seed",)]
+        sandbox.execute("INSERT INTO audit(what) VALUES ('indexed')")
+        sandbox.commit()
+    finally:
+        sandbox.cleanup()
+    assert _sqlite_rows(path, "SELECT title FROM docs WHERE docs MATCH 'agent'") == [("agent",)]
+    assert _sqlite_rows(path, "SELECT what FROM audit") == [("indexed",)]
+
+
+@fts_versions
+def test_case_52_b_the_application_writes_the_full_text_table_meanwhile(
+    tmp_path: Path, fts: str
+) -> None:
+    """Case 52 B: the FTS rowid is hidden (never returned to the agent): the application's
+    insert between the sandbox's two inserts does not make the replay diverge."""
+    path = _fts_db(tmp_path, fts)
+    sandbox = _fts_sandbox(path, tmp_path)
+    try:
+        sandbox.execute("INSERT INTO docs(title, body) VALUES ('agent', 'agent notes')")
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("INSERT INTO docs(title, body) VALUES ('app', 'indexed by the app')")
+        conn.close()
+        sandbox.execute("INSERT INTO docs(title, body) VALUES ('agent2', 'more notes')")
+        sandbox.commit()
+    finally:
+        sandbox.cleanup()
+    titles = sorted(r[0] for r in _sqlite_rows(path, "SELECT title FROM docs"))
+    assert titles == ["agent", "agent2", "app", "seed"]
+    assert _sqlite_rows(path, "SELECT title FROM docs WHERE docs MATCH 'notes'") != []
+
+
+@fts_versions
+def test_case_52_c_views_strict_generated_columns_and_triggers(tmp_path: Path, fts: str) -> None:
+    """Case 52 C (no FTS involved): insert through a view, a STRICT violation refused as a
+    statement error, a direct insert; the commit lands both items, their prices and audits."""
+    path = _fts_db(tmp_path, fts)
+    sandbox = _fts_sandbox(path, tmp_path)
+    try:
+        sandbox.execute("INSERT INTO item_v(name, cents) VALUES ('x', 250)")
+        with pytest.raises(SandboxStatementError):
+            sandbox.execute("INSERT INTO item(name, cents) VALUES ('bad', 'y')")
+        sandbox.execute("INSERT INTO item(name, cents) VALUES ('y', 100)")
+        sandbox.commit()
+    finally:
+        sandbox.cleanup()
+    assert _sqlite_rows(path, "SELECT name, price FROM item ORDER BY id") == [
+        ("x", 2.5),
+        ("y", 1.0),
+    ]
+    assert _sqlite_rows(path, "SELECT what FROM audit ORDER BY id") == [("item x",), ("item y",)]
+
+
+@fts_versions
+def test_full_text_writes_through_a_trigger_and_updates_and_deletes(
+    tmp_path: Path, fts: str
+) -> None:
+    """An AFTER trigger that indexes into the FTS table, FTS updates and deletes, interleaved
+    with the application's own FTS writes: the sandbox's statements and its commit replay."""
+    path = _fts_db(tmp_path, fts)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "CREATE TRIGGER item_index AFTER INSERT ON item "
+        "BEGIN INSERT INTO docs(title, body) VALUES (NEW.name, 'item ' || NEW.name); END"
+    )
+    sandbox = _fts_sandbox(path, tmp_path)
+    try:
+        sandbox.execute("INSERT INTO item(name, cents) VALUES ('lamp', 100)")
+        conn.execute("INSERT INTO docs(title, body) VALUES ('app', 'app words')")
+        sandbox.execute("UPDATE docs SET body = 'hello there' WHERE title = 'seed'")
+        sandbox.execute("INSERT INTO item(name, cents) VALUES ('desk', 200)")
+        conn.execute("INSERT INTO docs(title, body) VALUES ('app2', 'more app words')")
+        sandbox.execute("DELETE FROM docs WHERE title = 'lamp'")
+        sandbox.commit()
+    finally:
+        sandbox.cleanup()
+        conn.close()
+    titles = sorted(r[0] for r in _sqlite_rows(path, "SELECT title FROM docs"))
+    assert titles == ["app", "app2", "desk", "seed"]
+    assert _sqlite_rows(path, "SELECT title FROM docs WHERE docs MATCH 'there'") == [("seed",)]
+
+
+# -- the database's default isolation -------------------------------------------------------------
+
+isolation_levels = pytest.mark.parametrize(
+    "level", ["repeatable read", "serializable", "read committed"]
+)
+
+
+@pytest.mark.postgres
+@isolation_levels
+def test_default_isolation_of_the_session_works(db_pg: Db, level: str) -> None:
+    """REPEATABLE READ / SERIALIZABLE as the session's default (here through ``options``, as a
+    role or database default gives it): a row the application changed after the sandbox's
+    snapshot is updated by the sandbox (the stale snapshot is replaced by a verified replay
+    instead of failing until the timeout), and the commit lands both writes."""
+    db = db_pg
+    db.run("CREATE TABLE counter(id int PRIMARY KEY, n int NOT NULL)")
+    db.run("CREATE TABLE items(name text PRIMARY KEY)")
+    db.run("INSERT INTO counter VALUES (1, 0)")
+    dsn = _with_options(
+        db.original, "-c default_transaction_isolation=" + level.replace(" ", "\\ ")
+    )
+    sandbox = TransactionSandbox("db", dsn, sandbox_root=str(db.root), timeout_seconds=5)
+    db.track(sandbox)
+    sandbox.create("iso")
+    assert sandbox.execute("SHOW transaction_isolation") == [(level,)]
+    sandbox.execute("INSERT INTO items VALUES ('a')")
+    db.run("UPDATE counter SET n = n + 10 WHERE id = 1")  # after the sandbox's snapshot
+    sandbox.execute("UPDATE counter SET n = n + 1 WHERE id = 1")
+    assert sandbox.execute("SELECT n FROM counter") == [(11,)]
+    db.run("INSERT INTO items VALUES ('app')")
+    sandbox.commit()
+    assert db.run("SELECT n FROM counter") == [(11,)]
+    assert db.run("SELECT name FROM items ORDER BY name") == [("a",), ("app",)]
+
+
+# -- effects beyond plain rows: temporary tables, notifications, large objects --------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "session_effect",
+    [
+        "CREATE TEMP TABLE scratch(v int)",
+        "NOTIFY plan_done",
+        "SELECT pg_notify('plan_done', 'x')",
+    ],
+)
+def test_two_phases_unavailable_for_session_effects_fall_back_to_the_saga(
+    db_pg: Db, session_effect: str
+) -> None:
+    """PostgreSQL cannot ``PREPARE TRANSACTION`` a transaction that used temporary objects or
+    ``NOTIFY``: the prepare says so with :class:`TwoPhaseUnavailableError` before anything is
+    lost (the held transaction, its sequence values included, is kept); ``two_phase`` raises
+    it with nothing touched, ``auto`` commits the plan as a saga."""
+    from sandbox_core.errors import TwoPhaseUnavailableError
+
+    db = db_pg
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    manager = SandboxManager(SandboxFactory(), cleanup_on_exit=False)
+    sandbox = manager.get_or_create_sandbox(
+        "pt", "db", db.original, "transaction_rollback", sandbox_root=str(db.root)
+    )
+    db.track(sandbox)
+    sandbox.execute(session_effect)
+    if session_effect.startswith("CREATE"):
+        sandbox.execute("INSERT INTO scratch VALUES (1)")
+    assert sandbox.execute("INSERT INTO t(v) VALUES ('a') RETURNING id") == [(1,)]
+    db.run("INSERT INTO t(v) VALUES ('app')")  # draws 2: a replay of the sandbox would diverge
+    with pytest.raises(TwoPhaseUnavailableError, match="PREPARE"):
+        manager.commit_plan("pt", mode="two_phase")
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert db.run(
+        "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{sandbox.sandbox_id}",)
+    ) == [(0,)]
+    results = manager.commit_plan("pt", mode="auto")
+    assert all(r.success for r in results), results
+    assert results[0].metadata["mode"] == "saga"
+    assert db.run("SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "app")]
+
+
+@pytest.mark.postgres
+def test_large_objects_are_replayed_after_a_lost_connection(db_pg: Db) -> None:
+    """A large object written through ``SELECT lo_from_bytea(<oid>, ...)`` is logged although it
+    reads as a ``SELECT`` (it writes a catalog the per-table counts do not see): after the
+    connection is killed the replay brings it back, and the commit lands it."""
+    db = db_pg
+    oid = 900_000 + int(db.root.parent.name[-4:], 36) % 50_000
+    sandbox = db.sandbox()
+    assert sandbox.execute("SELECT lo_from_bytea(%s, 'hello')", (oid,)) == [(oid,)]
+    assert len(sandbox.statements()) == 1
+    pid = sandbox.execute("SELECT pg_backend_pid()")[0][0]
+    db.run("SELECT pg_terminate_backend(%s)", (pid,))
+    assert sandbox.execute("SELECT lo_get(%s)", (oid,)) == [(b"hello",)]
+    sandbox.commit()
+    try:
+        assert db.run("SELECT lo_get(%s)", (oid,)) == [(b"hello",)]
+    finally:
+        db.run("SELECT lo_unlink(%s)", (oid,))
+
+
+def test_sqlite_temporary_tables_are_replayed(db_sqlite: Db) -> None:
+    """SQLite: a temporary table lives in one connection, and every sandbox statement gets a
+    fresh one: the log recreates it, so later statements (and the commit) see it."""
+    db = db_sqlite
+    db.run("CREATE TABLE items(name TEXT PRIMARY KEY)")
+    sandbox = db.sandbox()
+    sandbox.execute("CREATE TEMP TABLE picks(name TEXT)")
+    sandbox.execute("INSERT INTO picks VALUES ('a'), ('b')")
+    sandbox.execute("INSERT INTO items SELECT name FROM picks")
+    assert sandbox.execute("SELECT count(*) FROM picks") == [(2,)]
+    sandbox.commit()
+    assert db.run("SELECT name FROM items ORDER BY name") == [("a",), ("b",)]
+    assert db.run("SELECT name FROM sqlite_temp_master") == []

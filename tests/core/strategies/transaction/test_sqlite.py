@@ -169,9 +169,7 @@ def test_rollback_failure_is_translated(
     sandbox = new_sandbox(made, database, tmp_path)
     sandbox.execute("INSERT INTO items (name) VALUES ('a')")
     with (
-        mock.patch.object(
-            StatementLog, "replace", side_effect=OSError("read-only fs")
-        ),
+        mock.patch.object(StatementLog, "replace", side_effect=OSError("read-only fs")),
         pytest.raises(SandboxRollbackError, match="read-only fs"),
     ):
         sandbox.rollback()
