@@ -57,7 +57,9 @@ The class is built in layers, one module each, every layer a base class of the n
 marker), :mod:`.prepared` (the two-phase side) and this module (the class: its public API, its
 lifecycle and its commit). :mod:`.db` is the connection over sqlite3 and psycopg (psycopg is
 imported there alone), :mod:`.dsn` says where the original database is, :mod:`.statement_log`
-is the log file and :mod:`.pragmas` the SQLite pragmas a transaction would drop.
+is the log file, :mod:`.pragmas` the SQLite pragmas a transaction would drop and
+:mod:`.nontransactional` the PostgreSQL calls a transaction cannot hold (``setval``, refused) or
+that write where the row counts do not look (large objects, ``pg_notify``, logged).
 """
 
 from __future__ import annotations
@@ -261,6 +263,8 @@ class TransactionSandbox(PreparedTransaction):
                 database is unchanged and the sandbox stays ACTIVE.
             SandboxBusyError, SandboxConnectionError: retry later; the sandbox stays ACTIVE (a
                 commit whose outcome was unknown is settled by the marker on the next call).
+            SandboxConflictError: a constraint checked at COMMIT is violated (``conflicts``
+                names it; case 47); nothing was committed and the sandbox stays ACTIVE.
             SandboxCommitError: any other failure (status becomes ERRORED).
         """
         with self._lock:

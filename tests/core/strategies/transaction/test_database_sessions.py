@@ -498,3 +498,57 @@ def test_sqlite_temporary_tables_are_replayed(db_sqlite: Db) -> None:
     sandbox.commit()
     assert db.run("SELECT name FROM items ORDER BY name") == [("a",), ("b",)]
     assert db.run("SELECT name FROM sqlite_temp_master") == []
+
+
+# -- replay after a lost connection: generated keys -----------------------------------------------
+
+
+@pytest.mark.postgres
+def test_generated_keys_after_a_lost_connection_replay_or_refuse(db_pg: Db) -> None:
+    """A lost connection replays the log, and keys the sandbox generated are compared. The dead
+    transaction's sequence values are gone for good (PostgreSQL never hands a value out twice,
+    and ``setval`` would move the application's sequence), so the replay draws others and is
+    refused,
+    naming the statement; nothing lands, the sandbox stays ACTIVE, a rollback starts over. Keys
+    the actor chooses (or ``ALTER SEQUENCE ... RESTART`` in the sandbox) replay exactly."""
+    from sandbox_core.errors import SandboxReplayDivergedError
+
+    db = db_pg
+    db.run("CREATE TABLE t(id serial PRIMARY KEY, v text)")
+    sandbox = db.sandbox()
+    assert sandbox.execute("INSERT INTO t(v) VALUES ('a') RETURNING id") == [(1,)]
+    pid = sandbox.execute("SELECT pg_backend_pid()")[0][0]
+    db.run("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(SandboxReplayDivergedError, match="statement 1") as diverged:
+        sandbox.execute("SELECT count(*) FROM t")
+    assert "generated id 2 instead of 1" in str(diverged.value)
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert db.run("SELECT count(*) FROM t") == [(0,)]
+    sandbox.rollback()
+    # Restarting the sequence inside the sandbox makes its keys reproducible by a replay.
+    sandbox.execute("ALTER SEQUENCE t_id_seq RESTART WITH 100")
+    assert sandbox.execute("INSERT INTO t(v) VALUES ('b') RETURNING id") == [(100,)]
+    pid = sandbox.execute("SELECT pg_backend_pid()")[0][0]
+    db.run("SELECT pg_terminate_backend(%s)", (pid,))
+    assert sandbox.execute("SELECT id, v FROM t") == [(100, "b")]
+    sandbox.commit()
+    assert db.run("SELECT id, v FROM t") == [(100, "b")]
+
+
+def test_sqlite_generated_keys_are_reproduced_by_every_replay(db_sqlite: Db) -> None:
+    """SQLite replays the log in a new connection for every statement: the keys the sandbox
+    saw come back each time (and a child row keeps pointing at its parent)."""
+    db = db_sqlite
+    db.run("CREATE TABLE p(id INTEGER PRIMARY KEY, v TEXT)")
+    db.run("CREATE TABLE c(id INTEGER PRIMARY KEY, pid INT REFERENCES p(id))")
+    sandbox = db.sandbox()
+    for n in range(3):
+        key = sandbox.execute("INSERT INTO p(v) VALUES (?) RETURNING id", (str(n),))[0][0]
+        sandbox.execute("INSERT INTO c(pid) VALUES (?)", (key,))
+        assert sandbox.last_outcome is not None
+    sandbox.commit()
+    assert db.run("SELECT c.id, p.v FROM c JOIN p ON p.id = c.pid ORDER BY c.id") == [
+        (1, "0"),
+        (2, "1"),
+        (3, "2"),
+    ]
