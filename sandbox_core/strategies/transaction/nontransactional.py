@@ -20,7 +20,9 @@ sessions"):
   ``lo_import``, ``lowrite``...) are transactional but write ``pg_largeobject``, a catalog, and
   ``pg_notify()`` queues a notification sent at COMMIT: a statement calling one is logged as a
   write whatever its keyword, so a replay (after a lost connection, in another process)
-  reproduces it and verifies what it returned.
+  reproduces it and verifies what it returned. So is session state set from a ``SELECT``
+  (``set_config()``, e.g. a ``search_path`` later statements resolve their tables through, and
+  advisory locks), which a replay without it would silently lose.
 - ``PREPARE TRANSACTION`` refuses a transaction that used temporary objects or ``NOTIFY`` /
   ``LISTEN``: the two-phase prepare finds them first and says two phases are unavailable
   (``mode="auto"`` then commits the plan as a saga), before the held transaction is lost.
@@ -58,7 +60,9 @@ _REFUSED_CALL = re.compile(
 _LARGE_OBJECT_CALL = re.compile(
     _CALL
     + r"(lo_create|lo_creat|lo_from_bytea|lo_put|lo_unlink|lo_import|lo_truncate|lo_truncate64"
-    r"|lowrite|lo_open|lo_export|pg_notify)\"?\s*\(",
+    r"|lowrite|lo_open|lo_export|pg_notify|set_config|pg_advisory_lock|pg_advisory_xact_lock"
+    r"|pg_advisory_lock_shared|pg_advisory_xact_lock_shared|pg_try_advisory_lock"
+    r"|pg_try_advisory_xact_lock)\"?\s*\(",
     re.IGNORECASE,
 )
 _NOTIFIES = re.compile(
@@ -85,9 +89,10 @@ def refusal(sql: str) -> str | None:
 
 
 def writes_a_catalog(sql: str) -> bool:
-    """True when ``sql`` calls a large-object function or ``pg_notify()``: it writes (or
-    notifies at COMMIT) even when it reads as a ``SELECT``, and the per-table write counts
-    cannot see it, so it must be logged to survive a replay."""
+    """True when ``sql`` calls a large-object function, ``pg_notify()``, ``set_config()`` or
+    an advisory lock: it writes, notifies at COMMIT or sets session state (a ``search_path``
+    that later statements depend on, a lock) even when it reads as a ``SELECT``, and the
+    per-table write counts cannot see it, so it must be logged to survive a replay."""
     return _LARGE_OBJECT_CALL.search(_code(sql)) is not None
 
 

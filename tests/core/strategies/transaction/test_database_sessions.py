@@ -552,3 +552,27 @@ def test_sqlite_generated_keys_are_reproduced_by_every_replay(db_sqlite: Db) -> 
         (2, "1"),
         (3, "2"),
     ]
+
+
+@pytest.mark.postgres
+def test_session_state_set_from_a_select_survives_a_lost_connection(db_pg: Db) -> None:
+    """``SELECT set_config('search_path', ...)`` changes where later statements write; it is
+    logged, so after the connection is killed the replay (and the next statement) still write
+    to the schema the sandbox chose, never silently to another one."""
+    db = db_pg
+    other = f"o_{db.root.parent.name[-12:].lower().replace('-', '_')}"
+    db.run(f"CREATE SCHEMA {other}")
+    try:
+        db.run("CREATE TABLE items(name text PRIMARY KEY)")
+        db.run(f"CREATE TABLE {other}.items(name text PRIMARY KEY)")
+        sandbox = db.sandbox()
+        sandbox.execute("SELECT set_config('search_path', %s, false)", (other,))
+        sandbox.execute("INSERT INTO items VALUES ('a')")
+        pid = sandbox.execute("SELECT pg_backend_pid()")[0][0]
+        db.run("SELECT pg_terminate_backend(%s)", (pid,))
+        sandbox.execute("INSERT INTO items VALUES ('b')")
+        sandbox.commit()
+        assert db.run(f"SELECT name FROM {other}.items ORDER BY name") == [("a",), ("b",)]  # noqa: S608 - a name the test made
+        assert db.run("SELECT name FROM items") == []
+    finally:
+        db.run(f"DROP SCHEMA {other} CASCADE")
