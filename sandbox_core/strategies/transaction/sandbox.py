@@ -291,15 +291,20 @@ class TransactionSandbox(PreparedTransaction):
             table = check_identifier(self._bookkeeping_table)
         except ValueError as exc:
             raise SandboxCreationError(f"cannot create {self.strategy} sandbox: {exc}") from exc
+        isolation = None
         try:
             probe = self._connect(target)
             try:
                 # Reading the schema proves the file is a database (not just any file).
-                probe.execute(
-                    "SELECT count(*) FROM sqlite_master"
-                    if target.backend == "sqlite"
-                    else "SELECT 1"
-                )
+                if target.backend == "sqlite":
+                    probe.execute("SELECT count(*) FROM sqlite_master")
+                else:
+                    isolation, refused = _session_defaults(probe)
+                    if refused is not None:
+                        raise SandboxCreationError(
+                            f"cannot create {self.strategy} sandbox for {target.display}: "
+                            f"{refused}: the sandbox could run no write and never commit"
+                        )
             finally:
                 probe.close()
         except DatabaseError as exc:
@@ -322,6 +327,7 @@ class TransactionSandbox(PreparedTransaction):
                 "database": target.display,
                 "statement_log": str(scratch / STATEMENT_LOG),
                 "bookkeeping_table": table,
+                **({"isolation": isolation} if isolation else {}),
             },
         )
 
@@ -443,3 +449,21 @@ class TransactionSandbox(PreparedTransaction):
             return self._result(marker, already_committed=False)
 
         return self._retrying(attempt)
+
+
+def _session_defaults(connection: Connection) -> tuple[str, str | None]:
+    """PostgreSQL: the isolation level the sandbox's transactions will run at (the database's,
+    the role's or the DSN's default, used as is), and why no transaction of this session could
+    write (``None`` when one can): ``default_transaction_read_only`` on, or a standby server.
+    """
+    level, read_only, standby = connection.execute(
+        "SELECT current_setting('default_transaction_isolation'), "
+        "current_setting('default_transaction_read_only'), pg_is_in_recovery()"
+    )[0]
+    if standby:
+        return str(level), "the server is a standby (in recovery), which accepts no writes"
+    if str(read_only).lower() in ("on", "true", "1"):
+        return str(
+            level
+        ), "its transactions are read-only by default (default_transaction_read_only = on)"
+    return str(level), None

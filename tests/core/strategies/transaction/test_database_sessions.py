@@ -576,3 +576,30 @@ def test_session_state_set_from_a_select_survives_a_lost_connection(db_pg: Db) -
         assert db.run("SELECT name FROM items") == []
     finally:
         db.run(f"DROP SCHEMA {other} CASCADE")
+
+
+@pytest.mark.postgres
+def test_a_read_only_default_is_refused_clearly_at_create(db_pg: Db) -> None:
+    """A session whose transactions are read-only by default (``default_transaction_read_only``
+    set on the database, the role or the DSN) could never commit: refused at create, naming
+    the setting, instead of a sandbox that fails at every write."""
+    from sandbox_core.errors import SandboxCreationError
+
+    db = db_pg
+    dsn = _with_options(db.original, "-c default_transaction_read_only=on")
+    sandbox = TransactionSandbox("db", dsn, sandbox_root=str(db.root))
+    db.track(sandbox)
+    with pytest.raises(SandboxCreationError, match="default_transaction_read_only"):
+        sandbox.create("ro")
+    assert "password" not in str(sandbox.original_path).replace("password=***", "")
+
+
+@pytest.mark.postgres
+def test_the_isolation_level_is_recorded_at_create(db_pg: Db) -> None:
+    """The context says which isolation the sandbox's transactions run at."""
+    db = db_pg
+    dsn = _with_options(db.original, "-c default_transaction_isolation=serializable")
+    sandbox = TransactionSandbox("db", dsn, sandbox_root=str(db.root))
+    db.track(sandbox)
+    context = sandbox.create("iso")
+    assert context.metadata["isolation"] == "serializable"
