@@ -374,6 +374,9 @@ class Connection:
         finally:
             db.set_authorizer(None)
         tables.discard(("temp", _ROWID_PROBE))
+        # A virtual table prepares its own statements on its shadow tables (an R*Tree's node
+        # table is rewritten in place): those are not rows the statement inserts.
+        tables = {t for t in tables if not self._is_shadow(db, *t)}
         if not tables:
             return False
         for schema, table in sorted(tables):

@@ -1,4 +1,8 @@
-"""PostgreSQL effects a transaction does not hold, and effects a row count does not see.
+"""Effects a sandbox's transaction does not hold, and effects a row count does not see.
+
+SQLite: ``ATTACH`` / ``DETACH`` open another database file in the sandbox's connection; its
+writes would be committed into that file, which is not the sandbox's original: refused before
+it runs (sandbox that file on its own). The rest of this module is PostgreSQL's.
 
 The sandbox is one transaction: whatever it does reaches the original only through ``COMMIT``.
 A few PostgreSQL functions act outside the transaction at once, and a few transactional writes
@@ -72,6 +76,21 @@ _NOTIFIES = re.compile(
 TEMPORARY_OBJECTS_SQL = (
     "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_my_temp_schema())"
 )
+
+
+_SQLITE_REFUSED = {
+    "ATTACH": (
+        "ATTACH opens another database file, which is not this sandbox's original: its writes "
+        "would reach that file at commit. Sandbox that database on its own; nothing was run"
+    ),
+    "DETACH": "DETACH is not needed: a sandbox attaches no other database; nothing was run",
+}
+
+
+def sqlite_refusal(keyword: str) -> str | None:
+    """Why a SQLite statement starting with ``keyword`` (upper-case) cannot run in a sandbox,
+    or ``None``."""
+    return _SQLITE_REFUSED.get(keyword)
 
 
 def _code(sql: str) -> str:

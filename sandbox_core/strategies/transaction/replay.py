@@ -210,7 +210,10 @@ class LoggedTransaction(BaseSandbox):
                 )
             fresh = self._target().backend == "sqlite"
             if fresh:
-                refused = pragmas.refusal(sql) if keyword == "PRAGMA" else None
+                if keyword == "PRAGMA":
+                    refused = pragmas.refusal(sql)
+                else:
+                    refused = nontransactional.sqlite_refusal(keyword)
             else:
                 refused = nontransactional.refusal(sql)
             if refused is not None:

@@ -603,3 +603,38 @@ def test_the_isolation_level_is_recorded_at_create(db_pg: Db) -> None:
     db.track(sandbox)
     context = sandbox.create("iso")
     assert context.metadata["isolation"] == "serializable"
+
+
+def test_sqlite_rtree_virtual_table_replays_with_the_application_writing(tmp_path: Path) -> None:
+    """An R*Tree (another virtual table with shadow tables): the sandbox's inserts replay and
+    commit although the application inserts into the same table in between."""
+    path = _sqlite_file(
+        tmp_path / "geo.db", "CREATE VIRTUAL TABLE box USING rtree(id, x0, x1, y0, y1);"
+    )
+    sandbox = TransactionSandbox("db", path, sandbox_root=str(tmp_path / "root"))
+    sandbox.create("geo")
+    try:
+        sandbox.execute("INSERT INTO box VALUES (1, 0, 1, 0, 1)")
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("INSERT INTO box VALUES (2, 5, 6, 5, 6)")
+        conn.close()
+        sandbox.execute("INSERT INTO box VALUES (3, 0, 2, 0, 2)")
+        assert sandbox.execute("SELECT id FROM box WHERE x0 < 3 ORDER BY id") == [(1,), (3,)]
+        sandbox.commit()
+    finally:
+        sandbox.cleanup()
+    assert _sqlite_rows(path, "SELECT id FROM box ORDER BY id") == [(1,), (2,), (3,)]
+
+
+def test_sqlite_attach_is_refused_before_any_work_is_lost(db_sqlite: Db) -> None:
+    """``ATTACH`` (another database file, outside the sandbox's transaction) cannot run inside
+    a transaction: a statement error, and the sandbox keeps its work and commits."""
+    db = db_sqlite
+    db.run("CREATE TABLE items(name TEXT PRIMARY KEY)")
+    sandbox = db.sandbox()
+    sandbox.execute("INSERT INTO items VALUES ('a')")
+    with pytest.raises(SandboxStatementError, match="ATTACH"):
+        sandbox.execute("ATTACH DATABASE ? AS other", (str(db.root.parent / "other.db"),))
+    assert sandbox.status is SandboxStatus.ACTIVE
+    sandbox.commit()
+    assert db.run("SELECT name FROM items") == [("a",)]
