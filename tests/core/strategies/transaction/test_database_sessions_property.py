@@ -166,3 +166,68 @@ def test_full_text_sequences_commit_with_the_application_writing(
             ]
     assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] == (audits if committed else 0)
     conn.close()
+
+
+# -- sequences ------------------------------------------------------------------------------------
+
+sequence_steps = st.lists(
+    st.one_of(
+        st.just("INSERT INTO {t}(v) VALUES ('s')"),
+        st.just("SELECT nextval('{t}_id_seq')"),
+        st.just("ALTER SEQUENCE {t}_id_seq RESTART WITH 1"),
+        st.just("TRUNCATE {t} RESTART IDENTITY"),
+        st.just("UPDATE {t} SET v = 'u'"),
+        st.sampled_from(
+            [
+                "SELECT setval('{t}_id_seq', 1)",
+                "SELECT pg_catalog.setval('{t}_id_seq', 1, false)",
+                "select SetVal ('{t}_id_seq'::regclass, 2)",
+                "DO $$ BEGIN PERFORM setval('{t}_id_seq', 1); END $$",
+                "SELECT x FROM (SELECT setval('{t}_id_seq', 1) AS x) s",
+            ]
+        ),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@pytest.mark.postgres
+@PROPERTY_OVER_FIXTURES
+@given(steps=sequence_steps)
+def test_sequences_never_change_the_original_after_rollback(db_pg: Db, steps: list[str]) -> None:
+    """Case 48 as a property: whatever a sandbox does with a sequence, after its rollback the
+    original's rows are as before, its sequence never went backwards, and the application's
+    next insert gets a fresh key (no collision); ``setval`` in any spelling is refused."""
+    from sandbox_core.errors import SandboxStatementError
+
+    db = db_pg
+    t = f"t_{uuid.uuid4().hex[:8]}"
+    db.run(f"CREATE TABLE {t}(id serial PRIMARY KEY, v text)")
+    db.run(f"INSERT INTO {t}(v) VALUES ('a'), ('b'), ('c')")
+    sandbox = db.sandbox(f"seq-{t}")
+    drew = False
+    for step in steps:
+        sql = step.format(t=t)
+        if "setval" in sql.lower():
+            with pytest.raises(SandboxStatementError, match="setval"):
+                sandbox.execute(sql)
+        else:
+            sandbox.execute(sql)
+            drew = drew or "INSERT" in sql or "nextval" in sql
+    if sandbox.status is SandboxStatus.ACTIVE:
+        sandbox.rollback()
+    assert db.run(f"SELECT id, v FROM {t} ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
+    last, called = db.run(f"SELECT last_value, is_called FROM {t}_id_seq")[0]
+    if drew:
+        assert last >= 3
+    else:
+        assert (last, called) == (3, True)
+    assert db.run(f"INSERT INTO {t}(v) VALUES ('app') RETURNING id")[0][0] > 3
+
+
+@pytest.fixture
+def db_pg(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    from tests.support.dbkit import make_db
+
+    yield from make_db(request, "postgresql", tmp_path)
