@@ -164,6 +164,7 @@ class Connection:
         self._conflict_triggers: dict[tuple[str, str], str | None] = {}
         self._conflicts = 0
         self._shadow_tables: set[tuple[str, str]] | None = None
+        self._has_virtual = False
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -294,7 +295,7 @@ class Connection:
                 f"INSERT OR REPLACE INTO temp.{_ROWID_PROBE}(rowid, x) VALUES (?, NULL)",  # noqa: S608 - constant
                 (_ROWID_SENTINEL,),
             )
-        if db.in_transaction:
+        if db.in_transaction and self._has_virtual_tables(db):
             # A full-text table (FTS3/4/5) writes its pending index to its shadow tables when
             # a savepoint opens (and at COMMIT), so whichever later statement opens one would
             # count those rows as its own. Flushed here, they count for no statement (case 52).
@@ -437,15 +438,24 @@ class Connection:
     def _is_shadow(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` is a shadow table of a virtual table (FTS3/4/5, R*Tree), as
         ``PRAGMA table_list`` says (SQLite 3.37+; older versions: never). Cached."""
+        return (schema, table) in self._virtual_tables(db)[1]
+
+    def _has_virtual_tables(self, db: sqlite3.Connection) -> bool:
+        """True when the database holds a virtual table (``PRAGMA table_list``). Cached."""
+        return self._virtual_tables(db)[0]
+
+    def _virtual_tables(self, db: sqlite3.Connection) -> tuple[bool, set[tuple[str, str]]]:
         if self._shadow_tables is None:
             try:
                 found = db.execute(
-                    "SELECT schema, name FROM pragma_table_list WHERE type = 'shadow'"
+                    "SELECT schema, name, type FROM pragma_table_list "
+                    "WHERE type IN ('shadow', 'virtual')"
                 ).fetchall()
-            except sqlite3.Error:
-                found = []
-            self._shadow_tables = {(str(s), str(n)) for s, n in found}
-        return (schema, table) in self._shadow_tables
+            except sqlite3.Error:  # before SQLite 3.37: flush every time, know no shadows
+                found = [("", "", "virtual")]
+            self._has_virtual = bool(found)
+            self._shadow_tables = {(str(s), str(n)) for s, n, kind in found if kind == "shadow"}
+        return self._has_virtual, self._shadow_tables
 
     def _rowid_is_data(self, db: sqlite3.Connection, schema: str, table: str) -> bool:
         """True when ``table`` has an ``INTEGER PRIMARY KEY``: its rowid is a column.
