@@ -66,7 +66,8 @@ _LARGE_OBJECT_CALL = re.compile(
     + r"(lo_create|lo_creat|lo_from_bytea|lo_put|lo_unlink|lo_import|lo_truncate|lo_truncate64"
     r"|lowrite|lo_open|lo_export|pg_notify|set_config|pg_advisory_lock|pg_advisory_xact_lock"
     r"|pg_advisory_lock_shared|pg_advisory_xact_lock_shared|pg_try_advisory_lock"
-    r"|pg_try_advisory_xact_lock)\"?\s*\(",
+    r"|pg_try_advisory_xact_lock|pg_advisory_unlock|pg_advisory_unlock_shared|pg_advisory_unlock_all)"
+    r"\"?\s*\(",
     re.IGNORECASE,
 )
 _NOTIFIES = re.compile(
@@ -107,7 +108,7 @@ def refusal(sql: str) -> str | None:
     return _REFUSED[match.group(1).lower()] + "; nothing was run"
 
 
-def writes_a_catalog(sql: str) -> bool:
+def acts_beyond_rows(sql: str) -> bool:
     """True when ``sql`` calls a large-object function, ``pg_notify()``, ``set_config()`` or
     an advisory lock: it writes, notifies at COMMIT or sets session state (a ``search_path``
     that later statements depend on, a lock) even when it reads as a ``SELECT``, and the

@@ -223,7 +223,7 @@ class LoggedTransaction(BaseSandbox):
             except ValueError as exc:
                 raise SandboxStatementError(str(exc)) from exc
             logged = many or not _is_read_only(keyword, sql)
-            logged = logged or (not fresh and nontransactional.writes_a_catalog(sql))
+            logged = logged or (not fresh and nontransactional.acts_beyond_rows(sql))
             statement = self._fresh_statement if fresh else self._held_statement
             try:
                 rows, outcome = self._retrying(lambda: statement(entry, params, logged))

@@ -638,3 +638,30 @@ def test_sqlite_attach_is_refused_before_any_work_is_lost(db_sqlite: Db) -> None
     assert sandbox.status is SandboxStatus.ACTIVE
     sandbox.commit()
     assert db.run("SELECT name FROM items") == [("a",)]
+
+
+@pytest.mark.parametrize(
+    ("sql", "refused", "logged"),
+    [
+        ("SELECT setval('s', 1)", True, False),
+        ("SELECT \"setval\"('s', 1)", True, False),
+        ("SELECT mysetval(1)", False, False),
+        ("INSERT INTO notes VALUES ('remember setval(s, 1)')", False, False),
+        ("SELECT * FROM dblink('dbname=x', 'DELETE FROM t') AS r(x int)", True, False),
+        ("SELECT dblink_exec('dbname=x', 'DELETE FROM t')", True, False),
+        ("SELECT lo_from_bytea(0, 'x')", False, True),
+        ("SELECT pg_catalog.lo_unlink(42)", False, True),
+        ("SELECT set_config('search_path', 'app', false)", False, True),
+        ("SELECT pg_advisory_xact_lock(7)", False, True),
+        ("SELECT 'lo_put(' AS text", False, False),
+        ("SELECT count(*) FROM t", False, False),
+    ],
+)
+def test_calls_refused_or_logged_although_they_read(sql: str, refused: bool, logged: bool) -> None:
+    """The lexical reading of PostgreSQL statements: functions acting outside the transaction
+    are refused, functions acting beyond user-table rows are logged; data in string literals
+    never counts as a call."""
+    from sandbox_core.strategies.transaction import nontransactional
+
+    assert (nontransactional.refusal(sql) is not None) is refused
+    assert nontransactional.acts_beyond_rows(sql) is logged
