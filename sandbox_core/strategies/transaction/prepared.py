@@ -15,7 +15,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandbox_core.errors import SandboxCommitError, SandboxStateError, TwoPhaseUnavailableError
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxConflictError,
+    SandboxStateError,
+    TwoPhaseUnavailableError,
+)
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 from sandbox_core.strategies.base import logger
 from sandbox_core.strategies.transaction import nontransactional
@@ -100,16 +105,29 @@ class PreparedTransaction(LoggedTransaction):
         )
 
     def _dry_replay(self, entries: list[LogEntry]) -> list[str]:
-        """Conflicts a commit would meet now: ``["statement <n>: <sql> (<what differs>)"]``."""
+        """Conflicts a commit would meet now: ``["statement <n>: <sql> (<what differs>)"]``,
+        or the constraints checked at COMMIT that the statements violate (case 47:
+        ``"<constraint>: <message>"``; SQLite with foreign keys on: ``"table row N ->
+        parent"``), checked in the held PostgreSQL transaction itself when it is alive."""
         if not entries or self._staged is not None:
             return []
-        if self._held is not None and not self._held.broken:
+        held = self._held
+        if held is not None and not held.broken:
+            try:
+                self._check_deferred_constraints(held, "review")
+            except SandboxConflictError as exc:
+                return list(exc.conflicts)
+            except DatabaseError as exc:
+                if exc.connection_lost:
+                    self._drop_connection()  # the next statement or commit replays the log
+                return []  # busy or gone: the commit finds out; a review does not fail for it
             return []
         sqlite = self._target().backend == "sqlite"
 
         def attempt() -> list[str]:
             connection = self._connect()
             try:
+                fks = _connection_pragmas(connection, entries) if sqlite else False
                 connection.execute("BEGIN IMMEDIATE" if sqlite else "BEGIN")
                 if not sqlite and self._pending_gids(connection):
                     return []  # a prepared commit holds the statements (and their locks)
@@ -120,6 +138,13 @@ class PreparedTransaction(LoggedTransaction):
                 except _DivergedError as exc:
                     detail = str(exc).split(": ", 1)[-1]
                     return [f"statement {exc.index}: {exc.sql} ({detail})"]
+                try:
+                    if sqlite:
+                        self._check_foreign_keys(connection, fks, "review")
+                    else:
+                        self._check_deferred_constraints(connection, "review")
+                except SandboxConflictError as exc:
+                    return list(exc.conflicts)
                 return []
             finally:
                 _finish(connection)

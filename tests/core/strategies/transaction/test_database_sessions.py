@@ -665,3 +665,20 @@ def test_calls_refused_or_logged_although_they_read(sql: str, refused: bool, log
 
     assert (nontransactional.refusal(sql) is not None) is refused
     assert nontransactional.acts_beyond_rows(sql) is logged
+
+
+def test_case_47_the_review_names_the_constraint_before_the_commit(db: Db) -> None:
+    """Case 47 seen at review: the plan's reviewer sees the deferred key the commit would
+    refuse (in the held PostgreSQL transaction, or in a dry replay), and nothing is written."""
+    _deferred_schema(db)
+    sandbox = db.sandbox("p47")
+    _fks_on(db, sandbox)
+    sandbox.execute("INSERT INTO child VALUES (1, 7)")
+    conflicts = sandbox.review().conflicts
+    assert len(conflicts) == 1 and _expected_conflict(db) in conflicts[0]
+    sandbox.close()  # PostgreSQL: the review's dry replay runs in a new transaction
+    assert _expected_conflict(db) in sandbox.review().conflicts[0]
+    sandbox.execute("INSERT INTO parent VALUES (7)")
+    assert sandbox.review().conflicts == []
+    sandbox.commit()
+    assert db.run("SELECT * FROM child") == [(1, 7)]
