@@ -136,8 +136,9 @@ class GitWorktreeSandbox(PreparedMergeBack):
 
         Reads the ``sandbox/<id>/committed`` tag written before every merge, so a fresh process
         (crash recovery) can tell whether an in-flight commit landed. The target is the branch
-        recorded at create (or the original's HEAD when it was detached). False when no commit was
-        ever attempted.
+        recorded at create (or the original's HEAD when it was detached). A commit replayed onto
+        a rewritten branch is told by its ``replayed`` tag. False when no commit was ever
+        attempted.
 
         Raises:
             SandboxStateError: the sandbox was never created.
@@ -154,6 +155,11 @@ class GitWorktreeSandbox(PreparedMergeBack):
             target = meta["target_ref"] or "HEAD"
             current = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
             landed = original.run("merge-base", "--is-ancestor", tagged.out, current, ok=(0, 1))
+            if landed.status != 0:
+                # Replayed onto a rewritten branch: the replayed commit is what lands.
+                landed = original.run(
+                    "merge-base", "--is-ancestor", self._tag("replayed"), current, ok=(0, 1, 128)
+                )
         except GitFailure as exc:
             raise SandboxError(f"cannot check commit of sandbox {self.sandbox_id}: {exc}") from exc
         return landed.status == 0
@@ -326,8 +332,10 @@ class GitWorktreeSandbox(PreparedMergeBack):
         Raises:
             SandboxConflictError: the changes overlap changes in the original (``conflicts``).
             SandboxCommitLockedError: a leftover git lock file (``lock_path``) blocks it.
-            SandboxCommitPermissionError: the original cannot be written, or its owner is
-                another user who is not trusted.
+            SandboxCommitPermissionError: the original cannot be written (also a read-only
+                file system), or its owner is another user who is not trusted.
+            SandboxCommitError with ``retryable`` True: the file system of the repository is
+                full (ENOSPC, EDQUOT); nothing was changed (what git had written is put back).
             SandboxCommitError: any other failure (status becomes ERRORED).
 
         The three refusals above leave the original untouched and the sandbox ACTIVE, so the
@@ -340,6 +348,12 @@ class GitWorktreeSandbox(PreparedMergeBack):
             except (SandboxLockedError, SandboxPermissionError):
                 if not self._touched and self._status is SandboxStatus.ERRORED:
                     self._status = SandboxStatus.ACTIVE  # refused before anything changed
+                raise
+            except SandboxError as exc:
+                # A full file system met before the original changed, or undone: retry later.
+                full = getattr(exc, "retryable", False)
+                if full and not self._touched and self._status is SandboxStatus.ERRORED:
+                    self._status = SandboxStatus.ACTIVE
                 raise
 
     def _do_commit(self, message: str | None) -> CommitResult:
