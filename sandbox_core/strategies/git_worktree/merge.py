@@ -541,12 +541,19 @@ class MergeBack(WorktreeBase):
         if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
             # The paths were checked clean by content just above: only the index's stat data is
             # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
+            # `--refresh` skips entries flagged assume-unchanged or skip-worktree: their flags
+            # are lifted for the written paths (the merge replaces those entries, flags and
+            # all, as git's own merge does) and put back if the merge still refuses.
             self._touched = False
+            flagged = self._index_flags(original, paths)
+            self._set_index_flags(original, flagged, lift=True)
             original.run("update-index", "-q", "--refresh", ok=(0, 1), wait_index_lock=True)
             self._touched = True
             updated = original.run(
                 "read-tree", "-m", "-u", old, new, ok=(0, 128), wait_index_lock=True
             )
+            if updated.status != 0:
+                self._set_index_flags(original, flagged, lift=False)
         if updated.status != 0:
             failure = GitFailure(["read-tree", "-m", "-u", old, new], 128, updated.stderr)
             kind = failure_kind(failure).kind
@@ -1085,6 +1092,29 @@ class MergeBack(WorktreeBase):
             if where.is_symlink() or (os.path.lexists(where) and not where.is_dir()):
                 dirty.add(folder)
         return dirty
+
+    @staticmethod
+    def _index_flags(original: GitCommand, paths: list[str]) -> dict[str, str]:
+        """{path: ``ls-files -v`` tag} of the entries among ``paths`` flagged assume-unchanged
+        (lowercase tag) or skip-worktree (``S``/``s``)."""
+        listed = original.run("--literal-pathspecs", "ls-files", "-v", "-z", "--", *paths)
+        flagged = {}
+        for entry in listed.nul_fields():
+            tag, _, rel = entry.partition(" ")
+            if tag.islower() or tag == "S":
+                flagged[rel] = tag
+        return flagged
+
+    @staticmethod
+    def _set_index_flags(original: GitCommand, flagged: dict[str, str], *, lift: bool) -> None:
+        """Lift (``lift``) or put back the flags :meth:`_index_flags` found."""
+        assumed = sorted(rel for rel, tag in flagged.items() if tag.islower())
+        skipped = sorted(rel for rel, tag in flagged.items() if tag in ("S", "s"))
+        for option, chosen in (("assume-unchanged", assumed), ("skip-worktree", skipped)):
+            if chosen:
+                flag = f"--no-{option}" if lift else f"--{option}"
+                original.run("update-index", flag, "-z", "--stdin", stdin="\0".join(chosen),
+                             wait_index_lock=True)  # fmt: skip
 
     @staticmethod
     def _hidden_changes(original: GitCommand, top: Path, limit: list[str]) -> set[str]:

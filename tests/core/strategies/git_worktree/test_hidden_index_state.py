@@ -291,3 +291,31 @@ def test_module_store_untouched_and_status_works_throughout(tmp_path: Path, endi
     assert git(top, "status", "--porcelain") == ""
     assert store_without_sandbox_admin(top) == store
     assert not list((top / ".git" / "modules" / "lib").glob("worktrees/*"))
+
+
+@pytest.mark.parametrize("two_phase", [False, True], ids=["one-shot", "two-phase"])
+@pytest.mark.parametrize("flag", FLAGS)
+def test_flagged_file_with_stale_stat_data_is_no_conflict(
+    tmp_path: Path, flag: str, two_phase: bool
+) -> None:
+    """A flagged file whose bytes are unchanged but whose stat data is stale (``touch``): the
+    commit lands (``update-index --refresh`` alone skips assume-unchanged entries), and the
+    flags of other files stay as the user set them."""
+    repo = make_repo(tmp_path / "repo", {"config.ini": "db=prod\n", "other.ini": "o\n"})
+    git(repo, "update-index", flag, "config.ini")
+    git(repo, "update-index", flag, "other.ini")
+    (repo / "other.ini").write_text("my hidden edit\n")
+    os.utime(repo / "config.ini", (1_000_000_000, 1_000_000_000))
+    sandbox = GitWorktreeSandbox("r", str(repo), sandbox_root=str(tmp_path / "sbx"))
+    sandbox.create("p")
+    Path(sandbox.get_path("config.ini")).write_text("db=prod\ntimeout=5\n")
+    if two_phase:
+        sandbox.prepare("t")
+        sandbox.apply_prepared("t")
+    else:
+        sandbox.commit()
+    assert (repo / "config.ini").read_text() == "db=prod\ntimeout=5\n"
+    assert (repo / "other.ini").read_text() == "my hidden edit\n"
+    tags = dict(line.split(" ", 1)[::-1] for line in git(repo, "ls-files", "-v").splitlines())
+    assert tags["other.ini"] == ("h" if flag == "--assume-unchanged" else "S")
+    sandbox.cleanup()
