@@ -24,6 +24,15 @@ Policies (each tested in ``tests/core/strategies/git_worktree/test_field_cases.p
   the commit is refused with ``conflicts`` and the original is untouched (case 03).
 - The original's HEAD must still be where it was at create: on the same branch, or detached (then
   the commit moves the detached HEAD). Otherwise commit refuses.
+- The base commit is recorded at create (``base_commit``). A branch rewritten since (reset,
+  amend, rebase, forced move: the target no longer contains the base) gets only the sandbox's
+  own change, replayed as one commit on the target; no dropped commit comes back, and an
+  overlap with the rewrite is a conflict naming base and current commit.
+- Local work hidden from ``status`` by ``assume-unchanged`` / ``skip-worktree`` is found by
+  content in every check (review, prepare, commit, rollback), so prepare refuses what apply
+  would (case 40).
+- A full or read-only file system during a commit leaves the original as it was and the
+  sandbox ACTIVE (space checked before the files are written; a partial write put back).
 - Rollback from COMMITTED restores the original branch to the pre-commit commit only while the
   branch still points at the sandbox's merge result, with the same two-tree method (uncommitted
   work elsewhere survives); otherwise :class:`SandboxRollbackError`.
