@@ -19,7 +19,11 @@ from typing import Any
 import pytest
 
 from sandbox_core import GitWorktreeSandbox, SandboxStatus
-from sandbox_core.errors import SandboxCommitError, SandboxCommitPermissionError
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxCommitPermissionError,
+    SandboxRollbackError,
+)
 from sandbox_core.strategies.git_worktree import merge
 from sandbox_core.strategies.git_worktree.git import GitCommand, GitResult
 from tests.support.gitrepo import GIT_ENV, git, make_repo
@@ -294,4 +298,31 @@ def test_fault_in_a_two_phase_apply_keeps_the_original_and_the_retry_lands(
     sandbox.apply_prepared("tx")
     assert (repo / "a.txt").read_text() == "a2\n"
     assert git(repo, "status", "--porcelain") == ""
+    sandbox.cleanup()
+
+
+@pytest.mark.parametrize("command", ["read-tree", "update-ref"])
+def test_no_space_while_undoing_a_commit_keeps_it_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Rollback from COMMITTED meets a full disk: the original stays as committed, the
+    sandbox COMMITTED, the refusal says the disk is full; the retry undoes the commit."""
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    sandbox = GitWorktreeSandbox("r", str(repo), sandbox_root=str(tmp_path / "sbx"))
+    sandbox.create("p")
+    Path(sandbox.get_path("a.txt")).write_text("a2\n")
+    Path(sandbox.get_path("n.txt")).write_text("n\n")
+    sandbox.commit()
+    before = state(repo)
+    inject(monkeypatch, command, ENOSPC, after_write=True)
+    with pytest.raises(SandboxRollbackError) as caught:
+        sandbox.rollback()
+    assert caught.value.refused
+    says_full(caught.value)
+    assert state(repo) == before
+    assert sandbox.status is SandboxStatus.COMMITTED
+    monkeypatch.undo()
+    sandbox.rollback()
+    assert (repo / "a.txt").read_text() == "a\n"
+    assert not (repo / "n.txt").exists()
     sandbox.cleanup()

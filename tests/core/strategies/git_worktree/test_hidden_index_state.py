@@ -242,7 +242,8 @@ def make_super(tmp_path: Path) -> Path:
 
 
 def store_without_sandbox_admin(top: Path) -> dict[str, tuple[int, str]]:
-    """The module store, leaving out the registrations of worktrees (the sandbox's own)."""
+    """The module store, leaving out the registrations of worktrees (the sandbox's own) and
+    the store's index, whose stat cache the watching ``git status`` itself refreshes."""
     state = folder_state(top / ".git" / "modules")
     return {
         k: v
@@ -251,7 +252,7 @@ def store_without_sandbox_admin(top: Path) -> dict[str, tuple[int, str]]:
     }
 
 
-@pytest.mark.parametrize("ending", ["commit", "rollback", "two_phase"])
+@pytest.mark.parametrize("ending", ["commit", "rollback", "two_phase", "undo_commit"])
 def test_module_store_untouched_and_status_works_throughout(tmp_path: Path, ending: str) -> None:
     """``git status`` in the original works before, during (from a concurrent thread) and
     after the commit or rollback; the module store (objects, refs, config, HEAD) is as it was,
@@ -278,6 +279,9 @@ def test_module_store_untouched_and_status_works_throughout(tmp_path: Path, endi
     try:
         if ending == "commit":
             sandbox.commit()
+        elif ending == "undo_commit":
+            sandbox.commit()
+            sandbox.rollback()  # back to the pre-commit state, under the watcher's feet
         elif ending == "two_phase":
             sandbox.prepare("t")
             sandbox.apply_prepared("t")
