@@ -69,7 +69,8 @@ def work(repo: Path, i: int, shared: str) -> str:
 
 def rewrite(repo: Path, kind: str, depth: int) -> None:
     """Rewrite ``main``: drop the last ``depth`` commits, amend the last, drop one commit in the
-    middle by a rebase, or move the branch to a side line made from the root."""
+    middle by a rebase, amend one in the middle and rebase the rest onto it, or move the
+    branch to a side line made from the root."""
     if kind == "reset":
         git(repo, "reset", "-q", "--hard", f"HEAD~{depth}")
     elif kind == "amend":
@@ -78,6 +79,13 @@ def rewrite(repo: Path, kind: str, depth: int) -> None:
         git(repo, "commit", "-q", "--amend", "-m", "amended")
     elif kind == "rebase":
         git(repo, "rebase", "-q", "--onto", f"HEAD~{depth}", f"HEAD~{depth - 1}")
+    elif kind == "edit":  # amend a commit in the middle, replay the ones after it
+        target = git(repo, "rev-parse", f"HEAD~{depth - 1}")
+        git(repo, "checkout", "-q", "--detach", target)
+        (repo / "edited.txt").write_text(text("edited", "1"))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "--amend", "-m", "edited")
+        git(repo, "rebase", "-q", "--onto", "HEAD", target, "main")
     elif kind == "force":
         root = git(repo, "rev-list", "--max-parents=0", "HEAD")
         git(repo, "checkout", "-q", "-b", "side", root)
@@ -105,7 +113,7 @@ def land(sandbox: GitWorktreeSandbox, two_phase: bool) -> str:
 
 
 @pytest.mark.parametrize("two_phase", [False, True], ids=["one-shot", "two-phase"])
-@pytest.mark.parametrize("kind", ["reset", "amend", "rebase", "force"])
+@pytest.mark.parametrize("kind", ["reset", "amend", "rebase", "edit", "force"])
 def test_rewritten_branch_gets_only_the_sandbox_change(
     tmp_path: Path, kind: str, two_phase: bool
 ) -> None:
@@ -193,7 +201,7 @@ def test_branch_that_only_moved_forward_still_merges(tmp_path: Path) -> None:
 )
 @given(
     n=st.integers(1, 4),
-    kind=st.sampled_from(["none", "reset", "amend", "rebase", "force"]),
+    kind=st.sampled_from(["none", "reset", "amend", "rebase", "edit", "force"]),
     depth=st.integers(1, 4),
     after=st.lists(st.sampled_from(SHARED), max_size=2),
     edits=st.dictionaries(st.sampled_from([*SHARED, "s.txt"]), st.integers(0, 1), min_size=1),
@@ -224,7 +232,7 @@ def test_no_dropped_commit_comes_back_and_no_hidden_edit_is_lost(
     for name, version in edits.items():
         Path(sandbox.get_path(name)).write_text(text(name, f"sandbox{version}"))
     base = made[-1]
-    depth = min(depth, n) if kind in ("reset", "rebase") else depth
+    depth = min(depth, n) if kind in ("reset", "rebase", "edit") else depth
     rewrite(repo, kind, depth)
     for j, name in enumerate(after):
         work(repo, 10 + j, name)
