@@ -41,6 +41,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ HARDENING: tuple[tuple[str, str], ...] = (
     ("core.pager", "cat"),
     ("advice.detachedHead", "false"),
 )
+
+# How long a command that writes the index waits for another git's index.lock to go away.
+INDEX_LOCK_WAIT_SECONDS = 2.0
 
 # Variables that would make git run a program or look at another repository or namespace.
 _DROPPED_VARIABLES = (
@@ -142,9 +146,16 @@ _PERMISSION = re.compile(
 )
 
 
+# A full file system or quota (ENOSPC, EDQUOT), in git's words and the C library's.
+_NO_SPACE = re.compile(
+    r"No space left on device|Out of diskspace|Disk quota exceeded", re.IGNORECASE
+)
+
+
 @dataclass(frozen=True)
 class FailureKind:
-    """What a :class:`GitFailure` is: ``"lock"``, ``"permission"`` or ``"other"``.
+    """What a :class:`GitFailure` is: ``"lock"``, ``"permission"``, ``"space"`` (a full file
+    system or quota) or ``"other"``.
 
     ``lock_path`` is the lock file git found (``"lock"`` only).
     """
@@ -160,6 +171,8 @@ def failure_kind(failure: GitFailure) -> FailureKind:
     that already exists (left by a running or crashed git) is a lock.
     """
     text = failure.stderr
+    if _NO_SPACE.search(text):
+        return FailureKind("space")
     if _PERMISSION.search(text):
         return FailureKind("permission")
     found = _LOCK_EXISTS.search(text)
@@ -380,12 +393,36 @@ class GitCommand:
         *args: str,
         ok: Iterable[int] = (0,),
         stdin: str | None = None,
+        wait_index_lock: bool = False,
     ) -> GitResult:
         """Run ``git <prefix> <args>``; an exit status outside ``ok`` raises :class:`GitFailure`.
+
+        ``wait_index_lock``: the command writes the index; while it fails only because
+        ``index.lock`` exists (a ``git status`` of the user refreshing the index holds it for
+        milliseconds), it is run again, for at most :data:`INDEX_LOCK_WAIT_SECONDS`. git checks
+        the lock before writing anything, so a retry never repeats a write. A lock that stays
+        (a crashed git) is reported as before, after the wait.
 
         Raises:
             GitFailure: git exited with an unexpected status or could not be started.
         """
+        deadline = time.monotonic() + INDEX_LOCK_WAIT_SECONDS
+        pause = 0.005
+        while True:
+            result = self._run_once(args, stdin)
+            if not (wait_index_lock and result.status != 0 and time.monotonic() < deadline):
+                break
+            found = _LOCK_EXISTS.search(result.stderr)
+            if found is None or not found.group(1).endswith("index.lock"):
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        if result.status not in tuple(ok):
+            raise GitFailure(args, result.status, result.stderr or result.stdout)
+        return result
+
+    def _run_once(self, args: tuple[str, ...], stdin: str | None) -> GitResult:
+        """One run of ``git <prefix> <args>``, whatever its exit status."""
         command = [_git_program(), *self._prefix, *args]
         run_as = self.run_as
         try:
@@ -401,10 +438,7 @@ class GitCommand:
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise GitFailure(args, -1, str(exc)) from exc
-        result = GitResult(done.returncode, _decode(done.stdout), _decode(done.stderr))
-        if result.status not in tuple(ok):
-            raise GitFailure(args, result.status, result.stderr or result.stdout)
-        return result
+        return GitResult(done.returncode, _decode(done.stdout), _decode(done.stderr))
 
 
 def worktree_entry(path: Path, id_length: int) -> tuple[str, str] | None:
@@ -553,9 +587,19 @@ def repository_lock(common_dir: str) -> Iterator[None]:
     index and ref locks, which the product's updates also respect.
 
     Raises:
-        OSError: the lock file cannot be opened.
+        GitFailure: the lock file can neither be made nor opened (its words say why: a
+            read-only file system, permission denied).
     """
-    fd = os.open(str(Path(common_dir) / "sandbox-core.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    path = Path(common_dir) / "sandbox-core.lock"
+    try:
+        fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        # A read-only file system: an existing lock file still locks (flock needs no write);
+        # none there means nothing can be written anyway, which git would report as it does.
+        try:
+            fd = os.open(str(path), os.O_RDONLY)
+        except OSError:
+            raise GitFailure(["lock", str(path)], -1, f"cannot create {path}: {exc}") from exc
     try:
         owner = Path(common_dir).stat()
         if os.geteuid() == 0 and os.fstat(fd).st_uid != owner.st_uid:

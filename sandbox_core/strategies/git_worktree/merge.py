@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,12 @@ _CAS_ATTEMPTS = 3
 _MAX_PATHSPECS = 2000
 
 _NOT_UPTODATE = "not uptodate. Cannot merge."
+# read-tree stopped while writing the working tree (git's words, reason not always given).
+_WRITE_FAILED = re.compile(
+    r"unable to (?:write|create) (?:file|symlink)|unable to unlink|cannot create directory"
+)
+# Bytes kept free beyond the files and the index a merge writes: ref locks, reflog lines.
+_SPACE_MARGIN = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -272,6 +279,7 @@ class MergeBack(WorktreeBase):
                 plan = self._plan(original, snap, heads, text, from_base, verify=False)
                 updates = [
                     *self._snapshot_updates(snap, heads),
+                    *self._replay_updates(plan),
                     f"update {self._tag('pre-commit')} {plan.old}\n",
                 ]
                 if plan.new == plan.old:
@@ -366,6 +374,7 @@ class MergeBack(WorktreeBase):
                     raise self._overlap_error(SandboxCommitError, conflicts)
                 top = Path(str(self._meta()["original_toplevel"]))
                 self._check_writable(original, top, change.paths, SandboxCommitError)
+                self._check_space(original, top, change)
         return _Plan(heads.ref, old, new, how, change, half)
 
     def _check_worktree_head(self, worktree: GitCommand) -> None:
@@ -440,6 +449,14 @@ class MergeBack(WorktreeBase):
         updates.append(f"update {self._tag('committed')} {snap.tip}\n")
         return updates
 
+    def _replay_updates(self, plan: _Plan) -> list[str]:
+        """The ``update-ref --stdin`` line of the ``replayed`` tag (the commit a replay lands:
+        the sandbox commit itself is not in the target's history then, see
+        :meth:`GitWorktreeSandbox.commit_landed`); none for other merges."""
+        if plan.how != "replay":
+            return []
+        return [f"update {self._tag('replayed')} {plan.new}\n"]
+
     def _update_refs(
         self,
         original: GitCommand,
@@ -498,6 +515,8 @@ class MergeBack(WorktreeBase):
             merge_first = not self._needs_status(top, change)
             half = [] if merge_first else self._checked_overlap(original, old, new, paths, error)
             self._check_writable(original, top, paths, error)
+            if error is SandboxCommitError:
+                self._check_space(original, top, change)
         # Refuse before writing files that a failed ref move would revert.
         self._refuse_ref_locks(original, [*(line.split()[1] for line in updates or []), ref])
 
@@ -508,7 +527,9 @@ class MergeBack(WorktreeBase):
                 self._restore_from_index(original, half)
             owners = _Owners(top, paths, change.executable)
             self._touched = True
-            return owners, original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+            return owners, original.run(
+                "read-tree", "-m", "-u", old, new, ok=(0, 128), wait_index_lock=True
+            )
 
         owners, updated = merge(half)
         if updated.status != 0 and merge_first and self._refused(updated):
@@ -520,19 +541,35 @@ class MergeBack(WorktreeBase):
         if updated.status != 0 and _NOT_UPTODATE in updated.stderr:
             # The paths were checked clean by content just above: only the index's stat data is
             # stale (touch, chown -R, an fsGroup pass). Refresh it, as `git status` would.
+            # `--refresh` skips entries flagged assume-unchanged or skip-worktree: their flags
+            # are lifted for the written paths (the merge replaces those entries, flags and
+            # all, as git's own merge does) and put back if the merge still refuses.
             self._touched = False
-            original.run("update-index", "-q", "--refresh", ok=(0, 1))
+            flagged = self._index_flags(original, paths)
+            self._set_index_flags(original, flagged, lift=True)
+            original.run("update-index", "-q", "--refresh", ok=(0, 1), wait_index_lock=True)
             self._touched = True
-            updated = original.run("read-tree", "-m", "-u", old, new, ok=(0, 128))
+            updated = original.run(
+                "read-tree", "-m", "-u", old, new, ok=(0, 128), wait_index_lock=True
+            )
+            if updated.status != 0:
+                self._set_index_flags(original, flagged, lift=False)
         if updated.status != 0:
             failure = GitFailure(["read-tree", "-m", "-u", old, new], 128, updated.stderr)
             kind = failure_kind(failure).kind
+            wrote = kind in ("permission", "space") or bool(_WRITE_FAILED.search(updated.stderr))
             if kind == "lock" or _NOT_UPTODATE in updated.stderr:
                 self._touched = False  # read-tree checks everything before writing
-            elif kind == "permission":
-                self._put_back_partial_update(original, paths, owners)
-                self._touched = False
-            if kind != "other":
+            elif wrote:
+                # A file git could not replace, or a full file system, part-way.
+                self._touched = not self._put_back_partial_update(original, paths, owners)
+                if kind == "other" and not self._touched and error is SandboxCommitError:
+                    # git says "unable to write file" without the reason: a full file
+                    # system is told by the space it leaves (raises the space error).
+                    short = self._space_shortfall(original, top, change)
+                    if short is not None:
+                        raise short
+            if kind != "other" or wrote:
                 raise failure
             raise self._overlap_error(error, paths, updated.stderr)  # a change appeared since
         owners.restore()
@@ -542,7 +579,7 @@ class MergeBack(WorktreeBase):
         if moved.status == 0:
             self._move_submodules(original, top, old, new, paths)
             return True
-        original.run("read-tree", "-m", "-u", new, old)
+        original.run("read-tree", "-m", "-u", new, old, wait_index_lock=True)
         owners.restore()
         failure = GitFailure(["update-ref", ref], moved.status, moved.stderr)
         if failure_kind(failure).kind != "other":
@@ -570,6 +607,8 @@ class MergeBack(WorktreeBase):
         """True when a failed ``read-tree -m -u`` refused for the working tree or the index
         (not a lock or a permission problem, which have their own handling)."""
         failure = GitFailure(["read-tree"], updated.status, updated.stderr)
+        if _WRITE_FAILED.search(updated.stderr):
+            return False  # it stopped part-way while writing, it did not refuse
         return failure_kind(failure).kind == "other"
 
     def _checked_overlap(
@@ -620,7 +659,11 @@ class MergeBack(WorktreeBase):
     def _merge_result(
         self, original: GitCommand, base: str, snap: _Snapshot, old: str, message: str
     ) -> tuple[str, str]:
-        """(commit the target should point at, how): no-op, fast-forward or merge commit.
+        """(commit the target should point at, how): no-op, fast-forward, merge or replay.
+
+        When the target no longer contains the base (the branch was rewritten since create:
+        ``reset``, ``commit --amend``, ``rebase``, a forced ref move), the sandbox's own change
+        is replayed onto it (:meth:`_replayed`), so no commit the rewrite dropped comes back.
 
         Raises:
             SandboxConflictError: the merge conflicts (nothing touched).
@@ -633,20 +676,12 @@ class MergeBack(WorktreeBase):
         common = original.run("merge-base", old, tip, ok=(0, 1)).out
         if common == tip:
             return old, "no-op"  # it already landed (never commit twice)
+        if self._rewritten(original, base, old, common):
+            return self._replayed(original, base, tip, old, message)
         if common == old:
             return tip, "fast-forward"
-        merged = original.run(
-            "merge-tree",
-            "--write-tree",
-            "--name-only",
-            "--no-messages",
-            "-z",
-            old,
-            tip,
-            ok=(0, 1),
-        )
-        fields = merged.nul_fields()
-        if merged.status == 1:
+        status, fields = self._merge_trees(original, base, old, tip, rewritten=False)
+        if status == 1:
             conflicts = sorted(set(fields[1:]))
             raise SandboxConflictError(
                 f"sandbox {self.sandbox_id} conflicts with the original in: "
@@ -657,21 +692,106 @@ class MergeBack(WorktreeBase):
         commit = original.run("commit-tree", fields[0], "-p", old, "-p", tip, "-m", message)
         return commit.out, "merge"
 
+    @staticmethod
+    def _rewritten(original: GitCommand, base: str, old: str, common: str | None = None) -> bool:
+        """True when ``old`` (the target's commit) does not contain ``base`` (the commit the
+        sandbox was made from): its branch was rewritten since.
+
+        ``common``: the merge base of ``old`` and the sandbox's tip when known. It equals
+        ``base`` whenever the branch only moved forward, so the usual answer costs no process;
+        otherwise one ``merge-base --is-ancestor``.
+        """
+        if old == base or common == base:
+            return False
+        found = original.run("merge-base", "--is-ancestor", base, old, ok=(0, 1, 128))
+        return found.status != 0
+
+    @staticmethod
+    def _merge_trees(
+        original: GitCommand, base: str, old: str, theirs: str, *, rewritten: bool
+    ) -> tuple[int, list[str]]:
+        """``merge-tree --write-tree`` of ``old`` and ``theirs`` (a commit on ``base``): its exit
+        status (1: conflicts) and its ``-z --name-only`` fields (tree id, conflicted paths).
+
+        When the branch was rewritten (``rewritten``: ``old`` lacks ``base``) the merge base
+        is forced to ``base``: ``old``'s tree is merged as a throw-away commit whose only
+        parent is ``base`` (git 2.39 has no ``--merge-base``), so exactly the change ``base``
+        -> ``theirs`` is applied to ``old``; what the rewrite dropped stays dropped. Objects
+        only.
+        """
+        ours = old
+        if rewritten:
+            ours = original.run(
+                "commit-tree", f"{old}^{{tree}}", "-p", base, "-m", "sandbox-core replay base"
+            ).out
+        merged = original.run(
+            "merge-tree",
+            "--write-tree",
+            "--name-only",
+            "--no-messages",
+            "-z",
+            ours,
+            theirs,
+            ok=(0, 1),
+        )
+        return merged.status, merged.nul_fields()
+
+    def _replayed(
+        self, original: GitCommand, base: str, tip: str, old: str, message: str
+    ) -> tuple[str, str]:
+        """(commit, ``"replay"``): the sandbox's own change (``base`` -> ``tip``) applied onto the
+        rewritten target ``old`` as one commit whose only parent is ``old``; (``old``,
+        ``"no-op"``) when ``old`` already holds it.
+
+        Raises:
+            SandboxConflictError: the change overlaps what the rewrite changed (``conflicts``);
+                the message names the base and the target's current commit.
+        """
+        status, fields = self._merge_trees(original, base, old, tip, rewritten=True)
+        ref = self._meta()["target_ref"] or "HEAD"
+        if status == 1:
+            conflicts = sorted(set(fields[1:]))
+            raise SandboxConflictError(
+                f"{ref} was rewritten since sandbox {self.sandbox_id} was created: it no longer "
+                f"contains the sandbox's base {base} (it is now at {old}). The sandbox's own "
+                f"change, replayed onto it, conflicts in: {', '.join(conflicts)}. Nothing was "
+                f"changed. Resolve them in {self.original_path} (or discard the sandbox's "
+                "version) and retry.",
+                conflicts=conflicts,
+            )
+        if fields[0] == original.run("rev-parse", f"{old}^{{tree}}").out:
+            return old, "no-op"
+        logger.info(
+            "%s was rewritten since sandbox %s was created (base %s, now %s): replaying its "
+            "own change only",
+            ref,
+            self.sandbox_id,
+            base,
+            old,
+        )
+        commit = original.run("commit-tree", fields[0], "-p", old, "-m", message)
+        return commit.out, "replay"
+
     def _put_back_partial_update(
         self, original: GitCommand, paths: list[str], owners: _Owners
-    ) -> None:
+    ) -> bool:
         """Undo the files a failed ``read-tree -m -u`` wrote before it stopped (an immutable or
-        unwritable file part-way): it writes the index last, so the index still holds the
-        original's state; tracked paths are checked out from it, new files are removed."""
+        unwritable file, or a full file system, part-way): it writes the index last, so the
+        index still holds the original's state; tracked paths are checked out from it, new
+        files are removed. True when every such path is back (checked again after)."""
         written = sorted(self._local_changes(original, paths) & set(paths))
         if not written:
-            return
+            return True
         self._restore_from_index(original, written)
         for folder in owners.created_folders():
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only the empty folders read-tree made
         owners.restore()
         owners.put_back_times(written)
+        left = sorted(self._local_changes(original, written) & set(written))
+        if left:
+            logger.error("sandbox %s: could not put back %s", self.sandbox_id, ", ".join(left))
+        return not left
 
     def _move_submodules(
         self, original: GitCommand, top: Path, old: str, new: str, paths: list[str]
@@ -750,20 +870,97 @@ class MergeBack(WorktreeBase):
                 "trust the repository's owner (option trust_repository_owner=true), and retry.",
             )
 
+    def _check_space(self, original: GitCommand, top: Path, change: _Change) -> None:
+        """Refuse up front (nothing touched) when the file system of the original cannot hold
+        what the merge writes.
+
+        Every object the commit needs is already in the repository's object store (written
+        by ``add -A``, ``commit-tree``, ``merge-tree``: git's private area); what is left to
+        write is the files of the changed paths and a new index. git replaces a file by
+        unlink + create, so the need is bounded by the growth of each file (its size in the
+        sandbox, rounded up to blocks, less the blocks of the file it replaces) plus the index
+        and a margin for ref locks and reflogs, compared with the space free to the user git
+        runs as (``statvfs``). A few ``lstat`` calls, no process. A file system that fills up
+        anyway during the merge is handled by putting back what was written (:meth:`_apply`).
+
+        Raises:
+            SandboxCommitError: ``retryable``; not enough space, nothing changed.
+        """
+        short = self._space_shortfall(original, top, change)
+        if short is not None:
+            raise short
+
+    def _space_shortfall(
+        self, original: GitCommand, top: Path, change: _Change
+    ) -> SandboxError | None:
+        """The error :meth:`_check_space` raises when space is short now, else None."""
+        sandbox = Path(self._sandbox_dir())
+        block = 4096
+        need = _SPACE_MARGIN
+        for rel in [*change.added, *change.changed]:
+            try:
+                size = os.lstat(sandbox / rel).st_size
+            except OSError:
+                size = 0
+            try:
+                old = os.lstat(top / rel).st_blocks * 512
+            except OSError:
+                old = 0
+            need += max(0, -(-size // block) * block - old)
+        index = Path(original.git_dir) / "index"
+        try:
+            index_size = index.stat().st_size
+        except OSError:
+            index_size = 0
+        root = (original.run_as.uid if original.run_as else os.geteuid()) == 0
+        checks = [(str(top), need)]
+        try:
+            same = top.stat().st_dev == Path(original.git_dir).stat().st_dev
+        except OSError:
+            same = True
+        if same:
+            checks[0] = (str(top), need + index_size)
+        else:
+            checks.append((original.git_dir, index_size + _SPACE_MARGIN))
+        for where, wanted in checks:
+            try:
+                info = os.statvfs(where)
+            except OSError:
+                continue
+            free = (info.f_bfree if root else info.f_bavail) * info.f_frsize
+            if free < wanted:
+                return _error(
+                    "commit",
+                    "space",
+                    f"not enough space on the file system of {where}: writing sandbox "
+                    f"{self.sandbox_id} into {self.original_path} needs about {wanted} bytes, "
+                    f"{free} are free. Nothing was changed. Free space on that volume (or grow "
+                    "it) and retry.",
+                )
+        return None
+
     def _restore_from_index(self, original: GitCommand, paths: list[str]) -> None:
         """Put ``paths`` back as the original's index has them: tracked paths are checked out
         from it, files it does not track are removed (they hold what a merge wrote)."""
         listed = original.run("--literal-pathspecs", "ls-files", "-z", "--", *paths)
         tracked = set(listed.nul_fields())
-        restore = "\0".join(rel for rel in paths if rel in tracked)
-        if restore:
-            original.run(
-                "checkout-index", "-f", "-q", "-z", "--stdin", stdin=restore, ok=(0, 1, 128)
-            )
         top = Path(str(self._meta()["original_toplevel"]))
+        # New files first: on a full file system they hold the space the checkout needs.
         for rel in paths:
             if rel not in tracked and os.path.lexists(top / rel) and not (top / rel).is_dir():
                 (top / rel).unlink()
+        restore = "\0".join(rel for rel in paths if rel in tracked)
+        if restore:
+            original.run(
+                "checkout-index",
+                "-f",
+                "-q",
+                "-z",
+                "--stdin",
+                stdin=restore,
+                ok=(0, 1, 128),
+                wait_index_lock=True,
+            )
 
     def _overlap(
         self, original: GitCommand, old: str, new: str, paths: list[str]
@@ -887,6 +1084,7 @@ class MergeBack(WorktreeBase):
                 for path in paths
                 if any(_blocked_by_ignored_dir(path, folder, top) for folder in ignored_dirs)
             )
+        dirty.update(self._hidden_changes(original, top, limit))
         listed = set(paths)
         folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
         for folder in folders - listed:
@@ -894,6 +1092,59 @@ class MergeBack(WorktreeBase):
             if where.is_symlink() or (os.path.lexists(where) and not where.is_dir()):
                 dirty.add(folder)
         return dirty
+
+    @staticmethod
+    def _index_flags(original: GitCommand, paths: list[str]) -> dict[str, str]:
+        """{path: ``ls-files -v`` tag} of the entries among ``paths`` flagged assume-unchanged
+        (lowercase tag) or skip-worktree (``S``/``s``)."""
+        listed = original.run("--literal-pathspecs", "ls-files", "-v", "-z", "--", *paths)
+        flagged = {}
+        for entry in listed.nul_fields():
+            tag, _, rel = entry.partition(" ")
+            if tag.islower() or tag == "S":
+                flagged[rel] = tag
+        return flagged
+
+    @staticmethod
+    def _set_index_flags(original: GitCommand, flagged: dict[str, str], *, lift: bool) -> None:
+        """Lift (``lift``) or put back the flags :meth:`_index_flags` found."""
+        assumed = sorted(rel for rel, tag in flagged.items() if tag.islower())
+        skipped = sorted(rel for rel, tag in flagged.items() if tag in ("S", "s"))
+        for option, chosen in (("assume-unchanged", assumed), ("skip-worktree", skipped)):
+            if chosen:
+                flag = f"--no-{option}" if lift else f"--{option}"
+                original.run("update-index", flag, "-z", "--stdin", stdin="\0".join(chosen),
+                             wait_index_lock=True)  # fmt: skip
+
+    @staticmethod
+    def _hidden_changes(original: GitCommand, top: Path, limit: list[str]) -> set[str]:
+        """Paths whose index entry hides local work from ``status`` (case 40).
+
+        ``status`` trusts the index flags ``assume-unchanged`` (``update-index
+        --assume-unchanged``) and ``skip-worktree`` (``--skip-worktree``, sparse checkout) and
+        never looks at such files, while ``read-tree -m -u`` does look and refuses. So every
+        flagged entry among the paths (``limit``: a pathspec, or empty for all) is compared by
+        content with the file (hashed, no git process, nothing written): a file whose content
+        or type differs is the user's work; a missing file is too, except for a skip-worktree
+        entry (a sparse checkout leaves such files out on purpose). Gitlinks are left to the
+        submodule checks. One ``ls-files -v -s``.
+        """
+        listed = original.run("--literal-pathspecs", "ls-files", "-v", "-s", "-z", *limit)
+        hidden: set[str] = set()
+        for entry in listed.nul_fields():
+            info, _, rel = entry.partition("\t")
+            fields = info.split()
+            if len(fields) < 4 or fields[0] not in ("h", "s", "S") or fields[1] == "160000":
+                continue
+            tag, mode, oid = fields[:3]
+            on_disk = worktree_entry(top / rel, len(oid))
+            if on_disk is None:
+                if tag != "S" or os.path.lexists(top / rel):
+                    hidden.add(rel)  # deleted under assume-unchanged, or another file type
+                continue
+            if on_disk[1] != oid or (on_disk[0] == "120000") != (mode == "120000"):
+                hidden.add(rel)
+        return hidden
 
     @staticmethod
     def _classify(original: GitCommand, base: str, tip: str) -> _Change:

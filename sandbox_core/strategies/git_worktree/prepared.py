@@ -184,19 +184,11 @@ class PreparedMergeBack(MergeBack):
         if sha != base:
             # The original moved since create: merge as the commit would, on a commit object
             # of the staged tree (written, never referenced: left to git's gc).
+            # A branch rewritten since create gets the sandbox's own change replayed onto it.
             probe = worktree.run("commit-tree", tree, "-p", "HEAD", "-m", "sandbox-core review")
-            merged = original.run(
-                "merge-tree",
-                "--write-tree",
-                "--name-only",
-                "--no-messages",
-                "-z",
-                sha,
-                probe.out,
-                ok=(0, 1),
-            )
-            fields = merged.nul_fields()
-            if merged.status == 1:
+            rewritten = self._rewritten(original, base, sha)
+            status, fields = self._merge_trees(original, base, sha, probe.out, rewritten=rewritten)
+            if status == 1:
                 return sorted(set(fields[1:]))
             new = fields[0]
             paths = self._classify(original, sha, new).paths
@@ -237,6 +229,7 @@ class PreparedMergeBack(MergeBack):
                 # all: a refused prepare leaves nothing behind.
                 updates = [
                     *self._snapshot_updates(snap, heads),
+                    *self._replay_updates(plan),
                     f"update {prefix}new {plan.new}\n",
                     f"update {prefix}old {plan.old}\n",
                     f"update {prefix}tip {snap.tip}\n",
@@ -354,13 +347,19 @@ class PreparedMergeBack(MergeBack):
         recorded by ``prepare`` under ``txid``."""
         prefix = self._prepared_prefix(txid)
         listed = original.run(
-            "for-each-ref", "--format=%(refname)%00%(objectname)%00%(contents)%00", prefix
+            "for-each-ref",
+            "--format=%(refname)%00%(objectname)%00%(parent)%00%(contents)%00",
+            prefix,
         ).stdout.split("\0")
         refs = {}
+        parents = {}
         messages = {}
-        for name, sha, contents in zip(listed[0::3], listed[1::3], listed[2::3], strict=False):
+        for name, sha, parent, contents in zip(
+            listed[0::4], listed[1::4], listed[2::4], listed[3::4], strict=False
+        ):
             key = name.strip().removeprefix(prefix)
             refs[key] = sha
+            parents[key] = parent.split()
             messages[key] = contents.strip()
         if not {"new", "old", "tip"} <= refs.keys():
             raise SandboxCommitError(
@@ -377,6 +376,8 @@ class PreparedMergeBack(MergeBack):
         else:
             change = self._classify(original, old, new)
         how = "no-op" if new == old else "fast-forward" if new == tip else "merge"
+        if how == "merge" and len(parents["new"]) == 1:
+            how = "replay"  # onto a rewritten branch: the sandbox's change, one parent
         ref = str(self._meta()["target_ref"] or "HEAD")
         plan = _Plan(ref, old, new, how, change, None)
         lists = (from_base.added, from_base.changed, from_base.deleted)

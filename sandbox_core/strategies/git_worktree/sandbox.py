@@ -24,6 +24,15 @@ Policies (each tested in ``tests/core/strategies/git_worktree/test_field_cases.p
   the commit is refused with ``conflicts`` and the original is untouched (case 03).
 - The original's HEAD must still be where it was at create: on the same branch, or detached (then
   the commit moves the detached HEAD). Otherwise commit refuses.
+- The base commit is recorded at create (``base_commit``). A branch rewritten since (reset,
+  amend, rebase, forced move: the target no longer contains the base) gets only the sandbox's
+  own change, replayed as one commit on the target; no dropped commit comes back, and an
+  overlap with the rewrite is a conflict naming base and current commit.
+- Local work hidden from ``status`` by ``assume-unchanged`` / ``skip-worktree`` is found by
+  content in every check (review, prepare, commit, rollback), so prepare refuses what apply
+  would (case 40).
+- A full or read-only file system during a commit leaves the original as it was and the
+  sandbox ACTIVE (space checked before the files are written; a partial write put back).
 - Rollback from COMMITTED restores the original branch to the pre-commit commit only while the
   branch still points at the sandbox's merge result, with the same two-tree method (uncommitted
   work elsewhere survives); otherwise :class:`SandboxRollbackError`.
@@ -136,8 +145,9 @@ class GitWorktreeSandbox(PreparedMergeBack):
 
         Reads the ``sandbox/<id>/committed`` tag written before every merge, so a fresh process
         (crash recovery) can tell whether an in-flight commit landed. The target is the branch
-        recorded at create (or the original's HEAD when it was detached). False when no commit was
-        ever attempted.
+        recorded at create (or the original's HEAD when it was detached). A commit replayed onto
+        a rewritten branch is told by its ``replayed`` tag. False when no commit was ever
+        attempted.
 
         Raises:
             SandboxStateError: the sandbox was never created.
@@ -154,6 +164,11 @@ class GitWorktreeSandbox(PreparedMergeBack):
             target = meta["target_ref"] or "HEAD"
             current = original.run("rev-parse", "--verify", f"{target}^{{commit}}").out
             landed = original.run("merge-base", "--is-ancestor", tagged.out, current, ok=(0, 1))
+            if landed.status != 0:
+                # Replayed onto a rewritten branch: the replayed commit is what lands.
+                landed = original.run(
+                    "merge-base", "--is-ancestor", self._tag("replayed"), current, ok=(0, 1, 128)
+                )
         except GitFailure as exc:
             raise SandboxError(f"cannot check commit of sandbox {self.sandbox_id}: {exc}") from exc
         return landed.status == 0
@@ -326,8 +341,10 @@ class GitWorktreeSandbox(PreparedMergeBack):
         Raises:
             SandboxConflictError: the changes overlap changes in the original (``conflicts``).
             SandboxCommitLockedError: a leftover git lock file (``lock_path``) blocks it.
-            SandboxCommitPermissionError: the original cannot be written, or its owner is
-                another user who is not trusted.
+            SandboxCommitPermissionError: the original cannot be written (also a read-only
+                file system), or its owner is another user who is not trusted.
+            SandboxCommitError with ``retryable`` True: the file system of the repository is
+                full (ENOSPC, EDQUOT); nothing was changed (what git had written is put back).
             SandboxCommitError: any other failure (status becomes ERRORED).
 
         The three refusals above leave the original untouched and the sandbox ACTIVE, so the
@@ -340,6 +357,12 @@ class GitWorktreeSandbox(PreparedMergeBack):
             except (SandboxLockedError, SandboxPermissionError):
                 if not self._touched and self._status is SandboxStatus.ERRORED:
                     self._status = SandboxStatus.ACTIVE  # refused before anything changed
+                raise
+            except SandboxError as exc:
+                # A full file system met before the original changed, or undone: retry later.
+                full = getattr(exc, "retryable", False)
+                if full and not self._touched and self._status is SandboxStatus.ERRORED:
+                    self._status = SandboxStatus.ACTIVE
                 raise
 
     def _do_commit(self, message: str | None) -> CommitResult:

@@ -81,12 +81,18 @@ def _truthy(value: object) -> bool:
 
 
 def _error(phase: str, kind: str, message: str, *, untouched: bool = True) -> SandboxError:
-    """The ``phase``'s error class for ``kind`` (``lock``, ``permission``, ``other``)."""
+    """The ``phase``'s error class for ``kind`` (``lock``, ``permission``, ``space``,
+    ``other``). A ``space`` error (a full file system, nothing changed) is the phase's plain
+    class marked ``retryable`` (True), as :class:`SandboxRetryableError` is: not now, later."""
     plain, locked, denied = _PHASE_ERRORS[phase]
     cls = {"lock": locked, "permission": denied}.get(kind, plain)
     if phase == "rollback":
-        return cls(message, refused=untouched and kind != "other")  # type: ignore[call-arg]
-    return cls(message)
+        error = cls(message, refused=untouched and kind != "other")  # type: ignore[call-arg]
+    else:
+        error = cls(message)
+    if kind == "space" and untouched:
+        error.retryable = True  # type: ignore[attr-defined]
+    return error
 
 
 def _translate(
@@ -105,12 +111,21 @@ def _translate(
         error.lock_path = kind.lock_path  # type: ignore[attr-defined]
         return error
     if kind.kind == "permission":
+        what = "permission denied"
+        if "read-only file system" in failure.stderr.lower():
+            what = "the file system is read-only"
         message = (
-            f"{doing}: permission denied ({failure.stderr}). Give this process (uid "
+            f"{doing}: {what} ({failure.stderr}). Give this process (uid "
             f"{os.geteuid()}) write access to {repo} (owner, group or mode), or trust the "
             f"repository's owner (option trust_repository_owner=true). {outcome}"
         )
         return _error(phase, "permission", message, untouched=untouched)
+    if kind.kind == "space":
+        message = (
+            f"{doing}: the file system is full ({failure.stderr}). {outcome} Free space on "
+            f"the volume of {repo} (or grow it) and retry."
+        )
+        return _error(phase, "space", message, untouched=untouched)
     return _error(phase, "other", f"{doing}: {failure}", untouched=False)
 
 

@@ -247,6 +247,7 @@ def test_prepare_and_apply_prepared_process_counts(tmp_path: Path, calls: list[s
         "for-each-ref",
         "commit-tree",
         "status",
+        "ls-files",  # index flags that hide local work from status (case 40)
         "update-ref",
     ]
     calls.clear()
