@@ -1,4 +1,4 @@
-# ruff: noqa: PTH100, PTH118
+# ruff: noqa: PTH118
 # Why: this module works on str names with os-level calls (openat, renameat, fstatat) on
 # purpose: it is the commit's inner loop, measured against rsync.
 """Writes beneath a directory through descriptors: a path component swapped for a symlink
@@ -46,7 +46,13 @@ def _load_renameat2() -> Callable[..., int] | None:
     function = getattr(libc, "renameat2", None) if libc is not None else None
     if function is None:
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
     function.restype = ctypes.c_int
     return function  # type: ignore[no-any-return]
 
@@ -213,7 +219,7 @@ def rename(src: Beneath, src_rel: str, dst: Beneath, dst_rel: str, *, replace: b
         SwappedPathError: a parent component is a symlink or not a directory.
         OSError: the rename failed.
     """
-    global _noreplace_works  # noqa: PLW0603  (learnt once per process)
+    global _noreplace_works  # learnt once per process
     src_fd, src_name = src.at(src_rel)
     dst_fd, dst_name = dst.at(dst_rel)
     if fault_hook is not None:

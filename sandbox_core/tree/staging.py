@@ -28,10 +28,14 @@ from typing import Any
 from sandbox_core import durable
 from sandbox_core.durable import defer_durability, fsync_dir
 from sandbox_core.tree import sync
-from sandbox_core.tree.copy import LinkMap, copy_entry
-from sandbox_core.tree.guards import check_key, mount_points_inside, refuse_mount_points
 from sandbox_core.tree.beneath import Beneath
-from sandbox_core.tree.guards import RefusedBeforeWriteError
+from sandbox_core.tree.copy import LinkMap, copy_entry
+from sandbox_core.tree.guards import (
+    RefusedBeforeWriteError,
+    check_key,
+    mount_points_inside,
+    refuse_mount_points,
+)
 from sandbox_core.tree.scan import (
     INNER_STAGING_PREFIX,
     StrPath,
@@ -57,8 +61,8 @@ from sandbox_core.tree.sync import (
     _plan,
     _recover_one,
     _root_ops,
-    _undo,
     _staging_dirs,
+    _undo,
     _write_journal,
     refuse_flagged,
 )
@@ -384,8 +388,11 @@ def apply_staged(
 
     Idempotent: the journal says ``"applying-two-phase"`` before the first rename and every
     rename is skipped once done, so a call after a crash at any point finishes the apply
-    exactly (rolls forward; it is never undone: the decision was taken). Does not check for
-    concurrent changes: call :func:`verify_staged` first, under :func:`lock_tree`.
+    exactly (rolls forward; it is never undone: the decision was taken). Call
+    :func:`verify_staged` first, under :func:`lock_tree`; each replaced path's stamp is also
+    compared with the prepare's right before its rename, through directory descriptors: a
+    change there (another writer, a folder swapped for a symlink: cases 43, 44) puts back what
+    was renamed, sets the area back to staged and raises the refusal.
 
     ``on_applied`` runs once every rename is done and the journal says so, before the
     replaced entries are handed over and the area is dropped (again on a resumed call, so it
@@ -397,6 +404,8 @@ def apply_staged(
         or never staged).
 
     Raises:
+        ChangedMeanwhileError: a replaced path changed since prepare (nothing left changed).
+        SwappedPathError: a folder became a symlink or moved (nothing left changed).
         OSError: a rename failed (retry; the apply resumes where it stopped).
     """
     target_s = os.path.abspath(target)
@@ -449,7 +458,8 @@ def _apply_checked(
                 _undo(fds, area, ops)
             except Exception as undo_exc:
                 raise OSError(
-                    errno.EIO, f"the apply to {target} was refused mid-way and its undo "
+                    errno.EIO,
+                    f"the apply to {target} was refused mid-way and its undo "
                     f"failed: {undo_exc}; apply again to finish it",
                 ) from undo_exc
             journal["state"] = _STAGED

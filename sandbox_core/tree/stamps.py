@@ -63,7 +63,8 @@ def take(target: str, paths: Iterable[str]) -> Guard:
         if stat.S_ISDIR(st.st_mode):
             for sub, sub_path, sub_st in _walk(path, ()):
                 guard[f"{rel}/{sub}"] = stamp_text(
-                    sub_st, lambda p=sub_path: os.readlink(p)  # type: ignore[misc]
+                    sub_st,
+                    lambda p=sub_path: os.readlink(p),  # type: ignore[misc]
                 )
     return guard
 

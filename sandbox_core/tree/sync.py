@@ -1,4 +1,4 @@
-# ruff: noqa: PTH100, PTH101, PTH102, PTH103, PTH104, PTH110, PTH112, PTH116, PTH118, PTH120
+# ruff: noqa: PTH100, PTH102, PTH103, PTH104, PTH110, PTH112, PTH116, PTH118, PTH120
 # Why: this module works on str paths with os-level calls (scandir, lstat, rename) on purpose:
 # scans and syncs of 5,000+ entry trees are measured against cp/rsync, and pathlib objects per
 # entry cost time for nothing here.
@@ -10,6 +10,12 @@ A sync plans disjoint replace roots plus directory metadata changes (:func:`_pla
 new entries into a staging area on the target's filesystem (:func:`staging_dir_for`), writes a
 journal, then swaps each path in with two renames, keeping the replaced entry. The two-phase
 commit (:mod:`sandbox_core.tree.staging`) runs the same plan and renames in two halves.
+
+Every rename and metadata change of the target (and of the staging area) goes through
+directory descriptors (:class:`~sandbox_core.tree.beneath.Beneath`: no write through a folder
+swapped for a symlink, case 44), and each replaced path's stamp, taken when the sync planned
+(:mod:`sandbox_core.tree.stamps`), is compared right before its rename: another writer's change
+since refuses the sync with everything put back (case 43).
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from typing import Any
 from ulid import ULID
 
 from sandbox_core.durable import fsync_dir, write_json_atomic
-from sandbox_core.tree.copy import _SKIPPED_XATTR_ERRNOS, LinkMap, _move, _remove, copy_entry
 from sandbox_core.tree import beneath
 from sandbox_core.tree.beneath import Beneath
+from sandbox_core.tree.copy import _SKIPPED_XATTR_ERRNOS, LinkMap, _move, _remove, copy_entry
 from sandbox_core.tree.guards import (
     _APPEND_FL,
     _IMMUTABLE_FL,
@@ -490,7 +496,9 @@ def _run(
         _finish(staging, journal)
     except BaseException as exc:
         if os.path.isdir(staging):
-            _undo_or_fail(target, staging, fds, area, refused=isinstance(exc, RefusedBeforeWriteError))
+            _undo_or_fail(
+                target, staging, fds, area, refused=isinstance(exc, RefusedBeforeWriteError)
+            )
         raise
     finally:
         fds.close()
@@ -626,6 +634,10 @@ def sync_tree(
     Raises:
         FileNotFoundError: ``source`` or ``target`` is missing.
         FileExistsError: ``backup_dir`` exists.
+        ChangedMeanwhileError: a replaced path changed after the sync planned (another writer,
+            case 43); ``target`` is as that writer left it.
+        SwappedPathError: a folder of ``target`` became a symlink or was moved away while the
+            sync ran (case 44); nothing was written through it, the renames are put back.
         OSError: the sync failed; ``target`` is unchanged.
     """
     source_s, target_s = os.path.abspath(source), os.path.abspath(target)

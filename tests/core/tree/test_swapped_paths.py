@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from sandbox_core.errors import SandboxCommitError
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.overlay import mount as _overlay_mount
 from sandbox_core.tree import beneath, staging
 from sandbox_core.tree.guards import ChangedMeanwhileError, SwappedPathError
 from sandbox_core.tree.scan import scan_tree
@@ -32,7 +34,7 @@ from sandbox_core.tree.sync import sync_tree
 from tests.support.directory_sandboxes import STRATEGIES, Make
 from tests.support.tree_generators import PROPERTY
 
-BULK = 3000
+BULK = 500  # the case has 3,000; the staging area only needs to live while the watcher looks
 
 
 def _contents(root: Path) -> dict[str, str]:
@@ -65,6 +67,7 @@ class Watcher:
                     self.action()
                     self.fired.set()
                     return
+            time.sleep(0.0005)  # leave the commit thread the interpreter between looks
 
     def __enter__(self) -> Watcher:
         self._thread.start()
@@ -189,7 +192,10 @@ def test_case_43_a_the_applications_write_during_a_commit_is_kept(
         with (src / "ledger").open("a") as handle:
             handle.write(APP_LINE)
 
-    with Watcher([w / "vol", src], app_writes) as watcher, pytest.raises(SandboxCommitError) as caught:
+    with (
+        Watcher([w / "vol", src], app_writes) as watcher,
+        pytest.raises(SandboxCommitError) as caught,
+    ):
         sandbox.commit()
     assert watcher.fired.is_set()
     assert "ledger" in caught.value.conflicts
@@ -334,14 +340,14 @@ def test_property_a_component_swapped_at_any_step_never_redirects_a_write(
         for rel, text in files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
-    for rel, text in edits.items():
-        if text is None:
+    for rel, edit in edits.items():
+        if edit is None:
             (src / rel).unlink()
         else:
-            (src / rel).write_text(text)
+            (src / rel).write_text(edit)
     outside.mkdir()
     (outside / "f").write_text("OUTSIDE\n")
-    for name in NAMES + ["added", "e", "g", "i"]:
+    for name in [*NAMES, "added", "e", "g", "i"]:
         (outside / name).write_text(f"outside {name}\n")
     outside_before = _contents(outside)
     dst_before = _contents(dst)
@@ -387,3 +393,54 @@ def test_property_a_component_swapped_at_any_step_never_redirects_a_write(
         beneath.fault_hook = None
     assert _contents(outside) == outside_before
     shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("event", ["case 43: a write", "case 44: a swapped folder"])
+@pytest.mark.parametrize("make", STRATEGIES, indirect=True)
+def test_two_phase_apply_of_every_mode_refuses_a_change_met_right_before_a_rename(
+    make: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, event: str
+) -> None:
+    """Cases 43 and 44 on the two-phase path: after ``prepare`` (and after ``apply_prepared``'s
+    own check), the application appends to ``sub/ledger`` or swaps ``sub`` for a symlink right
+    before the apply reaches it: the apply is a conflict naming it, the original is as the
+    application left it, nothing outside is written, the sandbox stays ACTIVE (the kernel
+    overlay mounted again)."""
+    w = tmp_path / "w"
+    src, outside = w / "vol" / "src", w / "outside"
+    (src / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (src / "a").write_text("a old\n")
+    (src / "sub" / "ledger").write_text("seed\n")
+    (outside / "ledger").write_text("OUTSIDE\n")
+    sandbox = make(src)
+    sandbox.create("plan")
+    view = Path(sandbox.get_path(""))
+    (view / "a").write_text("a new\n")
+    (view / "sub" / "ledger").write_text("seed\nsandbox\n")
+    sandbox.prepare("tx1")
+    swap = event.startswith("case 44")
+
+    def meanwhile(call: str, rel: str) -> None:
+        if not rel.startswith("sub") or (w / "done").exists():
+            return
+        (w / "done").touch()
+        if swap:
+            os.rename(src / "sub", w / "sub.moved")
+            os.symlink(outside, src / "sub")
+        else:
+            with (src / "sub" / "ledger").open("a") as handle:
+                handle.write("app\n")
+
+    monkeypatch.setattr(beneath, "fault_hook", meanwhile)
+    with pytest.raises(SandboxCommitError) as caught:
+        sandbox.apply_prepared("tx1")
+    monkeypatch.setattr(beneath, "fault_hook", None)
+    assert caught.value.conflicts == (["sub"] if swap else ["sub/ledger"])
+    assert sandbox.status is SandboxStatus.ACTIVE
+    assert (outside / "ledger").read_text() == "OUTSIDE\n"
+    assert (src / "a").read_text() == "a old\n"
+    kept = (w / "sub.moved") if swap else (src / "sub")
+    assert (kept / "ledger").read_text() == ("seed\n" if swap else "seed\napp\n")
+    if getattr(sandbox, "overlay_mode", None) == "kernel":
+        assert _overlay_mount.is_overlay_mounted(view)
+    sandbox.abort_prepared("tx1")
