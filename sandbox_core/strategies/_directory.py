@@ -47,7 +47,7 @@ from sandbox_core.durable import defer_durability, write_json_atomic
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 from sandbox_core.strategies.base import BaseSandbox
-from sandbox_core.tree.guards import check_key, lock_tree
+from sandbox_core.tree.guards import RefusedBeforeWriteError, check_key, lock_tree
 from sandbox_core.tree.scan import TreeChanges
 from sandbox_core.tree.staging import (
     abort_staged,
@@ -239,14 +239,17 @@ def apply(
     backup_dir: Path,
     before: Callable[[], None] | None = None,
     after: Callable[[], None] | None = None,
+    refused: Callable[[], None] | None = None,
 ) -> CommitResult:
     """Apply the commit staged under ``txid`` (see the module docstring). ``before`` runs
     right before the renames and ``after`` right after them (the kernel overlay unmounts and
-    remounts there); both must be idempotent.
+    remounts there); both must be idempotent. ``refused`` runs when the renames were refused
+    and put back (the kernel overlay remounts its layers as they were).
 
     Raises:
         SandboxCommitError: nothing prepared under ``txid``, or a staged path changed in the
-            original since prepare (``conflicts``; nothing touched).
+            original since prepare, also right before its rename (``conflicts``; nothing
+            touched).
         OSError: a step failed (retry: the apply resumes).
     """
     key = key_for(sandbox, txid)  # validates txid before it names a file
@@ -292,7 +295,18 @@ def apply(
                 shutil.rmtree(backup_dir)  # a previous commit's, as the one-shot commit drops it
         if before is not None:
             before()
-        if not apply_staged(original, key, on_applied=applied):
+        try:
+            landed = apply_staged(original, key, on_applied=applied)
+        except RefusedBeforeWriteError as exc:
+            # Another writer or a swapped folder met right before a rename: everything was
+            # put back and the area is staged again (cases 43, 44).
+            if refused is not None:
+                refused()
+            raise SandboxCommitError(
+                f"apply of {txid} to sandbox {sandbox.sandbox_id} refused: {exc}",
+                conflicts=exc.paths,
+            ) from exc
+        if not landed:
             applied()  # an ``applying`` record of an earlier version whose area was dropped
     return result
 

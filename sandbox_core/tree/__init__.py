@@ -17,6 +17,10 @@ never loads the others):
   tree exactly; :func:`safe_restore` puts a backup in place with renames (case 09: EXDEV-safe).
 - :mod:`~sandbox_core.tree.guards`: what is refused before a write (mount points inside a
   tree, errors that keep the sandbox ACTIVE), :func:`lock_tree`, staging key checks.
+- :mod:`~sandbox_core.tree.beneath`: :class:`Beneath`, the directory descriptors every change
+  to a tree is made through (``O_NOFOLLOW`` component by component: case 44).
+- :mod:`~sandbox_core.tree.stamps`: the stamps of what a sync replaces, taken at check time and
+  compared right before each rename (case 43).
 - :mod:`~sandbox_core.tree.sync`: :func:`sync_tree` makes a target tree equal to a source tree,
   crash-safe and O(changes); :func:`recover_sync` finishes or undoes a sync interrupted by a
   crash; :func:`undo_sync` reverts a finished sync from the backup it kept.

@@ -194,3 +194,29 @@ def check_key(key: str) -> None:
     """
     if not key or len(key) > 128 or not set(key) <= _KEY_CHARS:
         raise ValueError(f"invalid two-phase staging key {key!r}: [A-Za-z0-9._-], <= 128 chars")
+
+
+class ChangedMeanwhileError(RefusedBeforeWriteError):
+    """Paths of the original changed between the commit's check and its write (another writer
+    wrote, created, removed or moved them: case 43): the commit is refused, everything it had
+    renamed is put back, so no write it did not make is lost. ``paths``: the changed ones."""
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        super().__init__(
+            errno.EBUSY, root, paths,
+            "{root} changed at {shown} while the commit ran (another writer): nothing of "
+            "theirs was replaced; commit again to see their change as a conflict or keep it",
+        )  # fmt: skip
+
+
+class SwappedPathError(RefusedBeforeWriteError):
+    """A folder on the way to a path of the original is now a symlink or no folder (swapped
+    mid-operation: case 44): nothing is written through it, everything renamed so far is put
+    back. ``paths``: the swapped components."""
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        super().__init__(
+            errno.ELOOP, root, paths,
+            "{root}: the folder {shown} became a symlink or a file while the commit ran; "
+            "nothing was written through it (commit again to see it as a conflict)",
+        )  # fmt: skip

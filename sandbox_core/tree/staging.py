@@ -28,8 +28,14 @@ from typing import Any
 from sandbox_core import durable
 from sandbox_core.durable import defer_durability, fsync_dir
 from sandbox_core.tree import sync
+from sandbox_core.tree.beneath import Beneath
 from sandbox_core.tree.copy import LinkMap, copy_entry
-from sandbox_core.tree.guards import check_key, mount_points_inside, refuse_mount_points
+from sandbox_core.tree.guards import (
+    RefusedBeforeWriteError,
+    check_key,
+    mount_points_inside,
+    refuse_mount_points,
+)
 from sandbox_core.tree.scan import (
     INNER_STAGING_PREFIX,
     StrPath,
@@ -38,7 +44,8 @@ from sandbox_core.tree.scan import (
     _walk,
     read_xattrs,
 )
-from sandbox_core.tree.snapshot import _stamp, link_closure, signature
+from sandbox_core.tree.snapshot import link_closure
+from sandbox_core.tree.stamps import Expected, take
 from sandbox_core.tree.sync import (
     _JOURNAL,
     PREPARED_TAG,
@@ -55,6 +62,7 @@ from sandbox_core.tree.sync import (
     _recover_one,
     _root_ops,
     _staging_dirs,
+    _undo,
     _write_journal,
     refuse_flagged,
 )
@@ -126,29 +134,14 @@ def prepared_keys(target: StrPath, suffix: str = "") -> list[str]:
     return sorted(keys)
 
 
-def _guard(target: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """What apply will replace, as it is now: stamped signatures (ctime, inode, link count:
-    any change shows) of each replaced path and its subtree, and each directory's metadata."""
-    guard: dict[str, Any] = {}
-    for op in ops:
-        dest = os.path.join(target, op["path"])
-        if _journal_meta(op) is not None:
-            continue  # compared with the op's old metadata
-        try:
-            st = os.lstat(dest)
-        except (FileNotFoundError, NotADirectoryError):
-            guard[op["path"]] = None
-            continue
-        guard[op["path"]] = signature(_entry(dest, st)) + _stamp(st)  # one lstat
-        if stat.S_ISDIR(st.st_mode):
-            for sub, sub_path, sub_st in _walk(dest, ()):
-                guard[f"{op['path']}/{sub}"] = signature(_entry(sub_path, sub_st)) + _stamp(sub_st)
-    return guard
+def _replaced(ops: list[dict[str, Any]]) -> list[str]:
+    """The paths ``ops`` replace (not those whose metadata alone they change)."""
+    return [op["path"] for op in ops if _journal_meta(op) is None]
 
 
 def _guard_mismatches(target: str, journal: dict[str, Any]) -> list[str]:
     ops: list[dict[str, Any]] = journal["ops"]
-    now = _guard(target, ops)
+    now = take(target, _replaced(ops))
     before: dict[str, Any] = journal["guard"]
     changed = {rel for rel in now.keys() | before.keys() if now.get(rel) != before.get(rel)}
     parents: dict[str, bool] = {}  # many ops share a parent: one stat each
@@ -315,7 +308,7 @@ def stage_sync(
             "key": key,
             "keep_backup": os.path.abspath(backup_dir) if backup_dir is not None else None,
             "ops": journal_ops,
-            "guard": _guard(target_s, journal_ops),
+            "guard": take(target_s, _replaced(journal_ops)),
             "digest": digest,
             "changes": changes.to_dict(),
         }
@@ -395,8 +388,11 @@ def apply_staged(
 
     Idempotent: the journal says ``"applying-two-phase"`` before the first rename and every
     rename is skipped once done, so a call after a crash at any point finishes the apply
-    exactly (rolls forward; it is never undone: the decision was taken). Does not check for
-    concurrent changes: call :func:`verify_staged` first, under :func:`lock_tree`.
+    exactly (rolls forward; it is never undone: the decision was taken). Call
+    :func:`verify_staged` first, under :func:`lock_tree`; each replaced path's stamp is also
+    compared with the prepare's right before its rename, through directory descriptors: a
+    change there (another writer, a folder swapped for a symlink: cases 43, 44) puts back what
+    was renamed, sets the area back to staged and raises the refusal.
 
     ``on_applied`` runs once every rename is done and the journal says so, before the
     replaced entries are handed over and the area is dropped (again on a resumed call, so it
@@ -408,6 +404,8 @@ def apply_staged(
         or never staged).
 
     Raises:
+        ChangedMeanwhileError: a replaced path changed since prepare (nothing left changed).
+        SwappedPathError: a folder became a symlink or moved (nothing left changed).
         OSError: a rename failed (retry; the apply resumes where it stopped).
     """
     target_s = os.path.abspath(target)
@@ -427,7 +425,7 @@ def apply_staged(
             journal["state"] = _APPLYING
             _write_journal(os.path.join(staging, _JOURNAL), journal)
         if journal["state"] == _APPLYING:
-            _apply(target_s, staging, journal["ops"], on_progress)
+            _apply_checked(target_s, staging, journal, on_progress)
             journal["state"] = _APPLIED
             _write_journal(os.path.join(staging, _JOURNAL), journal)
             if sync.fault_hook is not None:
@@ -441,6 +439,32 @@ def apply_staged(
         if lock_fd is not None:
             os.close(lock_fd)
     return True
+
+
+def _apply_checked(
+    target: str, staging: str, journal: dict[str, Any], progress: ProgressCallback | None
+) -> None:
+    """The renames of an apply, through descriptors, each replaced path's stamp compared with
+    the prepare's right before its rename. A change found (another writer since
+    :func:`verify_staged`, a folder swapped for a symlink) puts back what was renamed, sets the
+    journal back to staged and re-raises the refusal (:class:`RefusedBeforeWriteError`): the
+    original is as it was, and the area can be aborted."""
+    ops: list[dict[str, Any]] = journal["ops"]
+    with Beneath(target, follow_root=True) as fds, Beneath(staging) as area:
+        try:
+            _apply(fds, area, ops, progress, Expected(journal["guard"], _replaced(ops)))
+        except RefusedBeforeWriteError:
+            try:
+                _undo(fds, area, ops)
+            except Exception as undo_exc:
+                raise OSError(
+                    errno.EIO,
+                    f"the apply to {target} was refused mid-way and its undo "
+                    f"failed: {undo_exc}; apply again to finish it",
+                ) from undo_exc
+            journal["state"] = _STAGED
+            _write_journal(os.path.join(staging, _JOURNAL), journal)
+            raise
 
 
 def abort_staged(target: StrPath, key: str) -> bool:

@@ -1,4 +1,4 @@
-# ruff: noqa: PTH100, PTH101, PTH102, PTH103, PTH104, PTH110, PTH112, PTH116, PTH118, PTH120
+# ruff: noqa: PTH100, PTH102, PTH103, PTH104, PTH110, PTH112, PTH116, PTH118, PTH120
 # Why: this module works on str paths with os-level calls (scandir, lstat, rename) on purpose:
 # scans and syncs of 5,000+ entry trees are measured against cp/rsync, and pathlib objects per
 # entry cost time for nothing here.
@@ -10,6 +10,12 @@ A sync plans disjoint replace roots plus directory metadata changes (:func:`_pla
 new entries into a staging area on the target's filesystem (:func:`staging_dir_for`), writes a
 journal, then swaps each path in with two renames, keeping the replaced entry. The two-phase
 commit (:mod:`sandbox_core.tree.staging`) runs the same plan and renames in two halves.
+
+Every rename and metadata change of the target (and of the staging area) goes through
+directory descriptors (:class:`~sandbox_core.tree.beneath.Beneath`: no write through a folder
+swapped for a symlink, case 44), and each replaced path's stamp, taken when the sync planned
+(:mod:`sandbox_core.tree.stamps`), is compared right before its rename: another writer's change
+since refuses the sync with everything put back (case 43).
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from typing import Any
 from ulid import ULID
 
 from sandbox_core.durable import fsync_dir, write_json_atomic
+from sandbox_core.tree import beneath
+from sandbox_core.tree.beneath import Beneath
 from sandbox_core.tree.copy import _SKIPPED_XATTR_ERRNOS, LinkMap, _move, _remove, copy_entry
 from sandbox_core.tree.guards import (
     _APPEND_FL,
     _IMMUTABLE_FL,
+    ChangedMeanwhileError,
     FlaggedEntriesError,
+    RefusedBeforeWriteError,
+    SwappedPathError,
     _inode_flags,
     refuse_mount_points,
 )
@@ -46,6 +57,7 @@ from sandbox_core.tree.scan import (
     read_xattrs,
 )
 from sandbox_core.tree.snapshot import compute_changes, link_closure
+from sandbox_core.tree.stamps import Expected, Guard, take
 
 _STAGING_WORD = "sandbox-staging-"
 _REMOVED_TAG = "removed-"  # an applied area being removed (_drop_area)
@@ -98,25 +110,6 @@ def _dir_meta(path: str) -> Meta:
     }
 
 
-def _set_dir_meta(path: str, meta: Meta) -> None:
-    """Owner first, then xattrs, then the mode (a chown clears set-gid: case 24)."""
-    with contextlib.suppress(PermissionError):
-        os.lchown(path, meta["uid"], meta["gid"])
-    wanted = {name: bytes.fromhex(value) for name, value in meta["xattrs"].items()}
-    current = read_xattrs(path)
-    for name in current.keys() - wanted.keys():
-        with contextlib.suppress(OSError):
-            os.removexattr(path, name)
-    for name, value in wanted.items():
-        if current.get(name) != value:
-            try:
-                os.setxattr(path, name, value)
-            except OSError as exc:
-                if exc.errno not in _SKIPPED_XATTR_ERRNOS:
-                    raise
-    os.chmod(path, meta["mode"])
-
-
 def _journal_meta(op: dict[str, Any]) -> tuple[Meta, Meta] | None:
     """The (old, new) metadata of a journaled op; journals of older versions hold ``chmod``."""
     if op.get("meta"):
@@ -128,11 +121,58 @@ def _journal_meta(op: dict[str, Any]) -> tuple[Meta, Meta] | None:
     return None
 
 
-def _apply_meta(path: str, meta: Meta) -> None:
-    if set(meta) == {"mode"}:
-        os.chmod(path, meta["mode"])
-    else:
-        _set_dir_meta(path, meta)
+def _dir_meta_fd(fd: int) -> Meta:
+    """:func:`_dir_meta` of the directory open as ``fd``."""
+    st = os.fstat(fd)
+    try:
+        names = os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTSUP, errno.ENOENT):
+            raise
+        names = []
+    xattrs: dict[str, str] = {}
+    for name in names:
+        try:
+            xattrs[name] = os.getxattr(fd, name).hex()
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.EPERM, errno.ENOTSUP, errno.EACCES):
+                raise
+    return {"mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid, "xattrs": xattrs}
+
+
+def _set_dir_meta_fd(fd: int, meta: Meta) -> None:
+    """:func:`_set_dir_meta` on the directory open as ``fd`` (never through a symlink)."""
+    if set(meta) != {"mode"}:
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, meta["uid"], meta["gid"])
+        wanted = {name: bytes.fromhex(value) for name, value in meta["xattrs"].items()}
+        current = {name: bytes.fromhex(value) for name, value in _dir_meta_fd(fd)["xattrs"].items()}
+        for name in current.keys() - wanted.keys():
+            with contextlib.suppress(OSError):
+                os.removexattr(fd, name)
+        for name, value in wanted.items():
+            if current.get(name) != value:
+                try:
+                    os.setxattr(fd, name, value)
+                except OSError as exc:
+                    if exc.errno not in _SKIPPED_XATTR_ERRNOS:
+                        raise
+    os.fchmod(fd, meta["mode"])
+
+
+def _meta_at(fds: Beneath, rel: str, meta: Meta, *, expect: Meta | None = None) -> None:
+    """Give directory ``rel`` of ``fds`` the metadata ``meta`` through an ``O_NOFOLLOW``
+    descriptor; with ``expect``, first check that it still has those values (else
+    :class:`ChangedMeanwhileError`: another writer changed it since the check)."""
+    fd = fds.open_dir(rel)
+    try:
+        if expect is not None:
+            now = _dir_meta_fd(fd)
+            if {key: now.get(key) for key in expect} != expect:
+                raise ChangedMeanwhileError(fds.root, [rel or "."])
+        _set_dir_meta_fd(fd, meta)
+    finally:
+        os.close(fd)
 
 
 def root_meta(path: StrPath) -> Meta:
@@ -304,47 +344,68 @@ def _lock(staging: str, *, blocking: bool) -> int | None:
 
 
 def _apply(
-    target: str, staging: str, ops: list[dict[str, Any]], progress: ProgressCallback | None
+    fds: Beneath,
+    area: Beneath,
+    ops: list[dict[str, Any]],
+    progress: ProgressCallback | None,
+    expected: Expected | None,
 ) -> None:
+    """Swap each op's paths in, through descriptors (``fds``: the target, ``area``: the staging
+    area; no write follows a swapped component). With ``expected``, each replaced path's stamp
+    is compared right before its replacement (:class:`ChangedMeanwhileError` on a change, and
+    nothing of it replaced); a new entry never replaces one that appeared meanwhile. At the end,
+    a directory written into that was moved away meanwhile raises :class:`SwappedPathError`
+    (the caller undoes)."""
     total = len(ops)
     for index, op in enumerate(ops):
-        dest = os.path.join(target, op["path"])
+        rel = op["path"]
         meta = _journal_meta(op)
         if meta is not None:
-            _apply_meta(dest, meta[1])
+            _meta_at(fds, rel, meta[1], expect=meta[0] if expected is not None else None)
         else:
             # Each rename is skipped once done, so a two-phase apply resumed after a crash
             # rolls forward from where it stopped (a one-shot sync never meets a done one).
-            kept_old = os.path.join(staging, "old", str(index))
-            staged_new = os.path.join(staging, "new", str(index))
-            if op["old"] and not os.path.lexists(kept_old):
-                os.rename(dest, kept_old)
-            if op["new"] and os.path.lexists(staged_new):
-                os.rename(staged_new, dest)
+            kept_old, staged_new = f"{_KEPT}/{index}", f"new/{index}"
+            old_pending = op["old"] and area.lstat(kept_old) is None
+            new_pending = op["new"] and area.lstat(staged_new) is not None
+            if expected is not None and (old_pending or (new_pending and not op["old"])):
+                changed = expected.changed(fds, rel)
+                if changed:
+                    raise ChangedMeanwhileError(fds.root, changed)
+            if old_pending:
+                beneath.rename(fds, rel, area, kept_old, replace=True)
+            if new_pending:
+                try:
+                    beneath.rename(area, staged_new, fds, rel, replace=False)
+                except FileExistsError as exc:  # created by another writer since the check
+                    raise ChangedMeanwhileError(fds.root, [rel]) from exc
         if fault_hook is not None:
-            fault_hook(op["path"])
+            fault_hook(rel)
         if progress is not None:
             progress(index + 1, total)
+    moved = fds.moved()
+    if moved:
+        raise SwappedPathError(fds.root, moved)
 
 
-def _undo(target: str, staging: str, ops: list[dict[str, Any]]) -> None:
-    """Put every op of an interrupted apply back, newest first (idempotent)."""
+def _undo(fds: Beneath, area: Beneath, ops: list[dict[str, Any]]) -> None:
+    """Put every op of an interrupted apply back, newest first (idempotent), through the same
+    kind of descriptors as :func:`_apply` (the directories it wrote into, wherever they are)."""
     for index in reversed(range(len(ops))):
         op = ops[index]
-        dest = os.path.join(target, op["path"])
+        rel = op["path"]
         meta = _journal_meta(op)
         if meta is not None:
-            if os.path.isdir(dest):
-                _apply_meta(dest, meta[0])
+            if beneath.is_dir(fds.lstat(rel)):
+                _meta_at(fds, rel, meta[0])
             continue
-        staged_new = os.path.join(staging, "new", str(index))
-        kept_old = os.path.join(staging, "old", str(index))
-        if op["new"] and not os.path.lexists(staged_new) and os.path.lexists(dest):
+        staged_new, kept_old = f"new/{index}", f"{_KEPT}/{index}"
+        if op["new"] and area.lstat(staged_new) is None and fds.lstat(rel) is not None:
             # The new entry was swapped in: move it back (not delete), so a second undo of the
             # same journal sees it staged again and leaves the restored old entry alone.
-            os.rename(dest, staged_new)
-        if op["old"] and os.path.lexists(kept_old):
-            os.rename(kept_old, dest)
+            beneath.rename(fds, rel, area, staged_new, replace=True)
+        if op["old"] and area.lstat(kept_old) is not None:
+            beneath.rename(area, kept_old, fds, rel, replace=True)
 
 
 def _finish(staging: str, journal: dict[str, Any]) -> None:
@@ -392,17 +453,26 @@ def _run(
     *,
     keep_backup: str | None,
     progress: ProgressCallback | None,
+    guard: Guard,
     on_applied: Callable[[], None] | None = None,
 ) -> None:
     """Stage, journal, apply, finish; on an error undo to the old state and re-raise.
-    ``on_applied`` is called once every path is swapped in (``target`` then holds its new
-    state), before the journal records it and the staging area is removed."""
-    staging = staging_dir_for(target)
-    os.mkdir(staging, 0o700)
+    ``guard``: the stamps of the replaced paths at check time (:func:`stamps.take`), compared
+    right before each replacement. ``on_applied`` is called once every path is swapped in
+    (``target`` then holds its new state), before the journal records it and the staging area
+    is removed."""
+    fds = Beneath(target, follow_root=True)
+    try:
+        staging = staging_dir_for(target)
+        os.mkdir(staging, 0o700)
+        area = Beneath(staging)
+    except BaseException:
+        fds.close()
+        raise
     lock_fd = _lock(staging, blocking=True)
     try:
         os.mkdir(os.path.join(staging, "new"))
-        os.mkdir(os.path.join(staging, "old"))
+        os.mkdir(os.path.join(staging, _KEPT))
         links: LinkMap = {}  # one map for every op: a hard-link group is staged as one inode
         for index, op in enumerate(ops):
             if op.new_src is not None:
@@ -415,7 +485,8 @@ def _run(
             "ops": _journal_ops(ops),
         }
         _write_journal(os.path.join(staging, _JOURNAL), journal)
-        _apply(target, staging, journal["ops"], progress)
+        expected = Expected(guard, [op.path for op in ops if op.meta is None])
+        _apply(fds, area, journal["ops"], progress, expected)
         if on_applied is not None:
             on_applied()
         journal["state"] = "applied"
@@ -423,17 +494,43 @@ def _run(
         if fault_hook is not None:
             fault_hook("")
         _finish(staging, journal)
-    except BaseException:
+    except BaseException as exc:
         if os.path.isdir(staging):
-            _recover_one(target, staging, locked=True)
+            _undo_or_fail(
+                target, staging, fds, area, refused=isinstance(exc, RefusedBeforeWriteError)
+            )
         raise
     finally:
+        fds.close()
+        area.close()
         if lock_fd is not None:
             os.close(lock_fd)
 
 
-def _recover_one(target: str, staging: str, *, locked: bool = False) -> str | None:
-    """Recover one staging area; returns what was done or None when a live sync holds it."""
+def _undo_or_fail(target: str, staging: str, fds: Beneath, area: Beneath, *, refused: bool) -> None:
+    """Undo an interrupted :func:`_run` through its own descriptors. An undo that fails after
+    a refusal is no refusal any more (the target may be half written): it raises a plain
+    ``OSError`` saying so, and the journal left behind lets :func:`recover_sync` finish it."""
+    try:
+        _recover_one(target, staging, locked=True, fds=fds, area=area)
+    except Exception as undo_exc:
+        if not refused:
+            raise
+        raise OSError(
+            errno.EIO, f"the sync of {target} was refused mid-way and its undo failed: {undo_exc}"
+        ) from undo_exc
+
+
+def _recover_one(
+    target: str,
+    staging: str,
+    *,
+    locked: bool = False,
+    fds: Beneath | None = None,
+    area: Beneath | None = None,
+) -> str | None:
+    """Recover one staging area; returns what was done or None when a live sync holds it.
+    ``fds``/``area``: the descriptors of the interrupted sync, when it is this process's."""
     lock_fd = None
     if not locked:
         if not os.path.exists(os.path.join(staging, _LOCK)):
@@ -455,7 +552,12 @@ def _recover_one(target: str, staging: str, *, locked: bool = False) -> str | No
         if journal["state"] == "applied":
             _finish(staging, journal)
             return "completed"
-        _undo(target, staging, journal["ops"])
+        with contextlib.ExitStack() as stack:
+            if fds is None:
+                fds = stack.enter_context(Beneath(target, follow_root=True))
+            if area is None:
+                area = stack.enter_context(Beneath(staging))
+            _undo(fds, area, journal["ops"])
         shutil.rmtree(staging)
         return "rolled_back"
     finally:
@@ -532,6 +634,10 @@ def sync_tree(
     Raises:
         FileNotFoundError: ``source`` or ``target`` is missing.
         FileExistsError: ``backup_dir`` exists.
+        ChangedMeanwhileError: a replaced path changed after the sync planned (another writer,
+            case 43); ``target`` is as that writer left it.
+        SwappedPathError: a folder of ``target`` became a symlink or was moved away while the
+            sync ran (case 44); nothing was written through it, the renames are put back.
         OSError: the sync failed; ``target`` is unchanged.
     """
     source_s, target_s = os.path.abspath(source), os.path.abspath(target)
@@ -548,9 +654,10 @@ def sync_tree(
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     refuse_flagged(target_s, ops)
+    guard = take(target_s, [op.path for op in ops if op.meta is None])  # what was checked
     if keep is not None:
         os.makedirs(keep)
-    _run(target_s, ops, keep_backup=keep, progress=on_progress)
+    _run(target_s, ops, keep_backup=keep, progress=on_progress, guard=guard)
     return changes
 
 
@@ -594,4 +701,5 @@ def undo_sync(
         )
     # Metadata last, as in a sync: a directory made read-only must not block the renames.
     ops = [op for op in ops if op.meta is None] + [op for op in ops if op.meta is not None]
-    _run(target_s, ops, keep_backup=None, progress=None, on_applied=on_applied)
+    guard = take(target_s, [op.path for op in ops if op.meta is None])
+    _run(target_s, ops, keep_backup=None, progress=None, guard=guard, on_applied=on_applied)

@@ -478,9 +478,14 @@ class OverlaySandbox(BaseSandbox):
             if kernel_mode:
                 self._remount_empty()
 
+        def refused() -> None:  # put back: the view shows the sandbox's work again
+            if kernel_mode and not kernel.is_overlay_mounted(merged):
+                kernel.mount_overlay(self._layout())
+
         result = _directory.apply(
             self, self.base_path, txid, self._original(),
             backup_dir=self._commit_area() / "backup", before=before, after=after,
+            refused=refused,
         )  # fmt: skip
         changed = result.changed_files or result.added_files or result.deleted_files
         # Keyed by the txid: a roll-forward (apply again after a crash) never bumps twice.
