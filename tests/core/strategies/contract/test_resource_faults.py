@@ -494,3 +494,20 @@ def test_a_resource_fault_anywhere_in_a_plan_commit_never_marks_a_sandbox_errore
             assert differences(tree_state(src), edited) == []
     finally:
         plan.close()
+
+
+@pytest.mark.parametrize("action", ["commit", "rollback", "restore"])
+@pytest.mark.parametrize("code", FAULTS)
+def test_a_resource_fault_keeps_its_class_through_the_agents_wire(action: str, code: int) -> None:
+    """What a remote sandbox (the workspace agent) raises for a full or read-only file system
+    is what a local one raises: the operator then retries a full volume later and reports a
+    read-only one as a permission problem, instead of a plain commit failure."""
+    from sandbox_core.agent.wire import core_error, error_reply
+    from sandbox_core.strategies.resource_faults import resource_error
+
+    local = resource_error(action, "S", OSError(code, os.strerror(code), "/v/f"))
+    _, body = error_reply(local)
+    remote = core_error(body["error"])
+    assert type(remote) is type(local)
+    assert str(remote) == str(local) and _says(code, remote)
+    assert isinstance(remote, _expected_error(code))
