@@ -243,3 +243,31 @@ class TwoPhaseUnavailableError(SandboxError):
     participant cannot prepare durably (only one may be the last resource). Callers that asked
     for ``auto`` fall back to the saga and say so; callers that insisted get this error.
     """
+
+
+# -- resource faults (docs/fidelity.md, "Resource faults"): a full or read-only file system is
+# transient; the directory strategies undo what they did and keep the sandbox's status.
+
+
+class SandboxNoSpaceError(SandboxRetryableError):
+    """The file system ran out of space (ENOSPC) or quota (EDQUOT); nothing changed.
+
+    The directory strategies undo their writes and remove their staging, so the original is
+    exactly as before and the sandbox keeps its status (and its edits). ``path`` names the file
+    system's file or directory when known. What to do: free space on that volume (or grow it),
+    then retry the same operation.
+    """
+
+    path: str | None = None
+
+
+class SandboxCommitNoSpaceError(SandboxCommitError, SandboxNoSpaceError):
+    """Commit (or prepare, or apply) stopped by a full file system; the sandbox stays ACTIVE.
+
+    One-shot commit and prepare: the original is exactly as before. A two-phase apply (the
+    decision was taken) is rolled forward by the retry.
+    """
+
+
+class SandboxRollbackNoSpaceError(SandboxRollbackError, SandboxNoSpaceError):
+    """Rollback stopped by a full file system; what it had done was undone, status unchanged."""

@@ -34,14 +34,20 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sandbox_core.errors import (
     ChangedSinceApprovalError,
     SandboxCommitError,
+    SandboxCommitNoSpaceError,
+    SandboxCommitPermissionError,
     SandboxError,
+    SandboxNoSpaceError,
+    SandboxPermissionError,
+    SandboxRollbackNoSpaceError,
+    SandboxRollbackPermissionError,
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
@@ -210,6 +216,23 @@ def core_error(error: Mapping[str, Any], message: str | None = None) -> SandboxE
         )
     if kind == "TwoPhaseUnavailableError":
         return TwoPhaseUnavailableError(text)
+    if kind in _RESOURCE_FAULTS:  # a full or read-only file system: retry once it is gone
+        return _RESOURCE_FAULTS[kind](text)
     if conflicts or "Commit" in kind or "Conflict" in kind or "Replay" in kind:
         return SandboxCommitError(text, conflicts=conflicts or None)
     return SandboxError(text)
+
+
+_RESOURCE_FAULTS: dict[str, Callable[[str], SandboxError]] = {
+    "SandboxNoSpaceError": SandboxNoSpaceError,
+    "SandboxCommitNoSpaceError": SandboxCommitNoSpaceError,
+    "SandboxRollbackNoSpaceError": lambda text: SandboxRollbackNoSpaceError(text, refused=True),
+    "SandboxPermissionError": SandboxPermissionError,
+    "SandboxCommitPermissionError": SandboxCommitPermissionError,
+    "SandboxRollbackPermissionError": lambda text: SandboxRollbackPermissionError(
+        text, refused=True
+    ),
+}
+"""The classified errors of a full or read-only file system (docs/fidelity.md, "Resource
+faults"), decoded as themselves so that remote callers see them retryable or as permission
+problems, as local ones do."""

@@ -37,6 +37,7 @@ txid alone in a fresh process (reopened sandbox). Durable ordering:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Callable
@@ -46,9 +47,12 @@ from typing import Any
 from sandbox_core.durable import defer_durability, write_json_atomic
 from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
-from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.base import BaseSandbox, logger
+from sandbox_core.strategies.resource_faults import resource_fault
+from sandbox_core.tree.baseline import Baseline
 from sandbox_core.tree.guards import RefusedBeforeWriteError, check_key, lock_tree
 from sandbox_core.tree.scan import TreeChanges
+from sandbox_core.tree.snapshot import compute_changes_at
 from sandbox_core.tree.staging import (
     abort_staged,
     apply_staged,
@@ -57,7 +61,7 @@ from sandbox_core.tree.staging import (
     staged_state,
     verify_staged,
 )
-from sandbox_core.tree.sync import Meta
+from sandbox_core.tree.sync import Meta, recover_sync, root_meta
 from sandbox_core.tree.textdiff import change_stats
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
@@ -357,3 +361,45 @@ def forget_applied(home: Path) -> None:
     COMMITTED, so a later apply of the same txid must not answer with the old result)."""
     for txid in txids_in(home, APPLIED):
         _record_path(home, txid).unlink(missing_ok=True)
+
+
+def landed(source: Path, original: Path, changes: TreeChanges, root: Meta | None) -> bool:
+    """After a one-shot sync of ``changes`` from ``source`` that raised: does ``original`` hold
+    every change (the fault came after the last rename, while the replaced entries were handed
+    over, so the commit stands)? False when the sync was undone, or cut in the middle with its
+    undo cut too (its journal then makes the next ``recover_sync`` undo it).
+
+    Raises:
+        OSError: a tree cannot be read.
+    """
+    if changes.paths and not compute_changes_at(original, source, changes.paths).is_empty:
+        return False
+    return root is None or root_meta(original) == root
+
+
+def save_reset_baseline(baseline: Baseline, path: Path, sandbox_id: str) -> None:
+    """Save the baseline a rollback re-took once the copy was reset. A full or read-only
+    file system at this point keeps the previous manifest (the tmp file removed): the reset
+    has landed, and the older manifest only makes the next commit compare more paths (a path
+    the original changed before the reset can show as a conflict, never as a lost write).
+
+    Raises:
+        OSError: any other failure to write it.
+    """
+    try:
+        baseline.save(path)
+    except OSError as exc:
+        if resource_fault(exc) is None:
+            raise
+        Path(f"{path}.tmp").unlink(missing_ok=True)
+        logger.warning("sandbox %s rolled back; its manifest was kept: %s", sandbox_id, exc)
+
+
+def tidy_after_fault(original: Path) -> None:
+    """After a one-shot sync stopped by a full or read-only file system: finish what it left
+    beside ``original`` (:func:`~sandbox_core.tree.sync.recover_sync`: an area cut before its
+    lock or journal is removed, one cut mid-swap is undone), so nothing stays on the volume.
+    Best effort: a volume still read-only keeps the area for the next sync to recover. Call
+    with the original's lock held and, in kernel mode, while the overlay is unmounted."""
+    with contextlib.suppress(OSError):
+        recover_sync(original)

@@ -37,7 +37,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NoReturn, Self
 
 from ulid import ULID
 
@@ -53,6 +53,7 @@ from sandbox_core.errors import (
 from sandbox_core.paths import resolve_inside
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.guards import RefusedBeforeWriteError
 
 __all__ = [
@@ -101,6 +102,10 @@ class BaseSandbox:
     layout_folder: ClassVar[str | None] = None
     """The per-strategy folder under the sandbox root (``cow``, ``git``, ``overlay``, ``txn``)
     that holds ``<folder>/<sandbox_id>/``; None when the strategy makes none."""
+    undoes_resource_faults: ClassVar[bool] = False
+    """Whether every failing write of commit, apply and rollback is undone (the original as
+    before, staging removed), so that a full or read-only file system keeps the status
+    (:meth:`_resource_refusal`)."""
     prepares_durably: bool = True
     """Whether ``prepare`` survives a crash of this process. A participant that cannot
     (SQLite holds its prepared writes in an open connection) can only be the last resource of
@@ -256,24 +261,11 @@ class BaseSandbox:
             self.activate()
             try:
                 result = self._do_commit(message)
-            except SandboxCommitError as exc:
-                if not exc.conflicts:
-                    self._status = SandboxStatus.ERRORED
-                raise
-            except SandboxError:
-                self._status = SandboxStatus.ERRORED
-                raise
-            except RefusedBeforeWriteError as exc:
-                # Refused before anything was written (docs/fidelity.md): stays ACTIVE.
-                raise _mount_refusal("commit", self._sandbox_id, exc) from exc
-            except (OSError, ValueError) as exc:
-                refusal = too_long_refusal("commit", self._sandbox_id, exc, self._path_roots())
-                if refusal is not None:  # found before writing, or undone: stays ACTIVE
-                    raise refusal from exc
-                self._status = SandboxStatus.ERRORED
-                raise SandboxCommitError(
-                    f"commit of sandbox {self._sandbox_id} failed: {exc}"
-                ) from exc
+            except Exception as exc:
+                kept = self._resource_refusal("commit", exc)
+                if kept is not None:  # undone by the strategy: stays ACTIVE, retry later
+                    raise kept from exc
+                self._commit_failed(exc)
             self._last_commit = result
             self._set_status(SandboxStatus.COMMITTED)
             return result
@@ -306,20 +298,11 @@ class BaseSandbox:
                 )
             try:
                 action()
-            except SandboxRollbackError as exc:
-                if not (exc.refused or undoing_commit):
-                    self._status = SandboxStatus.ERRORED
-                raise
-            except SandboxError:
-                if not undoing_commit:
-                    self._status = SandboxStatus.ERRORED
-                raise
-            except (OSError, ValueError) as exc:
-                if not undoing_commit:
-                    self._status = SandboxStatus.ERRORED
-                raise SandboxRollbackError(
-                    f"rollback of sandbox {self._sandbox_id} failed: {exc}"
-                ) from exc
+            except Exception as exc:
+                kept = self._resource_refusal("rollback", exc)
+                if kept is not None:  # undone by the strategy: the status is kept
+                    raise kept from exc
+                self._rollback_failed(exc, undoing_commit=undoing_commit)
             self._set_status(SandboxStatus.ROLLED_BACK)
 
     def cleanup(self) -> None:
@@ -422,6 +405,66 @@ class BaseSandbox:
                 self._set_status(SandboxStatus.ACTIVE)
             self._set_status(SandboxStatus.COMMITTED)
 
+    # -- failures ---------------------------------------------------------------------------
+
+    def _commit_failed(self, exc: Exception) -> NoReturn:
+        """Raise what a failed ``_do_commit`` means: conflicts and refusals found before any
+        write keep the status, any other failure makes the sandbox ERRORED."""
+        if isinstance(exc, SandboxCommitError):
+            if not exc.conflicts:
+                self._status = SandboxStatus.ERRORED
+            raise exc
+        if isinstance(exc, SandboxError):
+            self._status = SandboxStatus.ERRORED
+            raise exc
+        if isinstance(exc, RefusedBeforeWriteError):
+            # Refused before anything was written (docs/fidelity.md): stays ACTIVE.
+            raise _mount_refusal("commit", self._sandbox_id, exc) from exc
+        if isinstance(exc, OSError | ValueError):
+            refusal = too_long_refusal("commit", self._sandbox_id, exc, self._path_roots())
+            if refusal is not None:  # found before writing, or undone: stays ACTIVE
+                raise refusal from exc
+            self._status = SandboxStatus.ERRORED
+            raise SandboxCommitError(f"commit of sandbox {self._sandbox_id} failed: {exc}") from exc
+        raise exc
+
+    def _rollback_failed(self, exc: Exception, *, undoing_commit: bool) -> NoReturn:
+        """Raise what a failed rollback means (see :meth:`rollback` for the statuses)."""
+        if isinstance(exc, SandboxRollbackError):
+            if not (exc.refused or undoing_commit):
+                self._status = SandboxStatus.ERRORED
+            raise exc
+        if isinstance(exc, SandboxError):
+            if not undoing_commit:
+                self._status = SandboxStatus.ERRORED
+            raise exc
+        if isinstance(exc, OSError | ValueError):
+            if not undoing_commit:
+                self._status = SandboxStatus.ERRORED
+            raise SandboxRollbackError(
+                f"rollback of sandbox {self._sandbox_id} failed: {exc}"
+            ) from exc
+        raise exc
+
+    def _resource_refusal(self, action: str, exc: BaseException) -> SandboxError | None:
+        """The error to raise for a full or read-only file system met by ``action``
+        (``"commit"``, ``"prepare"``, ``"apply"``, ``"rollback"``, ``"abort"``), or None.
+
+        Only for strategies whose ``undoes_resource_faults`` is True: they undo their writes
+        and remove their staging when one fails, so the original is as before and the status
+        is kept (docs/fidelity.md, "Resource faults"). ENOSPC and EDQUOT give the phase's
+        :class:`SandboxNoSpaceError` (retryable); EROFS the phase's
+        :class:`SandboxPermissionError` (as git_worktree answers it). A conflict is never one.
+        """
+        if not self.undoes_resource_faults:
+            return None
+        if isinstance(exc, SandboxCommitError) and exc.conflicts:
+            return None
+        fault = resource_fault(exc)
+        if fault is None:
+            return None
+        return resource_error(action, self._sandbox_id, fault)
+
     # -- two-phase plan commit --------------------------------------------------------------
 
     def review(self) -> ChangeSummary:
@@ -470,11 +513,17 @@ class BaseSandbox:
             self.activate()
             try:
                 return self._do_prepare(txid, message)
-            except SandboxError:
+            except SandboxError as exc:
+                kept = self._resource_refusal("prepare", exc)
+                if kept is not None:
+                    raise kept from exc
                 raise
             except RefusedBeforeWriteError as exc:
                 raise _mount_refusal("prepare", self._sandbox_id, exc) from exc
             except (OSError, ValueError) as exc:
+                kept = self._resource_refusal("prepare", exc)
+                if kept is not None:  # nothing is left staged
+                    raise kept from exc
                 refusal = too_long_refusal("prepare", self._sandbox_id, exc, self._path_roots())
                 if refusal is not None:
                     raise refusal from exc
@@ -512,9 +561,15 @@ class BaseSandbox:
                 )
             try:
                 result = self._do_apply_prepared(txid)
-            except SandboxError:
+            except SandboxError as exc:
+                kept = self._resource_refusal("apply", exc)
+                if kept is not None:
+                    raise kept from exc
                 raise
             except (OSError, ValueError) as exc:
+                kept = self._resource_refusal("apply", exc)
+                if kept is not None:  # the decision stands: the retry rolls forward
+                    raise kept from exc
                 raise SandboxCommitError(
                     f"apply of the prepared commit of sandbox {self._sandbox_id} failed: {exc}"
                 ) from exc
@@ -544,6 +599,9 @@ class BaseSandbox:
             except SandboxError:
                 raise
             except (OSError, ValueError) as exc:
+                kept = self._resource_refusal("abort", exc)
+                if kept is not None:
+                    raise kept from exc
                 raise SandboxError(
                     f"abort of the prepared commit of sandbox {self._sandbox_id} failed: {exc}"
                 ) from exc

@@ -49,7 +49,8 @@ from pathlib import Path
 from sandbox_core.errors import SandboxCommitError, SandboxCreationError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.strategies import _directory
-from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.strategies.base import BaseSandbox, logger
+from sandbox_core.strategies.resource_faults import resource_fault
 from sandbox_core.tree.baseline import (
     Baseline,
     copy_with_baseline,
@@ -77,6 +78,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     strategy = "copy_on_write"
     layout_folder = "cow"
     rollbackable = True
+    undoes_resource_faults = True
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -168,9 +170,23 @@ class CopyOnWriteSandbox(BaseSandbox):
             changes, root = self._changes_to_apply(source)
             if self._backup_dir.exists():
                 shutil.rmtree(self._backup_dir)
-            sync_tree(
-                self.tree_dir, source, changes=changes, backup_dir=self._backup_dir, root=root
-            )
+            try:
+                sync_tree(
+                    self.tree_dir, source, changes=changes, backup_dir=self._backup_dir, root=root
+                )
+            except Exception as exc:
+                # A full or read-only file system: the sync undid its renames and removed its
+                # staging (docs/fidelity.md, "Resource faults"); the commit stands only when the
+                # fault came after its last rename (the hand-over of the replaced entries is
+                # then finished by the next recover_sync).
+                if resource_fault(exc) is None or not _directory.landed(
+                    self.tree_dir, source, changes, root
+                ):
+                    if resource_fault(exc) is not None:
+                        _directory.tidy_after_fault(source)
+                    shutil.rmtree(self._backup_dir, ignore_errors=True)
+                    raise
+                logger.warning("commit of sandbox %s landed; then: %s", self.sandbox_id, exc)
         return self._result(changes, message)
 
     def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
@@ -347,7 +363,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             restore_original=restore,
             meanwhile=meanwhile,
         )
-        self._write_manifest(baseline)
+        _directory.save_reset_baseline(baseline, self._manifest_path, self.sandbox_id)
 
     def _write_manifest(self, baseline: Baseline) -> None:
         baseline.save(self._manifest_path)

@@ -25,6 +25,7 @@ class NoSandbox(BaseSandbox):
     strategy = "none"
     rollbackable = False
     prepares_durably = True
+    undoes_resource_faults = True  # it writes nothing of its own
 
     def _do_create(self, plan_id: str) -> SandboxContext:
         logger.warning(

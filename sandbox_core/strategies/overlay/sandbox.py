@@ -56,6 +56,7 @@ the sandbox would write to the original's index and refs. Use ``git_worktree`` f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -78,6 +79,7 @@ from sandbox_core.strategies import _directory
 from sandbox_core.strategies.base import BaseSandbox, logger
 from sandbox_core.strategies.overlay import mount as kernel
 from sandbox_core.strategies.overlay.mount import LayerChange, OverlayLayout
+from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.baseline import (
     Baseline,
     copy_with_baseline,
@@ -112,6 +114,7 @@ class OverlaySandbox(BaseSandbox):
     strategy = "overlay"
     layout_folder = "overlay"
     rollbackable = True
+    undoes_resource_faults = True
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
         super().__init__(resource_id, original_path, **options)
@@ -265,20 +268,20 @@ class OverlaySandbox(BaseSandbox):
         original = self._original()
         merged = self.base_path / "merged"
         area = self._commit_area()
-        _reset_dir(area)
-        backup = area / "backup"
-        if self.overlay_mode == "kernel":
-            self._require_mounted()
-            root = self._root_to_commit(original)  # read from the view while it is mounted
-            changes = self._commit_kernel(original, merged, area, root)
-        else:
-            recover_sync(original)  # a sync interrupted by a crash is repaired first
-            # Only the paths the sandbox touched: the original's own changes are kept.
-            baseline, touched = self._touched(original, merged)
-            changes = compute_changes_at(original, merged, touched)
-            root = self._root_to_commit(original, baseline)
-            if not changes.is_empty or root is not None:
-                sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
+        try:
+            _reset_dir(area)
+            if self.overlay_mode == "kernel":
+                self._require_mounted()
+                root = self._root_to_commit(original)  # read from the view while it is mounted
+                changes = self._commit_kernel(original, merged, area, root)
+            else:
+                changes, root = self._commit_fallback(original, merged, area / "backup")
+        except Exception as exc:
+            if resource_fault(exc) is not None:
+                # docs/fidelity.md, "Resource faults": the original is as before (the sync
+                # undid its renames); nothing of the commit stays beside it, the view is kept.
+                shutil.rmtree(area, ignore_errors=True)
+            raise
         if not changes.is_empty or root is not None:
             self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
         return CommitResult(
@@ -293,6 +296,27 @@ class OverlaySandbox(BaseSandbox):
                 "message": message,
             },
         )
+
+    def _commit_fallback(
+        self, original: Path, merged: Path, backup: Path
+    ) -> tuple[TreeChanges, Meta | None]:
+        """Fallback mode: sync the paths the sandbox touched (the original's own changes are
+        kept); returns the changes and the metadata given to the original's top."""
+        recover_sync(original)  # a sync interrupted by a crash is repaired first
+        baseline, touched = self._touched(original, merged)
+        changes = compute_changes_at(original, merged, touched)
+        root = self._root_to_commit(original, baseline)
+        if not changes.is_empty or root is not None:
+            try:
+                sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
+            except Exception as exc:
+                if resource_fault(exc) is None:
+                    raise
+                if not _directory.landed(merged, original, changes, root):
+                    _directory.tidy_after_fault(original)
+                    raise
+                logger.warning("commit of sandbox %s landed; then: %s", self.sandbox_id, exc)
+        return changes, root
 
     def _touched(self, original: Path, merged: Path) -> tuple[Baseline, set[str]]:
         """Fallback mode: the manifest and the paths the sandbox changed since create (or the
@@ -339,9 +363,12 @@ class OverlaySandbox(BaseSandbox):
         stage_dir.mkdir()
         # The stage mirror is named through a short alias: its paths are then no longer than
         # the view's, whatever the length of the commit area's own path (PATH_MAX).
-        with short_alias(stage_dir) as stage:
-            changes = self._stage_and_sync(layer_changes, original, merged, stage, area, root)
-        shutil.rmtree(stage_dir)
+        try:
+            with short_alias(stage_dir) as stage:
+                changes = self._stage_and_sync(layer_changes, original, merged, stage, area, root)
+        finally:
+            # The stage is on the original's volume when the sandbox root is not (case 42).
+            shutil.rmtree(stage_dir, ignore_errors=True)
         return changes
 
     def _stage_and_sync(
@@ -373,18 +400,21 @@ class OverlaySandbox(BaseSandbox):
         stage_layer_changes([LayerChange(rel, "replace") for rel in extra], merged, stage, links)
         if not changes.is_empty or root is not None:
             kernel.unmount(merged)
+            synced = _union(changes, TreeChanges(changed=extra))
             try:
                 sync_tree(
-                    stage,
-                    original,
-                    changes=_union(changes, TreeChanges(changed=extra)),
-                    backup_dir=area / "backup",
-                    expand_links=False,
-                    root=root,
-                )
-            except BaseException:
-                kernel.mount_overlay(self._layout())
-                raise
+                    stage, original, changes=synced, backup_dir=area / "backup",
+                    expand_links=False, root=root,
+                )  # fmt: skip
+            except BaseException as exc:
+                if resource_fault(exc) is None or not _directory.landed(
+                    stage, original, synced, root
+                ):
+                    if resource_fault(exc) is not None:
+                        _directory.tidy_after_fault(original)  # the lower is unmounted
+                    kernel.mount_overlay(self._layout())
+                    raise
+                logger.warning("commit of sandbox %s landed; then: %s", self.sandbox_id, exc)
             self._swap_in_empty_upper(original, area / "backup")
         elif any(self.upper_dir.iterdir()):
             # Copied-up but unchanged entries: nothing to write, start from a clean layer.
@@ -516,17 +546,19 @@ class OverlaySandbox(BaseSandbox):
     def _swap_in_empty_upper(self, original: Path, backup: Path) -> None:
         layout = self._layout()
         kept = [(d, d.with_name(d.name + ".old")) for d in (self.upper_dir, self.work_dir)]
-        for current, old in kept:
-            current.rename(old)
-            current.mkdir()
-        self._match_root(self.upper_dir)
         try:
+            for current, old in kept:
+                current.rename(old)
+                current.mkdir()
+            self._match_root(self.upper_dir)
             kernel.mount_overlay(layout)
         except BaseException:
             undo_sync(backup, original)  # all or nothing: the commit did not happen
             for current, old in kept:
-                shutil.rmtree(current)
-                old.rename(current)
+                if old.exists():
+                    shutil.rmtree(current, ignore_errors=True)
+                    old.rename(current)
+            self._match_root_meta()  # the view's top is the old one again
             kernel.mount_overlay(layout)
             raise
         for _, old in kept:
@@ -576,10 +608,18 @@ class OverlaySandbox(BaseSandbox):
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
             kernel.unmount(merged)  # never write a mounted lower dir
-            restore(lambda: None)
-            if meanwhile is not None:
-                meanwhile()
-            self._remount_empty()
+            try:
+                restore(lambda: None)
+                if meanwhile is not None:
+                    meanwhile()
+                self._remount_empty()
+            except BaseException:
+                # A full file system stopped it before the old layers were dropped: the view
+                # is shown again as it was (docs/fidelity.md, "Resource faults").
+                if self.upper_dir.is_dir() and self.work_dir.is_dir():
+                    with contextlib.suppress(OSError):
+                        kernel.mount_overlay(self._layout())
+                raise
         else:
             # O(changes) copies: only the paths where the copy differs from the original are
             # synced back (one C-speed walk of each tree), instead of re-copying the whole tree.
@@ -587,19 +627,24 @@ class OverlaySandbox(BaseSandbox):
             # "Rollback wraps OSError").
             manifest = self.base_path / _MANIFEST
             # The manifest is read while both trees are walked.
-            reset_copy(
+            baseline = reset_copy(
                 lambda: Baseline.load(manifest),
                 self._original(),
                 merged,
                 restore_original=restore,
                 meanwhile=meanwhile,
-            ).save(manifest)
+            )
+            _directory.save_reset_baseline(baseline, manifest, self.sandbox_id)
 
     def _match_root(self, upper: Path) -> None:
         """The merged root shows the upper root's mode, owner and xattrs: give it the
         original's, so new files get the group a set-gid original gives them (case 10). What
         it got is the base a commit compares the view's top with (:meth:`_root_to_commit`)."""
         copy_metadata(self._original(), upper)
+        self._match_root_meta()
+
+    def _match_root_meta(self) -> None:
+        """Record the original's top metadata as the base of the view's top."""
         write_json_atomic(
             self.base_path / _ROOT_META,
             root_meta(self._original()),
@@ -609,12 +654,19 @@ class OverlaySandbox(BaseSandbox):
         )
 
     def _remount_empty(self) -> None:
-        for directory in (self.upper_dir, self.work_dir):
-            if directory.exists():  # a crash may have removed it: a roll-forward redoes this
-                shutil.rmtree(directory)
+        """Mount over a new empty upper layer. The empty layers are made first and swapped in
+        by renames, so a full file system stops this with the old layers in place
+        (remountable as they were)."""
+        layers = [self.upper_dir, self.work_dir]
+        fresh = [d.with_name(d.name + ".empty") for d in layers]
+        for directory in fresh:
+            shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir()
-        self._match_root(self.upper_dir)
+        self._match_root(fresh[0])
+        dropped = _swap_dirs(layers, fresh)
         kernel.mount_overlay(self._layout())
+        for directory in dropped:
+            shutil.rmtree(directory, ignore_errors=True)
 
     # -- cleanup and reopen -----------------------------------------------------------------
 
@@ -720,6 +772,8 @@ class OverlaySandbox(BaseSandbox):
             SandboxStateError: wrong status, or the snapshot belongs to another sandbox, mode or
                 original, or was taken before a commit still in force (an upper layer only
                 applies to the lower it was taken against).
+            SandboxNoSpaceError, SandboxPermissionError: the file system is full or read-only;
+                the view is as it was and the status is kept (retry once the cause is gone).
             SandboxError: the restore failed; the sandbox becomes ERRORED.
         """
         with self._lock:
@@ -742,23 +796,55 @@ class OverlaySandbox(BaseSandbox):
             try:
                 self._restore_layer(snapshot / "layer")
             except OSError as exc:
+                fault = resource_fault(exc)
+                if fault is not None:  # the copy is made first: the view is as it was
+                    raise resource_error("restore", self.sandbox_id, fault) from exc
                 self._status = SandboxStatus.ERRORED
                 raise SandboxError(f"restore of sandbox {self.sandbox_id} failed: {exc}") from exc
 
     def _restore_layer(self, layer: Path) -> None:
+        """Copy ``layer`` beside the view's layer first, then swap them by renames: a full or
+        read-only file system stops the copy with the view as it was (its copy removed)."""
         merged = self.base_path / "merged"
-        if self.overlay_mode == "kernel":
+        kernel_mode = self.overlay_mode == "kernel"
+        layers = [self.upper_dir, self.work_dir] if kernel_mode else [merged]
+        swaps = [(d, d.with_name(d.name + ".restore"), d.with_name(d.name + ".replaced"))
+                 for d in layers]  # fmt: skip
+        for _, fresh, old in swaps:
+            shutil.rmtree(fresh, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            if kernel_mode:
+                copy_entry(layer, swaps[0][1])
+                swaps[1][1].mkdir()  # an empty work directory
+            else:
+                # The copy's inodes are all new, so the baseline's stamps no longer match:
+                # every path is compared at the next commit (correct, slower).
+                backup_directory(layer, swaps[0][1])
+        except BaseException:
+            for _, fresh, _ in swaps:
+                shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        if kernel_mode:
             kernel.unmount(merged)
-            shutil.rmtree(self.upper_dir)
-            shutil.rmtree(self.work_dir)
-            copy_entry(layer, self.upper_dir)
-            self.work_dir.mkdir()
+        try:
+            for current, fresh, old in swaps:
+                current.rename(old)
+                fresh.rename(current)
+        except BaseException:
+            for current, fresh, old in swaps:
+                if old.exists():
+                    if current.exists():
+                        current.rename(fresh)
+                    old.rename(current)
+                shutil.rmtree(fresh, ignore_errors=True)
+            if kernel_mode:
+                kernel.mount_overlay(self._layout())
+            raise
+        if kernel_mode:
             kernel.mount_overlay(self._layout())
-        else:
-            # The copy's inodes are all new, so the baseline's stamps no longer match: every
-            # path is compared at the next commit (correct, slower).
-            shutil.rmtree(merged)
-            backup_directory(layer, merged)
+        for _, _, old in swaps:
+            shutil.rmtree(old, ignore_errors=True)
 
     def _require_snapshot_state(self, operation: str) -> None:
         if self._status not in _SNAPSHOT_STATES:
@@ -896,6 +982,29 @@ def _collect(root: Path, relative: str, into: dict[str, Entry]) -> None:
     if entry.kind == "dir":
         for below, sub_entry in scan_tree(root / relative).items():
             into[f"{relative}/{below}"] = sub_entry
+
+
+def _swap_dirs(current: list[Path], fresh: list[Path]) -> list[Path]:
+    """Put each ``fresh`` directory in the place of its ``current`` one (which may be missing)
+    by renames, all or none: on a failure every rename made is undone. Returns the replaced
+    directories (``<name>.dropped``), for the caller to remove."""
+    done: list[tuple[Path, Path, Path]] = []
+    try:
+        for directory, new in zip(current, fresh, strict=True):
+            old = directory.with_name(directory.name + ".dropped")
+            shutil.rmtree(old, ignore_errors=True)
+            if directory.exists():
+                directory.rename(old)
+            done.append((directory, new, old))
+            new.rename(directory)
+    except BaseException:
+        for directory, new, old in reversed(done):
+            if not new.exists() and directory.exists():
+                directory.rename(new)
+            if old.exists():
+                old.rename(directory)
+        raise
+    return [old for _, _, old in done if old.exists()]
 
 
 def _reset_dir(directory: Path) -> None:
