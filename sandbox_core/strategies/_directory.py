@@ -38,13 +38,20 @@ txid alone in a fresh process (reopened sandbox). Durable ordering:
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sandbox_core.durable import defer_durability, write_json_atomic
-from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxError,
+    SandboxRollbackConflictError,
+    SandboxStateError,
+)
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.tree.guards import check_key, lock_tree
@@ -294,6 +301,7 @@ def apply(
             before()
         if not apply_staged(original, key, on_applied=applied):
             applied()  # an ``applying`` record of an earlier version whose area was dropped
+        record_committed(backup_dir, original)  # for a rollback from COMMITTED (case 43 B)
     return result
 
 
@@ -343,3 +351,82 @@ def forget_applied(home: Path) -> None:
     COMMITTED, so a later apply of the same txid must not answer with the old result)."""
     for txid in txids_in(home, APPLIED):
         _record_path(home, txid).unlink(missing_ok=True)
+
+
+# -- rollback from COMMITTED: has the original moved since the commit? (case 43 B) --------------
+#
+# Right after a commit (one-shot or two-phase apply) the stamps of every path it wrote are kept
+# beside its undo record (``committed.json`` in the backup); a rollback from COMMITTED compares
+# them with the original first and refuses, naming the paths, when any moved: putting the old
+# entries back would discard a write made after the commit (docs/concurrency.md).
+
+COMMITTED_STAMPS = "committed.json"
+_UNDO_RECORD = "undo.json"
+
+Stamp = list[Any]
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    """What shows a later write: the type, and for a non-directory its inode, size, mtime and
+    ctime (any write, chmod, chown, link or rename moves the ctime); a directory's own entry
+    keeps mode and owner (its children are stamped one by one)."""
+    if stat.S_ISDIR(st.st_mode):
+        return ["d", st.st_mode, st.st_uid, st.st_gid]
+    return ["f", st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _written_stamps(original: Path, record: dict[str, Any]) -> dict[str, Stamp | None]:
+    """The stamps of every path the commit of ``record`` (its undo record) wrote, as the
+    original has them now: each op's path, and every entry below a directory it put in place
+    (an entry that is missing is ``None``)."""
+    stamps: dict[str, Stamp | None] = {}
+    top = str(original).rstrip("/")
+    for op in record.get("ops", []):
+        rel = str(op["path"])
+        try:
+            st = os.lstat(f"{top}/{rel}")
+        except FileNotFoundError:
+            stamps[rel] = None
+            continue
+        stamps[rel] = _stamp(st)
+        if op.get("meta") or op.get("chmod") or not stat.S_ISDIR(st.st_mode):
+            continue  # a metadata-only op: the directory's other children are not the commit's
+        for parent, dirs, files in os.walk(f"{top}/{rel}"):
+            for name in dirs + files:
+                path = f"{parent}/{name}"
+                stamps[os.path.relpath(path, top)] = _stamp(os.lstat(path))
+    return stamps
+
+
+def record_committed(backup_dir: Path, original: Path) -> None:
+    """Keep the stamps of what the commit whose undo record is in ``backup_dir`` wrote (call
+    right after the commit; nothing when it kept no undo record, or already recorded)."""
+    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
+    if not undo.exists() or kept.exists():
+        return
+    record = json.loads(undo.read_text("utf-8"))
+    write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)
+
+
+def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> None:
+    """Refuse a rollback from COMMITTED when the original moved since the commit at a path the
+    undo would put back (case 43 B). Nothing to compare (no stamps: an older sandbox, or a
+    commit that wrote nothing) lets the rollback go on.
+
+    Raises:
+        SandboxRollbackConflictError: ``conflicts`` are the moved paths; nothing was changed.
+    """
+    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
+    if not undo.exists() or not kept.exists():
+        return
+    then: dict[str, Stamp | None] = json.loads(kept.read_text("utf-8"))
+    now = _written_stamps(original, json.loads(undo.read_text("utf-8")))
+    moved = sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+    if moved:
+        raise SandboxRollbackConflictError(
+            f"rollback of sandbox {sandbox.sandbox_id} refused: {len(moved)} path(s) of "
+            f"{original} changed since the commit: {', '.join(moved[:10])}; undoing the "
+            "commit would discard those later writes. Nothing was changed; the sandbox stays "
+            "COMMITTED",
+            conflicts=moved,
+        )

@@ -7,8 +7,9 @@ Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
   (per path: type, mode, owner, size, mtime, link target) and of the copy (the same plus
   ctime, inode and link count, so any change shows, xattrs and links included) at create, so
   that commit can tell the sandbox's changes from concurrent changes to the original;
-- ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``), for rollback from
-  COMMITTED;
+- ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``) and the stamps of
+  what it wrote (``committed.json``: a rollback refuses when the original moved since, case
+  43), for rollback from COMMITTED;
 - ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
 
 Policies:
@@ -171,6 +172,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             sync_tree(
                 self.tree_dir, source, changes=changes, backup_dir=self._backup_dir, root=root
             )
+            _directory.record_committed(self._backup_dir, source)  # for a rollback (case 43)
         return self._result(changes, message)
 
     def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
@@ -244,6 +246,8 @@ class CopyOnWriteSandbox(BaseSandbox):
 
     def _do_rollback_committed(self) -> None:
         source = self._source()
+        # The original moved since the commit at a path the undo puts back: refuse (case 43 B).
+        _directory.refuse_if_moved(self, self._backup_dir, source)
 
         def undo_commit(restored: Callable[[], None]) -> None:  # while the copy is walked
             with lock_tree(source):

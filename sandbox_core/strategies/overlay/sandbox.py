@@ -281,6 +281,7 @@ class OverlaySandbox(BaseSandbox):
                 sync_tree(merged, original, changes=changes, backup_dir=backup, root=root)
         if not changes.is_empty or root is not None:
             self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
+            _directory.record_committed(backup, original)  # for a rollback (case 43 B)
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
@@ -534,8 +535,11 @@ class OverlaySandbox(BaseSandbox):
         self._reset_view()
 
     def _do_rollback_committed(self) -> None:
-        """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
+        """Restore the original from the pre-commit backup, then reset the view (seed 003).
+        Refused, nothing changed, when the original moved since the commit at a path the undo
+        puts back (case 43 B: ``SandboxRollbackConflictError``)."""
         area = self._commit_area()
+        _directory.refuse_if_moved(self, area / "backup", self._original())
 
         def undo_commit(restored: Callable[[], None]) -> None:
             # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
