@@ -50,6 +50,7 @@ from sandbox_core.errors import (
     SandboxCommitError,
     SandboxError,
     SandboxRollbackConflictError,
+    SandboxRollbackError,
     SandboxStateError,
 )
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
@@ -429,4 +430,94 @@ def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> N
             "commit would discard those later writes. Nothing was changed; the sandbox stays "
             "COMMITTED",
             conflicts=moved,
+        )
+
+
+# -- sandboxes in use (issue 23, item 5) ------------------------------------------------------
+#
+# A process whose working directory, root or open files are inside a sandbox's view keeps
+# working on the live sandbox, or the operation that would throw that view away is refused as
+# busy, naming it: never does it write into a view that is then discarded.
+
+
+def users_of(view: Path, *, writers_only: bool = False) -> list[str]:
+    """The processes (other than this one) using ``view``: ``"<pid> (<command>): <what>"``,
+    where ``what`` is ``cwd``, ``root`` or ``open file <path>``.
+
+    Read from ``/proc`` (processes of this PID namespace that this process may inspect: in a
+    workspace Pod, the actors' commands). ``writers_only`` counts only files open for writing
+    (a working directory that stays in place is harmless then).
+    """
+    top = os.path.realpath(view)
+    inside = (top, top.rstrip("/") + "/")
+    found: list[str] = []
+    me = os.getpid()
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]  # noqa: PTH208
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == me:
+            continue
+        base = f"/proc/{pid}"
+        uses: list[str] = []
+        links = [] if writers_only else [("cwd", f"{base}/cwd"), ("root", f"{base}/root")]
+        try:
+            fds = os.listdir(f"{base}/fd")  # noqa: PTH208
+        except OSError:
+            fds = []
+        links += [(f"fd {fd}", f"{base}/fd/{fd}") for fd in fds]
+        for what, link in links:
+            try:
+                target = os.readlink(link)  # noqa: PTH115
+            except OSError:
+                continue
+            if not (target == inside[0] or target.startswith(inside[1])):
+                continue
+            if what.startswith("fd"):
+                if writers_only and not _open_for_writing(f"{base}/fdinfo/{what[3:]}"):
+                    continue
+                what = f"open file {target}"
+            uses.append(what)
+        if uses:
+            found.append(f"{pid} ({_command(pid)}): {', '.join(sorted(set(uses)))}")
+    return found
+
+
+def _open_for_writing(fdinfo: str) -> bool:
+    try:
+        with open(fdinfo, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & (os.O_WRONLY | os.O_RDWR) != 0
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "?"
+
+
+def refuse_if_busy(
+    sandbox: BaseSandbox, view: Path, operation: str, *, writers_only: bool = False
+) -> None:
+    """Refuse ``operation`` (``"rollback"``, ``"restore"``) while a process uses ``view``
+    (:func:`users_of`); nothing was changed.
+
+    Raises:
+        SandboxRollbackError: ``refused``; the message names every process found.
+    """
+    users = users_of(view, writers_only=writers_only)
+    if users:
+        raise SandboxRollbackError(
+            f"{operation} of sandbox {sandbox.sandbox_id} refused: busy: {'; '.join(users)} "
+            f"{'has files open for writing' if writers_only else 'uses'} in {view}, which the "
+            f"{operation} would replace. Nothing was changed; stop or move those processes "
+            "out of the sandbox, then retry",
+            refused=True,
         )

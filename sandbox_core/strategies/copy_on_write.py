@@ -242,10 +242,14 @@ class CopyOnWriteSandbox(BaseSandbox):
         _directory.abort(self, self.base_dir, txid, self._source())
 
     def _do_rollback(self) -> None:
+        # The copy stays in place (a working directory inside keeps working); a file open for
+        # writing in it would keep writing into a replaced entry: refused as busy.
+        _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
         self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
         source = self._source()
+        _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
         # The original moved since the commit at a path the undo puts back: refuse (case 43 B).
         _directory.refuse_if_moved(self, self._backup_dir, source)
 

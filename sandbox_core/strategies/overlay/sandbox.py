@@ -531,14 +531,28 @@ class OverlaySandbox(BaseSandbox):
     # -- rollback ---------------------------------------------------------------------------
 
     def _do_rollback(self) -> None:
-        """Discard the changes: empty the upper layer and remount, or re-copy (fallback)."""
+        """Discard the changes: empty the upper layer and remount, or re-copy (fallback).
+        Refused as busy while a process uses the view (item 5 of docs/concurrency.md)."""
+        self._refuse_if_busy("rollback")
         self._reset_view()
+
+    def _refuse_if_busy(self, operation: str) -> None:
+        """Kernel mode unmounts the view (a lazy detach would leave its users writing into a
+        layer that is then thrown away): any user refuses. Fallback mode keeps the directory:
+        only files open for writing refuse (their entries are replaced)."""
+        _directory.refuse_if_busy(
+            self,
+            self.base_path / "merged",
+            operation,
+            writers_only=self.overlay_mode != "kernel" and operation == "rollback",
+        )
 
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003).
         Refused, nothing changed, when the original moved since the commit at a path the undo
         puts back (case 43 B: ``SandboxRollbackConflictError``)."""
         area = self._commit_area()
+        self._refuse_if_busy("rollback")
         _directory.refuse_if_moved(self, area / "backup", self._original())
 
         def undo_commit(restored: Callable[[], None]) -> None:
@@ -738,6 +752,7 @@ class OverlaySandbox(BaseSandbox):
                     f"checkpoint {snapshot} does not fit sandbox {self.sandbox_id}: "
                     f"{', '.join(mismatched)} differ"
                 )
+            self._refuse_if_busy("restore")  # the view is replaced: any user is refused
             try:
                 self._restore_layer(snapshot / "layer")
             except OSError as exc:
