@@ -399,11 +399,12 @@ def _written_stamps(original: Path, record: dict[str, Any]) -> dict[str, Stamp |
     return stamps
 
 
-def record_committed(backup_dir: Path, original: Path) -> None:
+def record_committed(backup_dir: Path, original: Path, *, again: bool = False) -> None:
     """Keep the stamps of what the commit whose undo record is in ``backup_dir`` wrote (call
-    right after the commit; nothing when it kept no undo record, or already recorded)."""
+    right after the commit; nothing when it kept no undo record, or already recorded unless
+    ``again``: after an undo that failed and put every entry back, which moved their ctimes)."""
     undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
-    if not undo.exists() or kept.exists():
+    if not undo.exists() or (kept.exists() and not again):
         return
     record = json.loads(undo.read_text("utf-8"))
     write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)

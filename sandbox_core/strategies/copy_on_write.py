@@ -259,7 +259,13 @@ class CopyOnWriteSandbox(BaseSandbox):
                 # what to undo); else the reset would copy a half-applied original (case 20).
                 recover_sync(source)
                 if (self._backup_dir / "undo.json").exists():
-                    undo_sync(self._backup_dir, source, on_applied=restored)
+                    try:
+                        undo_sync(self._backup_dir, source, on_applied=restored)
+                    except OSError:  # undone in turn: the committed state, with new ctimes
+                        _directory.record_committed(self._backup_dir, source, again=True)
+                        raise
+                    # Undone: a retry (the backup's removal failed) must not compare again.
+                    (self._backup_dir / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
 
         def drop_backup() -> None:
             if self._backup_dir.exists():

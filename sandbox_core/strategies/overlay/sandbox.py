@@ -561,7 +561,13 @@ class OverlaySandbox(BaseSandbox):
             # undo record in the backup.
             recover_sync(self._original())
             if (area / "backup" / "undo.json").exists():
-                undo_sync(area / "backup", self._original(), on_applied=restored)
+                try:
+                    undo_sync(area / "backup", self._original(), on_applied=restored)
+                except OSError:  # undone in turn: the committed state, with new ctimes
+                    _directory.record_committed(area / "backup", self._original(), again=True)
+                    raise
+                # Undone: a retry (the area's removal failed) must not compare again.
+                (area / "backup" / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
                 generation = int(self._meta("lower_generation") or 1)
                 self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
 
