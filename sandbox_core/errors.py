@@ -271,3 +271,16 @@ class SandboxCommitNoSpaceError(SandboxCommitError, SandboxNoSpaceError):
 
 class SandboxRollbackNoSpaceError(SandboxRollbackError, SandboxNoSpaceError):
     """Rollback stopped by a full file system; what it had done was undone, status unchanged."""
+
+
+class SandboxRollbackConflictError(SandboxRollbackError):
+    """A rollback from COMMITTED refused because the original changed since the commit, at
+    paths the rollback would put back: undoing the commit would discard a write the product
+    did not make (case 43). ``conflicts`` names them (resource-relative); nothing was changed
+    and the sandbox stays COMMITTED. What to do: keep or undo that later write yourself, then
+    retry (or leave the commit in place). See docs/concurrency.md.
+    """
+
+    def __init__(self, message: str, conflicts: list[str]) -> None:
+        super().__init__(message, refused=True)
+        self.conflicts: list[str] = list(conflicts)

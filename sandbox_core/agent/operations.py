@@ -43,10 +43,11 @@ from sandbox_core.agent.wire import (
 )
 from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.describe import sandbox_diff
-from sandbox_core.errors import SandboxError, SandboxStateError
+from sandbox_core.errors import SandboxError, SandboxRollbackLockedError, SandboxStateError
 from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
+from sandbox_core.plan.original_lock import held_by_process, hold_prepared, release_prepared
 from sandbox_core.redaction import same_database
 from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
@@ -269,7 +270,10 @@ class Operations:
         """Commit; the reply is the CommitResult plus the record after it."""
         sandbox = self.load(sandbox_id)
         try:
-            result = sandbox.commit(body.get("message"))
+            with held_by_process(
+                [sandbox.original_path], _plan_of(sandbox), f"commit:{sandbox_id}"
+            ):
+                result = sandbox.commit(body.get("message"))
         finally:
             self._save(sandbox)
         return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
@@ -280,7 +284,15 @@ class Operations:
         try:
             if sandbox.status is SandboxStatus.CREATED:
                 sandbox.activate()
-            if sandbox.status is not SandboxStatus.ROLLED_BACK:
+            if sandbox.status is SandboxStatus.COMMITTED:  # writes the original: its lock
+                with held_by_process(
+                    [sandbox.original_path],
+                    _plan_of(sandbox),
+                    f"rollback:{sandbox_id}",
+                    error=SandboxRollbackLockedError,
+                ):
+                    sandbox.rollback()
+            elif sandbox.status is not SandboxStatus.ROLLED_BACK:
                 sandbox.rollback()
             if body.get("reactivate") and sandbox.status is SandboxStatus.ROLLED_BACK:
                 sandbox.activate()
@@ -348,7 +360,12 @@ class Operations:
         txid = self._txid(body)
         message = body.get("message")
         sandbox = self._participant(sandbox_id, txid)
-        prepared = sandbox.prepare(txid, str(message) if message is not None else None)
+        hold_prepared(sandbox, txid)  # the original's lock, until apply or abort
+        try:
+            prepared = sandbox.prepare(txid, str(message) if message is not None else None)
+        except BaseException:
+            release_prepared(sandbox, txid)
+            raise
         if not getattr(sandbox, "prepares_durably", True):
             self._held[(sandbox_id, txid)] = sandbox
         self._save(sandbox)
@@ -362,6 +379,7 @@ class Operations:
             result = sandbox.apply_prepared(txid)
         finally:
             self._save(sandbox)
+        release_prepared(sandbox, txid)
         self._held.pop((sandbox_id, txid), None)
         return {"result": result.to_dict(), "sandbox": self.describe(sandbox)}
 
@@ -370,6 +388,7 @@ class Operations:
         txid = self._txid(body)
         sandbox = self._participant(sandbox_id, txid)
         sandbox.abort_prepared(txid)
+        release_prepared(sandbox, txid)
         self._held.pop((sandbox_id, txid), None)
         self._save(sandbox)
         return {"sandbox": self.describe(sandbox)}
@@ -393,3 +412,8 @@ class Operations:
         self.store.delete(sandbox_id)
         self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
+
+
+def _plan_of(sandbox: BaseSandbox) -> str:
+    """The plan a sandbox belongs to (for the original's lock record)."""
+    return str(getattr(sandbox.context, "plan_id", "") or "")

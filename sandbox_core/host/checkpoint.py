@@ -33,8 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ulid import ULID
 
 from sandbox_core.durable import write_json_atomic
-from sandbox_core.errors import SandboxError, SandboxLockedError, SandboxPermissionError
+from sandbox_core.errors import (
+    SandboxError,
+    SandboxLockedError,
+    SandboxPermissionError,
+    SandboxRollbackLockedError,
+)
 from sandbox_core.protocol import SandboxContext, utc_now
+from sandbox_core.strategies._directory import users_of
 from sandbox_core.tree.ops import backup_directory, safe_restore
 
 __all__ = [
@@ -224,7 +230,9 @@ class CheckpointManager:
 
         Raises:
             SandboxLockedError, SandboxPermissionError: a native git restore was refused by a
-                leftover lock or for permissions (nothing changed; the caller can say what to do).
+                leftover lock or for permissions (nothing changed; the caller can say what to do);
+                a directory restore was refused as busy (``SandboxRollbackLockedError``: a
+                process uses the sandbox, named in the message; nothing changed).
         """
         kind = checkpoint.metadata.get(KIND_KEY, KIND_DIRECTORY)
         if kind in (KIND_GIT_REF, KIND_OVERLAY):
@@ -235,6 +243,16 @@ class CheckpointManager:
         sandbox_path = checkpoint.metadata.get("sandbox_path")
         if not sandbox_path or not Path(sandbox_path).is_dir():
             return False
+        # The directory is swapped whole: a process inside it would go on in a thrown-away
+        # copy. Refused as busy, naming it (docs/concurrency.md, sandboxes in use).
+        busy = users_of(Path(sandbox_path))
+        if busy:
+            raise SandboxRollbackLockedError(
+                f"restore of checkpoint {checkpoint.checkpoint_id} refused: busy: "
+                f"{'; '.join(busy)} uses {sandbox_path}, which the restore would replace. "
+                "Nothing was changed; stop or move those processes out of it, then retry",
+                refused=True,
+            )
         try:
             self._restore_directory(Path(snapshot), Path(sandbox_path))
         except OSError:

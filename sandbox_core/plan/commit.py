@@ -33,6 +33,13 @@ Policy:
    ``approved_digest``, ``touched_originals`` 0); callers that raise turn it into
    :class:`~sandbox_core.errors.ChangedSinceApprovalError`.
 
+4. **One plan per original.** Both modes hold the lock of every participant's original
+   (:mod:`sandbox_core.plan.original_lock`): the two-phase coordinator from each prepare to
+   its apply or abort, the saga for its whole run. A plan whose original another plan holds
+   fails (two phases: a failed result naming the holder, nothing changed) or raises
+   :class:`~sandbox_core.plan.original_lock.OriginalLockedError` (the saga, before anything
+   is committed).
+
 Before calling it, a caller finishes (or recovers) an unfinished attempt of its journal and
 refuses a plan that could only land in part (:func:`~sandbox_core.plan.saga.
 refuse_partial_plan`, :class:`~sandbox_core.errors.PlanRerunRequiredError`, case 38): the
@@ -48,6 +55,7 @@ from typing import Any, Literal
 
 from sandbox_core.errors import PlanReviewError, TwoPhaseUnavailableError
 from sandbox_core.plan.journal import CommitJournal, JournalPhase, JournalReason, JournalState
+from sandbox_core.plan.original_lock import held_by_process, local_original
 from sandbox_core.plan.participants import ReviewedParticipant
 from sandbox_core.plan.review import review_plan
 from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, results_from_journal
@@ -137,6 +145,7 @@ def commit_plan(
         PlanReviewError: the saga's review before the approval check failed (``__cause__``);
             nothing was touched.
         AtomicCommitError: a non-sandbox exception interrupted the saga (after compensation).
+        OriginalLockedError: the saga's original is held by another plan; nothing touched.
         SandboxError: the journal could not be written.
     """
     check_mode(mode)
@@ -173,9 +182,13 @@ def commit_plan(
         if refused is not None:
             return [refused]
     saga = PlanCommitSaga(journal, on_change=on_change, fault_hook=fault_hook)
-    results = saga.run(
-        plan_id, participants, attempt=attempt, message=message, fallback_reason=fallback
-    )
+    # The saga holds the originals' locks for its whole run (commits and compensations): a
+    # process hold, freed by a crash (sandbox_core.plan.original_lock).
+    originals = [o for o in (local_original(p) for p in participants) if o is not None]
+    with held_by_process(originals, plan_id, f"saga:{plan_id}:{attempt}"):
+        results = saga.run(
+            plan_id, participants, attempt=attempt, message=message, fallback_reason=fallback
+        )
     if fallback is None:
         return results
     return [

@@ -82,6 +82,7 @@ from sandbox_core.plan.journal import (
     JournalStep,
     StepState,
 )
+from sandbox_core.plan.original_lock import hold_prepared, release_prepared
 from sandbox_core.plan.participants import Participant, commit_order, in_process
 from sandbox_core.plan.review import plan_digest
 from sandbox_core.plan.saga import (
@@ -407,6 +408,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             step.started_at = utc_now()
             try:
                 self._fault("before_prepare", index, step.sandbox_id)
+                self._hold(state, step, sandbox)
                 outcomes[index] = sandbox.prepare(txid, message)
             except Exception as exc:  # judged in commit order below, once every chain ended
                 outcomes[index] = exc
@@ -523,6 +525,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             step.state = StepState.COMMITTED
             step.result = result.to_dict()
             step.updated_at = utc_now()
+            self._let_go(state, step, sandbox)
         state.phase = JournalPhase.APPLYING
         state.decided_at = utc_now()
         self._save(state)
@@ -594,6 +597,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             step.state = StepState.COMMITTED
             step.result = outcome.to_dict()
             step.error = None
+            self._let_go(state, step, sandbox)
         return failed
 
     # -- recover -----------------------------------------------------------------------------
@@ -676,6 +680,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             step.state = StepState.COMMITTED
             step.updated_at = utc_now()
             self._save(state)
+            self._let_go(state, step, sandbox)
             return True
         return False
 
@@ -721,6 +726,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             else:
                 if step.state is not StepState.FAILED:
                     step.state = StepState.ABORTED
+                self._let_go(state, step, sandbox)  # nothing staged any more
             step.updated_at = utc_now()
         # One save after every abort, not one per step: until it, recovery (phase aborting)
         # aborts every step again, and an abort is idempotent.
@@ -735,6 +741,22 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             JournalPhase.ROLLED_BACK if reason is JournalReason.INTERRUPTED else JournalPhase.FAILED
         )
         self._finish(state, phase, reason)
+
+    def _hold(self, state: JournalState, step: JournalStep, sandbox: Any) -> None:
+        """Take the lock of the participant's original for this attempt, right before its
+        prepare (:mod:`sandbox_core.plan.original_lock`: held until its apply or abort; a
+        handle's own process takes it).
+
+        Raises:
+            OriginalLockedError: another plan holds that original (the step fails, every
+                step is aborted, nothing changed).
+        """
+        hold_prepared(sandbox, _txid(state))
+
+    def _let_go(self, state: JournalState, step: JournalStep, sandbox: Any) -> None:
+        """Release this attempt's hold of the participant's original (applied or aborted)."""
+        if sandbox is not None and state.txid:
+            release_prepared(sandbox, state.txid)
 
     def _fail_step(
         self, state: JournalState, step: JournalStep, exc: BaseException, what: str

@@ -39,13 +39,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sandbox_core.durable import defer_durability, write_json_atomic
-from sandbox_core.errors import SandboxCommitError, SandboxError, SandboxStateError
+from sandbox_core.errors import (
+    SandboxCommitError,
+    SandboxError,
+    SandboxRollbackConflictError,
+    SandboxRollbackError,
+    SandboxStateError,
+)
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
 from sandbox_core.strategies.base import BaseSandbox, logger
 from sandbox_core.strategies.resource_faults import resource_fault
@@ -312,6 +320,7 @@ def apply(
             ) from exc
         if not landed:
             applied()  # an ``applying`` record of an earlier version whose area was dropped
+        record_committed(backup_dir, original)  # for a rollback from COMMITTED (case 43 B)
     return result
 
 
@@ -403,3 +412,173 @@ def tidy_after_fault(original: Path) -> None:
     with the original's lock held and, in kernel mode, while the overlay is unmounted."""
     with contextlib.suppress(OSError):
         recover_sync(original)
+
+
+# -- rollback from COMMITTED: has the original moved since the commit? (case 43 B) --------------
+#
+# Right after a commit (one-shot or two-phase apply) the stamps of every path it wrote are kept
+# beside its undo record (``committed.json`` in the backup); a rollback from COMMITTED compares
+# them with the original first and refuses, naming the paths, when any moved: putting the old
+# entries back would discard a write made after the commit (docs/concurrency.md).
+
+COMMITTED_STAMPS = "committed.json"
+_UNDO_RECORD = "undo.json"
+
+Stamp = list[Any]
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    """What shows a later write: the type, and for a non-directory its inode, size, mtime and
+    ctime (any write, chmod, chown, link or rename moves the ctime); a directory's own entry
+    keeps mode and owner (its children are stamped one by one)."""
+    if stat.S_ISDIR(st.st_mode):
+        return ["d", st.st_mode, st.st_uid, st.st_gid]
+    return ["f", st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _written_stamps(original: Path, record: dict[str, Any]) -> dict[str, Stamp | None]:
+    """The stamps of every path the commit of ``record`` (its undo record) wrote, as the
+    original has them now: each op's path, and every entry below a directory it put in place
+    (an entry that is missing is ``None``)."""
+    stamps: dict[str, Stamp | None] = {}
+    top = str(original).rstrip("/")
+    for op in record.get("ops", []):
+        rel = str(op["path"])
+        try:
+            st = os.lstat(f"{top}/{rel}")
+        except FileNotFoundError:
+            stamps[rel] = None
+            continue
+        stamps[rel] = _stamp(st)
+        if op.get("meta") or op.get("chmod") or not stat.S_ISDIR(st.st_mode):
+            continue  # a metadata-only op: the directory's other children are not the commit's
+        for parent, dirs, files in os.walk(f"{top}/{rel}"):
+            for name in dirs + files:
+                path = f"{parent}/{name}"
+                stamps[os.path.relpath(path, top)] = _stamp(os.lstat(path))
+    return stamps
+
+
+def record_committed(backup_dir: Path, original: Path, *, again: bool = False) -> None:
+    """Keep the stamps of what the commit whose undo record is in ``backup_dir`` wrote (call
+    right after the commit; nothing when it kept no undo record, or already recorded unless
+    ``again``: after an undo that failed and put every entry back, which moved their ctimes)."""
+    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
+    if not undo.exists() or (kept.exists() and not again):
+        return
+    record = json.loads(undo.read_text("utf-8"))
+    write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)
+
+
+def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> None:
+    """Refuse a rollback from COMMITTED when the original moved since the commit at a path the
+    undo would put back (case 43 B). Nothing to compare (no stamps: an older sandbox, or a
+    commit that wrote nothing) lets the rollback go on.
+
+    Raises:
+        SandboxRollbackConflictError: ``conflicts`` are the moved paths; nothing was changed.
+    """
+    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
+    if not undo.exists() or not kept.exists():
+        return
+    then: dict[str, Stamp | None] = json.loads(kept.read_text("utf-8"))
+    now = _written_stamps(original, json.loads(undo.read_text("utf-8")))
+    moved = sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+    if moved:
+        raise SandboxRollbackConflictError(
+            f"rollback of sandbox {sandbox.sandbox_id} refused: {len(moved)} path(s) of "
+            f"{original} changed since the commit: {', '.join(moved[:10])}; undoing the "
+            "commit would discard those later writes. Nothing was changed; the sandbox stays "
+            "COMMITTED",
+            conflicts=moved,
+        )
+
+
+# -- sandboxes in use (issue 23, item 5) ------------------------------------------------------
+#
+# A process whose working directory, root or open files are inside a sandbox's view keeps
+# working on the live sandbox, or the operation that would throw that view away is refused as
+# busy, naming it: never does it write into a view that is then discarded.
+
+
+def users_of(view: Path, *, writers_only: bool = False) -> list[str]:
+    """The processes (other than this one) using ``view``: ``"<pid> (<command>): <what>"``,
+    where ``what`` is ``cwd``, ``root`` or ``open file <path>``.
+
+    Read from ``/proc`` (processes of this PID namespace that this process may inspect: in a
+    workspace Pod, the actors' commands). ``writers_only`` counts only files open for writing
+    (a working directory that stays in place is harmless then).
+    """
+    top = os.path.realpath(view)
+    inside = (top, top.rstrip("/") + "/")
+    found: list[str] = []
+    me = os.getpid()
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]  # noqa: PTH208
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == me:
+            continue
+        base = f"/proc/{pid}"
+        uses: list[str] = []
+        links = [] if writers_only else [("cwd", f"{base}/cwd"), ("root", f"{base}/root")]
+        try:
+            fds = os.listdir(f"{base}/fd")  # noqa: PTH208
+        except OSError:
+            fds = []
+        links += [(f"fd {fd}", f"{base}/fd/{fd}") for fd in fds]
+        for what, link in links:
+            try:
+                target = os.readlink(link)  # noqa: PTH115
+            except OSError:
+                continue
+            if not (target == inside[0] or target.startswith(inside[1])):
+                continue
+            if what.startswith("fd"):
+                if writers_only and not _open_for_writing(f"{base}/fdinfo/{what[3:]}"):
+                    continue
+                what = f"open file {target}"
+            uses.append(what)
+        if uses:
+            found.append(f"{pid} ({_command(pid)}): {', '.join(sorted(set(uses)))}")
+    return found
+
+
+def _open_for_writing(fdinfo: str) -> bool:
+    try:
+        with open(fdinfo, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & (os.O_WRONLY | os.O_RDWR) != 0
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "?"
+
+
+def refuse_if_busy(
+    sandbox: BaseSandbox, view: Path, operation: str, *, writers_only: bool = False
+) -> None:
+    """Refuse ``operation`` (``"rollback"``, ``"restore"``) while a process uses ``view``
+    (:func:`users_of`); nothing was changed.
+
+    Raises:
+        SandboxRollbackError: ``refused``; the message names every process found.
+    """
+    users = users_of(view, writers_only=writers_only)
+    if users:
+        raise SandboxRollbackError(
+            f"{operation} of sandbox {sandbox.sandbox_id} refused: busy: {'; '.join(users)} "
+            f"{'has files open for writing' if writers_only else 'uses'} in {view}, which the "
+            f"{operation} would replace. Nothing was changed; stop or move those processes "
+            "out of the sandbox, then retry",
+            refused=True,
+        )

@@ -7,8 +7,9 @@ Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
   (per path: type, mode, owner, size, mtime, link target) and of the copy (the same plus
   ctime, inode and link count, so any change shows, xattrs and links included) at create, so
   that commit can tell the sandbox's changes from concurrent changes to the original;
-- ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``), for rollback from
-  COMMITTED;
+- ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``) and the stamps of
+  what it wrote (``committed.json``: a rollback refuses when the original moved since, case
+  43), for rollback from COMMITTED;
 - ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
 
 Policies:
@@ -187,6 +188,7 @@ class CopyOnWriteSandbox(BaseSandbox):
                     shutil.rmtree(self._backup_dir, ignore_errors=True)
                     raise
                 logger.warning("commit of sandbox %s landed; then: %s", self.sandbox_id, exc)
+            _directory.record_committed(self._backup_dir, source)  # for a rollback (case 43)
         return self._result(changes, message)
 
     def _result(self, changes: TreeChanges, message: str | None) -> CommitResult:
@@ -256,10 +258,16 @@ class CopyOnWriteSandbox(BaseSandbox):
         _directory.abort(self, self.base_dir, txid, self._source())
 
     def _do_rollback(self) -> None:
+        # The copy stays in place (a working directory inside keeps working); a file open for
+        # writing in it would keep writing into a replaced entry: refused as busy.
+        _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
         self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
         source = self._source()
+        _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
+        # The original moved since the commit at a path the undo puts back: refuse (case 43 B).
+        _directory.refuse_if_moved(self, self._backup_dir, source)
 
         def undo_commit(restored: Callable[[], None]) -> None:  # while the copy is walked
             with lock_tree(source):
@@ -267,7 +275,13 @@ class CopyOnWriteSandbox(BaseSandbox):
                 # what to undo); else the reset would copy a half-applied original (case 20).
                 recover_sync(source)
                 if (self._backup_dir / "undo.json").exists():
-                    undo_sync(self._backup_dir, source, on_applied=restored)
+                    try:
+                        undo_sync(self._backup_dir, source, on_applied=restored)
+                    except OSError:  # undone in turn: the committed state, with new ctimes
+                        _directory.record_committed(self._backup_dir, source, again=True)
+                        raise
+                    # Undone: a retry (the backup's removal failed) must not compare again.
+                    (self._backup_dir / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
 
         def drop_backup() -> None:
             if self._backup_dir.exists():

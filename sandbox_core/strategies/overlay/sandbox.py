@@ -284,6 +284,7 @@ class OverlaySandbox(BaseSandbox):
             raise
         if not changes.is_empty or root is not None:
             self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
+            _directory.record_committed(backup, original)  # for a rollback (case 43 B)
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,
@@ -567,12 +568,29 @@ class OverlaySandbox(BaseSandbox):
     # -- rollback ---------------------------------------------------------------------------
 
     def _do_rollback(self) -> None:
-        """Discard the changes: empty the upper layer and remount, or re-copy (fallback)."""
+        """Discard the changes: empty the upper layer and remount, or re-copy (fallback).
+        Refused as busy while a process uses the view (item 5 of docs/concurrency.md)."""
+        self._refuse_if_busy("rollback")
         self._reset_view()
 
+    def _refuse_if_busy(self, operation: str) -> None:
+        """Kernel mode unmounts the view (a lazy detach would leave its users writing into a
+        layer that is then thrown away): any user refuses. Fallback mode keeps the directory:
+        only files open for writing refuse (their entries are replaced)."""
+        _directory.refuse_if_busy(
+            self,
+            self.base_path / "merged",
+            operation,
+            writers_only=self.overlay_mode != "kernel" and operation == "rollback",
+        )
+
     def _do_rollback_committed(self) -> None:
-        """Restore the original from the pre-commit backup, then reset the view (seed 003)."""
+        """Restore the original from the pre-commit backup, then reset the view (seed 003).
+        Refused, nothing changed, when the original moved since the commit at a path the undo
+        puts back (case 43 B: ``SandboxRollbackConflictError``)."""
         area = self._commit_area()
+        self._refuse_if_busy("rollback")
+        _directory.refuse_if_moved(self, area / "backup", self._original())
 
         def undo_commit(restored: Callable[[], None]) -> None:
             # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
@@ -580,7 +598,13 @@ class OverlaySandbox(BaseSandbox):
             # undo record in the backup.
             recover_sync(self._original())
             if (area / "backup" / "undo.json").exists():
-                undo_sync(area / "backup", self._original(), on_applied=restored)
+                try:
+                    undo_sync(area / "backup", self._original(), on_applied=restored)
+                except OSError:  # undone in turn: the committed state, with new ctimes
+                    _directory.record_committed(area / "backup", self._original(), again=True)
+                    raise
+                # Undone: a retry (the area's removal failed) must not compare again.
+                (area / "backup" / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
                 generation = int(self._meta("lower_generation") or 1)
                 self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
 
@@ -793,6 +817,7 @@ class OverlaySandbox(BaseSandbox):
                     f"checkpoint {snapshot} does not fit sandbox {self.sandbox_id}: "
                     f"{', '.join(mismatched)} differ"
                 )
+            self._refuse_if_busy("restore")  # the view is replaced: any user is refused
             try:
                 self._restore_layer(snapshot / "layer")
             except OSError as exc:

@@ -1,0 +1,163 @@
+"""A rollback from COMMITTED never discards a write made to the original after the commit
+(case 43, part B; docs/concurrency.md), in copy_on_write, overlay kernel and overlay fallback,
+after a one-shot commit and after a two-phase apply.
+
+Property: after ``commit``, another writer changes the original. When the change is at a path
+the commit wrote (or below a directory it put in place), ``rollback`` refuses with
+``SandboxRollbackConflictError`` naming those paths, nothing changes and the sandbox stays
+COMMITTED. A change anywhere else is kept and the rollback undoes the commit. git_worktree
+already refuses when work was built on the merge (case 23b).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandbox_core.errors import SandboxRollbackConflictError, SandboxRollbackError
+from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies.base import BaseSandbox
+from tests.support.directory_sandboxes import STRATEGIES, Make
+from tests.support.fidelity_tree import tree_state
+
+
+def strategies(func: Callable[..., None]) -> Callable[..., None]:
+    return pytest.mark.parametrize("make", STRATEGIES, indirect=True)(func)
+
+
+def _commit(box: BaseSandbox, how: str) -> None:
+    if how == "one-shot":
+        box.commit("c")
+    else:
+        box.prepare("tx-43b", "c")
+        box.apply_prepared("tx-43b")
+    assert box.status is SandboxStatus.COMMITTED
+
+
+HOW = pytest.mark.parametrize("how", ["one-shot", "two-phase"])
+
+
+def _source(tmp_path: Path) -> Path:
+    src = tmp_path / "vol" / "src"
+    (src / "keep").mkdir(parents=True)
+    (src / "ledger").write_text("seed\n")
+    (src / "keep" / "other").write_text("other\n")
+    (src / "gone").write_text("gone\n")
+    return src
+
+
+def _edit(box: BaseSandbox) -> None:
+    with open(box.get_path("ledger"), "a") as handle:
+        handle.write("sandbox\n")
+    os.makedirs(box.get_path("newdir"))
+    Path(box.get_path("newdir/n")).write_text("n\n")
+    os.unlink(box.get_path("gone"))
+
+
+@strategies
+@HOW
+def test_case43b_rollback_refuses_after_the_application_appended_to_a_committed_file(
+    tmp_path: Path, make: Make, how: str
+) -> None:
+    """Case 43 B as written: ``ledger`` = seed, the sandbox appends, commit, the application
+    appends ``app after commit``, rollback. Expected: refused, conflict naming ``ledger``,
+    sandbox COMMITTED, the application's line kept. Failed before: the rollback succeeded
+    and ``ledger`` was ``seed`` again."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, how)
+    with open(src / "ledger", "a") as handle:
+        handle.write("app after commit\n")
+    before = tree_state(src)
+    with pytest.raises(SandboxRollbackConflictError) as refused:
+        box.rollback()
+    assert refused.value.conflicts == ["ledger"]
+    assert refused.value.refused and isinstance(refused.value, SandboxRollbackError)
+    assert "ledger" in str(refused.value)
+    assert box.status is SandboxStatus.COMMITTED
+    assert tree_state(src) == before
+    assert (src / "ledger").read_text() == "seed\nsandbox\napp after commit\n"
+
+
+LATER_WRITES = {
+    "file-inside-added-dir": (
+        lambda src: (src / "newdir" / "app").write_text("a\n"),
+        ["newdir/app"],
+    ),
+    "rewrote-added-file": (lambda src: (src / "newdir" / "n").write_text("N\n"), ["newdir/n"]),
+    "recreated-deleted": (lambda src: (src / "gone").write_text("back\n"), ["gone"]),
+    "chmod-committed": (lambda src: os.chmod(src / "ledger", 0o600), ["ledger"]),
+}
+
+
+@strategies
+@pytest.mark.parametrize("later", sorted(LATER_WRITES))
+def test_rollback_refuses_any_later_write_the_undo_would_discard(
+    tmp_path: Path, make: Make, later: str
+) -> None:
+    """Every kind of later write at a path the commit wrote (a file in a directory the commit
+    added, a rewrite, a deleted file made again, a mode change) refuses the rollback, naming
+    the path, with nothing changed."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, "one-shot")
+    write, paths = LATER_WRITES[later]
+    write(src)
+    before = tree_state(src)
+    with pytest.raises(SandboxRollbackConflictError) as refused:
+        box.rollback()
+    assert refused.value.conflicts == paths
+    assert box.status is SandboxStatus.COMMITTED
+    assert tree_state(src) == before
+
+
+@strategies
+@HOW
+def test_rollback_keeps_a_later_write_elsewhere_and_undoes_the_commit(
+    tmp_path: Path, make: Make, how: str
+) -> None:
+    """A later write at a path the commit did not write is kept; the commit is undone; a
+    rollback with no later write at all still works (nothing refused by mistake)."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, how)
+    (src / "keep" / "other").write_text("other, later\n")
+    (src / "keep" / "fresh").write_text("fresh\n")
+    box.rollback()
+    assert box.status is SandboxStatus.ROLLED_BACK
+    assert (src / "ledger").read_text() == "seed\n"
+    assert (src / "gone").read_text() == "gone\n"
+    assert not (src / "newdir").exists()
+    assert (src / "keep" / "other").read_text() == "other, later\n"
+    assert (src / "keep" / "fresh").read_text() == "fresh\n"
+
+
+@strategies
+def test_rollback_is_retried_once_the_later_write_is_undone(tmp_path: Path, make: Make) -> None:
+    """The refusal is not final: once the later write is taken back (the entry's stamp as
+    the commit left it is restored by putting the committed file back), the rollback runs."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, "one-shot")
+    (src / "newdir" / "app").write_text("a\n")
+    with pytest.raises(SandboxRollbackConflictError):
+        box.rollback()
+    (src / "newdir" / "app").unlink()
+    box.rollback()
+    assert box.status is SandboxStatus.ROLLED_BACK
+    assert (src / "ledger").read_text() == "seed\n" and not (src / "newdir").exists()
