@@ -243,3 +243,16 @@ class TwoPhaseUnavailableError(SandboxError):
     participant cannot prepare durably (only one may be the last resource). Callers that asked
     for ``auto`` fall back to the saga and say so; callers that insisted get this error.
     """
+
+
+class CommitOutcomeUnknownError(SandboxError):
+    """A commit was sent but whether it landed cannot be told now: its reply was lost (a
+    timeout, a broken connection) and the participant cannot be asked yet.
+
+    A plan commit never compensates on this error: it asks the participant
+    (``commit_outcome()``, ``commit_landed()``) and, while no answer comes, keeps the attempt
+    open (reason ``OutcomeUnknown``) for ``recover`` to ask again (issue 23, item 7).
+    ``retryable`` is True.
+    """
+
+    retryable = True
