@@ -18,6 +18,8 @@ unharmed. A fresh process then rolls back or cleans up.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -248,3 +250,89 @@ def test_a_commit_killed_at_any_write_then_rolled_back_or_cleaned_up_ends_one_wa
     assert writes > 0
     for kill_at in kill_points(writes):
         _one_crash(tmp_path, kind, path, action, kill_at)
+
+
+# -- in process: a write that raises -------------------------------------------------------------
+
+
+DIRECTORY_KINDS = [p for p in KINDS if p.values[0] != "git_worktree"]
+
+
+@contextlib.contextmanager
+def _writes_fail_at(kill_at: int) -> Iterator[None]:
+    """The ``kill_at``-th ``os.rename``/``os.replace`` raises ``OSError(EIO)``."""
+    calls = iter(range(1, 1_000_000))
+    real = {name: getattr(os, name) for name in ("rename", "replace")}
+
+    def wrap(name: str) -> Any:
+        def failing(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if next(calls) == kill_at:
+                raise OSError(errno.EIO, "injected write error")
+            real[name](src, dst, *args, **kwargs)
+
+        return failing
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in real:
+            patch.setattr(os, name, wrap(name))
+        yield
+
+
+def _one_raise(tmp: Path, kind: str, path: str, action: str, kill_at: int) -> bool:
+    """Commit (or apply) with the ``kill_at``-th write raising, then ``action``; assert the
+    property. Returns False once the commit met no ``kill_at``-th write."""
+    from sandbox_core.strategies.factory import SandboxFactory
+
+    where = tmp / f"raise{kill_at}"
+    where.mkdir()
+    original = _make_original("copy_on_write", where / "orig")
+    strategy, _, mode = kind.partition("-")
+    options = {"mode": mode} if mode else {}
+    sandbox = SandboxFactory().create(
+        strategy, "r", str(original), sandbox_root=str(where / "boxes"), **options
+    )
+    sandbox.create(PLAN)
+    raised = False
+    try:
+        for name in NAMES:
+            Path(sandbox.get_path(name)).write_text(f"{name}1\n")
+        if path == "two_phase":
+            sandbox.prepare("tx-raise")
+        with _writes_fail_at(kill_at):
+            try:
+                if path == "two_phase":
+                    sandbox.apply_prepared("tx-raise")
+                else:
+                    sandbox.commit()
+            except Exception:  # the injected fault, however the strategy reports it
+                raised = True
+        if action == "cleanup":
+            sandbox.cleanup()
+        elif sandbox.status.value in ("active", "committed"):
+            sandbox.rollback()
+        where_ = f"{kind} {path}, write {kill_at} raised, then {action}"
+        state = _state("copy_on_write", original)
+        assert state in ("before", "after"), f"{where_}: the original is {state}"
+        # A prepared area whose apply never began is the coordinator's to apply or abort (a
+        # rollback of the sandbox leaves it); anything else is gone.
+        left = [n for n in _staging_left(original) if "-prepared-" not in n]
+        assert left == [], f"{where_}: staging left"
+    finally:
+        sandbox.cleanup()
+    assert _staging_left(original) == [], f"{kind} {path}, write {kill_at}: cleanup left staging"
+    return raised
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+@pytest.mark.parametrize("path", ["one_shot", "two_phase"])
+@pytest.mark.parametrize("kind", DIRECTORY_KINDS)
+def test_a_write_that_raises_then_rollback_or_cleanup_ends_one_way(
+    tmp_path: Path, kind: str, path: str, action: str
+) -> None:
+    """The same property in one process at EVERY write: the k-th ``rename``/``replace`` of the
+    commit (or of the two-phase apply) raises ``OSError`` (a disk error), the commit's own error
+    handling runs, then the sandbox is rolled back or cleaned up."""
+    kill_at = 1
+    while _one_raise(tmp_path, kind, path, action, kill_at):
+        kill_at += 1
+    assert kill_at > 1, "the commit wrote nothing"
