@@ -284,3 +284,16 @@ class SandboxRollbackConflictError(SandboxRollbackError):
     def __init__(self, message: str, conflicts: list[str]) -> None:
         super().__init__(message, refused=True)
         self.conflicts: list[str] = list(conflicts)
+
+
+class CommitOutcomeUnknownError(SandboxError):
+    """A commit was sent but whether it landed cannot be told now: its reply was lost (a
+    timeout, a broken connection) and the participant cannot be asked yet.
+
+    A plan commit never compensates on this error: it asks the participant
+    (``commit_outcome()``, ``commit_landed()``) and, while no answer comes, keeps the attempt
+    open (reason ``OutcomeUnknown``) for ``recover`` to ask again (issue 23, item 7).
+    ``retryable`` is True.
+    """
+
+    retryable = True

@@ -15,7 +15,8 @@ true``). Requests run one at a time (one worker thread): the agent
 serves one Sandbox and the core's operations are not meant to overlap. The failures of the
 two-phase routes (prepare, apply-prepared, abort-prepared) are not remembered: a failed apply
 keeps the sandbox's status so the coordinator retries it, and a replayed failure would refuse
-that retry.
+that retry. Nor are those of cleanup (idempotent; a refusal may pass on retry, and the
+operator's finalizer retries it with the same request id).
 
 This module is the only one of ``sandbox_core`` that imports aiohttp; nothing else imports it.
 """
@@ -205,7 +206,11 @@ class Agent:
             return await self._run(request, lambda: ops.restore(cid), True)
 
         async def cleanup(request: web.Request) -> web.Response:
-            return await self._run(request, lambda: ops.cleanup(sid(request)), True)
+            # Idempotent, and a refusal may pass later (an interrupted commit finished, an
+            # artefact freed): a failed cleanup is not remembered, so a retry runs it again.
+            return await self._run(
+                request, lambda: ops.cleanup(sid(request)), True, remember_failures=False
+            )
 
         async def review(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.review(sid(request)), False)

@@ -398,11 +398,16 @@ class SandboxManager:
     def rollback_all(self, plan_id: str) -> None:
         """Roll back every ACTIVE sandbox of the plan; one failure does not stop the others.
 
+        An unfinished commit attempt of the plan (the process died in it) is recovered first
+        (:meth:`recover`), and each sandbox finishes or undoes its own interrupted commit
+        before it is rolled back, so no original is left half-committed.
+
         Raises:
             ValueError: ``"plan_id cannot be empty"``.
         """
         require_non_empty("plan_id", plan_id)
         with self._plan_lock(plan_id):
+            self._finish_open_attempt(plan_id)
             for sandbox in self.list_sandboxes(plan_id):
                 if sandbox.status is not SandboxStatus.ACTIVE:
                     continue
@@ -415,6 +420,8 @@ class SandboxManager:
     def cleanup_all(self, plan_id: str) -> None:
         """Clean up every sandbox of the plan and stop tracking the plan (failures contained).
 
+        An unfinished commit attempt is recovered first, as in :meth:`rollback_all`, and each
+        sandbox finishes or undoes its own interrupted commit before it is removed.
         Nothing is left behind: the plan's checkpoints (records, snapshots
         and git refs, in :attr:`checkpoints`, deleted before the sandboxes so that a git ref is
         removed while its worktree still exists), each sandbox's artefacts and store record, and
@@ -426,6 +433,7 @@ class SandboxManager:
         """
         require_non_empty("plan_id", plan_id)
         with self._plan_lock(plan_id):
+            self._finish_open_attempt(plan_id)
             sandboxes = self.list_sandboxes(plan_id)
             try:
                 self.checkpoints.delete_plan_checkpoints(
@@ -591,6 +599,20 @@ class SandboxManager:
                 self._store.save(sandbox)
         except SandboxError:
             logger.exception("cannot persist sandbox %s", sandbox.sandbox_id)
+
+    def _finish_open_attempt(self, plan_id: str) -> None:
+        """Before a rollback or a cleanup of the plan: recover an unfinished commit attempt
+        (:meth:`recover`: a saga is compensated or rolled forward, a two-phase attempt aborted
+        before its decision and rolled forward after it), so the plan ends all or nothing
+        before its sandboxes are rolled back or removed. A recovery that fails is logged
+        (seed 000: rollback and cleanup failures are contained); each sandbox still finishes
+        its own interrupted commit first (``BaseSandbox.finish_interrupted``)."""
+        try:
+            state = self.journal_for(plan_id).load()
+            if state is not None and not state.phase.is_terminal:
+                self.recover(plan_id)
+        except Exception:  # seed 000: contained; the journal is kept for a later recover
+            logger.exception("recovery of the unfinished commit of plan %s failed", plan_id)
 
     def _cleanup_one(self, sandbox: Any) -> bool:
         try:

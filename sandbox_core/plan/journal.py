@@ -98,6 +98,9 @@ class JournalReason(StrEnum):
     COMPENSATION_FAILED = "CompensationFailed"
     INTERRUPTED = "Interrupted"
     CHANGED_SINCE_APPROVAL = "ChangedSinceApproval"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+    """A step's commit outcome cannot be learnt yet (its reply was lost); nothing was
+    compensated; the attempt stays open and ``recover`` asks again."""
 
 
 class JournalStep(BaseModel):

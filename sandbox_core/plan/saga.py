@@ -13,6 +13,15 @@ Recovery policy (cases 20 and 22):
   ``commit_landed()`` (or one that cannot tell) is *unknown* and is treated as committed, so it
   is compensated with its rollback-from-committed (which strategies keep safe when nothing
   landed); if that rollback fails the sandbox is named in ``failed_rollback_ids``.
+- A commit whose reply was lost (:class:`~sandbox_core.errors.CommitOutcomeUnknownError`: a
+  timeout or a broken connection to a workspace agent) is **asked about** before anything is
+  compensated (:func:`ask_commit_outcome`: the participant's ``commit_outcome()``, which asks
+  the agent again under the same request id, else ``commit_landed()``): landed, the step is
+  committed and the plan goes on; not landed, the step failed as any refusal; no answer yet,
+  nothing is compensated and the attempt stays open (phase ``committing``, reason
+  ``OutcomeUnknown``, the error raised), and :meth:`PlanCommitSaga.recover` asks again. The
+  same holds in recovery: a probe that raises ``CommitOutcomeUnknownError`` (the agent cannot
+  be reached) leaves the attempt open, untouched (issue 23, item 7).
 - Interrupted attempts are rolled **back**, not forward: the user approved one commit of the
   whole plan at one moment; finishing it later, after the originals may have moved on, would
   apply changes nobody reviewed against the new state. Two exceptions roll forward: every step
@@ -72,6 +81,7 @@ from typing import Any
 
 from sandbox_core.errors import (
     AtomicCommitError,
+    CommitOutcomeUnknownError,
     PlanRerunRequiredError,
     SandboxError,
     SandboxStateError,
@@ -99,6 +109,7 @@ __all__ = [
     "PlanCommitSaga",
     "SandboxResolver",
     "adopt_landed_commit",
+    "ask_commit_outcome",
     "commit_order",
     "env_fault_hook",
     "probe_commit_landed",
@@ -194,7 +205,9 @@ def probe_commit_landed(sandbox: Any) -> bool | None:
 
     A sandbox already COMMITTED answers True; otherwise its optional ``commit_landed()`` method
     is asked (git_worktree: is the sandbox branch merged; transaction: was the transaction
-    committed). Errors from the probe count as unknown.
+    committed). Errors from the probe count as unknown, except
+    :class:`~sandbox_core.errors.CommitOutcomeUnknownError` (the participant cannot be asked
+    now: a workspace agent out of reach), which is raised.
     """
     if sandbox is None:
         return None
@@ -205,10 +218,44 @@ def probe_commit_landed(sandbox: Any) -> bool | None:
         return None
     try:
         answer = probe()
+    except CommitOutcomeUnknownError:
+        raise  # cannot be asked now: the caller must not compensate on a guess
     except Exception:  # an unknown answer, never a reason to stop recovery
         logger.exception("commit_landed() of %s failed", getattr(sandbox, "sandbox_id", "?"))
         return None
     return answer if isinstance(answer, bool) else None
+
+
+def ask_commit_outcome(sandbox: Any, message: str | None) -> CommitResult | None:
+    """Did the commit of ``sandbox`` whose reply was lost land? Its result, or None (it did not).
+
+    Asks the participant's ``commit_outcome(message)`` when it has one (a workspace agent's
+    handle sends the same request again: the agent answers from its request journal, or
+    finishes the request first); else :func:`probe_commit_landed`, adopting a landed commit
+    (:func:`adopt_landed_commit`) so that it can be compensated like any other.
+
+    Raises:
+        CommitOutcomeUnknownError: no answer can be had now (ask again later).
+        SandboxError: the participant answered that the commit failed (a refusal: it did not
+            land).
+    """
+    ask = getattr(sandbox, "commit_outcome", None)
+    if callable(ask):
+        answer = ask(message)
+        return answer if isinstance(answer, CommitResult) else None
+    landed = probe_commit_landed(sandbox)
+    if landed is None:
+        raise CommitOutcomeUnknownError(
+            f"the outcome of the commit of sandbox {getattr(sandbox, 'sandbox_id', '?')} is "
+            "unknown and it cannot tell whether it landed"
+        )
+    if not landed:
+        return None
+    adopt_landed_commit(sandbox)
+    last = getattr(sandbox, "last_commit", None)
+    if isinstance(last, CommitResult):
+        return last
+    return CommitResult(sandbox_id=str(sandbox.sandbox_id), success=True)
 
 
 def adopt_landed_commit(sandbox: Any) -> None:
@@ -383,6 +430,9 @@ class PlanCommitSaga(JournaledPlanCommit):
         Raises:
             AtomicCommitError: a commit raised anything else; compensation ran first and the
                 original exception is ``__cause__``.
+            CommitOutcomeUnknownError: a commit's reply was lost and asking could not tell
+                whether it landed; nothing was compensated, the attempt stays open (reason
+                ``OutcomeUnknown``): :meth:`recover` asks again.
             SandboxError: the journal could not be written.
         """
         ordered = commit_order(sandboxes)
@@ -414,7 +464,9 @@ class PlanCommitSaga(JournaledPlanCommit):
             self._save(state)
             try:
                 self._fault("before_commit", index, step.sandbox_id)
-                result = _commit_one(sandbox, message)
+                result = self._commit_or_ask(state, step, sandbox, message)
+            except CommitOutcomeUnknownError:
+                raise  # asked, no answer: recorded open by _ask, nothing compensated
             except SandboxError as exc:
                 self._fail(state, step, sandbox, exc, committed)
                 return [self._failure_result(state)]
@@ -436,6 +488,59 @@ class PlanCommitSaga(JournaledPlanCommit):
             results.append(result)
         self._finish(state, JournalPhase.COMMITTED, JournalReason.COMMITTED)
         return results
+
+    def _commit_or_ask(
+        self, state: JournalState, step: JournalStep, sandbox: Any, message: str | None
+    ) -> CommitResult:
+        """Commit ``sandbox``; when its reply is lost, ask whether it landed (:meth:`_ask`).
+
+        Raises:
+            CommitOutcomeUnknownError: lost, and still no answer (recorded open).
+            SandboxError: the commit failed, or (asked) did not land.
+        """
+        try:
+            return _commit_one(sandbox, message)
+        except CommitOutcomeUnknownError as lost:
+            answer = self._ask(state, step, sandbox, message, lost)
+            if answer is None:
+                raise SandboxError(f"{lost}; asked since: it did not land") from lost
+            return answer
+
+    def _ask(
+        self,
+        state: JournalState,
+        step: JournalStep,
+        sandbox: Any,
+        message: str | None,
+        lost: CommitOutcomeUnknownError,
+    ) -> CommitResult | None:
+        """After a lost reply: the commit's result when it landed, None when it did not (the
+        caller then fails the step with ``lost``).
+
+        Raises:
+            CommitOutcomeUnknownError: still no answer; the attempt is recorded open (step
+                ``committing``, reason ``OutcomeUnknown``) and nothing is compensated.
+            SandboxError: the participant answered with the commit's refusal (it did not land).
+        """
+        logger.warning("plan %s: the reply of %s was lost; asking", state.plan_id, step.sandbox_id)
+        try:
+            return ask_commit_outcome(sandbox, message)
+        except CommitOutcomeUnknownError as unknown:
+            self._in_doubt(state, step, unknown)
+            raise unknown from lost
+
+    def _in_doubt(self, state: JournalState, step: JournalStep, exc: Exception) -> None:
+        """Record that ``step``'s outcome cannot be learnt now: the attempt stays open."""
+        step.error = f"outcome unknown: {exc}"
+        step.updated_at = utc_now()
+        state.reason = JournalReason.OUTCOME_UNKNOWN
+        state.error = (
+            f"the outcome of the commit of sandbox {step.sandbox_id} (resource "
+            f"{step.resource_id}) is unknown: {exc}; nothing was compensated; recovery asks "
+            "again"
+        )
+        self._save(state)
+        logger.error("plan %s: %s", state.plan_id, state.error)
 
     # -- recover -----------------------------------------------------------------------------
 
@@ -471,7 +576,11 @@ class PlanCommitSaga(JournaledPlanCommit):
             sandbox = sandboxes[step.sandbox_id] = resolve(step)
             if step.state is not StepState.COMMITTING:
                 continue
-            landed = probe_commit_landed(sandbox)
+            try:
+                landed = probe_commit_landed(sandbox)
+            except CommitOutcomeUnknownError as exc:
+                self._in_doubt(state, step, exc)  # ask again later; compensate nothing now
+                return state
             if landed is False:
                 step.state = StepState.PENDING
                 step.error = "interrupted before the commit reached the original"
@@ -534,6 +643,8 @@ class PlanCommitSaga(JournaledPlanCommit):
             self._commit_steps(state, pending, committed, message)
         except AtomicCommitError:
             logger.exception("plan %s: finishing the attempt failed", state.plan_id)
+        except CommitOutcomeUnknownError:
+            logger.warning("plan %s: an outcome is unknown; recover asks again", state.plan_id)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -643,7 +754,6 @@ class PlanCommitSaga(JournaledPlanCommit):
                 "attempt": state.attempt,
             },
         )
-
 
 
 def results_from_journal(state: JournalState) -> list[CommitResult]:

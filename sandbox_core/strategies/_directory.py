@@ -33,6 +33,11 @@ txid alone in a fresh process (reopened sandbox). Durable ordering:
   plan's journal is lost, the sandbox's ``cleanup()`` removes its staged areas (and finishes
   the bookkeeping of one whose renames all landed); a half-applied one makes cleanup fail with
   a ``SandboxError`` naming the txid to apply.
+- interrupted, then rolled back or cleaned up: :func:`finish_interrupted` (run first by the
+  sandbox's ``rollback()`` and ``cleanup()``) rolls forward every apply of the sandbox that
+  began (:func:`unfinished_applies`: the decision was taken), then finishes or undoes an
+  interrupted one-shot sync of the original (``recover_sync``), so neither leaves the original
+  half-committed.
 """
 
 from __future__ import annotations
@@ -342,6 +347,44 @@ def abort(sandbox: BaseSandbox, home: Path, txid: str, original: Path) -> None:
     except FileExistsError as exc:
         raise SandboxError(f"cannot abort {txid}: {exc}") from exc
     _record_path(home, txid).unlink(missing_ok=True)
+
+
+def unfinished_applies(sandbox: BaseSandbox, home: Path, original: Path) -> list[str]:
+    """Txids to roll forward before a rollback or cleanup: applies that began and are not
+    recorded ``applied`` (:func:`apply_begun`), and, while the sandbox is still CREATED or
+    ACTIVE, applies recorded ``applied`` whose sandbox never heard of it (the process died
+    before saving COMMITTED; ``rollback()`` from COMMITTED forgets the records it undid)."""
+    found = set(apply_begun(sandbox, home, original))
+    if sandbox.status.can_commit:
+        found.update(txids_in(home, APPLIED))
+    return sorted(found)
+
+
+def finish_interrupted(
+    sandbox: BaseSandbox,
+    home: Path,
+    original: Path,
+    roll_forward: Callable[[str], None],
+    *,
+    syncs: bool = True,
+) -> None:
+    """Finish what an interrupted commit of ``sandbox`` left in ``original`` (see the module
+    docstring): ``roll_forward(txid)`` for each of :func:`unfinished_applies`, then, with
+    ``syncs``, ``recover_sync(original)`` under ``lock_tree`` (the kernel overlay passes False
+    while its lower directory is mounted: it is never written then). Nothing when the original
+    is gone.
+
+    Raises:
+        OSError: an interrupted sync could not be finished nor undone (safe to retry).
+        SandboxError: an apply could not be rolled forward (safe to retry).
+    """
+    if not original.is_dir():
+        return
+    for txid in unfinished_applies(sandbox, home, original):
+        roll_forward(txid)
+    if syncs:
+        with lock_tree(original):
+            recover_sync(original)
 
 
 def discard_all(sandbox: BaseSandbox, original: Path) -> None:

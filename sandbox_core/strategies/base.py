@@ -15,6 +15,11 @@ strategy behaves the same at its edges:
   leaves the sandbox COMMITTED: the undo is still owed and is retried later (the saga's
   ``recover``, case 21), so strategies keep ``_do_rollback_committed`` safe to run again.
 - ``cleanup``: any -> CLEANED_UP, idempotent.
+- Interrupted operations (docs/two-phase-commit.md, "Interrupted, then rolled back or cleaned
+  up"): ``rollback`` and ``cleanup`` first run :meth:`BaseSandbox.finish_interrupted`, which
+  finishes or undoes whatever a commit or a two-phase apply killed part-way left in the
+  original (a one-shot sync is finished or undone from its journal; a decided apply is rolled
+  forward, the sandbox then COMMITTED), so the original is never left half-committed.
 - ``cleanup_interrupted_create``: a sandbox reopened from a record saved before its create
   finished (no context) -> CLEANED_UP, removing what a create of this sandbox id makes
   (``cleanup`` alone removes only what a finished create recorded in its context).
@@ -282,6 +287,7 @@ class BaseSandbox:
                 (case 21: a compensation is retried once its cause is gone).
         """
         with self._lock:
+            self.finish_interrupted()  # the status it leaves decides what is undone
             undoing_commit = self._status is SandboxStatus.COMMITTED
             if self._status is SandboxStatus.ACTIVE:
                 action = self._do_rollback
@@ -319,6 +325,7 @@ class BaseSandbox:
         with self._lock:
             if self._status is SandboxStatus.CLEANED_UP:
                 return
+            self.finish_interrupted()
             try:
                 self._do_cleanup()
             except SandboxError:
@@ -327,6 +334,36 @@ class BaseSandbox:
                 raise SandboxError(f"cleanup of sandbox {self._sandbox_id} failed: {exc}") from exc
             self._status = SandboxStatus.CLEANED_UP
             self._prune_layout_dir()
+
+    def finish_interrupted(self) -> None:
+        """Finish or undo what a commit or a two-phase apply of this sandbox, cut short by a
+        crash or an error, left in the original; a no-op when nothing was left.
+
+        Run first by :meth:`rollback` and :meth:`cleanup` (and safe to call any time): a
+        one-shot commit is finished or undone as its journal says (the original ends exactly
+        old or exactly new), a two-phase apply whose renames began is rolled forward (the
+        plan's decision was taken; the sandbox becomes COMMITTED). The strategy's
+        ``_do_finish_interrupted`` hook does the work; strategies whose commit is one atomic
+        step have nothing to do.
+
+        Raises:
+            SandboxError: the interrupted operation could not be finished nor undone (the
+                original is as the interrupted operation left it; retry).
+        """
+        with self._lock:
+            if self._context is None or self._status in (
+                SandboxStatus.PENDING,
+                SandboxStatus.CLEANED_UP,
+            ):
+                return
+            try:
+                self._do_finish_interrupted()
+            except SandboxError:
+                raise
+            except (OSError, ValueError) as exc:
+                raise SandboxError(
+                    f"sandbox {self._sandbox_id}: cannot finish the interrupted commit: {exc}"
+                ) from exc
 
     def cleanup_interrupted_create(self) -> None:
         """Remove what a create of this sandbox id left when it never finished (case 18).
@@ -690,6 +727,18 @@ class BaseSandbox:
 
     def _do_cleanup(self) -> None:
         raise NotImplementedError
+
+    def _do_finish_interrupted(self) -> None:
+        """Finish or undo an interrupted commit/apply (see :meth:`finish_interrupted`);
+        default: nothing (a commit that is one atomic step leaves nothing half done)."""
+
+    def _roll_forward_apply(self, txid: str) -> None:
+        """For ``_do_finish_interrupted``: finish the decided apply of ``txid`` (COMMITTED when
+        the status allows it; in any other status only the original is rolled forward)."""
+        if self._status.can_commit:
+            self.apply_prepared(txid)
+        else:
+            self._do_apply_prepared(txid)
 
     def _do_cleanup_interrupted_create(self) -> None:
         """Remove what a create of this id may have made, without a context. Default: the

@@ -289,6 +289,9 @@ class CopyOnWriteSandbox(BaseSandbox):
 
         self._reset_tree(restore_original=undo_commit, meanwhile=drop_backup)
 
+    def _do_finish_interrupted(self) -> None:
+        _directory.finish_interrupted(self, self.base_dir, self._source(), self._roll_forward_apply)
+
     def _do_cleanup(self) -> None:
         # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
         _directory.discard_all(self, self._source())

@@ -22,7 +22,6 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_core import SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
-from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
@@ -250,11 +249,23 @@ class PodExecutor:
     def cleanup(self, target: SandboxTarget) -> None:
         """``cleanup`` through the agent, then delete the children (owner references would too).
 
+        The agent first finishes or undoes whatever an interrupted commit left in the original
+        (``BaseSandbox.finish_interrupted``). While it refuses (or cannot be reached) nothing
+        is deleted: the error is raised, the Sandbox's finalizer keeps the object and says why
+        in a ``CleanupFailed`` Event, and retries (the agent does not remember a failed
+        cleanup, so a retry runs it again). Deleting the scratch claim then would lose the
+        state that the undo needs (issue 23, item 7).
+
         When the workspace Pod is gone, not Ready or terminating (its namespace is being
         deleted, or the Sandbox is suspended), there is nobody to ask: the scratch volume goes
         with its claim, and a git worktree's registration left in the original repository is
         pruned by the next git_worktree create on that repository. Waiting would only hold the
         finalizer, and the namespace, forever (found by the e2e tier).
+
+        Raises:
+            ExecutorError: the agent refused the cleanup (not retryable: a person must look,
+                e.g. an artefact that cannot be removed) or could not be reached (retryable);
+                nothing was deleted.
         """
         try:
             self._call_route(target, wire.CLEANUP, request_id=request_id("cleanup", target.uid))
@@ -264,9 +275,8 @@ class PodExecutor:
                 target.namespace,
                 target.name,
             )
-        except ExecutorError as exc:
-            if exc.retryable:
-                raise
+        except AgentNotFound:
+            pass  # the agent has no such sandbox: nothing of it is left in the Pod
         self._delete_children(target, pod_only=False)
 
     def _networking(self) -> Any:

@@ -14,12 +14,17 @@ from typing import Any, Protocol
 from sandbox_api.models import ROLLBACKABLE_STRATEGIES
 from sandbox_core import CommitResult, SandboxStatus
 from sandbox_core.agent import wire
+from sandbox_core.errors import CommitOutcomeUnknownError
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import ExecutorError
 from sandbox_operator.executors.agent_client import AgentRefused, request_id
 from sandbox_operator.executors.base import SandboxTarget, WorkspaceNotReady
 from sandbox_operator.executors.pod_manifests import overlay_privileged
 from sandbox_operator.settings import Settings
+
+OUTCOME_ASKS = 3
+"""How often :meth:`RemoteSandbox.commit_outcome` sends a lost commit again before it gives up
+(each send waits up to the executor's call timeout)."""
 
 
 class AgentCaller(Protocol):
@@ -114,15 +119,60 @@ class RemoteSandbox:
         self.reply = self._call(wire.STATUS)
 
     def commit(self, message: str | None = None) -> CommitResult:
-        """``POST .../commit``; the request id repeats for the same commit from the same state."""
+        """``POST .../commit``; the request id repeats for the same commit from the same state.
+
+        Raises:
+            CommitOutcomeUnknownError: the reply was lost (the agent could not be reached, or
+                timed out): the commit may have landed. :meth:`commit_outcome` asks.
+            ExecutorError: the agent refused the commit (it did not land).
+        """
         rid = request_id("commit", self.sandbox_id, message or "", state_key(self.reply))
+        self._sent_commit = (rid, message)
         try:
             payload = self._call(wire.COMMIT, {"message": message}, request_id=rid)
-        except ExecutorError:
-            self._refresh()
-            raise
+        except ExecutorError as exc:
+            if not exc.retryable:  # a refusal: it did not land
+                self._refresh()
+                raise
+            raise CommitOutcomeUnknownError(
+                f"the reply of the commit of sandbox {self.sandbox_id} was lost: {exc}"
+            ) from exc
         self.reply = payload["sandbox"]
         return CommitResult.from_dict(payload["result"])
+
+    def commit_outcome(self, message: str | None = None) -> CommitResult | None:
+        """After a lost commit reply: ask the agent by sending the same request again.
+
+        The agent runs one request at a time and stores every reply under its request id
+        before sending it, so the repeat waits for the first to finish and gets its stored
+        reply (a replay: nothing is done twice). Asked :data:`OUTCOME_ASKS` times at most.
+
+        Returns:
+            The commit's result when it landed.
+
+        Raises:
+            CommitOutcomeUnknownError: the agent still cannot be reached.
+            SandboxError: the agent's refusal of the commit (it did not land), as the core
+                error it stands for.
+        """
+        rid, sent = getattr(self, "_sent_commit", (None, message))
+        if rid is None:
+            raise CommitOutcomeUnknownError(f"no commit of sandbox {self.sandbox_id} was sent")
+        last: Exception | None = None
+        for _ in range(OUTCOME_ASKS):
+            try:
+                payload = self._call(wire.COMMIT, {"message": sent}, request_id=rid)
+            except AgentRefused as exc:
+                raise wire.core_error(exc.error, exc.detail) from None
+            except (ExecutorError, WorkspaceNotReady) as exc:
+                last = exc
+                continue
+            self.reply = payload["sandbox"]
+            return CommitResult.from_dict(payload["result"])
+        raise CommitOutcomeUnknownError(
+            f"the outcome of the commit of sandbox {self.sandbox_id} is unknown: the agent "
+            f"could not be asked ({last})"
+        )
 
     def rollback(self) -> None:
         """``POST .../rollback`` (no re-activation: the saga's compensation)."""
@@ -198,12 +248,22 @@ class RemoteSandbox:
 
     def commit_landed(self) -> bool | None:
         """``GET .../commit-landed``: did a commit whose outcome was lost reach the original?
-        None when the strategy cannot tell or the agent cannot be asked (recovery then treats
-        the outcome as unknown, as ``sandbox_core.plan.saga.probe_commit_landed`` does)."""
+        None when the strategy cannot tell (recovery then treats the outcome as unknown, as
+        ``sandbox_core.plan.saga.probe_commit_landed`` does).
+
+        Raises:
+            CommitOutcomeUnknownError: the agent cannot be asked now: recovery must not
+                compensate on a guess, it asks again later (issue 23, item 7).
+        """
         try:
             payload = self._call(wire.COMMIT_LANDED)
-        except (ExecutorError, WorkspaceNotReady):
+        except AgentRefused:
             return None
+        except (ExecutorError, WorkspaceNotReady) as exc:
+            raise CommitOutcomeUnknownError(
+                f"cannot ask the agent of sandbox {self.sandbox_id} whether its commit "
+                f"landed: {exc}"
+            ) from exc
         answer = payload.get("landed")
         return answer if isinstance(answer, bool) else None
 

@@ -67,6 +67,7 @@ from sandbox_api.models import (
 )
 from sandbox_core import AtomicCommitError, SandboxError, SandboxStatus
 from sandbox_core.errors import (
+    CommitOutcomeUnknownError,
     PlanRerunRequiredError,
     PlanReviewError,
     TwoPhaseUnavailableError,
@@ -405,6 +406,9 @@ class PlanCommitLogic:
         elif state is not None and state.mode == "two_phase" and state.steps:
             # An abort or an apply after the decision failed: recover again later.
             self._retry_compensation(body, state)
+        elif state is not None and state.reason is JournalReason.OUTCOME_UNKNOWN:
+            # A commit's reply was lost and the agent cannot be asked yet: ask again later.
+            self._retry_compensation(body, state)
 
     def _retry_compensation(self, body: Mapping[str, Any], state: JournalState) -> None:
         """Case 21: a compensation failed; retry ``recover`` later, backing off exponentially.
@@ -418,6 +422,13 @@ class PlanCommitLogic:
         delay = min(
             self.settings.retry_delay_seconds * 2**retries, MAX_COMPENSATION_RETRY_DELAY_SECONDS
         )
+        if state.reason is JournalReason.OUTCOME_UNKNOWN and not state.failed_rollback_ids:
+            message = (
+                f"{state.error or 'the outcome of a commit is unknown'}; asking again in "
+                f"{delay:.0f}s"
+            )
+            self.events(body, "Warning", "CommitOutcomeUnknown", message)
+            raise TemporaryError(message, delay=delay)
         if state.failed_rollback_ids:
             message = (
                 f"rollback failed for sandboxes {', '.join(state.failed_rollback_ids)} of plan "
@@ -771,6 +782,10 @@ class PlanCommitLogic:
         except AtomicCommitError as exc:
             # Recorded in the journal (commit_plan never runs a saga after a two-phase attempt
             # that failed: it would commit what that attempt aborted).
+            logger.warning("PlanCommit %s: %s", journal.name, exc)
+        except CommitOutcomeUnknownError as exc:
+            # A lost reply that the agent could not yet be asked about: the attempt stays
+            # open with nothing compensated; the handler retries and recovery asks again.
             logger.warning("PlanCommit %s: %s", journal.name, exc)
         self._count_steps(journal)
         return journal.last_state

@@ -13,6 +13,7 @@ repository lock (:meth:`MergeBack._merge_back`); the two-phase side runs them ap
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import stat
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core._path_limits import refuse_what_git_skipped
+from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxConflictError,
@@ -50,6 +52,7 @@ _WRITE_FAILED = re.compile(
 )
 # Bytes kept free beyond the files and the index a merge writes: ref locks, reflog lines.
 _SPACE_MARGIN = 64 * 1024
+_MOVING_MARKER = "sandbox-moving.json"
 
 
 @dataclass(frozen=True)
@@ -487,6 +490,37 @@ class MergeBack(WorktreeBase):
         checked: list[str] | None = None,
         updates: list[str] | None = None,
     ) -> bool:
+        """:meth:`_apply_files_then_ref`, with a marker naming the move while it runs.
+
+        The marker (``sandbox-moving.json`` in the worktree's admin directory) says
+        the original's files may be anywhere between ``old`` and ``new``: a crash leaves it,
+        and ``finish_interrupted`` (run first by rollback and cleanup) puts the half-moved
+        paths back. Every in-process failure of the move leaves the original as it was (or
+        never wrote), so the marker is removed then too.
+        """
+        self._mark_moving(old, new)
+        try:
+            moved = self._apply_files_then_ref(
+                original, ref, old, new, error, change, checked=checked, updates=updates
+            )
+        except Exception:
+            self._unmark_moving()
+            raise
+        self._unmark_moving()
+        return moved
+
+    def _apply_files_then_ref(
+        self,
+        original: GitCommand,
+        ref: str,
+        old: str,
+        new: str,
+        error: type[SandboxCommitError] | type[SandboxRollbackError],
+        change: _Change | None = None,
+        *,
+        checked: list[str] | None = None,
+        updates: list[str] | None = None,
+    ) -> bool:
         """Move the original from ``old`` to ``new``: files, index, then ref (compare-and-swap).
 
         Only the paths that differ between the two commits are written (``change`` when the
@@ -586,6 +620,93 @@ class MergeBack(WorktreeBase):
             self._touched = False  # the files were put back
             raise failure
         return False  # a ref moved concurrently: the caller retries
+
+    # -- interrupted moves ---------------------------------------------------------------------
+
+    def _moving_marker(self) -> Path:
+        return Path(str(self._meta()["worktree_admin_dir"])) / _MOVING_MARKER
+
+    def _mark_moving(self, old: str, new: str) -> None:
+        txid = getattr(self, "_moving_txid", None)
+        # Not fsynced: it guards against a crash of this process (the page cache outlives it),
+        # as git itself writes the original's files without fsync (core.fsync's default).
+        write_json_atomic(
+            self._moving_marker(),
+            {"old": old, "new": new, "txid": txid},
+            durable=False,
+            pretty=False,
+        )
+
+    def _unmark_moving(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._moving_marker().unlink()
+
+    def _finish_interrupted_move(self) -> None:
+        """Finish or undo a move of the original that a crash cut between its files and its
+        ref (the marker of :meth:`_apply`); nothing without a marker (one ``stat``).
+
+        The ref still at the marker's ``old``: a two-phase apply (the marker names its txid)
+        is rolled forward (the plan decided); any other move (a one-shot commit, or the undo
+        of a rollback from COMMITTED) is put back: index entries and files that already hold
+        ``new``'s version of a path the move changes get ``old``'s again (the user's own work
+        on other paths, or in another state, is left alone). The ref elsewhere: the move
+        landed (or someone moved on since); only the marker goes.
+
+        Raises:
+            GitFailure: git failed (the marker stays; retry).
+        """
+        try:
+            marker = json.loads(self._moving_marker().read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except ValueError:
+            marker = {}  # torn: written before any file of the original was touched
+        old, new, txid = marker.get("old"), marker.get("new"), marker.get("txid")
+        original = self._original_git("rollback")
+        if old and new:
+            with repository_lock(str(self._meta()["git_common_dir"])):
+                current = original.run("rev-parse", "--verify", "HEAD").out
+                if current == old and not txid:
+                    self._put_back_moved_paths(original, str(old), str(new))
+            if current == old and txid:
+                self._roll_forward_apply(str(txid))  # removes the marker when it lands
+        self._unmark_moving()
+
+    def _put_back_moved_paths(self, original: GitCommand, old: str, new: str) -> None:
+        """Give every path of the ``old`` -> ``new`` move whose index entry or file holds
+        ``new``'s version ``old``'s version again (index, then files)."""
+        paths = self._classify(original, old, new).paths
+        if not paths:
+            return
+        wanted = self._tree_entries(original, new, paths)
+        before = self._tree_entries(original, old, paths)
+        staged: dict[str, tuple[str, str]] = {}
+        for entry in original.run(
+            "--literal-pathspecs", "ls-files", "-s", "-z", "--", *paths
+        ).nul_fields():
+            info, _, rel = entry.partition("\t")
+            mode, oid, stage = info.split()[:3]
+            if stage == "0":
+                staged[rel] = (mode, oid)
+        top = Path(str(self._meta()["original_toplevel"]))
+        index_back: list[str] = []
+        files_back: list[str] = []
+        for rel in paths:
+            target, was = wanted.get(rel), before.get(rel)  # None: absent on that side
+            if target == was:
+                continue
+            if staged.get(rel) == target:
+                index_back.append(rel)
+            if target is None:
+                at_new = not os.path.lexists(top / rel)
+            else:
+                at_new = target[0] != "160000" and worktree_entry(top / rel, len(old)) == target
+            if at_new:
+                files_back.append(rel)
+        if index_back:
+            original.run("--literal-pathspecs", "reset", "-q", old, "--", *index_back)
+        if files_back:
+            self._restore_from_index(original, files_back)
 
     @staticmethod
     def _refuse_ref_locks(original: GitCommand, refs: list[str]) -> None:

@@ -292,13 +292,8 @@ class PreparedMergeBack(MergeBack):
                         )
                     top = Path(str(meta["original_toplevel"]))
                     self._move_submodules(original, top, plan.old, plan.new, plan.paths)
-                elif plan.new != plan.old and not self._apply(
-                    original,
-                    ref,
-                    plan.old,
-                    plan.new,
-                    SandboxCommitError,
-                    plan.change,
+                elif plan.new != plan.old and not self._apply_decided(
+                    txid, original, ref, plan.old, plan.new, plan.change
                 ):
                     raise SandboxCommitError(
                         f"{ref} moved during the apply of sandbox {self.sandbox_id}; "
@@ -313,6 +308,17 @@ class PreparedMergeBack(MergeBack):
                 untouched=not self._touched,
             ) from exc
         return self._result(plan, tip, lists, text, txid=txid)
+
+    def _apply_decided(
+        self, txid: str, original: GitCommand, ref: str, old: str, new: str, change: _Change
+    ) -> bool:
+        """``_apply`` of a decided two-phase commit: its marker names ``txid``, so a crash
+        in the middle is rolled forward by ``finish_interrupted`` (never put back)."""
+        self._moving_txid: str | None = txid
+        try:
+            return self._apply(original, ref, old, new, SandboxCommitError, change)
+        finally:
+            self._moving_txid = None
 
     def _do_abort_prepared(self, txid: str) -> None:
         """Delete the prepared refs of ``txid``; merge objects are left to git's gc."""

@@ -411,6 +411,23 @@ class GitWorktreeSandbox(PreparedMergeBack):
         if Path(self._require_context().sandbox_path).is_dir():
             self._do_rollback()  # the sandbox itself is clean again, as after an ACTIVE rollback
 
+    # -- interrupted moves ------------------------------------------------------------------
+
+    def _do_finish_interrupted(self) -> None:
+        """A commit, apply or undo cut between the original's files and its ref is put back
+        (or, a decided two-phase apply, rolled forward): see ``_finish_interrupted_move``."""
+        if not Path(str(self._meta()["git_common_dir"])).is_dir():
+            return  # the repository is gone: nothing of it can be half moved
+        try:
+            self._finish_interrupted_move()
+        except GitFailure as exc:
+            raise _translate(
+                exc,
+                "rollback",
+                f"sandbox {self.sandbox_id}: cannot finish an interrupted commit",
+                self.original_path,
+            ) from exc
+
     # -- cleanup and reopen -----------------------------------------------------------------
 
     def _do_cleanup(self) -> None:

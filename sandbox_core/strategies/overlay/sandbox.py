@@ -694,6 +694,16 @@ class OverlaySandbox(BaseSandbox):
 
     # -- cleanup and reopen -----------------------------------------------------------------
 
+    def _do_finish_interrupted(self) -> None:
+        """A decided apply is rolled forward (it unmounts and remounts itself); an interrupted
+        one-shot sync is finished or undone, never while the lower directory is mounted (the
+        kernel commit unmounts before it writes, and ``reopen`` recovers it before remounting)."""
+        merged = self.base_path / "merged"
+        mounted = self.overlay_mode == "kernel" and kernel.is_overlay_mounted(merged)
+        _directory.finish_interrupted(
+            self, self.base_path, self._original(), self._roll_forward_apply, syncs=not mounted
+        )
+
     def _do_cleanup(self) -> None:
         # Staged two-phase commits whose plan journal was lost are this sandbox's to remove.
         _directory.discard_all(self, self._original())
