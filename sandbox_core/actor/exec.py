@@ -101,7 +101,8 @@ class ExecRequest:
 
     Attributes:
         argv: the program and its arguments (``argv[0]`` found on the jail's PATH); or
-        shell: a line for ``/bin/sh -c`` (exactly one of ``argv`` and ``shell``).
+        shell_line: a line for ``/bin/sh -c`` (exactly one of ``argv`` and ``shell_line``;
+            ``"shell"`` on the wire).
         cwd: the working directory, relative to the sandbox's root.
         env: added to (and overriding) the jail's base environment (``PATH``, ``HOME=/tmp``,
             ``LANG``, ``TMPDIR``); the agent's own environment is never passed on.
@@ -112,7 +113,7 @@ class ExecRequest:
     """
 
     argv: tuple[str, ...] = ()
-    shell: str | None = None
+    shell_line: str | None = None
     cwd: str = "."
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: bytes = b""
@@ -121,9 +122,9 @@ class ExecRequest:
     network: bool | None = None
 
     def __post_init__(self) -> None:
-        if bool(self.argv) == (self.shell is not None):
+        if bool(self.argv) == (self.shell_line is not None):
             raise ExecRefusedError("give exactly one of argv (a list) and shell (a string)")
-        if any("\x00" in part for part in (*self.argv, self.shell or "", self.cwd)):
+        if any("\x00" in part for part in (*self.argv, self.shell_line or "", self.cwd)):
             raise ExecRefusedError("a command, its arguments and cwd cannot hold NUL bytes")
         for name, value in self.env.items():
             if not ENV_NAME.match(name) or "\x00" in value:
@@ -136,7 +137,7 @@ class ExecRequest:
     @property
     def command(self) -> list[str]:
         """The argv that runs: ``argv``, or ``["/bin/sh", "-c", shell]``."""
-        return list(self.argv) if self.argv else ["/bin/sh", "-c", str(self.shell)]
+        return list(self.argv) if self.argv else ["/bin/sh", "-c", str(self.shell_line)]
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any], stdin: bytes = b"") -> ExecRequest:
@@ -158,7 +159,7 @@ class ExecRequest:
             network = body.get("network")
             return cls(
                 argv=tuple(argv),
-                shell=shell,
+                shell_line=shell,
                 cwd=str(body.get("cwd") or "."),
                 env=env,
                 stdin=stdin,
@@ -529,7 +530,7 @@ class CommandRunner:
                 self.audit(sid).append(
                     "exec",
                     command=list(request.argv) if request.argv else None,
-                    shell=request.shell,
+                    shell=request.shell_line,
                     cwd=request.cwd,
                     env_names=sorted(request.env),
                     **result.to_dict(),

@@ -16,8 +16,8 @@ from sandbox_core.strategies.factory import SandboxFactory
 from tests.support.directory_sandboxes import new_sandbox
 from tests.support.gitrepo import GIT_ENV, make_repo
 
-TOKEN = "agent-token-0123456789abcdef"  # noqa: S105 - a test token
-DSN_SECRET = "postgresql://app:pw-secret-42@db/app"  # noqa: S105 - a test secret
+TOKEN = "agent-token-0123456789abcdef"
+DSN_SECRET = "postgresql://app:pw-secret-42@db/app"
 FILES = {"f.txt": "base\n", "gone.txt": "bye\n", "d/g.txt": "g\n"}
 KINDS = [
     pytest.param("git_worktree", id="git_worktree"),

@@ -28,7 +28,7 @@ def test_output_streams_as_the_command_writes_it_and_the_exit_code_comes_last(
 ) -> None:
     sandbox = make_sandbox("git_worktree")
     line = "echo one; sleep 1; echo two >&2; exit 3"
-    execution = layout.runner().start(sandbox, ExecRequest(shell=line))
+    execution = layout.runner().start(sandbox, ExecRequest(shell_line=line))
     started = time.monotonic()
     seen = []
     for chunk in execution:
@@ -64,7 +64,7 @@ def test_argv_stdin_environment_and_a_working_directory_in_the_sandbox(
         "hi there",
         "g.txt",
     ]
-    missing, _, result = runner.run(sandbox, ExecRequest(argv=("no-such-program",)))
+    _, _, result = runner.run(sandbox, ExecRequest(argv=("no-such-program",)))
     assert result.exit_code != 0
 
 
@@ -93,7 +93,7 @@ def test_a_working_directory_that_is_a_file_or_git_metadata_is_refused(
     "bad",
     [
         {},
-        {"argv": ("ls",), "shell": "ls"},
+        {"argv": ("ls",), "shell_line": "ls"},
         {"argv": ("ls",), "env": {"BAD NAME": "x"}},
         {"argv": ("ls",), "timeout_seconds": 0},
         {"argv": ("ls",), "max_output_bytes": -1},
@@ -111,7 +111,7 @@ def test_a_command_past_its_timeout_is_killed_with_everything_it_started(
     sandbox = make_sandbox("copy_on_write")
     line = "(sleep 3; echo late > late.txt) & sleep 30"
     started = time.monotonic()
-    _, _, result = layout.runner().run(sandbox, ExecRequest(shell=line, timeout_seconds=1))
+    _, _, result = layout.runner().run(sandbox, ExecRequest(shell_line=line, timeout_seconds=1))
     assert result.timed_out and result.signal == 9 and result.exit_code == 137
     assert time.monotonic() - started < 5
     time.sleep(3)
@@ -124,19 +124,19 @@ def test_a_signal_reaches_the_command_and_cancel_kills_it(
     sandbox = make_sandbox("copy_on_write")
     runner = layout.runner()
     line = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"
-    execution = runner.start(sandbox, ExecRequest(shell=line))
+    execution = runner.start(sandbox, ExecRequest(shell_line=line))
     chunks = iter(execution)
     assert next(chunks).data == b"ready\n"
     assert runner.find(execution.exec_id) is execution
     assert execution.send_signal("TERM")
-    rest = b"".join(chunk.data for chunk in chunks)
+    rest = b"".join(chunk.data for chunk in chunks if chunk.stream == "stdout")
     assert rest == b"got-term\n" and execution.result.exit_code == 7
     assert runner.find(execution.exec_id) is None
     assert not execution.send_signal("SIGTERM")  # it has ended
     with pytest.raises(ExecRefusedError, match="unknown signal"):
         execution.send_signal("SIGNOPE")
 
-    execution = runner.start(sandbox, ExecRequest(shell="echo ready; sleep 30"))
+    execution = runner.start(sandbox, ExecRequest(shell_line="echo ready; sleep 30"))
     chunks = iter(execution)
     next(chunks)
     execution.cancel()
@@ -149,7 +149,7 @@ def test_leaving_the_output_early_kills_the_command(
 ) -> None:
     sandbox = make_sandbox("copy_on_write")
     runner = layout.runner()
-    execution = runner.start(sandbox, ExecRequest(shell="echo ready; sleep 30"))
+    execution = runner.start(sandbox, ExecRequest(shell_line="echo ready; sleep 30"))
     chunks = iter(execution)
     next(chunks)
     chunks.close()  # type: ignore[attr-defined]
@@ -161,7 +161,9 @@ def test_output_beyond_the_cap_is_dropped_and_says_truncated(
     layout: Layout, make_sandbox: MakeSandbox
 ) -> None:
     sandbox = make_sandbox("copy_on_write")
-    request = ExecRequest(shell="head -c 3000000 /dev/zero; echo err >&2", max_output_bytes=1000)
+    request = ExecRequest(
+        shell_line="head -c 3000000 /dev/zero; echo err >&2", max_output_bytes=1000
+    )
     out, err, result = layout.runner().run(sandbox, request)
     assert (len(out), err, result.truncated) == (1000, b"err\n", True)
     assert (result.stdout_bytes, result.exit_code) == (3000000, 0)  # never blocked on the pipe
@@ -172,7 +174,7 @@ def test_the_limit_per_sandbox_refuses_one_more_command_and_frees_on_exit(
 ) -> None:
     first, second = make_sandbox("copy_on_write"), make_sandbox("overlay-fallback")
     runner = layout.runner(max_concurrent=2)
-    running = [runner.start(first, ExecRequest(shell="sleep 30")) for _ in range(2)]
+    running = [runner.start(first, ExecRequest(shell_line="sleep 30")) for _ in range(2)]
     with pytest.raises(ExecLimitError, match="limit"):
         runner.start(first, ExecRequest(argv=("true",)))
     assert runner.run(second, ExecRequest(argv=("true",)))[2].exit_code == 0  # per sandbox
@@ -191,7 +193,9 @@ def test_commands_in_parallel_threads_each_get_their_own_output(
     outputs: dict[int, bytes] = {}
 
     def run(n: int) -> None:
-        outputs[n] = runner.run(sandbox, ExecRequest(shell=f"seq {n} 1000 | tail -1; echo {n}"))[0]
+        outputs[n] = runner.run(
+            sandbox, ExecRequest(shell_line=f"seq {n} 1000 | tail -1; echo {n}")
+        )[0]
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
     for thread in threads:
@@ -225,7 +229,7 @@ def test_no_bubblewrap_means_no_command_rather_than_an_unjailed_one(
     sandbox = make_sandbox("copy_on_write")
     runner = CommandRunner(layout.state, jail=Jail(bwrap="no-such-bwrap"))
     with pytest.raises(JailUnavailableError, match="bubblewrap"):
-        runner.start(sandbox, ExecRequest(shell="touch ran"))
+        runner.start(sandbox, ExecRequest(shell_line="touch ran"))
     assert not Path(sandbox.get_path("ran")).exists()
     assert runner.running(sandbox.sandbox_id) == 0
     assert not list((layout.state / "actor" / sandbox.sandbox_id / "runs").iterdir())
@@ -245,7 +249,7 @@ def test_a_command_activates_a_created_sandbox_through_the_local_door(layout: La
     assert sandbox.status.value == "created"
     actor = LocalActor(layout.state)
     out, _, result = actor.exec(
-        sandbox.sandbox_id, ExecRequest(shell="cat f.txt; echo new > n.txt")
+        sandbox.sandbox_id, ExecRequest(shell_line="cat f.txt; echo new > n.txt")
     ).collect()
     assert (out, result.exit_code) == (b"base\n", 0)
     reopened = host.reopen(sandbox.sandbox_id)
