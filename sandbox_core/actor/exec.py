@@ -444,6 +444,13 @@ class CommandRunner:
         with self._lock:
             return len(self._running.get(sandbox_id, {}))
 
+    def cancel_all(self) -> None:
+        """Cancel every running command (the process is stopping)."""
+        with self._lock:
+            running = [e for by_id in self._running.values() for e in by_id.values() if e]
+        for execution in running:
+            execution.cancel()
+
     def find(self, exec_id: str) -> Execution | None:
         """The running command ``exec_id``, or None."""
         with self._lock:

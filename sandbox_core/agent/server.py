@@ -232,7 +232,17 @@ class Agent:
                 for _ in chunks:
                     pass
 
+        async def watch() -> None:
+            """aiohttp does not cancel a handler whose caller left: look at the connection."""
+            while True:
+                await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    execution.cancel()
+                    return
+
         finished = False
+        watcher = asyncio.ensure_future(watch())
         try:
             response = await self._stream_start(request)
             await response.write(_line({"event": "started", "exec_id": execution.exec_id}))
@@ -240,6 +250,7 @@ class Agent:
                 await response.write(line)
             finished = True
         finally:
+            watcher.cancel()
             if not finished:  # the caller went away (or the write failed): kill the command
                 execution.cancel()
                 self.exec_pool.submit(drain)
@@ -400,6 +411,10 @@ class Agent:
 
             return await self._run(request, page, False)
 
+        async def stop_commands(_: web.Application) -> None:
+            self.actor.cancel_all()  # the agent stops: no command outlives it
+
+        app.on_shutdown.append(stop_commands)
         handlers[wire.EXEC] = self.exec_command
         handlers[wire.EXEC_SIGNAL] = signal_command
         handlers[wire.AUDIT] = audit
@@ -426,6 +441,7 @@ def _line(payload: Any) -> bytes:
     return (json.dumps(payload, default=str) + "\n").encode("utf-8")
 
 
+DISCONNECT_POLL_SECONDS = 0.5  # how often a streaming exec checks that its caller is still there
 # The last path segment of the routes refused while an actor's command runs in the sandbox.
 _GUARDED = frozenset({"commit", "rollback", "prepare", "apply-prepared"})
 
