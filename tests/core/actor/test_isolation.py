@@ -117,7 +117,7 @@ GIT_ATTACKS = [
     'echo "#!/bin/sh" > "$(git rev-parse --git-common-dir)/hooks/pre-commit"',
     'git --git-dir="$(git rev-parse --git-common-dir)" --work-tree=. add -A && git stash',
     "git reset --hard HEAD~0 && git gc -q && git reflog expire --expire=now --all",
-    'echo evil > "$(git rev-parse --git-common-dir)/index" && rm -rf "$(git rev-parse --git-common-dir)/refs"',
+    'c="$(git rev-parse --git-common-dir)" && echo evil > "$c/index" && rm -rf "$c/refs"',
     "git worktree add -q ../evil-worktree && git worktree prune",
 ]
 
@@ -130,7 +130,7 @@ def test_git_in_a_worktree_sandbox_never_moves_the_originals_refs_config_hooks_o
     original = Path(sandbox.original_path)
     before = git_state(original)
     sandbox_admin = tree_digest(Path(git(Path(sandbox.get_path(".")), "rev-parse", "--git-dir")))
-    _, err, result = layout.runner().run(sandbox, ExecRequest(shell_line=line, env=GIT_ENV))
+    _, err, _ = layout.runner().run(sandbox, ExecRequest(shell_line=line, env=GIT_ENV))
     assert git_state(original) == before, err
     # The worktree's own admin directory (its HEAD and index) is not moved either.
     assert (

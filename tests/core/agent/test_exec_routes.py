@@ -65,7 +65,8 @@ def output(events: list[dict], name: str = "stdout") -> bytes:
 def test_a_command_streams_ndjson_and_ends_with_its_exit(agent: AgentProcess, repo: Path) -> None:
     stream = ExecStream(
         agent.url, token(agent), SANDBOX_ID,
-        {"shell": "echo one; sleep 1; echo two >&2; cat; exit 5", "stdin_b64": base64.b64encode(b"in").decode()},
+        {"shell": "echo one; sleep 1; echo two >&2; cat; exit 5",
+         "stdin_b64": base64.b64encode(b"in").decode()},
         "exec-stream",
     )  # fmt: skip
     assert stream.status == 200
@@ -105,7 +106,7 @@ def test_the_same_request_id_replays_the_exit_and_never_runs_twice(
     agent: AgentProcess, repo: Path
 ) -> None:
     body = {"shell": "echo x >> counter.txt; wc -l < counter.txt"}
-    first_stream, first = run(agent, body, "exec-once")
+    _, first = run(agent, body, "exec-once")
     again_stream, again = run(agent, body, "exec-once")
     assert output(first) == b"1\n"
     assert again_stream.headers.get(wire.REPLAY_HEADER) == "true"
