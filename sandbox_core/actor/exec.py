@@ -501,8 +501,7 @@ class CommandRunner:
         try:
             run_dir = audit_dir(self.state_dir, sid) / "runs" / exec_id
             shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.mkdir(parents=True, mode=0o700)
-            binds = git_shadow(work_tree, run_dir)
+            binds = git_shadow(work_tree, run_dir)  # makes run_dir only for a linked worktree
             argv = self.jail.argv(
                 work_tree,
                 os.path.realpath(cwd),
@@ -532,7 +531,10 @@ class CommandRunner:
 
         def finish(execution: Execution) -> None:
             try:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                if run_dir.exists():  # the git copy: removed off the caller's path
+                    threading.Thread(
+                        target=shutil.rmtree, args=(run_dir, True), daemon=True, name="exec-gc"
+                    ).start()
                 result = execution.result
                 self.audit(sid).append(
                     "exec",

@@ -183,7 +183,8 @@ def git_shadow(work_tree: str | Path, into: Path) -> list[tuple[str, str, str]]:
         commondir = (admin / "commondir").read_text(encoding="utf-8").strip()
         common = (admin / commondir).resolve() if commondir else admin.parent.parent
         copy = into / "common"
-        copy.mkdir(parents=True)
+        into.mkdir(parents=True, mode=0o700)
+        copy.mkdir()
         for name in GIT_COPIED_FILES:
             if (common / name).is_file():
                 shutil.copy2(common / name, copy / name)

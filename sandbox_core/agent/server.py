@@ -194,7 +194,7 @@ class Agent:
             status, payload, replay = started
             if replay and status == 200:
                 response = await self._stream_start(request, replay=True)
-                await response.write(_line(payload))
+                await response.write(_encoder(request)(payload))
                 await response.write_eof()
                 return response
             reply = _json(status, payload)
@@ -205,7 +205,7 @@ class Agent:
 
     async def _stream_start(self, request: web.Request, replay: bool = False) -> web.StreamResponse:
         response = web.StreamResponse(status=200)
-        response.content_type = wire.NDJSON_CONTENT_TYPE
+        response.content_type = _content_type(request)
         if replay:
             response.headers[wire.REPLAY_HEADER] = "true"
         response.enable_chunked_encoding()
@@ -219,13 +219,20 @@ class Agent:
         chunks = iter(execution)
         lock = threading.Lock()  # one reader of the output at a time
 
+        encode = _encoder(request)
+        frames = encode is _frame
+
         def take() -> bytes | None:
             with lock:
                 chunk = next(chunks, None)
             if chunk is None:
                 return None
-            data = base64.b64encode(chunk.data).decode("ascii")
-            return _line({"event": chunk.stream, "data_b64": data})
+            if frames:
+                tag = wire.FRAME_STDOUT if chunk.stream == "stdout" else wire.FRAME_STDERR
+                return tag + len(chunk.data).to_bytes(4, "big") + chunk.data
+            # base64 never needs JSON escaping: the line is built without json.dumps
+            data = base64.b64encode(chunk.data)
+            return b'{"event": "' + chunk.stream.encode() + b'", "data_b64": "' + data + b'"}\n'
 
         def drain() -> None:
             with lock:
@@ -245,7 +252,7 @@ class Agent:
         watcher = asyncio.ensure_future(watch())
         try:
             response = await self._stream_start(request)
-            await response.write(_line({"event": "started", "exec_id": execution.exec_id}))
+            await response.write(encode({"event": "started", "exec_id": execution.exec_id}))
             while (line := await loop.run_in_executor(self.exec_pool, take)) is not None:
                 await response.write(line)
             finished = True
@@ -263,7 +270,7 @@ class Agent:
         except Exception as exc:  # the command ran; its record could not be kept
             logger.exception("agent: exec %s: recording its end failed", execution.exec_id)
             payload = {"event": "error", **wire.error_reply(exc)[1]}
-        await response.write(_line(payload))
+        await response.write(encode(payload))
         await response.write_eof()
         return response
 
@@ -439,6 +446,26 @@ async def _body(request: web.Request) -> dict[str, Any]:
 def _line(payload: Any) -> bytes:
     """One NDJSON line."""
     return (json.dumps(payload, default=str) + "\n").encode("utf-8")
+
+
+def _frame(payload: Any) -> bytes:
+    """One event as a frame of ``wire.FRAMES_CONTENT_TYPE``."""
+    data = json.dumps(payload, default=str).encode("utf-8")
+    return wire.FRAME_EVENT + len(data).to_bytes(4, "big") + data
+
+
+def _content_type(request: web.Request) -> str:
+    """Frames when the caller accepts them, else NDJSON (wire.py, the actor's door)."""
+    accepted = request.headers.get("Accept", "")
+    return (
+        wire.FRAMES_CONTENT_TYPE
+        if wire.FRAMES_CONTENT_TYPE in accepted
+        else wire.NDJSON_CONTENT_TYPE
+    )
+
+
+def _encoder(request: web.Request) -> Callable[[Any], bytes]:
+    return _frame if _content_type(request) == wire.FRAMES_CONTENT_TYPE else _line
 
 
 DISCONNECT_POLL_SECONDS = 0.5  # how often a streaming exec checks that its caller is still there

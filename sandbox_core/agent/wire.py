@@ -160,6 +160,10 @@ ROUTES: tuple[Route, ...] = (
 # A stream that ends without "exit" or "error" was cut (the connection or the agent died; the
 # command is killed when its caller goes away). The same request id sent again after the exit
 # does not run the command again: the reply is the "exit" line alone, with REPLAY_HEADER.
+# A caller that sends "Accept: FRAMES_CONTENT_TYPE" gets the same events as binary frames
+# instead (no base64, no JSON per chunk: for large outputs): each frame is a one-byte tag,
+# a 4-byte big-endian length and that many bytes; tag FRAME_STDOUT / FRAME_STDERR carry the
+# output's raw bytes, FRAME_EVENT one JSON event of the list above ("started", "exit", "error").
 # EXEC_SIGNAL {"signal": "SIGTERM" | "SIGINT" | "SIGKILL" | ...} signals a running command by its
 # exec_id (SIGKILL cancels it): {"exec_id", "signalled"}; 404 when none runs under that id.
 # AUDIT ?after=SEQ&limit=N: a page of the sandbox's audit log {"entries", "total", "next"}.
@@ -168,6 +172,10 @@ EXEC = Route("POST", "/v1/sandboxes/{sid}/exec")  # run a command (NDJSON stream
 EXEC_SIGNAL = Route("POST", "/v1/sandboxes/{sid}/exec/{eid}/signal")  # {"signal"}
 AUDIT = Route("GET", "/v1/sandboxes/{sid}/audit")  # ?after=SEQ&limit=N
 NDJSON_CONTENT_TYPE = "application/x-ndjson"
+FRAMES_CONTENT_TYPE = "application/vnd.sandbox-agent.exec-frames"
+FRAME_STDOUT = b"o"
+FRAME_STDERR = b"e"
+FRAME_EVENT = b"j"
 TOO_MANY_REQUESTS = 429  # the sandbox already runs its limit of commands
 AFTER_QUERY = "after"
 LIMIT_QUERY = "limit"

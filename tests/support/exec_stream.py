@@ -16,7 +16,13 @@ class ExecStream:
     """One ``POST .../exec``: ``status``, ``headers``, then iterate :meth:`events`."""
 
     def __init__(
-        self, url: str, token: str, sandbox_id: str, body: dict[str, Any], request_id: str | None
+        self,
+        url: str,
+        token: str,
+        sandbox_id: str,
+        body: dict[str, Any],
+        request_id: str | None,
+        frames: bool = False,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         self.connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
@@ -26,6 +32,8 @@ class ExecStream:
         }
         if request_id is not None:
             headers[wire.REQUEST_ID_HEADER] = request_id
+        if frames:
+            headers["Accept"] = wire.FRAMES_CONTENT_TYPE
         self.connection.request(
             "POST", wire.EXEC.path(sid=sandbox_id), json.dumps(body).encode(), headers
         )
@@ -41,6 +49,13 @@ class ExecStream:
         """The NDJSON events, each as it arrives."""
         while line := self.response.readline():
             yield json.loads(line)
+
+    def frames(self) -> Iterator[tuple[bytes, bytes]]:
+        """The frames (``Accept: wire.FRAMES_CONTENT_TYPE``): ``(tag, payload)`` each."""
+        while header := self.response.read(5):
+            size = int.from_bytes(header[1:], "big")
+            payload = self.response.read(size)
+            yield header[:1], payload
 
     def close(self) -> None:
         self.connection.close()

@@ -232,7 +232,8 @@ def test_no_bubblewrap_means_no_command_rather_than_an_unjailed_one(
         runner.start(sandbox, ExecRequest(shell_line="touch ran"))
     assert not Path(sandbox.get_path("ran")).exists()
     assert runner.running(sandbox.sandbox_id) == 0
-    assert not list((layout.state / "actor" / sandbox.sandbox_id / "runs").iterdir())
+    runs = layout.state / "actor" / sandbox.sandbox_id / "runs"
+    assert not runs.exists() or not list(runs.iterdir())
 
 
 def test_a_command_activates_a_created_sandbox_through_the_local_door(layout: Layout) -> None:

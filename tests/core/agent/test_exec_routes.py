@@ -222,3 +222,19 @@ def test_the_audit_route_pages(agent: AgentProcess, repo: Path) -> None:
     with pytest.raises(Exception, match="integers"):
         client.call("GET", wire.AUDIT.path(sid=SANDBOX_ID), query={"after": "x"})
     assert json.dumps(page)
+
+
+def test_binary_frames_carry_the_same_events_without_base64(
+    agent: AgentProcess, repo: Path
+) -> None:
+    body = {"shell": "printf 'a\\000b'; printf err >&2; exit 2"}
+    stream = ExecStream(agent.url, token(agent), SANDBOX_ID, body, "exec-frames", frames=True)
+    assert stream.headers["Content-Type"].startswith(wire.FRAMES_CONTENT_TYPE)
+    frames = list(stream.frames())
+    stream.close()
+    assert frames[0][0] == wire.FRAME_EVENT and json.loads(frames[0][1])["event"] == "started"
+    out = b"".join(data for tag, data in frames if tag == wire.FRAME_STDOUT)
+    err = b"".join(data for tag, data in frames if tag == wire.FRAME_STDERR)
+    assert (out, err) == (b"a\x00b", b"err")
+    last = json.loads(frames[-1][1])
+    assert frames[-1][0] == wire.FRAME_EVENT and last["event"] == "exit" and last["exit_code"] == 2
