@@ -30,6 +30,11 @@ def tree_digest(root: Path) -> dict[str, str]:
     return found
 
 
+def agent_state(layout: Layout) -> dict[str, str]:
+    """The agent's state files, without the actor's own (the audit log, the git copies)."""
+    return {p: d for p, d in tree_digest(layout.state).items() if not p.startswith("actor/")}
+
+
 def attack(layout: Layout, original: Path) -> str:
     """A shell line trying every way out of the jail it knows of."""
     return "; ".join(
@@ -61,7 +66,7 @@ def test_a_command_reads_nothing_of_the_agent_nor_of_another_sandbox(
     sandbox = make_sandbox(kind)
     original = Path(sandbox.original_path)
     before = tree_digest(original) if kind != "none" else None
-    state_before = tree_digest(layout.state)
+    state_before = agent_state(layout)
     out, err, result = layout.runner().run(
         sandbox, ExecRequest(shell_line=attack(layout, original))
     )
@@ -71,11 +76,7 @@ def test_a_command_reads_nothing_of_the_agent_nor_of_another_sandbox(
         assert secret not in text, f"{secret} leaked: {text}"
     assert DSN_SECRET not in text
     assert "mount: " in text or "permission denied" in text.lower()
-    assert tree_digest(layout.state) == state_before | {
-        path: digest
-        for path, digest in tree_digest(layout.state).items()
-        if path.startswith("actor/")
-    }
+    assert agent_state(layout) == state_before  # the audit log (actor/) may grow, nothing else
     if before is not None:  # a sandbox's command never reaches its original
         assert tree_digest(original) == before
     assert result.exit_code == 0
