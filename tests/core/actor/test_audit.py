@@ -77,3 +77,45 @@ def test_a_bad_sandbox_id_is_refused(layout: Layout, bad: str) -> None:
     with pytest.raises(SandboxError, match="invalid sandbox id"):
         AuditLog(layout.state, bad)
     assert not os.path.exists(layout.root / "x")
+
+
+def test_the_plan_review_shows_what_the_actors_did_bounded_and_outside_the_digest(
+    layout: Layout,
+) -> None:
+    """``sandbox-core review PLAN`` (a real process) shows each sandbox's audit log, the latest
+    ``--max-paths`` entries; the digest is the same with or without it."""
+    import subprocess
+    import sys
+
+    from sandbox_core.actor.local import LocalActor
+    from sandbox_core.host.host import SandboxHost
+    from sandbox_core.host.store import SandboxStore
+    from sandbox_core.plan.review import PlanReview
+
+    original = layout.root / "dir"
+    original.mkdir()
+    (original / "a.txt").write_text("a\n")
+    host = SandboxHost(SandboxStore(layout.state))
+    sandbox = host.provision(
+        "plan-r", "dir", str(original), "copy_on_write", sandbox_root=str(layout.root / "sb")
+    )
+    actor = LocalActor(layout.state)
+    for n in range(4):
+        actor.exec(sandbox.sandbox_id, ExecRequest(shell_line=f"echo {n} >> a.txt")).wait()
+    env = {**os.environ, "SANDBOX_CORE_STATE_DIR": str(layout.state)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_core.cli", "--json", "review", "plan-r",
+         "--max-paths", "3"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    review = json.loads(done.stdout)
+    activity = review["sandboxes"][0]["activity"]
+    assert (activity["total"], activity["truncated"]) == (4, True)
+    assert [entry["shell"] for entry in activity["entries"]] == [
+        f"echo {n} >> a.txt" for n in (1, 2, 3)
+    ]
+    assert review["sandboxes"][0]["changed"] == 1
+    bare = PlanReview(plan_id="p", digest="sha256:x")
+    assert "activity" not in json.dumps(bare.to_dict())
+    assert bare.with_activity({"s": {"total": 0, "entries": []}}).digest == bare.digest
+    host.reopen(sandbox.sandbox_id).cleanup()
