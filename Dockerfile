@@ -36,9 +36,10 @@ LABEL org.opencontainers.image.title="sandbox-operator" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/cleveragents/sandbox-operator"
 
-# git: git_worktree sandboxes; rsync: copy_on_write/overlay commits; tini: PID 1.
+# git: git_worktree sandboxes; rsync: copy_on_write/overlay commits; tini: PID 1;
+# bubblewrap: the jail of an actor's commands (docs/actor.md).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git rsync tini ca-certificates \
+    && apt-get install -y --no-install-recommends git rsync tini ca-certificates bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 # Source volumes are usually owned by another UID than ours: without safe.directory git refuses

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for tool in git rsync unshare getfattr; do
+# bwrap (bubblewrap): the jail an actor's command runs in (docs/actor.md, "Isolation").
+for tool in git rsync unshare getfattr bwrap; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
 if ((${#need_apt[@]})); then
@@ -16,6 +17,7 @@ if ((${#need_apt[@]})); then
     case "$tool" in
       unshare) pkgs+=(util-linux) ;;
       getfattr) pkgs+=(attr) ;;
+      bwrap) pkgs+=(bubblewrap) ;;
       *) pkgs+=("$tool") ;;
     esac
   done

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.agent.wire import (
     BAD_REQUEST,
     DEFAULT_PORT,
@@ -350,7 +351,11 @@ class Operations:
     def review(self, sandbox_id: str) -> dict[str, Any]:
         """``{"summary": ChangeSummary, "sandbox"}``; nothing changes, nothing is saved."""
         sandbox = self.load(sandbox_id)
-        return {"summary": sandbox.review().to_dict(), "sandbox": self.describe(sandbox)}
+        return {
+            "summary": sandbox.review().to_dict(),
+            "sandbox": self.describe(sandbox),
+            "audit": AuditLog(self.config.state_dir, sandbox_id).summary(),  # bounded
+        }
 
     def prepare(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``{"prepared": PreparedCommit, "sandbox"}``: stage the commit under ``txid``.
@@ -412,6 +417,32 @@ class Operations:
         self.store.delete(sandbox_id)
         self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
+
+    # -- the actor's door (docs/actor.md) -------------------------------------------------------
+
+    def open_for_actor(self, sandbox_id: str) -> BaseSandbox:
+        """The sandbox an actor's operation runs in: re-opened, and activated (and saved) when
+        CREATED or ROLLED_BACK.
+
+        Raises:
+            AgentError: 404 when unknown.
+            SandboxStateError: it is not open (COMMITTED, CLEANED_UP, ...).
+        """
+        sandbox = self.load(sandbox_id)
+        if sandbox.status in (SandboxStatus.CREATED, SandboxStatus.ROLLED_BACK):
+            sandbox.activate()
+            self._save(sandbox)
+        return sandbox
+
+    def count_change(self, sandbox_id: str) -> None:
+        """An actor changed the sandbox's content: move its revision (a later commit is a new
+        request)."""
+        self._bump(sandbox_id)
+
+    def audit(self, sandbox_id: str, after: int, limit: int) -> dict[str, Any]:
+        """A page of the sandbox's audit log (:meth:`AuditLog.read`)."""
+        self.load(sandbox_id)  # 404 when unknown
+        return AuditLog(self.config.state_dir, sandbox_id).read(after, limit)
 
 
 def _plan_of(sandbox: BaseSandbox) -> str:

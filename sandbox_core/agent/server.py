@@ -24,10 +24,13 @@ This module is the only one of ``sandbox_core`` that imports aiohttp; nothing el
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sandbox_core.actor.exec import CommandRunner, ExecLimitError, ExecRequest, Execution
 from sandbox_core.agent import wire
 from sandbox_core.agent.operations import AgentConfig, Operations
 from sandbox_core.durable import write_json_atomic
@@ -79,6 +83,11 @@ class Agent:
         self.ops = Operations(config)
         self.journal = RequestJournal(config.state_dir)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent")
+        # The actor's commands: their output is read in threads of their own, never the worker.
+        self.actor = CommandRunner(
+            config.state_dir, on_finish=lambda sid, _result: self.ops.count_change(sid)
+        )
+        self.exec_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="exec")
 
     def _token(self) -> bytes | None:
         try:
@@ -117,6 +126,7 @@ class Agent:
                 if stored is not None:
                     return stored[0], stored[1], True
             try:
+                self._refuse_while_commands_run(request)
                 status, payload = 200, self.ops.hide(action())
             except Exception as exc:  # every failure becomes a JSON reply
                 status, payload = wire.error_reply(exc)
@@ -134,6 +144,149 @@ class Agent:
         if replay:
             response.headers[wire.REPLAY_HEADER] = "true"
         return response
+
+    def _refuse_while_commands_run(self, request: web.Request) -> None:
+        """A commit, rollback, restore, prepare or cleanup of a sandbox in which an actor's
+        command still runs would act on a tree that is still being written: refused (409)."""
+        sid = request.match_info.get("sid")
+        last = request.path.rstrip("/").rsplit("/", 1)[-1]
+        guarded = last in _GUARDED or (request.method == "DELETE" and last == sid)
+        if sid and guarded and self.actor.running(sid):
+            raise wire.AgentError(
+                wire.CONFLICT,
+                "SandboxStateError",
+                f"commands are running in sandbox {sid}; wait for them or cancel them first",
+            )
+
+    # -- the actor's door ------------------------------------------------------------------------
+
+    async def exec_command(self, request: web.Request) -> web.StreamResponse:
+        """``wire.EXEC``: start the command, then stream its output as NDJSON (wire.py)."""
+        sid = request.match_info["sid"]
+        request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
+        if not wire.REQUEST_ID_PATTERN.match(request_id):
+            needed = f"{wire.REQUEST_ID_HEADER} needed"
+            return _json(wire.BAD_REQUEST, {"error": {"type": "BadRequest", "message": needed}})
+        body = await _body(request)
+        loop = asyncio.get_running_loop()
+        exec_id = hashlib.sha256(request_id.encode()).hexdigest()[:32]
+
+        def start() -> Execution | tuple[int, Any, bool]:
+            stored = self.journal.get(request_id)
+            if stored is not None:
+                return stored[0], stored[1], True
+            try:
+                stdin = base64.b64decode(str(body.get("stdin_b64") or ""), validate=True)
+                exec_request = ExecRequest.from_json(body, stdin=stdin)
+                sandbox = self.ops.open_for_actor(sid)
+                return self.actor.start(sandbox, exec_request, exec_id)
+            except ExecLimitError as exc:
+                return (wire.TOO_MANY_REQUESTS, *wire.error_reply(exc)[1:], False)
+            except binascii.Error as exc:
+                return (*wire.error_reply(ValueError(f"stdin_b64: {exc}")), False)
+            except Exception as exc:  # every refusal becomes a JSON reply
+                status, payload = wire.error_reply(exc)
+                if status == wire.SERVER_ERROR:
+                    logger.exception("agent: exec in %s failed", sid)
+                return status, self.ops.hide(payload), False
+
+        started = await loop.run_in_executor(self.worker, start)
+        if not isinstance(started, Execution):
+            status, payload, replay = started
+            if replay and status == 200:
+                response = await self._stream_start(request, replay=True)
+                await response.write(_encoder(request)(payload))
+                await response.write_eof()
+                return response
+            reply = _json(status, payload)
+            if replay:
+                reply.headers[wire.REPLAY_HEADER] = "true"
+            return reply
+        return await self._stream(request, request_id, started)
+
+    async def _stream_start(self, request: web.Request, replay: bool = False) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.content_type = _content_type(request)
+        if replay:
+            response.headers[wire.REPLAY_HEADER] = "true"
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        return response
+
+    async def _stream(
+        self, request: web.Request, request_id: str, execution: Execution
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        chunks = iter(execution)
+        lock = threading.Lock()  # one reader of the output at a time
+
+        encode = _encoder(request)
+        frames = encode is _frame
+
+        def take() -> bytes | None:
+            with lock:
+                chunk = next(chunks, None)
+            if chunk is None:
+                return None
+            if frames:
+                tag = wire.FRAME_STDOUT if chunk.stream == "stdout" else wire.FRAME_STDERR
+                return tag + len(chunk.data).to_bytes(4, "big") + chunk.data
+            # base64 never needs JSON escaping: the line is built without json.dumps
+            data = base64.b64encode(chunk.data)
+            return b'{"event": "' + chunk.stream.encode() + b'", "data_b64": "' + data + b'"}\n'
+
+        def drain() -> None:
+            with lock:
+                for _ in chunks:
+                    pass
+
+        async def watch() -> None:
+            """aiohttp does not cancel a handler whose caller left: look at the connection."""
+            while True:
+                await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    execution.cancel()
+                    return
+
+        finished = False
+        watcher = asyncio.ensure_future(watch())
+        try:
+            response = await self._stream_start(request)
+            await response.write(encode({"event": "started", "exec_id": execution.exec_id}))
+            while (line := await loop.run_in_executor(self.exec_pool, take)) is not None:
+                await response.write(line)
+            finished = True
+        finally:
+            watcher.cancel()
+            if not finished:  # the caller went away (or the write failed): kill the command
+                execution.cancel()
+                self.exec_pool.submit(drain)
+        try:
+            result = execution.result
+            payload: dict[str, Any] = {"event": "exit", **result.to_dict()}
+            await loop.run_in_executor(
+                self.worker, lambda: self.journal.put(request_id, 200, payload)
+            )
+        except Exception as exc:  # the command ran; its record could not be kept
+            logger.exception("agent: exec %s: recording its end failed", execution.exec_id)
+            payload = {"event": "error", **wire.error_reply(exc)[1]}
+        await response.write(encode(payload))
+        await response.write_eof()
+        return response
+
+    def signal_command(self, sandbox_id: str, exec_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``wire.EXEC_SIGNAL``: signal a running command of ``sandbox_id``.
+
+        Raises:
+            AgentError: 404 when no command runs under ``exec_id`` in that sandbox.
+            ExecRefusedError: an unknown signal.
+        """
+        execution = self.actor.find(exec_id)
+        if execution is None or self.actor.running(sandbox_id) == 0:
+            raise wire.AgentError(wire.NOT_FOUND, "NotFound", f"no command {exec_id} running")
+        signalled = execution.send_signal(str(body.get("signal") or "SIGTERM"))
+        return {"exec_id": exec_id, "signalled": signalled}
 
     def app(self) -> web.Application:
         """The aiohttp application (auth middleware + routes)."""
@@ -229,7 +382,7 @@ class Agent:
 
             return handler
 
-        handlers: dict[wire.Route, Callable[[web.Request], Awaitable[web.Response]]] = {
+        handlers: dict[wire.Route, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
             wire.HEALTHZ: healthz,
             wire.CREATE: create,
             wire.STATUS: status,
@@ -250,6 +403,33 @@ class Agent:
             wire.APPLY_PREPARED: two_phase(ops.apply_prepared),
             wire.ABORT_PREPARED: two_phase(ops.abort_prepared),
         }
+        # the actor's door (docs/actor.md)
+
+        async def signal_command(request: web.Request) -> web.Response:
+            body = await _body(request)
+            eid = request.match_info["eid"]
+            return await self._run(
+                request, lambda: self.signal_command(sid(request), eid, body), True, False
+            )
+
+        async def audit(request: web.Request) -> web.Response:
+            def page() -> dict[str, Any]:
+                try:
+                    after = int(request.query.get(wire.AFTER_QUERY, "0"))
+                    limit = int(request.query.get(wire.LIMIT_QUERY, "100"))
+                except ValueError as exc:
+                    raise ValueError(f"after and limit are integers: {exc}") from exc
+                return ops.audit(sid(request), after, limit)
+
+            return await self._run(request, page, False)
+
+        async def stop_commands(_: web.Application) -> None:
+            self.actor.cancel_all()  # the agent stops: no command outlives it
+
+        app.on_shutdown.append(stop_commands)
+        handlers[wire.EXEC] = self.exec_command
+        handlers[wire.EXEC_SIGNAL] = signal_command
+        handlers[wire.AUDIT] = audit
         for route, handler in handlers.items():
             if route.method == "GET":
                 app.router.add_get(route.template, handler)  # HEAD too, aiohttp's default
@@ -266,6 +446,36 @@ async def _body(request: web.Request) -> dict[str, Any]:
     except ValueError as exc:
         raise web.HTTPBadRequest(text="body is not JSON") from exc
     return dict(data) if isinstance(data, dict) else {}
+
+
+def _line(payload: Any) -> bytes:
+    """One NDJSON line."""
+    return (json.dumps(payload, default=str) + "\n").encode("utf-8")
+
+
+def _frame(payload: Any) -> bytes:
+    """One event as a frame of ``wire.FRAMES_CONTENT_TYPE``."""
+    data = json.dumps(payload, default=str).encode("utf-8")
+    return wire.FRAME_EVENT + len(data).to_bytes(4, "big") + data
+
+
+def _content_type(request: web.Request) -> str:
+    """Frames when the caller accepts them, else NDJSON (wire.py, the actor's door)."""
+    accepted = request.headers.get("Accept", "")
+    return (
+        wire.FRAMES_CONTENT_TYPE
+        if wire.FRAMES_CONTENT_TYPE in accepted
+        else wire.NDJSON_CONTENT_TYPE
+    )
+
+
+def _encoder(request: web.Request) -> Callable[[Any], bytes]:
+    return _frame if _content_type(request) == wire.FRAMES_CONTENT_TYPE else _line
+
+
+DISCONNECT_POLL_SECONDS = 0.5  # how often a streaming exec checks that its caller is still there
+# The last path segment of the routes refused while an actor's command runs in the sandbox.
+_GUARDED = frozenset({"commit", "rollback", "prepare", "apply-prepared"})
 
 
 def _json(status: int, payload: Any) -> web.Response:

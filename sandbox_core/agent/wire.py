@@ -21,6 +21,7 @@ A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refuse
     404  NotFound        no such sandbox, checkpoint, file or directory
     409  <core error>    SandboxCommitError and its kinds (``conflicts``; the two digests of a
                          ChangedSinceApprovalError), or SandboxStateError
+    429  ExecLimitError  the sandbox already runs its limit of commands (``EXEC``)
     422  <core error>    any other SandboxError, a ValueError (traversal, a bad txid), or
                          MissingSecret (a DSN reference ``env:NAME`` whose NAME is unset)
     500  <error>         anything else; may pass on retry
@@ -146,6 +147,47 @@ ROUTES: tuple[Route, ...] = (
     ABORT_PREPARED,
     COMMIT_LANDED,
 )
+
+# -- the actor's door: commands and the audit log (docs/actor.md) -------------------------------
+#
+# The one reply that is not JSON: EXEC's, a stream of JSON lines (NDJSON_CONTENT_TYPE).
+# EXEC runs one command in the sandbox's jail (sandbox_core.actor). The request is JSON:
+#   {"argv": [..]} or {"shell": "line"}, and optionally "cwd" (relative to the sandbox's root),
+#   "env" {NAME: value}, "stdin_b64", "timeout_seconds", "max_output_bytes" (per stream),
+#   "network" (bool).
+# A refusal before the command starts is the usual JSON error (400, 401, 404, 409, 422, and 429
+# when the sandbox already runs its limit of commands). Once started, the reply is 200 with
+# NDJSON_CONTENT_TYPE, chunked, one JSON object per line, written as the command writes:
+#   {"event": "started", "exec_id": ID}
+#   {"event": "stdout" | "stderr", "data_b64": BASE64}          (any number, in order)
+#   {"event": "exit", "exec_id", "exit_code", "signal", "timed_out", "cancelled", "truncated",
+#    "stdout_bytes", "stderr_bytes", "duration_seconds"}          (last)
+#   {"event": "error", "error": {"type", "message"}}             (instead of exit: a failure)
+# A stream that ends without "exit" or "error" was cut (the connection or the agent died; the
+# command is killed when its caller goes away). The same request id sent again after the exit
+# does not run the command again: the reply is the "exit" line alone, with REPLAY_HEADER.
+# A caller that sends "Accept: FRAMES_CONTENT_TYPE" gets the same events as binary frames
+# instead (no base64, no JSON per chunk: for large outputs): each frame is a one-byte tag,
+# a 4-byte big-endian length and that many bytes; tag FRAME_STDOUT / FRAME_STDERR carry the
+# output's raw bytes, FRAME_EVENT one JSON event of the list above ("started", "exit", "error").
+# EXEC_SIGNAL {"signal": "SIGTERM" | "SIGINT" | "SIGKILL" | ...} signals a running command by its
+# exec_id (SIGKILL cancels it): {"exec_id", "signalled"}; 404 when none runs under that id.
+# AUDIT ?after=SEQ&limit=N: a page of the sandbox's audit log {"entries", "total", "next"}.
+
+EXEC = Route("POST", "/v1/sandboxes/{sid}/exec")  # run a command (NDJSON stream, above)
+EXEC_SIGNAL = Route("POST", "/v1/sandboxes/{sid}/exec/{eid}/signal")  # {"signal"}
+AUDIT = Route("GET", "/v1/sandboxes/{sid}/audit")  # ?after=SEQ&limit=N
+NDJSON_CONTENT_TYPE = "application/x-ndjson"
+FRAMES_CONTENT_TYPE = "application/vnd.sandbox-agent.exec-frames"
+FRAME_STDOUT = b"o"
+FRAME_STDERR = b"e"
+FRAME_EVENT = b"j"
+TOO_MANY_REQUESTS = 429  # the sandbox already runs its limit of commands
+AFTER_QUERY = "after"
+LIMIT_QUERY = "limit"
+EXEC_EVENTS = ("started", "stdout", "stderr", "exit", "error")
+
+ROUTES = (*ROUTES, EXEC, EXEC_SIGNAL, AUDIT)
 
 # -- errors -------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.cli.context import (
     EXIT_CHANGED_SINCE_APPROVAL,
     EXIT_COMPENSATED,
@@ -202,6 +203,14 @@ def review(state: CliState, plan_id: str, max_paths: int) -> None:
         manager = state.manager()
         manager.reopen_plan(plan_id)
         found = manager.review_plan(plan_id)
+        found = found.with_activity(  # what the actors did (docs/actor.md)
+            {
+                summary.sandbox_id: AuditLog(state.store.state_dir, summary.sandbox_id).summary(
+                    max_paths
+                )
+                for summary in found.sandboxes
+            }
+        )
         state.emit(found.to_dict(max_paths=max_paths), _review_table(found))
 
     _guard(state, run)

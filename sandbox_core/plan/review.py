@@ -11,6 +11,7 @@ touched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -69,6 +70,14 @@ class PlanReview:
     plan_id: str
     digest: str
     sandboxes: list[ChangeSummary] = field(default_factory=list)
+    activity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What the actors did in each sandbox, by sandbox id: the bounded view of its audit log
+    (``{"total", "entries", "truncated"}``, docs/actor.md). Shown, never digested: the digest
+    binds the changes, and the changes already hold what every command wrote."""
+
+    def with_activity(self, activity: dict[str, dict[str, Any]]) -> PlanReview:
+        """This review with ``activity`` (sandbox id -> audit summary) attached."""
+        return dataclasses.replace(self, activity=dict(activity))
 
     @property
     def has_conflicts(self) -> bool:
@@ -82,7 +91,9 @@ class PlanReview:
         ``added``, ``changed``, ``deleted``; ``paths``: the first ``max_paths`` paths as
         ``"A path"`` / ``"M path"`` / ``"D path"`` (added, then changed, then deleted);
         ``lines_added``, ``lines_removed``, ``bytes_changed``, ``statements``; ``conflicts``
-        (the first ``max_paths``); ``truncated``: whether paths or conflicts were cut.
+        (the first ``max_paths``); ``truncated``: whether paths or conflicts were cut; and,
+        when :attr:`activity` names the sandbox, ``activity``: ``{"total", "entries" (the
+        latest ``max_paths``), "truncated"}`` (its ``truncated`` is not the row's).
         Top level: ``plan_id``, ``digest``, ``has_conflicts``, ``truncated`` (any sandbox cut)
         and ``sandboxes``.
 
@@ -92,6 +103,17 @@ class PlanReview:
         if max_paths < 0:
             raise ValueError("max_paths cannot be negative")
         rows = [_bounded(summary, max_paths) for summary in self.sandboxes]
+        for row in rows:
+            seen = self.activity.get(row["sandbox_id"])
+            if seen is not None:  # the latest max_paths entries of the sandbox's audit log
+                entries = list(seen.get("entries") or [])
+                shown = entries[-max_paths:] if max_paths else []
+                total = int(seen.get("total") or len(entries))
+                row["activity"] = {
+                    "total": total,
+                    "entries": shown,
+                    "truncated": len(shown) < total,
+                }
         return {
             "plan_id": self.plan_id,
             "digest": self.digest,

@@ -1,0 +1,123 @@
+"""A command through the workspace agent beside the same command as a local subprocess.
+
+Two figures, each with its anchor from the same run (docs/benchmarks.md):
+
+- one ``true``: ``POST .../exec`` to a real agent on 127.0.0.1 (jail, git metadata copy, audit
+  append, NDJSON stream), against ``subprocess.run(["true"])`` in this process, and against the
+  same command in the jail without the agent (:class:`CommandRunner`, the local executor's path);
+- 100 MiB of output (``head -c``): streamed through the agent as NDJSON and decoded, against
+  ``head -c ... | cat > /dev/null``-style reading of a local pipe in this process.
+
+No cluster: the pod proxy and ``kubectl exec`` are not in these figures (tier 3 measures them).
+
+Usage: ``.venv/bin/python benchmarks/bench_exec.py [--calls 20] [--mib 100]``; prints a
+Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "operator")]
+
+from sandbox_core.actor.exec import CommandRunner, ExecRequest  # noqa: E402
+from sandbox_core.agent import wire  # noqa: E402
+from sandbox_core.host.host import SandboxHost  # noqa: E402
+from sandbox_core.host.store import SandboxStore  # noqa: E402
+from tests.support.agent import SANDBOX_ID, AgentProcess  # noqa: E402
+from tests.support.exec_stream import ExecStream  # noqa: E402
+from tests.support.gitrepo import GIT_ENV, make_repo  # noqa: E402
+
+
+def through_agent(
+    agent: AgentProcess, body: dict, request_id: str, frames: bool = False
+) -> tuple[float, int]:
+    """Seconds for one exec through the agent, and the stdout bytes decoded."""
+    start = time.perf_counter()
+    token = agent.token_file.read_text()
+    stream = ExecStream(agent.url, token, SANDBOX_ID, body, request_id, frames=frames)
+    size = 0
+    if frames:
+        for tag, data in stream.frames():
+            size += len(data) if tag == wire.FRAME_STDOUT else 0
+        stream.close()
+        return time.perf_counter() - start, size
+    for event in stream.events():
+        if event["event"] == "stdout":
+            size += len(base64.b64decode(event["data_b64"]))
+        elif event["event"] == "exit" and event["exit_code"] != 0:
+            raise RuntimeError(event)
+    stream.close()
+    return time.perf_counter() - start, size
+
+
+def local_pipe(size: int) -> float:
+    start = time.perf_counter()
+    with subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        while proc.stdout.read(1024 * 1024):
+            pass
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--mib", type=int, default=100)
+    args = parser.parse_args()
+    os.environ.update(GIT_ENV)
+    size = args.mib * 1024 * 1024
+    with tempfile.TemporaryDirectory(prefix="bench-exec-") as tmp:
+        work = Path(tmp)
+        repo = make_repo(work / "repo", {"f.txt": "x\n"})
+        agent = AgentProcess(work).start()
+        try:
+            body = {"plan_id": "p", "resource_id": "r", "strategy": "git_worktree",
+                    "original": str(repo), "sandbox_id": SANDBOX_ID}  # fmt: skip
+            agent.client().call("POST", wire.CREATE.template, body, request_id="create")
+            agent.client().call("POST", wire.ACTIVATE.path(sid=SANDBOX_ID), request_id="act")
+            agent_true, local_true, jail_true = [], [], []
+            host = SandboxHost(SandboxStore(work / "state"))
+            runner = CommandRunner(work / "bench-state")
+            for n in range(args.calls):
+                agent_true.append(through_agent(agent, {"argv": ["true"]}, f"true-{n}")[0])
+                start = time.perf_counter()
+                subprocess.run(["true"], check=True)
+                local_true.append(time.perf_counter() - start)
+                sandbox = host.reopen(SANDBOX_ID)
+                start = time.perf_counter()
+                runner.run(sandbox, ExecRequest(argv=("true",)))
+                jail_true.append(time.perf_counter() - start)
+            big = {"argv": ["head", "-c", str(size), "/dev/zero"], "max_output_bytes": size}
+            stream_s, got = through_agent(agent, big, "big")
+            assert got == size, (got, size)
+            frames_s, got = through_agent(agent, big, "big-frames", frames=True)
+            assert got == size, (got, size)
+            pipe_s = local_pipe(size)
+        finally:
+            agent.stop()
+    a, loc, j = (statistics.median(x) * 1000 for x in (agent_true, local_true, jail_true))
+    agent_mib, pipe_mib = args.mib / stream_s, args.mib / pipe_s
+    frames_mib = args.mib / frames_s
+    print(f"| figure (median of {args.calls}) | through the agent | anchor | ratio |")
+    print("| --- | --- | --- | --- |")
+    print(f"| one `true` | {a:.1f} ms | local subprocess {loc:.2f} ms | {a / loc:.0f}x |")
+    print(f"| one `true` | {a:.1f} ms | the jail without the agent {j:.1f} ms | {a / j:.2f}x |")
+    print(f"| {args.mib} MiB of stdout streamed, NDJSON | {agent_mib:.0f} MiB/s | local pipe "
+          f"{pipe_mib:.0f} MiB/s | {agent_mib / pipe_mib:.2f}x |")  # fmt: skip
+    print(f"| {args.mib} MiB of stdout streamed, frames | {frames_mib:.0f} MiB/s | local pipe "
+          f"{pipe_mib:.0f} MiB/s | {frames_mib / pipe_mib:.2f}x |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
