@@ -153,6 +153,8 @@ class Connection:
         self._key_columns: dict[tuple[str, str], list[str]] = {}
         self._conflict_triggers: dict[tuple[str, str], str | None] = {}
         self._conflicts = 0
+        # The column names of the last statement's rows ([] when it returned none).
+        self.last_columns: list[str] = []
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -227,6 +229,7 @@ class Connection:
                 else:
                     pg_cursor.execute(sql, params)
                     rows = list(pg_cursor.fetchall()) if pg_cursor.description else []
+                self.last_columns = [c.name for c in pg_cursor.description or []]
                 rowcount = pg_cursor.rowcount
             after = self._pg_lastval() if capture_id else None
             written = None
@@ -290,6 +293,7 @@ class Connection:
             else:
                 cursor = db.execute(sql, params if params is not None else ())
                 rows = cursor.fetchall() if cursor.description else []
+            self.last_columns = [str(c[0]) for c in cursor.description or []]
             cursor.close()
         finally:
             if capture_id:

@@ -1,0 +1,15 @@
+"""The actor's door: what an AI plan's tools do inside their sandbox, one implementation for
+the workspace agent (pod executor) and for local paths (the local executor, the CLI, a library
+user).
+
+- :mod:`~sandbox_core.actor.beneath`: paths resolved beneath a sandbox's root through directory
+  descriptors (``O_NOFOLLOW`` per component): never a symlink, never ``..``, never absolute.
+- :mod:`~sandbox_core.actor.files`: :class:`~sandbox_core.actor.files.SandboxFiles`, the file
+  operations (bytes, ranges, write, append, delete, move, mkdir, stat, exact-match edit, batch).
+- :mod:`~sandbox_core.actor.search`: grep (regex) and glob, capped, with a cursor to continue.
+- :mod:`~sandbox_core.actor.sql`: SQL through a ``transaction_rollback`` sandbox.
+- :mod:`~sandbox_core.actor.audit`: :func:`~sandbox_core.actor.audit.append_audit`, one durable
+  line per actor operation.
+
+Nothing here knows HTTP; the agent's routes (:mod:`sandbox_core.agent.wire`) call it.
+"""
