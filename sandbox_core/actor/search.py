@@ -22,7 +22,7 @@ import stat as stat_module
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox_core.actor.beneath import Beneath, is_control, split
+from sandbox_core.actor.beneath import Beneath, is_control, refused, split
 from sandbox_core.errors import SandboxFileOperationError
 
 DEFAULT_MAX_MATCHES = 100
@@ -111,6 +111,8 @@ def grep(
     matches: list[dict[str, Any]] = []
     with Beneath(root) as tree:
         info = tree.lstat(path)
+        if stat_module.S_ISLNK(info.st_mode):
+            raise refused(path, "is a symlink (never followed)")
         if stat_module.S_ISDIR(info.st_mode):
             candidates: Iterator[tuple[tuple[str, ...], int]] = walk(tree, start)
         else:
