@@ -344,7 +344,8 @@ class Agent:
             await response.prepare(request)
             while (event := await loop.run_in_executor(None, next, events, None)) is not None:
                 if "data" in event:
-                    event = {**event, "data_b64": base64.b64encode(event.pop("data")).decode()}
+                    data = event.pop("data")
+                    event["data_b64"] = base64.b64encode(data).decode()
                 await response.write(json.dumps(event).encode() + b"\n")
             await response.write_eof()
             return response
