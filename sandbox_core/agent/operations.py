@@ -66,6 +66,7 @@ from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 
 T = TypeVar("T")
+REVISION_WIDTH = 20  # digits of a revision file, padded with blanks (int() ignores them)
 RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 # What a create request must name (the rest has defaults).
 CREATE_FIELDS = ("plan_id", "resource_id", "original", "strategy")
@@ -114,9 +115,11 @@ class Operations:
         self.host = SandboxHost(self.store, self.factory, reopen=self._reopen, save=self._save)
         # Prepared participants that cannot prepare durably, by (sandbox id, txid).
         self._held: dict[tuple[str, str], BaseSandbox] = {}
-        # Transaction sandboxes kept open between requests: a PostgreSQL sandbox holds its
-        # transaction (and row locks) between statements; re-opening it per request would
-        # replay the log into a second transaction behind the first one's back.
+        # Sandboxes kept open between requests (the agent is their only writer: every change
+        # goes through this object and is saved). A PostgreSQL sandbox holds its transaction
+        # (and row locks) between statements: re-opening it per request would replay the log
+        # into a second transaction behind the first one's back. For the others it spares a
+        # re-open per call (a git worktree's costs tens of milliseconds).
         self._live: dict[str, BaseSandbox] = {}
 
     # -- secrets ------------------------------------------------------------------------------
@@ -163,9 +166,16 @@ class Operations:
         self._bump(sandbox.sandbox_id)
 
     def _bump(self, sandbox_id: str) -> None:
+        # Written in place, padded to a fixed width, never truncated: rewriting a file
+        # truncated to zero makes ext4 flush it (auto_da_alloc), which costs a disk write.
         path = self._revision_path(sandbox_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(self.revision(sandbox_id) + 1))
+        text = str(self.revision(sandbox_id) + 1).ljust(REVISION_WIDTH).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, text, 0)
+        finally:
+            os.close(fd)
 
     def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
         """Re-open from a record; a database sandbox gets its password back from the Pod's
@@ -182,7 +192,7 @@ class Operations:
         return sandbox
 
     def load(self, sandbox_id: str) -> BaseSandbox:
-        """Re-open a stored sandbox (a transaction sandbox: the one this process keeps open).
+        """The sandbox this process keeps open, else re-opened from its record (and kept).
 
         Raises:
             AgentError: 404 when unknown.
@@ -195,8 +205,7 @@ class Operations:
         except SandboxError as exc:
             raise AgentError(404, "NotFound", str(exc)) from exc
         sandbox = self._reopen(record)
-        if callable(getattr(sandbox, "execute", None)):
-            self._live[sandbox_id] = sandbox
+        self._live[sandbox_id] = sandbox
         return sandbox
 
     def describe(self, sandbox: BaseSandbox) -> dict[str, Any]:
@@ -232,6 +241,7 @@ class Operations:
             sandbox_id=str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None),
             **options,
         )
+        self._live[sandbox.sandbox_id] = sandbox
         return self.describe(sandbox)
 
     def status(self, sandbox_id: str) -> dict[str, Any]:

@@ -59,13 +59,15 @@ class RequestJournal:
             return None
         return int(data["status"]), data["payload"]
 
-    def put(self, request_id: str, status: int, payload: Any) -> None:
-        """Store a reply durably (write, fsync, rename, fsync of the directory): :meth:`get`
-        sees the whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the
-        next put of the same id replaces."""
+    def put(self, request_id: str, status: int, payload: Any, *, durable: bool = True) -> None:
+        """Store a reply (write, fsync, rename, fsync of the directory): :meth:`get` sees the
+        whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the next put of
+        the same id replaces. ``durable=False`` skips both fsyncs: the reply survives a restart
+        of the process, not a power loss (for changes that are not fsynced themselves)."""
         write_json_atomic(
             self._path(request_id),
             {"status": status, "payload": payload},
+            durable=durable,
             pretty=False,
             tmp_suffix=".tmp",
         )
@@ -105,6 +107,7 @@ class Agent:
         action: Callable[[], Any],
         changes: bool,
         remember_failures: bool = True,
+        durable_reply: bool = True,
     ) -> web.Response:
         request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
         if changes and not wire.REQUEST_ID_PATTERN.match(request_id):
@@ -125,7 +128,7 @@ class Agent:
                     logger.exception("agent: %s %s failed", request.method, request.path)
             # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
             if changes and (status < 300 or (status < 500 and remember_failures)):
-                self.journal.put(request_id, status, payload)
+                self.journal.put(request_id, status, payload, durable=durable_reply)
             return status, payload, False
 
         loop = asyncio.get_running_loop()
@@ -264,15 +267,22 @@ class Agent:
         Reads of bytes (``FILE_BYTES``, ``DOWNLOAD``) stream: the file is opened in the worker
         thread (in order with every other operation), then read in chunks of 1 MiB off the
         event loop and written to the response as they come, so memory stays bounded.
+
+        The replies of file changes are journaled without fsync (``durable_reply=False``), as
+        the changed files themselves are not fsynced: a restart of the agent keeps both, a
+        power loss may lose both, never the reply alone. SQL replies are journaled durably
+        (the statement log is fsynced). The audit log is fsynced for every change.
         """
         ops = self.ops
 
         def json_route(
-            operation: Callable[[str, dict[str, Any]], dict[str, Any]],
+            operation: Callable[[str, dict[str, Any]], dict[str, Any]], *, durable: bool = False
         ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
             async def handler(request: web.Request) -> web.StreamResponse:
                 body = await _body(request)
-                return await self._run(request, lambda: operation(sid(request), body), True)
+                return await self._run(
+                    request, lambda: operation(sid(request), body), True, durable_reply=durable
+                )
 
             return handler
 
@@ -330,7 +340,10 @@ class Agent:
             content = await request.read()
             append = request.query.get(wire.APPEND_QUERY) in ("1", "true")
             return await self._run(
-                request, lambda: ops.put_bytes(sid(request), rel(request), content, append), True
+                request,
+                lambda: ops.put_bytes(sid(request), rel(request), content, append),
+                True,
+                durable_reply=False,
             )
 
         async def download(request: web.Request) -> web.StreamResponse:
@@ -364,7 +377,7 @@ class Agent:
             wire.GLOB: query_route(ops.glob),
             wire.UPLOAD: json_route(ops.upload),
             wire.DOWNLOAD: download,
-            wire.SQL: json_route(ops.sql),
+            wire.SQL: json_route(ops.sql, durable=True),
         }
 
     async def _open(

@@ -645,7 +645,6 @@ class PlanCommitSaga(JournaledPlanCommit):
         )
 
 
-
 def results_from_journal(state: JournalState) -> list[CommitResult]:
     """The ``commit_all`` return value a terminal journal stands for.
 

@@ -103,8 +103,7 @@ def test_no_path_reaches_outside_the_root(name: str, rel: str, other: str) -> No
         files = SandboxFiles(root)
         named = [rel, other] if name == "move" else [rel]
         escapes = any(
-            p.startswith("/") or ".." in p.split("/") or symlink_on_the_way(root, p)
-            for p in named
+            p.startswith("/") or ".." in p.split("/") or symlink_on_the_way(root, p) for p in named
         )
         try:
             result = operation(files, name, rel, other)()

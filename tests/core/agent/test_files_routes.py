@@ -52,7 +52,7 @@ def sandbox(agent: AgentProcess, tmp_path: Path, request: pytest.FixtureRequest)
 def raw(agent: AgentProcess, route: wire.Route, query: list[tuple[str, str]]) -> Any:
     """An open urllib reply of a GET ``route`` (streamed routes)."""
     url = agent.url + route.path(sid=SANDBOX_ID) + "?" + urllib.parse.urlencode(query)
-    token = agent.client()._token  # noqa: SLF001 - the test's own agent
+    token = agent.client()._token
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
     return urllib.request.urlopen(request, timeout=30)  # noqa: S310
 
@@ -82,7 +82,8 @@ def test_bytes_stream_in_ranges_and_text_comes_back_decoded(
     assert text["content"] == "base\nmore\n" and text["encoding"] == "utf-8"
     written = call(
         agent, wire.FILE_WRITE,
-        {"path": "b64.bin", "content": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64"},
+        {"path": "b64.bin", "encoding": "base64",
+         "content": base64.b64encode(b"\xff\x00").decode()},
         request_id="w-b64",
     )  # fmt: skip
     assert written["size"] == 2

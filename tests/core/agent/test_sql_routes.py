@@ -59,7 +59,8 @@ def test_sqlite_statements_through_the_agent_commit_once(
     assert again == one  # a retried request id is a replay: inserted once
     many = client.call(
         "POST", SQL,
-        {"sql": "INSERT INTO notes (body) VALUES (?)", "params": [["two"], ["three"]], "many": True},
+        {"sql": "INSERT INTO notes (body) VALUES (?)", "params": [["two"], ["three"]],
+         "many": True},
         request_id="s-2",
     )  # fmt: skip
     assert many["rowcount"] == 2
