@@ -33,7 +33,6 @@ sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "operator")]
 
 from sandbox_operator.executors.agent_client import AgentClient, derive_token  # noqa: E402
 
-from sandbox_core.actor.audit import audit_dir  # noqa: E402
 from sandbox_core.actor.door import ActorDoor  # noqa: E402
 from sandbox_core.agent import wire  # noqa: E402
 from sandbox_core.host.host import SandboxHost  # noqa: E402
@@ -109,10 +108,10 @@ def run(strategy: str, calls: int, keep_alive: bool) -> tuple[float, float]:
                 "p", "r2", str(repo), strategy, sandbox_id=LOCAL_ID, activate=True,
                 sandbox_root=str(work / "local-sandboxes"),
             )  # fmt: skip
-            local_audit = audit_dir(work / "local-state", LOCAL_ID)
+            local_state = work / "local-state"
 
             def local_door() -> ActorDoor:
-                return ActorDoor(factory.reopen(store.load(LOCAL_ID)), local_audit)
+                return ActorDoor(factory.reopen(store.load(LOCAL_ID)), local_state)
 
             put = wire.FILE_PUT.path(sid=AGENT_ID)
             text = wire.FILE_TEXT.path(sid=AGENT_ID)

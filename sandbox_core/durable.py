@@ -151,3 +151,32 @@ def defer_durability(path: str | os.PathLike[str]) -> bool:
     path_s = os.fspath(path)
     pending.setdefault(Path(path_s).stat().st_dev, []).append(path_s)
     return True
+
+
+def append_json_line(path: str | os.PathLike[str], data: Any) -> None:
+    """Append ``data`` as one line of compact JSON to ``path``, durably (a journal of lines).
+
+    One ``write`` of the whole line to a file opened with ``O_APPEND`` (so lines of concurrent
+    writers never interleave), then ``fsync`` of the file; when the call made the file, the
+    directory is fsynced too, so its name survives a power loss. A crash in the middle leaves at
+    most a partial last line, which a reader skips (it does not parse as JSON).
+
+    Raises:
+        OSError: the directory cannot be created or the file written.
+        TypeError: ``data`` is not JSON-serialisable; nothing is written.
+    """
+    target = Path(path)
+    line = (json.dumps(data, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    created = not target.exists()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        view = memoryview(line)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(target.parent)

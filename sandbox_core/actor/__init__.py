@@ -8,8 +8,10 @@ user).
   operations (bytes, ranges, write, append, delete, move, mkdir, stat, exact-match edit, batch).
 - :mod:`~sandbox_core.actor.search`: grep (regex) and glob, capped, with a cursor to continue.
 - :mod:`~sandbox_core.actor.sql`: SQL through a ``transaction_rollback`` sandbox.
-- :mod:`~sandbox_core.actor.audit`: :func:`~sandbox_core.actor.audit.append_audit`, one durable
-  line per actor operation.
+- :mod:`~sandbox_core.actor.door`: :class:`~sandbox_core.actor.door.ActorDoor`, the above on one
+  open sandbox, audited.
+- :mod:`~sandbox_core.actor.audit`: :class:`~sandbox_core.actor.audit.AuditLog`, one durable line
+  per actor operation (shared with the command runner).
 
 Nothing here knows HTTP; the agent's routes (:mod:`sandbox_core.agent.wire`) call it.
 """

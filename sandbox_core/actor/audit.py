@@ -1,62 +1,148 @@
-"""The per-sandbox audit log: one JSON line per actor operation, appended durably.
+"""The audit log of one sandbox: every actor operation, appended durably, read back bounded.
 
-The interface is one function, :func:`append_audit` (the command runner and the file and SQL
-operations call it alike). The log is ``<sandbox_state_dir>/audit.jsonl``; each line is the
-caller's record plus ``"at"`` (UTC, ISO 8601). A record never holds file contents, SQL text or
-parameter values: only what was done (``kind``, ``op``, paths, sizes, statement kind, row count).
+Layout: ``<state_dir>/actor/<sandbox_id>/audit.jsonl``, one JSON object per line, appended with
+:func:`sandbox_core.durable.append_json_line` (one ``O_APPEND`` write and an ``fsync`` per entry;
+a crash leaves at most a partial last line, which :meth:`AuditLog.read` skips). The state
+directory is never visible to an actor's command (:mod:`sandbox_core.actor.jail`), so an actor
+cannot rewrite what it did.
 
-Durability: the line is written with one ``write`` on an ``O_APPEND`` descriptor and fsynced
-before the call returns (a crash keeps whole lines; a torn last line is skipped by
-:func:`read_audit`).
+An entry is ``{"seq", "time", "op", ...}``: ``seq`` counts from 1 per sandbox, ``time`` is UTC
+ISO 8601, ``op`` names the operation. What each operation adds:
+
+- ``exec``: ``command`` (the argv list, or ``shell``: the shell line), ``cwd``, ``exit_code``,
+  ``signal``, ``timed_out``, ``cancelled``, ``truncated``, ``stdout_bytes``, ``stderr_bytes``,
+  ``duration_seconds``, ``exec_id``. Environment values and stdin are never recorded (they may
+  hold secrets): only the environment's names.
+- file writes, deletes and moves (``write``, ``delete``, ``move``: ``path``, ``to``, ``bytes``)
+  and SQL (``sql``: ``kind``, ``rowcount``) are appended by the operations that do them.
+
+Long strings are cut to :data:`MAX_FIELD_CHARS` characters (``"...[cut]"`` at the end).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-AUDIT_FILE = "audit.jsonl"
+from sandbox_core.durable import append_json_line
+from sandbox_core.errors import SandboxError
+
+__all__ = ["DEFAULT_SUMMARY_ENTRIES", "MAX_FIELD_CHARS", "AuditLog", "audit_dir"]
+
+MAX_FIELD_CHARS = 4096
+"""Longest string kept in an entry (a command line, a path)."""
+DEFAULT_SUMMARY_ENTRIES = 20
+"""How many of the latest entries :meth:`AuditLog.summary` (the review) shows by default."""
+MAX_READ_ENTRIES = 1000
+"""Most entries one :meth:`AuditLog.read` returns."""
+
+_LOCK = threading.Lock()  # one appender at a time per process (seq numbers stay unique)
 
 
-def audit_dir(state_dir: str | os.PathLike[str], sandbox_id: str) -> Path:
-    """The audit directory of ``sandbox_id`` under a host's state directory:
-    ``<state_dir>/audit/<sandbox_id>``."""
-    return Path(state_dir) / "audit" / sandbox_id
-
-
-def append_audit(sandbox_state_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """Append ``record`` (JSON-serialisable) to ``<sandbox_state_dir>/audit.jsonl``, durably.
+def audit_dir(state_dir: str | Path, sandbox_id: str) -> Path:
+    """``<state_dir>/actor/<sandbox_id>``: the actor's own state of one sandbox.
 
     Raises:
-        OSError: the directory cannot be made or the line cannot be written.
+        SandboxError: ``sandbox_id`` is empty, has a ``/`` or starts with a dot.
     """
-    directory = Path(sandbox_state_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    line = {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **record}
-    data = (json.dumps(line, default=str, separators=(",", ":")) + "\n").encode()
-    fd = os.open(
-        directory / AUDIT_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
-    )
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+        raise SandboxError(f"invalid sandbox id {sandbox_id!r}")
+    return Path(state_dir) / "actor" / sandbox_id
 
 
-def read_audit(sandbox_state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of ``<sandbox_state_dir>/audit.jsonl``, oldest first (``[]`` when none)."""
-    try:
-        text = (Path(sandbox_state_dir) / AUDIT_FILE).read_text()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in text.splitlines():
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+        return value[:MAX_FIELD_CHARS] + "...[cut]"
+    if isinstance(value, list | tuple):
+        return [_cut(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _cut(item) for key, item in value.items()}
+    return value
+
+
+class AuditLog:
+    """The audit log of ``sandbox_id`` kept under ``state_dir`` (module docstring)."""
+
+    def __init__(self, state_dir: str | Path, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.path = audit_dir(state_dir, sandbox_id) / "audit.jsonl"
+
+    def append(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Append one entry durably and return it (with its ``seq`` and ``time``).
+
+        Raises:
+            SandboxError: the log cannot be written (the operation it records is not undone).
+        """
+        with _LOCK:
+            entries = self._entries()
+            seq = entries[-1]["seq"] + 1 if entries else 1
+            entry = {
+                "seq": seq,
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "op": op,
+                **{key: _cut(value) for key, value in fields.items()},
+            }
+            try:
+                append_json_line(self.path, entry)
+            except OSError as exc:
+                raise SandboxError(f"cannot append to the audit log: {exc}") from exc
+        return entry
+
+    def _entries(self) -> list[dict[str, Any]]:
         try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by a crash
-    return records
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SandboxError(f"cannot read the audit log: {exc}") from exc
+        entries = []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a partial last line after a crash
+            if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
+                entries.append(entry)
+        return entries
+
+    def read(self, after: int = 0, limit: int = 100) -> dict[str, Any]:
+        """Entries with ``seq > after``, at most ``limit`` (capped at :data:`MAX_READ_ENTRIES`).
+
+        Returns:
+            ``{"sandbox_id", "entries", "total", "next"}``: ``next`` is the ``after`` that
+            continues the listing, or None when nothing more follows.
+
+        Raises:
+            ValueError: ``after`` or ``limit`` is negative.
+            SandboxError: the log cannot be read.
+        """
+        if after < 0 or limit < 0:
+            raise ValueError("after and limit cannot be negative")
+        limit = min(limit, MAX_READ_ENTRIES)
+        entries = self._entries()
+        following = [entry for entry in entries if entry["seq"] > after]
+        page = following[:limit]
+        more = len(following) > len(page)
+        return {
+            "sandbox_id": self.sandbox_id,
+            "entries": page,
+            "total": len(entries),
+            "next": page[-1]["seq"] if more and page else (after if more else None),
+        }
+
+    def summary(self, max_entries: int = DEFAULT_SUMMARY_ENTRIES) -> dict[str, Any]:
+        """The bounded view shown in a review: ``{"total", "entries"}`` (the latest
+        ``max_entries``, oldest first) and ``truncated`` (older entries left out).
+
+        Raises:
+            ValueError: ``max_entries`` is negative.
+            SandboxError: the log cannot be read.
+        """
+        if max_entries < 0:
+            raise ValueError("max_entries cannot be negative")
+        entries = self._entries()
+        shown = entries[-max_entries:] if max_entries else []
+        return {"total": len(entries), "entries": shown, "truncated": len(shown) < len(entries)}

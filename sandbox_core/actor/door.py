@@ -3,7 +3,7 @@
 The workspace agent (:class:`sandbox_core.agent.operations.Operations`) and a local caller
 (the operator's local executor, a library user) build one over the sandbox they opened::
 
-    door = ActorDoor(sandbox, audit_dir(state_dir, sandbox.sandbox_id))
+    door = ActorDoor(sandbox, state_dir)
     door.files().write("src/app.py", b"print('hi')\\n")
     door.files().edit("src/app.py", "hi", "hello")
     door.grep("hello", path="src")
@@ -12,7 +12,12 @@ The workspace agent (:class:`sandbox_core.agent.operations.Operations`) and a lo
 :meth:`ActorDoor.files` resolves the sandbox's root with ``get_path(".")``: it activates a
 CREATED or ROLLED_BACK sandbox (the caller saves the record when the status moved) and refuses
 a sandbox that is committed, errored or cleaned up (``SandboxStateError``). Every change is
-appended to ``<audit_dir>/audit.jsonl`` (:func:`sandbox_core.actor.audit.append_audit`).
+appended to the sandbox's audit log, ``<state_dir>/actor/<sandbox_id>/audit.jsonl``
+(:class:`sandbox_core.actor.audit.AuditLog`, the one the command runner writes too): ``op``
+``write`` (``path``, ``bytes``, ``append``), ``edit`` (``path``, ``occurrences``, ``bytes``),
+``delete`` (``path``, ``type``), ``move`` (``path``, ``to``), ``mkdir`` (``path``), ``sql``
+(``kind``, ``rowcount``, ``rows``, ``many``); never a file's content, a statement's text or a
+parameter's value.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_core.actor import search
-from sandbox_core.actor.audit import append_audit
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.actor.files import SandboxFiles
 from sandbox_core.actor.sql import DEFAULT_MAX_ROWS, run_sql
 from sandbox_core.strategies.base import BaseSandbox
@@ -33,17 +38,19 @@ class ActorDoor:
 
     Args:
         sandbox: the open sandbox (any strategy; SQL only for ``transaction_rollback``).
-        audit_dir: where its audit log lives (``None``: not audited).
+        state_dir: the state directory its audit log lives under (``None``: not audited).
     """
 
-    def __init__(self, sandbox: BaseSandbox, audit_dir: str | os.PathLike[str] | None) -> None:
+    def __init__(self, sandbox: BaseSandbox, state_dir: str | os.PathLike[str] | None) -> None:
         self.sandbox = sandbox
-        self.audit_dir = Path(audit_dir) if audit_dir is not None else None
+        self.log = AuditLog(Path(state_dir), sandbox.sandbox_id) if state_dir is not None else None
 
     def audit(self, record: dict[str, Any]) -> None:
-        """Append ``record`` to this sandbox's audit log (nothing without an audit dir)."""
-        if self.audit_dir is not None:
-            append_audit(self.audit_dir, {"sandbox_id": self.sandbox.sandbox_id, **record})
+        """Append ``record`` (``{"op", ...fields}``) to this sandbox's audit log (nothing
+        without a state directory)."""
+        if self.log is not None:
+            fields = dict(record)
+            self.log.append(str(fields.pop("op")), **fields)
 
     def root(self) -> str:
         """The sandbox's root directory (activates; see the module docstring).

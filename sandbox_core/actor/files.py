@@ -4,7 +4,7 @@ One implementation for every door: the workspace agent's routes and the local ex
 the same methods. Every path goes through :mod:`sandbox_core.actor.beneath` (directory
 descriptors, ``O_NOFOLLOW`` per component: no symlink is ever followed, no ``..``, nothing
 absolute; no write under ``.git``). Every change (write, append, edit, delete, move, mkdir) is
-reported to the ``audit`` callback as ``{"kind": "file", "op", "path", ...}`` after it happened.
+reported to the ``audit`` callback as ``{"op", "path", ...}`` after it happened.
 
 Semantics, as agent frameworks define them:
 
@@ -118,7 +118,7 @@ class SandboxFiles:
 
     def _record(self, record: dict[str, Any]) -> None:
         if self._audit is not None:
-            self._audit({"kind": "file", **record})
+            self._audit(record)
 
     def _beneath(self) -> Beneath:
         return Beneath(self.root)
@@ -284,7 +284,7 @@ class SandboxFiles:
                 raise SandboxError(f"writing {rel!r} failed: {exc.strerror}") from exc
             finally:
                 os.close(fd)
-        self._record({"op": "append" if append else "write", "path": rel, "size": written})
+        self._record({"op": "write", "path": rel, "bytes": written, "append": append})
         return {"path": rel, "size": written, "appended": append}
 
     def edit(self, rel: str, old: str, new: str, *, replace_all: bool = False) -> dict[str, Any]:
@@ -338,7 +338,7 @@ class SandboxFiles:
                 raise SandboxError(f"editing {rel!r} failed: {exc.strerror}") from exc
             finally:
                 os.close(fd)
-        self._record({"op": "edit", "path": rel, "occurrences": count, "size": len(result)})
+        self._record({"op": "edit", "path": rel, "occurrences": count, "bytes": len(result)})
         return {"path": rel, "occurrences": count}
 
     def delete(self, rel: str, *, recursive: bool = False) -> dict[str, Any]:

@@ -134,8 +134,8 @@ def run_sql(
     if audit is not None:
         audit(
             {
-                "kind": "sql",
-                "statement": kind,
+                "op": "sql",
+                "kind": kind,
                 "many": many,
                 "rowcount": rowcount,
                 "rows": len(rows),

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandbox_core.actor.audit import audit_dir
 from sandbox_core.actor.door import ActorDoor
 from sandbox_core.actor.files import FileRange
 from sandbox_core.actor.search import DEFAULT_MAX_MATCHES, DEFAULT_MAX_RESULTS
@@ -432,11 +431,11 @@ class Operations:
 
     def actor(self, sandbox_id: str, action: Callable[[ActorDoor], T], *, changes: bool) -> T:
         """``action`` run on the :class:`~sandbox_core.actor.door.ActorDoor` of a sandbox (its
-        audit log under ``<state>/audit/<sandbox_id>``); a status that moved (activation) is
+        audit log under ``<state>/actor/<sandbox_id>``); a status that moved (activation) is
         saved, a change moves the revision."""
         sandbox = self.load(sandbox_id)
         before = sandbox.status
-        door = ActorDoor(sandbox, audit_dir(self.config.state_dir, sandbox_id))
+        door = ActorDoor(sandbox, self.config.state_dir)
         try:
             return action(door)
         finally:

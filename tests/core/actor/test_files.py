@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_core.actor import search
-from sandbox_core.actor.audit import read_audit
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.errors import (
     SandboxFileNotFoundError,
     SandboxFileOperationError,
@@ -173,14 +173,16 @@ def test_every_change_is_in_the_audit_log_without_contents(opened: Opened) -> No
     files.mkdir("dir")
     files.move("w.txt", "dir/w.txt")
     files.delete("dir", recursive=True)
-    records = read_audit(opened.audit)
-    assert [(r["kind"], r["op"], r["path"]) for r in records] == [
-        ("file", "write", "w.txt"), ("file", "append", "w.txt"), ("file", "edit", "w.txt"),
-        ("file", "mkdir", "dir"), ("file", "move", "w.txt"), ("file", "delete", "dir"),
+    log = AuditLog(opened.audit, opened.sandbox.sandbox_id)
+    records = log.read()["entries"]
+    assert [(r["op"], r["path"]) for r in records] == [
+        ("write", "w.txt"), ("write", "w.txt"), ("edit", "w.txt"),
+        ("mkdir", "dir"), ("move", "w.txt"), ("delete", "dir"),
     ]  # fmt: skip
-    assert records[4]["to"] == "dir/w.txt"
-    assert all(r["sandbox_id"] == opened.sandbox.sandbox_id and r["at"] for r in records)
-    assert "secret-content" not in (opened.audit / "audit.jsonl").read_text()
+    assert [r.get("append") for r in records[:2]] == [False, True]
+    assert records[0]["bytes"] == len("secret-content") and records[4]["to"] == "dir/w.txt"
+    assert [r["seq"] for r in records] == [1, 2, 3, 4, 5, 6] and all(r["time"] for r in records)
+    assert "secret-content" not in log.path.read_text()
 
 
 @every_strategy

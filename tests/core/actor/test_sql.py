@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sandbox_core.actor.audit import read_audit
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.actor.door import ActorDoor
 from sandbox_core.errors import SandboxStateError, SandboxStatementError
 from sandbox_core.strategies.transaction import TransactionSandbox
@@ -48,11 +48,12 @@ def test_sqlite_execute_executemany_rows_columns_and_commit(tmp_path: Path) -> N
         with sqlite3.connect(original) as connection:
             names = [r[0] for r in connection.execute("SELECT name FROM items ORDER BY id")]
         assert names == ["one", "two", "three", b"\x00\x01"]
-        records = [r for r in read_audit(tmp_path / "audit") if r["kind"] == "sql"]
-        assert [(r["statement"], r["rowcount"], r["many"]) for r in records] == [
+        log = AuditLog(tmp_path / "audit", sandbox.sandbox_id)
+        records = [r for r in log.read()["entries"] if r["op"] == "sql"]
+        assert [(r["kind"], r["rowcount"], r["many"]) for r in records] == [
             ("INSERT", 1, False), ("INSERT", 3, True), ("SELECT", 0, False), ("SELECT", 0, False),
         ]  # fmt: skip
-        audit_text = (tmp_path / "audit" / "audit.jsonl").read_text()
+        audit_text = log.path.read_text()
         assert "items" not in audit_text and "three" not in audit_text
     finally:
         sandbox.cleanup()
@@ -92,7 +93,8 @@ def test_postgres_statements_hold_one_transaction_and_commit_verified(
         with psycopg.connect(postgres_schema_dsn, autocommit=True) as connection:
             found = connection.execute("SELECT body FROM things ORDER BY id").fetchall()
         assert [r[0] for r in found] == ["a", "b", "c"]
-        kinds = [r["statement"] for r in read_audit(tmp_path / "audit")]
+        log = AuditLog(tmp_path / "audit", sandbox.sandbox_id)
+        kinds = [r["kind"] for r in log.read()["entries"]]
         assert kinds == ["INSERT", "INSERT", "UPDATE", "SELECT"]
     finally:
         sandbox.cleanup()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sandbox_operator.executors.agent_client import AgentNotFound, AgentRefused
 
-from sandbox_core.actor.audit import audit_dir, read_audit
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.agent import wire
 from tests.support.agent import SANDBOX_ID, AgentProcess
 from tests.support.gitrepo import make_repo
@@ -121,8 +121,8 @@ def test_edit_delete_move_mkdir_and_their_refusals(agent: AgentProcess, sandbox:
         assert path_refused.value.error_type == "SandboxPathError"
     with pytest.raises(AgentRefused, match="path is needed"):
         call(agent, wire.FILE_EDIT, {"old": "a"}, request_id="e-none")
-    records = read_audit(audit_dir(agent.work / "state", SANDBOX_ID))
-    ops = [(r["op"], r["path"]) for r in records if r["kind"] == "file"][-5:]
+    records = AuditLog(agent.work / "state", SANDBOX_ID).read(limit=1000)["entries"]
+    ops = [(r["op"], r["path"]) for r in records][-5:]
     assert ops == [
         ("write", "f.txt"), ("edit", "f.txt"), ("mkdir", "x/y"), ("move", "f.txt"),
         ("delete", "x"),

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from sandbox_operator.executors.agent_client import AgentRefused
 
-from sandbox_core.actor.audit import audit_dir, read_audit
+from sandbox_core.actor.audit import AuditLog
 from sandbox_core.agent import wire
 from tests.support.agent import SANDBOX_ID, AgentProcess
 from tests.support.gitrepo import make_repo
@@ -81,8 +81,8 @@ def test_sqlite_statements_through_the_agent_commit_once(
     with sqlite3.connect(database) as connection:
         bodies = [r[0] for r in connection.execute("SELECT body FROM notes ORDER BY id")]
     assert bodies == ["one", "two", "three"]
-    records = read_audit(audit_dir(agent.work / "state", SANDBOX_ID))
-    assert [(r["statement"], r["rowcount"]) for r in records] == [
+    records = AuditLog(agent.work / "state", SANDBOX_ID).read()["entries"]
+    assert [(r["kind"], r["rowcount"]) for r in records] == [
         ("INSERT", 1), ("INSERT", 2), ("SELECT", 0),
     ]  # fmt: skip
     assert f"sqlite:///{database}" not in repr(rows) + repr(committed)
