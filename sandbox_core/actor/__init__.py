@@ -1,17 +1,20 @@
-"""The actor's door: what an AI plan's tools do inside their sandbox, one implementation for
-the workspace agent (pod executor) and for local paths (the local executor, the CLI, a library
-user).
+"""The actor's door: what an AI plan's tools do inside a sandbox (docs/actor.md).
 
+- :mod:`~sandbox_core.actor.jail`: the bubblewrap jail a command runs in (sees only its sandbox).
+- :mod:`~sandbox_core.actor.exec`: commands (argv or shell line, cwd, env, stdin, timeout,
+  streamed output, caps, cancel and signals, a limit per sandbox).
+- :mod:`~sandbox_core.actor.audit`: the audit log of each sandbox.
+- :mod:`~sandbox_core.actor.local`: the same operations on local paths (the CLI, the local
+  executor); the workspace agent serves them over HTTP (``sandbox_core.agent``).
 - :mod:`~sandbox_core.actor.beneath`: paths resolved beneath a sandbox's root through directory
   descriptors (``O_NOFOLLOW`` per component): never a symlink, never ``..``, never absolute.
-- :mod:`~sandbox_core.actor.files`: :class:`~sandbox_core.actor.files.SandboxFiles`, the file
-  operations (bytes, ranges, write, append, delete, move, mkdir, stat, exact-match edit, batch).
+- :mod:`~sandbox_core.actor.files`: the file operations (bytes, ranges, write, append, delete,
+  move, mkdir, stat, exact-match edit, batch upload and download) (docs/actor-files.md).
 - :mod:`~sandbox_core.actor.search`: grep (regex) and glob, capped, with a cursor to continue.
 - :mod:`~sandbox_core.actor.sql`: SQL through a ``transaction_rollback`` sandbox.
-- :mod:`~sandbox_core.actor.door`: :class:`~sandbox_core.actor.door.ActorDoor`, the above on one
-  open sandbox, audited.
-- :mod:`~sandbox_core.actor.audit`: :class:`~sandbox_core.actor.audit.AuditLog`, one durable line
-  per actor operation (shared with the command runner).
+- :mod:`~sandbox_core.actor.door`: :class:`~sandbox_core.actor.door.ActorDoor`, files, search and
+  SQL on one open sandbox, audited; the agent's routes and local callers use it alike.
 
-Nothing here knows HTTP; the agent's routes (:mod:`sandbox_core.agent.wire`) call it.
+Layers (``.importlinter``): ``local > exec > jail | audit``, and ``door > files | search | sql >
+beneath``; the package sits above ``host`` and below ``agent``.
 """

@@ -7,6 +7,7 @@ write under ``.git``; what the actor wrote is what the commit applies."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,16 @@ from sandbox_core.errors import (
     SandboxPathError,
     SandboxStateError,
 )
-from tests.core.actor.conftest import KINDS, TREE_KINDS, Opened
+from tests.support.actor_files import KINDS, TREE_KINDS, Opened, opened_sandbox
 
 every_strategy = pytest.mark.parametrize("opened", KINDS, indirect=True)
+
+
+@pytest.fixture
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opened]:
+    """The sandbox of the strategy the test is parametrized with (``indirect``)."""
+    with opened_sandbox(request.param, tmp_path) as made:
+        yield made
 
 
 @every_strategy

@@ -16,7 +16,7 @@ from sandbox_core.actor.audit import AuditLog
 from sandbox_core.actor.door import ActorDoor
 from sandbox_core.errors import SandboxStateError, SandboxStatementError
 from sandbox_core.strategies.transaction import TransactionSandbox
-from tests.core.actor.conftest import make_sandbox
+from tests.support.actor_files import make_sandbox
 
 
 def test_sqlite_execute_executemany_rows_columns_and_commit(tmp_path: Path) -> None:

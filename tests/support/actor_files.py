@@ -1,11 +1,13 @@
-"""Fixtures of the actor's door tests: one sandbox of every strategy made locally (real git
-repository, real directories, a real OverlayFS mount, a real SQLite file), opened through
-:class:`~sandbox_core.actor.door.ActorDoor` with its audit log in the test's directory."""
+"""Helpers of the actor's file and SQL tests: one sandbox of every strategy made locally (real
+git repository, real directories, a real OverlayFS mount, a real SQLite file), opened through
+:class:`~sandbox_core.actor.door.ActorDoor` with its audit log in the test's directory
+(:func:`opened_sandbox`; ``tests/core/actor/test_files.py`` makes it its ``opened`` fixture)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,15 +70,14 @@ def make_sandbox(kind: str, work: Path) -> tuple[BaseSandbox, Path]:
     return sandbox, original
 
 
-@pytest.fixture
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opened]:
-    """``Opened`` for the strategy id the test is parametrized with (``indirect``)."""
-    kind: str = request.param
-    sandbox, original = make_sandbox(kind, tmp_path)
-    outside = tmp_path / "outside"
+@contextmanager
+def opened_sandbox(kind: str, work: Path) -> Iterator[Opened]:
+    """:class:`Opened` for the strategy id ``kind`` in ``work``; cleaned up on exit."""
+    sandbox, original = make_sandbox(kind, work)
+    outside = work / "outside"
     outside.mkdir()
     (outside / "secret").write_text("OUTSIDE\n")
-    audit = tmp_path / "audit"
+    audit = work / "audit"
     try:
         yield Opened(kind, sandbox, ActorDoor(sandbox, audit), original, outside, audit)
     finally:
