@@ -645,6 +645,7 @@ class PlanCommitSaga(JournaledPlanCommit):
         )
 
 
+
 def results_from_journal(state: JournalState) -> list[CommitResult]:
     """The ``commit_all`` return value a terminal journal stands for.
 
