@@ -4,7 +4,7 @@ PostgreSQL 15 runs in a Pod from the Debian-built image ``localhost/sandbox-e2e/
 (``e2e/images/build.sh postgres``, imported by ``e2e/cluster up``) with
 ``max_prepared_transactions`` above zero. A ``transaction_rollback`` Sandbox reaches it from
 its workspace Pod through the DSN of a Secret (``secretKeyRef``: the operator never reads it).
-An actor writes one row through the sandbox (in the workspace Pod, as an engine would), the
+An actor writes one row through the workspace agent's SQL route (from the workspace Pod), the
 PlanCommit prepares (``PREPARE TRANSACTION``), decides and applies (``COMMIT PREPARED``) through
 the workspace agent, and the server is left with the row and no prepared transaction.
 """
@@ -24,16 +24,22 @@ PULL_POLICY = os.environ.get("E2E_IMAGE_PULL_POLICY", "IfNotPresent")
 TABLE = "tpc_items"
 SOCKET_DIR = "/tmp"  # noqa: S108 - the server's socket directory in its Pod (an emptyDir)
 
-# Run in the workspace Pod by the test, as an engine's actor would: re-open the sandbox from the
-# agent's state directory and run one statement through it (logged; applied at commit only).
+# Run in the workspace Pod by the test, as an engine's actor would: one statement through the
+# workspace agent's SQL route (wire.SQL), with the Pod's own token file; the agent runs it in the
+# sandbox's transaction (logged; applied at commit only). Nothing re-opens the sandbox.
 WRITE_SCRIPT = """
-import os, sys
-from sandbox_core import SandboxFactory, SandboxStore
-record = SandboxStore("/workspace/scratch/state").load(sys.argv[1])
-sandbox = SandboxFactory().reopen(record)
-sandbox.use_credentials(os.environ["SANDBOX_SOURCE_DSN"])
-sandbox.execute("INSERT INTO tpc_items (body) VALUES (%s)", (sys.argv[2],))
-sandbox.close()
+import json, sys, urllib.request
+from sandbox_core.agent import wire
+token = open(wire.TOKEN_FILE).read().strip()
+body = {"sql": "INSERT INTO tpc_items (body) VALUES (%s)", "params": [sys.argv[2]]}
+request = urllib.request.Request(
+    f"http://127.0.0.1:{wire.DEFAULT_PORT}" + wire.SQL.path(sid=sys.argv[1]),
+    data=json.dumps(body).encode(), method="POST",
+    headers={"Authorization": "Bearer " + token, "Content-Type": wire.JSON_CONTENT_TYPE,
+             wire.REQUEST_ID_HEADER: "e2e-actor-insert"},
+)
+with urllib.request.urlopen(request, timeout=30) as reply:
+    assert json.load(reply)["rowcount"] == 1
 """
 
 

@@ -297,3 +297,22 @@ class CommitOutcomeUnknownError(SandboxError):
     """
 
     retryable = True
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """An actor's path was refused before anything was touched: absolute, ``..``, a NUL byte,
+    a symlink on the way (never followed), or a write under a control path (``.git``).
+
+    A ``ValueError`` too, so callers of ``get_path`` that catch the traversal refusal catch it;
+    its message starts with ``"Path traversal not allowed"`` (seed 003).
+    """
+
+
+class SandboxFileNotFoundError(SandboxError):
+    """An actor's file operation named a file or directory that does not exist in the sandbox."""
+
+
+class SandboxFileOperationError(SandboxError):
+    """An actor's file operation cannot be done as asked (the target exists, is not a regular
+    file, is a directory that is not empty, an ``edit`` whose old text is absent or not unique,
+    ...); nothing was changed. The message says what to do instead."""

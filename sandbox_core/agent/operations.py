@@ -24,15 +24,26 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox_core.actor.audit import AuditLog
+from sandbox_core.actor.door import ActorDoor
+from sandbox_core.actor.files import FileRange
+from sandbox_core.actor.search import DEFAULT_MAX_MATCHES, DEFAULT_MAX_RESULTS
+from sandbox_core.actor.sql import DEFAULT_MAX_ROWS
 from sandbox_core.agent.wire import (
     BAD_REQUEST,
+    CURSOR_QUERY,
     DEFAULT_PORT,
     ENV_REF,
+    GLOB_QUERY,
+    IGNORE_CASE_QUERY,
+    MAX_QUERY,
+    PATH_QUERY,
+    PATTERN_QUERY,
     PORT_ENV,
     ROOT_ENV,
     SOURCE_DSN_ENV,
@@ -55,6 +66,8 @@ from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
 
+T = TypeVar("T")
+REVISION_WIDTH = 20  # digits of a revision file, padded with blanks (int() ignores them)
 RESTORABLE = (SandboxStatus.CREATED, SandboxStatus.ACTIVE, SandboxStatus.ROLLED_BACK)
 # What a create request must name (the rest has defaults).
 CREATE_FIELDS = ("plan_id", "resource_id", "original", "strategy")
@@ -103,6 +116,12 @@ class Operations:
         self.host = SandboxHost(self.store, self.factory, reopen=self._reopen, save=self._save)
         # Prepared participants that cannot prepare durably, by (sandbox id, txid).
         self._held: dict[tuple[str, str], BaseSandbox] = {}
+        # Sandboxes kept open between requests (the agent is their only writer: every change
+        # goes through this object and is saved). A PostgreSQL sandbox holds its transaction
+        # (and row locks) between statements: re-opening it per request would replay the log
+        # into a second transaction behind the first one's back. For the others it spares a
+        # re-open per call (a git worktree's costs tens of milliseconds).
+        self._live: dict[str, BaseSandbox] = {}
 
     # -- secrets ------------------------------------------------------------------------------
 
@@ -148,9 +167,16 @@ class Operations:
         self._bump(sandbox.sandbox_id)
 
     def _bump(self, sandbox_id: str) -> None:
+        # Written in place, padded to a fixed width, never truncated: rewriting a file
+        # truncated to zero makes ext4 flush it (auto_da_alloc), which costs a disk write.
         path = self._revision_path(sandbox_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(self.revision(sandbox_id) + 1))
+        text = str(self.revision(sandbox_id) + 1).ljust(REVISION_WIDTH).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, text, 0)
+        finally:
+            os.close(fd)
 
     def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
         """Re-open from a record; a database sandbox gets its password back from the Pod's
@@ -167,16 +193,21 @@ class Operations:
         return sandbox
 
     def load(self, sandbox_id: str) -> BaseSandbox:
-        """Re-open a stored sandbox.
+        """The sandbox this process keeps open, else re-opened from its record (and kept).
 
         Raises:
             AgentError: 404 when unknown.
         """
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            return live
         try:
             record = self.store.load(sandbox_id)
         except SandboxError as exc:
             raise AgentError(404, "NotFound", str(exc)) from exc
-        return self._reopen(record)
+        sandbox = self._reopen(record)
+        self._live[sandbox_id] = sandbox
+        return sandbox
 
     def describe(self, sandbox: BaseSandbox) -> dict[str, Any]:
         """The reply shape of one sandbox: the CLI's ``status --json`` shape without the
@@ -211,6 +242,7 @@ class Operations:
             sandbox_id=str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None),
             **options,
         )
+        self._live[sandbox.sandbox_id] = sandbox
         return self.describe(sandbox)
 
     def status(self, sandbox_id: str) -> dict[str, Any]:
@@ -414,6 +446,7 @@ class Operations:
         except AgentError:
             return {"sandbox_id": sandbox_id, "status": "cleaned_up"}
         sandbox.cleanup()
+        self._live.pop(sandbox_id, None)
         self.store.delete(sandbox_id)
         self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
@@ -444,7 +477,159 @@ class Operations:
         self.load(sandbox_id)  # 404 when unknown
         return AuditLog(self.config.state_dir, sandbox_id).read(after, limit)
 
+    # -- the actor's files and SQL (sandbox_core.actor) --------------------------------------------
+
+    def actor(self, sandbox_id: str, action: Callable[[ActorDoor], T], *, changes: bool) -> T:
+        """``action`` run on the :class:`~sandbox_core.actor.door.ActorDoor` of a sandbox (its
+        audit log under ``<state>/actor/<sandbox_id>``); a status that moved (activation) is
+        saved, a change moves the revision."""
+        sandbox = self.load(sandbox_id)
+        before = sandbox.status
+        door = ActorDoor(sandbox, self.config.state_dir)
+        try:
+            return action(door)
+        finally:
+            if sandbox.status is not before:
+                self._save(sandbox)
+            elif changes:
+                self._bump(sandbox_id)
+
+    def open_range(self, sandbox_id: str, rel: str, offset: int, length: int | None) -> FileRange:
+        """An open byte range of a file for the streamed read (the caller closes it)."""
+        return self.actor(
+            sandbox_id, lambda door: door.files().open_range(rel, offset, length), changes=False
+        )
+
+    def read_text(
+        self, sandbox_id: str, rel: str, offset: int, length: int | None
+    ) -> dict[str, Any]:
+        """``SandboxFiles.read_text``."""
+        return self.actor(
+            sandbox_id, lambda door: door.files().read_text(rel, offset, length), changes=False
+        )
+
+    def put_bytes(self, sandbox_id: str, rel: str, content: bytes, append: bool) -> dict[str, Any]:
+        """``SandboxFiles.write`` of the request's bytes."""
+        return self.actor(
+            sandbox_id, lambda door: door.files().write(rel, content, append=append), changes=True
+        )
+
+    def write_file(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"path", "content", "encoding", "append"}`` -> ``SandboxFiles.write``."""
+        encoding = str(body.get("encoding") or "utf-8")
+        content = str(body.get("content") or "")
+        if encoding == "base64":
+            data = base64.b64decode(content)
+        elif encoding == "utf-8":
+            data = content.encode()
+        else:
+            raise AgentError(422, "ValueError", "encoding must be utf-8 or base64")
+        return self.put_bytes(sandbox_id, _field(body, "path"), data, bool(body.get("append")))
+
+    def stat_file(self, sandbox_id: str, rel: str) -> dict[str, Any]:
+        """``SandboxFiles.stat``."""
+        return self.actor(sandbox_id, lambda door: door.files().stat(rel), changes=False)
+
+    def edit_file(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"path", "old", "new", "replace_all"}`` -> ``SandboxFiles.edit``."""
+        rel, old, new = _field(body, "path"), _field(body, "old"), str(body.get("new") or "")
+        replace_all = bool(body.get("replace_all"))
+        return self.actor(
+            sandbox_id,
+            lambda door: door.files().edit(rel, old, new, replace_all=replace_all),
+            changes=True,
+        )
+
+    def delete_file(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"path", "recursive"}`` -> ``SandboxFiles.delete``."""
+        rel, recursive = _field(body, "path"), bool(body.get("recursive"))
+        return self.actor(
+            sandbox_id, lambda door: door.files().delete(rel, recursive=recursive), changes=True
+        )
+
+    def move_file(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"path", "to", "overwrite"}`` -> ``SandboxFiles.move``."""
+        src, dst, overwrite = _field(body, "path"), _field(body, "to"), bool(body.get("overwrite"))
+        return self.actor(
+            sandbox_id, lambda door: door.files().move(src, dst, overwrite=overwrite), changes=True
+        )
+
+    def make_dir(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"path", "parents", "exist_ok"}`` -> ``SandboxFiles.mkdir`` (both default true)."""
+        rel = _field(body, "path")
+        parents, exist_ok = body.get("parents", True) is not False, body.get("exist_ok", True)
+        return self.actor(
+            sandbox_id,
+            lambda door: door.files().mkdir(rel, parents=parents, exist_ok=exist_ok is not False),
+            changes=True,
+        )
+
+    def grep(self, sandbox_id: str, query: Mapping[str, str]) -> dict[str, Any]:
+        """``search.grep`` from the query (``pattern``, ``path``, ``glob``, ``ignore_case``,
+        ``max``, ``cursor``)."""
+        options: dict[str, Any] = {
+            "path": query.get(PATH_QUERY, "."),
+            "glob_pattern": query.get(GLOB_QUERY) or None,
+            "ignore_case": query.get(IGNORE_CASE_QUERY) in ("1", "true"),
+            "max_matches": _int(query, MAX_QUERY, DEFAULT_MAX_MATCHES),
+            "cursor": query.get(CURSOR_QUERY) or None,
+        }
+        pattern = _field(query, PATTERN_QUERY)
+        return self.actor(sandbox_id, lambda door: door.grep(pattern, **options), changes=False)
+
+    def glob(self, sandbox_id: str, query: Mapping[str, str]) -> dict[str, Any]:
+        """``search.glob`` from the query (``pattern``, ``path``, ``max``, ``cursor``)."""
+        options: dict[str, Any] = {
+            "path": query.get(PATH_QUERY, "."),
+            "max_results": _int(query, MAX_QUERY, DEFAULT_MAX_RESULTS),
+            "cursor": query.get(CURSOR_QUERY) or None,
+        }
+        pattern = _field(query, PATTERN_QUERY)
+        return self.actor(sandbox_id, lambda door: door.glob(pattern, **options), changes=False)
+
+    def upload(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"files": [{"path", "content_b64"}]}`` -> ``{"results"}`` (one per file)."""
+        items = [
+            (str(item.get("path") or ""), base64.b64decode(str(item.get("content_b64") or "")))
+            for item in list(body.get("files") or [])
+        ]
+        results = self.actor(sandbox_id, lambda door: door.files().upload(items), changes=True)
+        return {"results": results}
+
+    def download(self, sandbox_id: str, rels: list[str]) -> Iterator[dict[str, Any]]:
+        """``SandboxFiles.download`` (a generator the server streams; chunks are bytes)."""
+        return self.actor(sandbox_id, lambda door: door.files().download(rels), changes=False)
+
+    def sql(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"sql", "params", "many", "max_rows"}`` -> :func:`sandbox_core.actor.sql.run_sql`
+        in the transaction this process keeps open."""
+        statement = _field(body, "sql")
+        params, many = body.get("params"), bool(body.get("many"))
+        max_rows = int(body.get("max_rows") or DEFAULT_MAX_ROWS)
+        return self.actor(
+            sandbox_id,
+            lambda door: door.sql(statement, params, many=many, max_rows=max_rows),
+            changes=True,
+        )
+
 
 def _plan_of(sandbox: BaseSandbox) -> str:
     """The plan a sandbox belongs to (for the original's lock record)."""
     return str(getattr(sandbox.context, "plan_id", "") or "")
+
+
+def _field(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise AgentError(BAD_REQUEST, "ValueError", f"{name} is needed (a non-empty string)")
+    return value
+
+
+def _int(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(str(raw))
+    except ValueError:
+        raise AgentError(BAD_REQUEST, "ValueError", f"{name} must be an integer") from None

@@ -63,13 +63,15 @@ class RequestJournal:
             return None
         return int(data["status"]), data["payload"]
 
-    def put(self, request_id: str, status: int, payload: Any) -> None:
-        """Store a reply durably (write, fsync, rename, fsync of the directory): :meth:`get`
-        sees the whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the
-        next put of the same id replaces."""
+    def put(self, request_id: str, status: int, payload: Any, *, durable: bool = True) -> None:
+        """Store a reply (write, fsync, rename, fsync of the directory): :meth:`get` sees the
+        whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the next put of
+        the same id replaces. ``durable=False`` skips both fsyncs: the reply survives a restart
+        of the process, not a power loss (for changes that are not fsynced themselves)."""
         write_json_atomic(
             self._path(request_id),
             {"status": status, "payload": payload},
+            durable=durable,
             pretty=False,
             tmp_suffix=".tmp",
         )
@@ -114,6 +116,7 @@ class Agent:
         action: Callable[[], Any],
         changes: bool,
         remember_failures: bool = True,
+        durable_reply: bool = True,
     ) -> web.Response:
         request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
         if changes and not wire.REQUEST_ID_PATTERN.match(request_id):
@@ -135,7 +138,7 @@ class Agent:
                     logger.exception("agent: %s %s failed", request.method, request.path)
             # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
             if changes and (status < 300 or (status < 500 and remember_failures)):
-                self.journal.put(request_id, status, payload)
+                self.journal.put(request_id, status, payload, durable=durable_reply)
             return status, payload, False
 
         loop = asyncio.get_running_loop()
@@ -430,12 +433,153 @@ class Agent:
         handlers[wire.EXEC] = self.exec_command
         handlers[wire.EXEC_SIGNAL] = signal_command
         handlers[wire.AUDIT] = audit
+        handlers.update(self._actor_handlers(sid, rel))
         for route, handler in handlers.items():
             if route.method == "GET":
                 app.router.add_get(route.template, handler)  # HEAD too, aiohttp's default
             else:
                 app.router.add_route(route.method, route.template, handler)
         return app
+
+    # -- the actor's files and SQL ---------------------------------------------------------------
+
+    def _actor_handlers(
+        self, sid: Callable[[web.Request], str], rel: Callable[[web.Request], str]
+    ) -> dict[wire.Route, Callable[[web.Request], Awaitable[web.StreamResponse]]]:
+        """The routes of ``wire.ACTOR_ROUTES`` (files, search, SQL: :mod:`sandbox_core.actor`).
+
+        Reads of bytes (``FILE_BYTES``, ``DOWNLOAD``) stream: the file is opened in the worker
+        thread (in order with every other operation), then read in chunks of 1 MiB off the
+        event loop and written to the response as they come, so memory stays bounded.
+
+        The replies of file changes are journaled without fsync (``durable_reply=False``), as
+        the changed files themselves are not fsynced: a restart of the agent keeps both, a
+        power loss may lose both, never the reply alone. SQL replies are journaled durably
+        (the statement log is fsynced). The audit log is fsynced for every change.
+        """
+        ops = self.ops
+
+        def json_route(
+            operation: Callable[[str, dict[str, Any]], dict[str, Any]], *, durable: bool = False
+        ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+            async def handler(request: web.Request) -> web.StreamResponse:
+                body = await _body(request)
+                return await self._run(
+                    request, lambda: operation(sid(request), body), True, durable_reply=durable
+                )
+
+            return handler
+
+        def query_route(
+            operation: Callable[[str, dict[str, str]], dict[str, Any]],
+        ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+            async def handler(request: web.Request) -> web.StreamResponse:
+                query = dict(request.query)
+                return await self._run(request, lambda: operation(sid(request), query), False)
+
+            return handler
+
+        def span(request: web.Request) -> tuple[int, int | None]:
+            try:
+                offset = int(request.query.get(wire.OFFSET_QUERY) or 0)
+                raw = request.query.get(wire.LENGTH_QUERY)
+                return offset, int(raw) if raw not in (None, "") else None
+            except ValueError:
+                message = "offset and length must be integers"
+                raise wire.AgentError(wire.BAD_REQUEST, "ValueError", message) from None
+
+        async def read_text(request: web.Request) -> web.StreamResponse:
+            def action() -> dict[str, Any]:
+                offset, length = span(request)
+                return ops.read_text(sid(request), rel(request), offset, length)
+
+            return await self._run(request, action, False)
+
+        async def read_bytes(request: web.Request) -> web.StreamResponse:
+            def action() -> Any:
+                offset, length = span(request)
+                return ops.open_range(sid(request), rel(request), offset, length)
+
+            opened, refusal = await self._open(request, action)
+            if refusal is not None:
+                return refusal
+            loop = asyncio.get_running_loop()
+            with opened:
+                response = web.StreamResponse(
+                    headers={
+                        wire.FILE_SIZE_HEADER: str(opened.size),
+                        wire.RANGE_OFFSET_HEADER: str(opened.offset),
+                    }
+                )
+                response.content_type = wire.BYTES_CONTENT_TYPE
+                response.content_length = opened.length
+                await response.prepare(request)
+                chunks = opened.chunks()
+                while (data := await loop.run_in_executor(None, next, chunks, None)) is not None:
+                    await response.write(data)
+                await response.write_eof()
+            return response
+
+        async def put_bytes(request: web.Request) -> web.StreamResponse:
+            content = await request.read()
+            append = request.query.get(wire.APPEND_QUERY) in ("1", "true")
+            return await self._run(
+                request,
+                lambda: ops.put_bytes(sid(request), rel(request), content, append),
+                True,
+                durable_reply=False,
+            )
+
+        async def download(request: web.Request) -> web.StreamResponse:
+            rels = request.query.getall(wire.PATH_QUERY, [])
+            events, refusal = await self._open(request, lambda: ops.download(sid(request), rels))
+            if refusal is not None:
+                return refusal
+            loop = asyncio.get_running_loop()
+            response = web.StreamResponse()
+            response.content_type = wire.NDJSON_CONTENT_TYPE
+            await response.prepare(request)
+            while (event := await loop.run_in_executor(None, next, events, None)) is not None:
+                if "data" in event:
+                    data = event.pop("data")
+                    event["data_b64"] = base64.b64encode(data).decode()
+                await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+            return response
+
+        return {
+            wire.FILE_BYTES: read_bytes,
+            wire.FILE_TEXT: read_text,
+            wire.FILE_PUT: put_bytes,
+            wire.FILE_WRITE: json_route(ops.write_file),
+            wire.FILE_STAT: query_route(lambda s, q: ops.stat_file(s, q.get(wire.PATH_QUERY, "."))),
+            wire.FILE_EDIT: json_route(ops.edit_file),
+            wire.FILE_DELETE: json_route(ops.delete_file),
+            wire.FILE_MOVE: json_route(ops.move_file),
+            wire.FILE_MKDIR: json_route(ops.make_dir),
+            wire.GREP: query_route(ops.grep),
+            wire.GLOB: query_route(ops.glob),
+            wire.UPLOAD: json_route(ops.upload),
+            wire.DOWNLOAD: download,
+            wire.SQL: json_route(ops.sql, durable=True),
+        }
+
+    async def _open(
+        self, request: web.Request, action: Callable[[], Any]
+    ) -> tuple[Any, web.Response | None]:
+        """``action()`` in the worker thread: ``(its value, None)``, or ``(None, the JSON
+        refusal)`` when it raised (the same error table as :meth:`_run`)."""
+
+        def call() -> tuple[Any, web.Response | None]:
+            try:
+                return action(), None
+            except Exception as exc:  # every failure becomes a JSON reply
+                status, payload = wire.error_reply(exc)
+                if status == wire.SERVER_ERROR:
+                    logger.exception("agent: %s %s failed", request.method, request.path)
+                return None, _json(status, self.ops.hide(payload))
+
+        return await asyncio.get_running_loop().run_in_executor(self.worker, call)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -18,7 +18,8 @@ A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refuse
     400  BadRequest      a changing request without a valid request id (a body that is not
                          JSON gets aiohttp's own plain-text 400)
     401  Unauthorized    no token, or not this Pod's
-    404  NotFound        no such sandbox, checkpoint, file or directory
+    404  NotFound        no such sandbox, checkpoint, file or directory (an actor's file
+                         operation: SandboxFileNotFoundError)
     409  <core error>    SandboxCommitError and its kinds (``conflicts``; the two digests of a
                          ChangedSinceApprovalError), or SandboxStateError
     429  ExecLimitError  the sandbox already runs its limit of commands (``EXEC``)
@@ -45,7 +46,10 @@ from sandbox_core.errors import (
     SandboxCommitNoSpaceError,
     SandboxCommitPermissionError,
     SandboxError,
+    SandboxFileNotFoundError,
+    SandboxFileOperationError,
     SandboxNoSpaceError,
+    SandboxPathError,
     SandboxPermissionError,
     SandboxRollbackNoSpaceError,
     SandboxRollbackPermissionError,
@@ -189,6 +193,75 @@ EXEC_EVENTS = ("started", "stdout", "stderr", "exit", "error")
 
 ROUTES = (*ROUTES, EXEC, EXEC_SIGNAL, AUDIT)
 
+# -- the actor's files and SQL (sandbox_core.actor) ---------------------------------------------
+#
+# Paths are relative to the sandbox's root, resolved through directory descriptors: absolute
+# paths, ``..`` and symlinks on the way are refused (422 SandboxPathError), and so is any change
+# under ``.git``. Changing routes carry REQUEST_ID_HEADER like every other. Listings are capped
+# and carry ``next_cursor`` (pass it back as CURSOR_QUERY to continue).
+
+OFFSET_QUERY = "offset"  # bytes from the start of the file (0 by default)
+LENGTH_QUERY = "length"  # bytes at most (to the end by default)
+APPEND_QUERY = "append"  # "1": append instead of replacing
+PATTERN_QUERY = "pattern"  # grep: a Python regular expression; glob: a shell pattern
+GLOB_QUERY = "glob"  # grep: only files matching this shell pattern
+IGNORE_CASE_QUERY = "ignore_case"  # grep: "1" for a case-insensitive match
+MAX_QUERY = "max"  # the cap of one listing page
+CURSOR_QUERY = "cursor"  # next_cursor of the previous page
+FILE_SIZE_HEADER = "X-File-Size"  # FILE_BYTES: the whole file's size
+RANGE_OFFSET_HEADER = "X-Range-Offset"  # FILE_BYTES: where the returned bytes start
+NDJSON_CONTENT_TYPE = "application/x-ndjson"
+
+# ?path=REL&offset=&length=: the bytes, streamed (BYTES_CONTENT_TYPE; FILE_SIZE_HEADER,
+# RANGE_OFFSET_HEADER; Content-Length is the range's length).
+FILE_BYTES = Route("GET", "/v1/sandboxes/{sid}/fs/bytes")
+# ?path=REL&offset=&length=: {"path", "offset", "length", "size", "encoding": utf-8|base64,
+# "content"} (at most 16 MiB; stream FILE_BYTES for more).
+FILE_TEXT = Route("GET", "/v1/sandboxes/{sid}/fs/text")
+# ?path=REL&append=1: body = the bytes -> {"path", "size", "appended"}.
+FILE_PUT = Route("PUT", "/v1/sandboxes/{sid}/fs/bytes")
+# {"path", "content", "encoding": "utf-8" (default) | "base64", "append": bool}
+FILE_WRITE = Route("POST", "/v1/sandboxes/{sid}/fs/write")
+FILE_STAT = Route("GET", "/v1/sandboxes/{sid}/fs/stat")  # ?path=REL: {"path", "type", ...}
+# {"path", "old", "new", "replace_all": bool} -> {"path", "occurrences"}; refused (422
+# SandboxFileOperationError) when old is absent, or not unique without replace_all.
+FILE_EDIT = Route("POST", "/v1/sandboxes/{sid}/fs/edit")
+FILE_DELETE = Route("POST", "/v1/sandboxes/{sid}/fs/delete")  # {"path", "recursive": bool}
+FILE_MOVE = Route("POST", "/v1/sandboxes/{sid}/fs/move")  # {"path", "to", "overwrite": bool}
+FILE_MKDIR = Route("POST", "/v1/sandboxes/{sid}/fs/mkdir")  # {"path", "parents", "exist_ok"}
+# ?pattern=&path=&glob=&ignore_case=&max=&cursor= -> {"matches": [{"path", "line", "text"}],
+# "truncated", "next_cursor"}
+GREP = Route("GET", "/v1/sandboxes/{sid}/fs/grep")
+# ?pattern=&path=&max=&cursor= -> {"paths": [{"path", "type"}], "truncated", "next_cursor"}
+GLOB = Route("GET", "/v1/sandboxes/{sid}/fs/glob")
+# {"files": [{"path", "content_b64"}]} -> {"results": [{"path", "ok", "size" | "error"}]}
+UPLOAD = Route("POST", "/v1/sandboxes/{sid}/fs/upload")
+# ?path=A&path=B: NDJSON, per file {"path", "offset", "data_b64"} chunks of at most 1 MiB, then
+# {"path", "ok": true, "size"}, or {"path", "ok": false, "error": {"type", "message"}}.
+DOWNLOAD = Route("GET", "/v1/sandboxes/{sid}/fs/download")
+# {"sql", "params": list | object | null (for many: a list of them), "many": bool, "max_rows"}
+# -> {"kind", "columns", "rows", "rowcount", "last_id", "truncated"}; bytes as {"$bytes": b64}.
+# transaction_rollback sandboxes only (409 SandboxStateError otherwise).
+SQL = Route("POST", "/v1/sandboxes/{sid}/sql")
+
+ACTOR_ROUTES: tuple[Route, ...] = (
+    FILE_BYTES,
+    FILE_TEXT,
+    FILE_PUT,
+    FILE_WRITE,
+    FILE_STAT,
+    FILE_EDIT,
+    FILE_DELETE,
+    FILE_MOVE,
+    FILE_MKDIR,
+    GREP,
+    GLOB,
+    UPLOAD,
+    DOWNLOAD,
+    SQL,
+)
+ROUTES = ROUTES + ACTOR_ROUTES
+
 # -- errors -------------------------------------------------------------------------------------
 
 BAD_REQUEST = 400
@@ -214,6 +287,8 @@ def error_reply(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """The status and ``{"error": ...}`` body the agent replies for ``exc`` (the table above)."""
     if isinstance(exc, AgentError):
         status, type_ = exc.status, exc.type
+    elif isinstance(exc, SandboxFileNotFoundError):
+        status, type_ = NOT_FOUND, type(exc).__name__
     elif isinstance(exc, SandboxCommitError | SandboxStateError):
         status, type_ = CONFLICT, type(exc).__name__
     elif isinstance(exc, SandboxError | ValueError):
@@ -260,6 +335,10 @@ def core_error(error: Mapping[str, Any], message: str | None = None) -> SandboxE
         return TwoPhaseUnavailableError(text)
     if kind in _RESOURCE_FAULTS:  # a full or read-only file system: retry once it is gone
         return _RESOURCE_FAULTS[kind](text)
+    actor_errors = (SandboxPathError, SandboxFileNotFoundError, SandboxFileOperationError)
+    for actor_error in actor_errors:
+        if kind == actor_error.__name__:
+            return actor_error(text)
     if conflicts or "Commit" in kind or "Conflict" in kind or "Replay" in kind:
         return SandboxCommitError(text, conflicts=conflicts or None)
     return SandboxError(text)

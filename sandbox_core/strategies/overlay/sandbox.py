@@ -284,7 +284,7 @@ class OverlaySandbox(BaseSandbox):
             raise
         if not changes.is_empty or root is not None:
             self._set_meta(lower_generation=int(self._meta("lower_generation") or 0) + 1)
-            _directory.record_committed(backup, original)  # for a rollback (case 43 B)
+            _directory.record_committed(area / "backup", original)  # for a rollback (case 43 B)
         return CommitResult(
             sandbox_id=self.sandbox_id,
             success=True,

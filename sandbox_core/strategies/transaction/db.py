@@ -165,6 +165,8 @@ class Connection:
         self._conflicts = 0
         self._shadow_tables: set[tuple[str, str]] | None = None
         self._has_virtual = False
+        # The column names of the last statement's rows ([] when it returned none).
+        self.last_columns: list[str] = []
         try:
             if target.backend == "sqlite":
                 if not Path(target.location).is_file():
@@ -242,6 +244,7 @@ class Connection:
                 else:
                     pg_cursor.execute(sql, params)
                     rows = list(pg_cursor.fetchall()) if pg_cursor.description else []
+                self.last_columns = [c.name for c in pg_cursor.description or []]
                 rowcount = pg_cursor.rowcount
             after = self._pg_lastval() if capture_id else None
             written = None
@@ -311,6 +314,7 @@ class Connection:
             else:
                 cursor = db.execute(sql, params if params is not None else ())
                 rows = cursor.fetchall() if cursor.description else []
+            self.last_columns = [str(c[0]) for c in cursor.description or []]
             cursor.close()
         finally:
             if capture_id:

@@ -105,6 +105,7 @@ class LoggedTransaction(BaseSandbox):
     _dsn: str | None
     _held: Connection | None
     _last_outcome: Outcome | None
+    _last_columns: list[str]
     _staged: _Staged | None
 
     # -- connections and retries ----------------------------------------------------------------
@@ -270,6 +271,7 @@ class LoggedTransaction(BaseSandbox):
             self._replay(connection, entries, effects=False)
             self.activate()
             rows, outcome = _run_statement(connection, entry.sql, params, entry.many, logged)
+            self._last_columns = list(connection.last_columns)
             if logged:
                 log.append(entry.with_outcome(outcome))
             return rows, outcome
@@ -289,6 +291,7 @@ class LoggedTransaction(BaseSandbox):
         connection.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
             rows, outcome = _run_statement(connection, entry.sql, params, entry.many, True)
+            self._last_columns = list(connection.last_columns)
             if logged or outcome.wrote:
                 self._log().append(entry.with_outcome(outcome))
         except BaseException as exc:

@@ -127,6 +127,7 @@ class TransactionSandbox(PreparedTransaction):
         self._dsn: str | None = str(original_path) if secrets_of(str(original_path)) else None
         self._held: Connection | None = None
         self._last_outcome: Outcome | None = None
+        self._last_columns: list[str] = []
         self._staged: _Staged | None = None
         try:
             # PostgreSQL's PREPARE TRANSACTION survives a crash; SQLite's held transaction does
@@ -183,6 +184,12 @@ class TransactionSandbox(PreparedTransaction):
         replay.
         """
         return self._last_outcome.to_json() if self._last_outcome else None
+
+    @property
+    def last_columns(self) -> list[str]:
+        """The column names of the rows the last successful :meth:`execute` in this process
+        returned (``[]`` when it returned none, or for :meth:`executemany`)."""
+        return list(self._last_columns)
 
     def statements(self) -> list[dict[str, Any]]:
         """The logged write statements, oldest first, for review before commit.
