@@ -222,11 +222,16 @@ class OriginalLock:
         os.fsync(fd)
 
     def _free(self, fd: int) -> None:
-        """Empty the record and remove the file (under the byte-0 lock of ``fd``): a free
-        lock leaves nothing beside the original."""
-        self._write(fd, None)
-        with contextlib.suppress(FileNotFoundError):
+        """Remove the file (under the byte-0 lock of ``fd``): a free lock leaves nothing beside
+        the original. Removing needs no space, so it comes first (a full disk cannot leave the
+        file behind); only when it cannot be removed is the record emptied in place. A waiter
+        that locked the removed file sees it is no longer at the path and locks the new one."""
+        try:
             os.unlink(self.path)  # noqa: PTH108 (the path is a str everywhere here)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._write(fd, None)
 
     def _alive(self, fd: int, record: dict[str, Any]) -> bool:
         """Whether ``record`` still binds: a prepared hold always; a process hold while its

@@ -510,7 +510,14 @@ def record_committed(backup_dir: Path, original: Path, *, again: bool = False) -
     if not undo.exists() or (kept.exists() and not again):
         return
     record = json.loads(undo.read_text("utf-8"))
-    write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)
+    try:
+        write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)
+    except OSError as exc:
+        # The commit has landed; a full or read-only disk only costs the later rollback its
+        # check for writes made since (it then goes on, as for a commit that kept no stamps).
+        if resource_fault(exc) is None:
+            raise
+        logger.warning("stamps of the commit into %s not kept: %s", original, exc)
 
 
 def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> None:
@@ -537,7 +544,7 @@ def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> N
         )
 
 
-# -- sandboxes in use (issue 23, item 5) ------------------------------------------------------
+# -- sandboxes in use ------------------------------------------------------------------------
 #
 # A process whose working directory, root or open files are inside a sandbox's view keeps
 # working on the live sandbox, or the operation that would throw that view away is refused as
