@@ -49,6 +49,7 @@ from sandbox_core.plan.journal import (
     JournalState,
     MemoryCommitJournal,
 )
+from sandbox_core.plan.original_lock import clear_if_free, local_original
 from sandbox_core.plan.review import PlanReview, review_plan
 from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, refuse_partial_plan
 from sandbox_core.plan.two_phase import TwoPhasePlanCommit
@@ -621,6 +622,7 @@ class SandboxManager:
             logger.exception("cleanup of sandbox %s failed", sandbox.sandbox_id)
             return False
         self._persist(sandbox)
+        clear_if_free(local_original(sandbox))
         return True
 
     def _discard_replaced(self, sandbox: Any) -> None:

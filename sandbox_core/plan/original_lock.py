@@ -310,21 +310,31 @@ class OriginalLock:
             sandboxes = set(record.get("sandboxes") or []) if record else set()
             if hold.sandbox_id:
                 sandboxes.add(hold.sandbox_id)
-            self._write(
-                fd,
-                {
-                    **hold.extra,
-                    "holder": hold.holder,
-                    "plan_id": hold.plan_id,
-                    "txid": hold.txid,
-                    "kind": hold.kind,
-                    "sandboxes": sorted(sandboxes),
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "since": (record or {}).get("since") or utc_now().isoformat(),
-                },
-            )
+            try:
+                self._write_hold(fd, hold, record, sandboxes)
+            except BaseException:
+                if hold.kind == "process":
+                    self._drop_alive(hold.holder)  # not taken: this process keeps nothing alive
+                raise
         return None
+
+    def _write_hold(
+        self, fd: int, hold: Hold, record: dict[str, Any] | None, sandboxes: set[str]
+    ) -> None:
+        self._write(
+            fd,
+            {
+                **hold.extra,
+                "holder": hold.holder,
+                "plan_id": hold.plan_id,
+                "txid": hold.txid,
+                "kind": hold.kind,
+                "sandboxes": sorted(sandboxes),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": (record or {}).get("since") or utc_now().isoformat(),
+            },
+        )
 
     def _refusal(self, record: dict[str, Any]) -> str:
         what = (
@@ -430,7 +440,9 @@ def held_by_process(
         for lock in reversed(taken):
             try:
                 lock.release(holder)
-            except SandboxError:
+            except (SandboxError, OSError):
+                # A free lock file left by a full or read-only volume is cleared at cleanup
+                # (clear_if_free); its holder no longer keeps it alive.
                 logger.exception("cannot release the lock %s", lock.path)
 
 
@@ -466,3 +478,15 @@ def release_prepared(participant: Any, txid: str) -> None:
         OriginalLock(original).release(txid, str(participant.sandbox_id))
     except SandboxError:
         logger.exception("cannot release the lock of %s", original)
+
+
+def clear_if_free(original: str | None) -> None:
+    """Remove the lock file of ``original`` when no live hold is in it: one a release could not
+    remove (a read-only or full volume at that moment) is cleared when the sandbox is cleaned
+    up, so nothing of the product stays beside the original. Best effort; a held lock is kept.
+    """
+    path = lock_path_for(original) if original else None
+    if path is None or not os.path.lexists(path) or original is None:
+        return
+    with contextlib.suppress(OSError, SandboxError):
+        OriginalLock(original).holder()
