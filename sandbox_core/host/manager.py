@@ -622,7 +622,7 @@ class SandboxManager:
             logger.exception("cleanup of sandbox %s failed", sandbox.sandbox_id)
             return False
         self._persist(sandbox)
-        clear_if_free(local_original(sandbox))
+        clear_if_free(local_original(sandbox), sandbox.sandbox_id)
         return True
 
     def _discard_replaced(self, sandbox: Any) -> None:

@@ -388,6 +388,19 @@ class OriginalLock:
         Returns:
             True when the lock is free afterwards (of this holder).
         """
+        try:
+            return self._release(holder, sandbox_id)
+        except BaseException:
+            # The record cannot be reached (a full or read-only volume): this process keeps
+            # the hold alive no longer, so the record is dead and the next lock operation on
+            # this original (or the sandbox's cleanup) clears it.
+            with _ALIVE_GUARD:
+                kept = _ALIVE.pop((self.path, holder), None)
+            if kept is not None:
+                os.close(kept[0])
+            raise
+
+    def _release(self, holder: str, sandbox_id: str | None) -> bool:
         with self._record_lock() as fd:
             record = self._read(fd)
             if record is None or record.get("holder") != holder:
@@ -480,13 +493,23 @@ def release_prepared(participant: Any, txid: str) -> None:
         logger.exception("cannot release the lock of %s", original)
 
 
-def clear_if_free(original: str | None) -> None:
-    """Remove the lock file of ``original`` when no live hold is in it: one a release could not
-    remove (a read-only or full volume at that moment) is cleared when the sandbox is cleaned
-    up, so nothing of the product stays beside the original. Best effort; a held lock is kept.
+def clear_if_free(original: str | None, sandbox_id: str | None = None) -> None:
+    """At the cleanup of ``sandbox_id``: remove the lock file of ``original`` when no live hold
+    is in it, and drop that sandbox's own prepared hold (a cleaned-up sandbox has nothing
+    prepared any more). A release that a read-only or full volume stopped leaves the file; this
+    clears it, so nothing of the product stays beside the original. Best effort; another
+    holder's lock is kept.
     """
     path = lock_path_for(original) if original else None
-    if path is None or not os.path.lexists(path) or original is None:
+    if path is None or original is None or not os.path.lexists(path):
         return
     with contextlib.suppress(OSError, SandboxError):
-        OriginalLock(original).holder()
+        lock = OriginalLock(original)
+        record = lock.holder()
+        if (
+            record is not None
+            and sandbox_id is not None
+            and record.get("kind") == "prepared"
+            and sandbox_id in (record.get("sandboxes") or [])
+        ):
+            lock.release(str(record.get("holder")), sandbox_id)
