@@ -60,7 +60,9 @@ class Pg:
     def prepared(self) -> list[str]:
         """Prepared transactions of this test's sandboxes."""
         rows = self.run("SELECT gid FROM pg_prepared_xacts ORDER BY gid")
-        return [g for (g,) in rows if any(g.endswith("." + sid) for sid in self.sandbox_ids)]
+        # In a SQL_ASCII database the driver hands text back as bytes.
+        gids = [g.decode() if isinstance(g, bytes) else str(g) for (g,) in rows]
+        return [g for g in gids if any(g.endswith("." + sid) for sid in self.sandbox_ids)]
 
     def finish(self) -> None:
         left = self.prepared()
