@@ -36,6 +36,7 @@ from sandbox_core.errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxFileOperationError,
+    SandboxPathError,
 )
 
 CHUNK_BYTES = 1024 * 1024
@@ -376,6 +377,19 @@ class SandboxFiles:
         self._record({"op": "delete", "path": rel, "type": kind})
         return {"path": rel, "type": kind}
 
+    def _refuse_escapes(self, *rels: str) -> None:
+        """Refuse (SandboxPathError) any of ``rels`` whose way leads through a symlink, before
+        a missing file of another is reported: a refusal always wins over "not found"."""
+        with self._beneath() as tree:
+            for rel in rels:
+                try:
+                    with tree.parent(rel):
+                        pass
+                except SandboxPathError:
+                    raise
+                except SandboxError:
+                    continue  # a missing folder on the way: nothing to escape through
+
     def move(self, src: str, dst: str, *, overwrite: bool = False) -> dict[str, Any]:
         """Rename ``src`` to ``dst`` (parents of ``dst`` made); an existing ``dst`` is replaced
         only when ``overwrite`` (a directory only by an empty one's place, as ``rename(2)``).
@@ -389,6 +403,7 @@ class SandboxFiles:
         """
         self._writable(src)
         self._writable(dst)
+        self._refuse_escapes(src, dst)
         with (
             self._beneath() as tree,
             tree.parent(src) as (src_fd, src_name),

@@ -614,6 +614,8 @@ class SandboxManager:
                 self.recover(plan_id)
         except Exception:  # seed 000: contained; the journal is kept for a later recover
             logger.exception("recovery of the unfinished commit of plan %s failed", plan_id)
+        for sandbox in self.list_sandboxes(plan_id):
+            clear_if_free(local_original(sandbox))  # the lock of a process that died in it
 
     def _cleanup_one(self, sandbox: Any) -> bool:
         try:

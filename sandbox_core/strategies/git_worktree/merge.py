@@ -13,6 +13,7 @@ repository lock (:meth:`MergeBack._merge_back`); the two-phase side runs them ap
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -498,7 +499,22 @@ class MergeBack(WorktreeBase):
         paths back. Every in-process failure of the move leaves the original as it was (or
         never wrote), so the marker is removed then too.
         """
-        self._mark_moving(old, new)
+        try:
+            self._mark_moving(old, new)
+        except OSError as exc:
+            # Nothing of the original was written yet: a read-only or full volume is the
+            # phase's permission or space error, as the checks below would say.
+            kind = {errno.EROFS: "permission", errno.ENOSPC: "space", errno.EDQUOT: "space"}
+            if exc.errno not in kind:
+                raise
+            phase = "commit" if error is SandboxCommitError else "rollback"
+            raise _error(
+                phase,
+                kind[exc.errno],
+                f"sandbox {self.sandbox_id} cannot be applied to {self.original_path}: "
+                f"{os.strerror(exc.errno)} at {exc.filename}. Nothing was changed; retry once "
+                "the volume is writable and has room.",
+            ) from exc
         try:
             moved = self._apply_files_then_ref(
                 original, ref, old, new, error, change, checked=checked, updates=updates

@@ -32,7 +32,18 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def agent_state(layout: Layout) -> dict[str, str]:
     """The agent's state files, without the actor's own (the audit log, the git copies)."""
-    return {p: d for p, d in tree_digest(layout.state).items() if not p.startswith("actor/")}
+    # actor/ is not walked at all: a finished command's git copy is removed in the background.
+    found = {}
+    for top in sorted(layout.state.iterdir()):
+        if top.name == "actor":
+            continue
+        if top.is_symlink():
+            found[top.name] = "link:" + str(top.readlink())
+        elif top.is_dir():
+            found.update({f"{top.name}/{p}": d for p, d in tree_digest(top).items()})
+        elif top.is_file():
+            found[top.name] = hashlib.sha256(top.read_bytes()).hexdigest()
+    return found
 
 
 def attack(layout: Layout, original: Path) -> str:
