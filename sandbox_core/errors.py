@@ -292,7 +292,7 @@ class CommitOutcomeUnknownError(SandboxError):
 
     A plan commit never compensates on this error: it asks the participant
     (``commit_outcome()``, ``commit_landed()``) and, while no answer comes, keeps the attempt
-    open (reason ``OutcomeUnknown``) for ``recover`` to ask again (issue 23, item 7).
+    open (reason ``OutcomeUnknown``) for ``recover`` to ask again.
     ``retryable`` is True.
     """
 

@@ -21,7 +21,7 @@ Recovery policy (cases 20 and 22):
   nothing is compensated and the attempt stays open (phase ``committing``, reason
   ``OutcomeUnknown``, the error raised), and :meth:`PlanCommitSaga.recover` asks again. The
   same holds in recovery: a probe that raises ``CommitOutcomeUnknownError`` (the agent cannot
-  be reached) leaves the attempt open, untouched (issue 23, item 7).
+  be reached) leaves the attempt open, untouched.
 - Interrupted attempts are rolled **back**, not forward: the user approved one commit of the
   whole plan at one moment; finishing it later, after the originals may have moved on, would
   apply changes nobody reviewed against the new state. Two exceptions roll forward: every step

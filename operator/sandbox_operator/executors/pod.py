@@ -254,7 +254,7 @@ class PodExecutor:
         is deleted: the error is raised, the Sandbox's finalizer keeps the object and says why
         in a ``CleanupFailed`` Event, and retries (the agent does not remember a failed
         cleanup, so a retry runs it again). Deleting the scratch claim then would lose the
-        state that the undo needs (issue 23, item 7).
+        state that the undo needs.
 
         When the workspace Pod is gone, not Ready or terminating (its namespace is being
         deleted, or the Sandbox is suspended), there is nobody to ask: the scratch volume goes

@@ -253,7 +253,7 @@ class RemoteSandbox:
 
         Raises:
             CommitOutcomeUnknownError: the agent cannot be asked now: recovery must not
-                compensate on a guess, it asks again later (issue 23, item 7).
+                compensate on a guess, it asks again later.
         """
         try:
             payload = self._call(wire.COMMIT_LANDED)

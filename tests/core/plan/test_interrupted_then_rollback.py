@@ -1,6 +1,6 @@
 """Interrupted commits, then a rollback or a cleanup: the original ends one way, never half.
 
-Issue 23, item 7, and its security review: a crash in the middle of a commit or a two-phase
+A security review found: a crash in the middle of a commit or a two-phase
 apply, followed by a rollback or a deletion, left the original half-committed for good (the
 overlay fallback on every path, copy_on_write on the two-phase path, git_worktree between its
 files and its ref). Property: after a crash at ANY write of a commit, ``rollback_all`` or

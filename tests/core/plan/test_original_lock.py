@@ -1,5 +1,5 @@
 """Two plans over one original are serialised by the original's durable lock
-(``sandbox_core.plan.original_lock``, docs/concurrency.md; issue 23, item 1).
+(``sandbox_core.plan.original_lock``, docs/concurrency.md).
 
 The second plan is refused, naming the plan that holds the original, with nothing changed; the
 lock is held from a two-phase prepare to its apply or abort (also across a crash, until

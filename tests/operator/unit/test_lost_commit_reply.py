@@ -1,6 +1,6 @@
 """A saga commit whose reply is lost is asked about, never compensated on a guess.
 
-Issue 23, item 7, and its security review: on the saga path with the pod executor (the saga runs
+A security review found: on the saga path with the pod executor (the saga runs
 whenever two phases are unavailable), a commit whose reply was lost or timed out was recorded as
 failed and the other sandboxes were compensated, while the agent landed the commit: half a plan
 landed and the PlanCommit said Failed.

@@ -1,6 +1,6 @@
 """Nothing is deleted while the workspace agent refuses the cleanup.
 
-Issue 23, item 7, and its security review: the pod executor's cleanup swallowed the agent's
+A security review found: the pod executor's cleanup swallowed the agent's
 refusal and deleted the scratch claim anyway (the claim holds what an undo of the original
 needs). Now the refusal is raised, no child is deleted, and the Sandbox's finalizer (which
 turns any cleanup error into a retry and a ``CleanupFailed`` Event) keeps the object; the

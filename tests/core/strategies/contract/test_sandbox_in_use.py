@@ -1,4 +1,4 @@
-"""Sandboxes in use (issue 23, item 5; docs/concurrency.md): a process whose working directory
+"""Sandboxes in use: a process whose working directory
 or open file is inside a sandbox during a rollback or a checkpoint restore keeps working on the
 live sandbox, or the operation is refused as busy naming it. It never writes into a view that
 is then thrown away.
