@@ -11,6 +11,9 @@ need_apt=()
 for tool in git rsync unshare getfattr bwrap; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
+# The jail sees the system's /usr only: agents' tools call `python` (the Deep Agents backend's
+# file tools run Python scripts in the sandbox), which Debian names python3.
+[ -e /usr/bin/python ] || need_apt+=(python)
 if ((${#need_apt[@]})); then
   pkgs=()
   for tool in "${need_apt[@]}"; do
@@ -18,6 +21,7 @@ if ((${#need_apt[@]})); then
       unshare) pkgs+=(util-linux) ;;
       getfattr) pkgs+=(attr) ;;
       bwrap) pkgs+=(bubblewrap) ;;
+      python) pkgs+=(python3 python-is-python3) ;;
       *) pkgs+=("$tool") ;;
     esac
   done
@@ -32,6 +36,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "setup: installing the project into .venv"
 .venv/bin/pip install -q -e '.[operator,test,client]'
+# The framework adapters' tier runs in a virtualenv of its own: the frameworks and their
+# conformance suites bring pytest plugins (pytest-asyncio, pytest-socket, ...) and model SDKs
+# that the rest of the suite must not load.
+if [ ! -x .venv-integrations/bin/python ]; then
+  echo "setup: creating .venv-integrations"
+  python3 -m venv .venv-integrations
+  .venv-integrations/bin/pip install -q --upgrade pip
+fi
+echo "setup: installing the project and the agent frameworks into .venv-integrations"
+.venv-integrations/bin/pip install -q -e '.[client,test,deepagents,openai-agents,integrations-test]'
 
 if [ -x hack/postgres.sh ]; then
   echo "setup: starting PostgreSQL"

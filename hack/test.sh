@@ -20,6 +20,13 @@ echo "== unasync: the blocking client is generated from the async one" && python
 echo "== pytest (tiers 1 and 2)"
 python -m pytest -p no:cacheprovider "$@"
 if [ "$#" -eq 0 ]; then
+  echo "== framework adapters (their own virtualenv: the frameworks' conformance suites)"
+  # The suites' own settings: pytest-asyncio runs their async tests; langchain-tests declares
+  # class-scoped fixtures as methods, which pytest 9 deprecates.
+  SANDBOX_INTEGRATIONS=1 .venv-integrations/bin/python -m pytest -p no:cacheprovider \
+    -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function \
+    -W "ignore:Class-scoped fixtures defined as instance methods:pytest.PytestRemovedIn10Warning" \
+    tests/integrations
   echo "== e2e (tier 3: a real single-node cluster)"
   hack/e2e.sh
 fi

@@ -7,6 +7,8 @@ that starts the API server (``tests/support/apiserver/fixtures.py`` marks its us
 ``apiserver``) or by the folder (``tests/operator/apiserver/conftest.py``).
 """
 
+import os
+
 # In import order: a plugin is listed before any plugin that imports it (pytest rewrites the
 # asserts of a plugin only when it is not imported yet).
 pytest_plugins = [
@@ -18,3 +20,8 @@ pytest_plugins = [
     "tests.support.directory_sandboxes",
     "tests.support.pg",
 ]
+
+# The framework adapters' tier needs the frameworks, installed in .venv-integrations only;
+# hack/test.sh runs it there with SANDBOX_INTEGRATIONS=1 (tests/test_layout.py checks that).
+if not os.environ.get("SANDBOX_INTEGRATIONS"):
+    collect_ignore = ["integrations"]

@@ -85,3 +85,11 @@ def test_every_folder_under_tests_is_a_package() -> None:
     folders = {path.parent for path in python_files()}
     missing = [f for f in folders if not (f / "__init__.py").exists()]
     assert sorted(str(f.relative_to(TESTS)) for f in missing) == []
+
+
+def test_the_framework_adapters_tier_runs_in_the_test_command() -> None:
+    # tests/conftest.py leaves tests/integrations out unless SANDBOX_INTEGRATIONS is set: the
+    # test command must set it and run that folder, or the adapters' conformance never runs.
+    script = (TESTS.parent / "hack" / "test.sh").read_text()
+    assert "SANDBOX_INTEGRATIONS=1 .venv-integrations/bin/python -m pytest" in script
+    assert "tests/integrations" in script
