@@ -32,7 +32,8 @@ What differs from a throwaway backend:
   Runner's default local one, is replaced by ``NoopSnapshot``), and ``resume`` reattaches by the
   sandbox id in the serialized state. :meth:`OperatorSandboxSession.persist_workspace` returns a
   tar of the root (without ``.git``) through one command; ``hydrate_workspace`` is refused.
-- Exposed ports, manifest users and groups, and PTY sessions are refused with a clear error.
+- Exposed ports, manifest users and groups, ``run_as`` (``user=``; commands run as the jail's
+  one user) and PTY sessions are refused with a clear error.
 - A command's stdout and stderr come back joined, in ``ExecResult.stdout``.
 """
 
@@ -168,6 +169,13 @@ class OperatorSandboxSession(BaseSandboxSession):
         )
 
     # Commands ---------------------------------------------------------------------------------
+
+    def _prepare_exec_command(
+        self, *command: str | Path, shell: bool | list[str], user: str | User | None
+    ) -> list[str]:
+        _refuse_user(user)
+        prepared: list[str] = super()._prepare_exec_command(*command, shell=shell, user=None)
+        return prepared
 
     async def _exec_internal(
         self, *command: str | Path, timeout: float | None = None

@@ -184,6 +184,15 @@ async def test_exposed_ports_and_foreign_roots_are_refused(
         )
 
 
+async def test_running_as_another_user_is_refused(session: SandboxSession) -> None:
+    root = Path(session.state.manifest.root)
+    with pytest.raises(ValueError, match="one jailed user"):
+        await session.exec("id", user="alice")
+    with pytest.raises(ValueError, match="one jailed user"):
+        await session.write(root / "x.txt", io.BytesIO(b"x"), user="alice")
+    assert not (root / "x.txt").exists()
+
+
 async def test_a_serialized_session_resumes_on_the_same_sandbox(
     session: SandboxSession, tmp_path: Path
 ) -> None:
@@ -290,7 +299,9 @@ async def test_a_sandbox_agent_changes_the_original_only_through_the_commit(
     sandbox = SandboxRunConfig(
         client=_client(tmp_path / "state"), options=OperatorSandboxClientOptions(actions.sandbox_id)
     )
-    result = await Runner.run(agent, "make the change", run_config=RunConfig(sandbox=sandbox))
+    result = await Runner.run(
+        agent, "make the change", run_config=RunConfig(sandbox=sandbox, tracing_disabled=True)
+    )
 
     assert result.final_output == "done"
     assert model.tool_names[0] == ["apply_patch", "exec_command", "request_commit", "view_image"]
