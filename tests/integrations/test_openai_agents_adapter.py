@@ -58,6 +58,10 @@ async def session(actions: LocalActions, tmp_path: Path) -> AsyncIterator[Sandbo
     await client.delete(opened)
 
 
+def _paths(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
 def _tree(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
@@ -260,11 +264,13 @@ async def test_a_sandbox_agent_changes_the_original_only_through_the_commit(
     original = tmp_path / "original"
     before = _tree(original)
     seen_before_commit: dict[str, bytes] = {}
+    paths_before_commit: list[str] = []
 
     @function_tool
     def request_commit() -> str:
         """Commit the sandbox's changes to the original."""
         seen_before_commit.update(_tree(original))
+        paths_before_commit.extend(_paths(original))
         host = SandboxHost(SandboxStore(tmp_path / "state"))
         sandbox = host.reopen(actions.sandbox_id)
         sandbox.commit()
@@ -308,7 +314,8 @@ async def test_a_sandbox_agent_changes_the_original_only_through_the_commit(
     outputs = _outputs(model.inputs[-1])
     assert "the edited" in outputs["c2"]
     assert outputs["c3"] == "committed"
-    assert seen_before_commit == before
+    assert (seen_before_commit, paths_before_commit) == (before, ["README.md"])
+    assert _paths(original) == ["README.md", "build.txt", "docs", "docs/notes.md"]
     assert _tree(original) == {
         "README.md": b"the edited\n",
         "build.txt": b"built",
