@@ -329,7 +329,7 @@ class OperatorSandboxClient(BaseSandboxClient[OperatorSandboxClientOptions]):
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
         """Reattach to the sandbox named in ``state``; its files are as the last session left
-        them.
+        them. The manifest's root follows the sandbox's root if that moved.
 
         Raises:
             TypeError: ``state`` is not :class:`OperatorSandboxSessionState`.
@@ -339,6 +339,9 @@ class OperatorSandboxClient(BaseSandboxClient[OperatorSandboxClientOptions]):
             raise TypeError("OperatorSandboxClient.resume expects an OperatorSandboxSessionState")
         state.assert_path_grants_rebound()
         actions = await self._attach(state.sandbox_id)
+        if state.manifest.root != actions.root:
+            # The sandbox's root is where its files are now (the product may have moved it).
+            state.manifest = state.manifest.model_copy(update={"root": actions.root}, deep=True)
         inner = OperatorSandboxSession(state=state, actions=actions, preserved=True)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 

@@ -204,6 +204,8 @@ async def test_a_serialized_session_resumes_on_the_same_sandbox(
     await session.write(root / "kept.txt", io.BytesIO(b"kept"))
     client = _client(tmp_path / "state")
     payload = json.loads(json.dumps(client.serialize_session_state(session.state)))
+    assert payload["sandbox_id"] == session.state.sandbox_id
+    payload["manifest"]["root"] = "/where/the/sandbox/was"
     resumed = await client.resume(client.deserialize_session_state(payload))
     async with resumed:
         assert resumed.state.manifest.root == str(root)
