@@ -60,7 +60,7 @@ from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.plan.original_lock import held_by_process, hold_prepared, release_prepared
-from sandbox_core.redaction import same_database
+from sandbox_core.redaction import is_dsn, same_database, secret_forms
 from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
@@ -129,7 +129,9 @@ class Operations:
         """``env:NAME`` -> the value of ``NAME``; anything else as is.
 
         Raises:
-            AgentError: 422 when ``NAME`` is not set in the Pod.
+            AgentError: 422 when ``NAME`` is not set in the Pod, or its value is not a DSN
+                (the message names the variable, never the value: it may be any key of a
+                Secret, a private key or a token).
         """
         if not original.startswith(ENV_REF):
             return original
@@ -137,16 +139,37 @@ class Operations:
         value = self.config.environ.get(name)
         if not value:
             raise AgentError(422, "MissingSecret", f"environment variable {name} is not set")
-        return value
+        if not is_dsn(value):
+            raise AgentError(
+                422,
+                "NotADsn",
+                f"the value of environment variable {name} (the Sandbox's secretRef) is not "
+                "a DSN (postgresql://..., libpq key=value, or sqlite:///path)",
+            )
+        return value.strip()
 
     def hide(self, payload: Any) -> Any:
-        """``payload`` with every secret environment value replaced by its ``env:NAME``."""
-        text = json.dumps(payload, default=str)
-        for name in self.config.secret_env:
-            value = self.config.environ.get(name)
-            if value and len(value) >= 4:
-                text = text.replace(json.dumps(value)[1:-1], ENV_REF + name)
-        return json.loads(text)
+        """``payload`` with every secret environment value, in every form a message may carry
+        it (:func:`~sandbox_core.redaction.secret_forms`), replaced by its ``env:NAME``."""
+        pairs = [
+            (form, ENV_REF + name)
+            for name in self.config.secret_env
+            for form in secret_forms(self.config.environ.get(name) or "")
+        ]
+        pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, str):
+                for form, reference in pairs:
+                    value = value.replace(form, reference)
+                return value
+            if isinstance(value, dict):
+                return {clean(k): clean(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            return value
+
+        return clean(json.loads(json.dumps(payload, default=str)))
 
     # -- helpers ------------------------------------------------------------------------------
 

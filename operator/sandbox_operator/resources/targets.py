@@ -16,6 +16,7 @@ from typing import Any
 from sandbox_api import core_record
 from sandbox_api.models import SandboxSpec, WorkspaceSpec
 from sandbox_core.agent import wire
+from sandbox_core.redaction import is_dsn
 from sandbox_operator.errors import PermanentError
 from sandbox_operator.executors.base import CheckpointInfo, SandboxTarget, sandbox_id_for_uid
 from sandbox_operator.executors.pod_manifests import SOURCE_MOUNT
@@ -29,14 +30,16 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
 
     ``nodePath`` as given; a PVC's mount path in the workspace Pod (plus ``subPath``); for
     ``secretRef`` (transaction_rollback) the DSN read from the Secret with the local executor
-    (registered with :mod:`redaction`, so it never reaches status, Events or logs), and with the
+    (registered with :mod:`redaction`, so it never reaches status, Events or logs; a value that
+    is not a DSN is refused by the Secret's name and key, never shown), and with the
     pod executor only a reference, ``env:SANDBOX_SOURCE_DSN``: the kubelet puts the Secret's
     value into the workspace Pod's environment (``secretKeyRef``) and the operator never reads
     it.
 
     Raises:
         PermanentError: the source does not fit the executor (e.g. a PVC with the local
-            executor) or names nothing.
+            executor) or names nothing; the Secret's value is not a DSN (the message names the
+            Secret and key, never the value).
     """
     source = spec.source
     if source.secret_ref is not None:
@@ -44,12 +47,25 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
             return f"{wire.ENV_REF}{wire.SOURCE_DSN_ENV}"
         if api is None:
             raise PermanentError("secretRef sources need API access")
+        ref = source.secret_ref
         try:
-            value = api.secret_value(namespace, source.secret_ref.name, source.secret_ref.key)
+            value = api.secret_value(namespace, ref.name, ref.key)
         except KeyError as exc:
             raise PermanentError(str(exc)) from exc
-        redaction.register(value)
-        return value
+        except UnicodeDecodeError:
+            # Not text (a keystore, a binary key): never shown, not even one byte of it.
+            raise PermanentError(
+                f"the value of key {ref.key!r} in Secret {namespace}/{ref.name} is not a DSN "
+                "(it is not UTF-8 text)"
+            ) from None
+        redaction.register(value)  # before anything could print it, whatever the key
+        if not is_dsn(value):
+            # Never embed the value (a private key, a token): name where it came from.
+            raise PermanentError(
+                f"the value of key {ref.key!r} in Secret {namespace}/{ref.name} is not a DSN "
+                "(postgresql://..., libpq key=value, or sqlite:///path)"
+            )
+        return value.strip()
     if source.node_path:
         if settings.executor == "pod":
             raise PermanentError("source.nodePath needs the local executor")
