@@ -67,6 +67,10 @@ ROOT_ENV = "SANDBOX_CORE_ROOT"
 TOKEN_FILE_ENV = "SANDBOX_AGENT_TOKEN_FILE"  # noqa: S105 - a variable name, not a token
 PORT_ENV = "SANDBOX_AGENT_PORT"
 SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
+# Where the agent's create may find originals: absolute paths joined by ":" (the operator sets
+# it from the Sandbox's spec: the claim's mount path plus ``subPath``; empty for a Secret's DSN).
+# Unset (a local agent): any path but the agent's own state, /proc, /sys and /dev.
+ALLOWED_ROOTS_ENV = "SANDBOX_AGENT_ALLOWED_ROOTS"
 # A DSN is sent as ``env:NAME``, never as its value; every reply shows the reference.
 ENV_REF = "env:"
 

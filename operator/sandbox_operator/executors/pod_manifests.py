@@ -177,6 +177,18 @@ def overlay_privileged(target: SandboxTarget, settings: Settings) -> bool:
     )
 
 
+def allowed_root(target: SandboxTarget) -> str:
+    """Where the workspace agent may find the original of ``target``: the claim's mount path
+    plus ``subPath`` (normalised; a ``subPath`` leaving the claim admits nothing), ``""``
+    (nothing) for a Secret's DSN."""
+    pvc = target.source.persistent_volume_claim
+    if pvc is None:
+        return ""
+    root = posixpath.normpath(posixpath.join(SOURCE_MOUNT, pvc.sub_path.strip("/")))
+    inside = root == SOURCE_MOUNT or root.startswith(SOURCE_MOUNT + "/")
+    return root if inside else ""
+
+
 def build_workspace_pod(
     target: SandboxTarget, settings: Settings, scratch_claim: str | None
 ) -> dict[str, Any]:
@@ -230,6 +242,8 @@ def build_workspace_pod(
         {"name": wire.TOKEN_FILE_ENV, "value": wire.TOKEN_FILE},
         {"name": wire.PORT_ENV, "value": str(settings.agent_port)},
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the only writable dir besides scratch
+        # The agent's create admits only the original the spec names (docs/security.md).
+        {"name": wire.ALLOWED_ROOTS_ENV, "value": allowed_root(target)},
     ]
     secret = target.source.secret_ref
     if secret is not None:
