@@ -624,7 +624,7 @@ class Operations:
         encoding = str(body.get("encoding") or "utf-8")
         content = str(body.get("content") or "")
         if encoding == "base64":
-            data = base64.b64decode(content)
+            data = _base64(content, "content")
         elif encoding == "utf-8":
             data = content.encode()
         else:
@@ -694,10 +694,17 @@ class Operations:
 
     def upload(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``{"files": [{"path", "content_b64"}]}`` -> ``{"results"}`` (one per file)."""
-        items = [
-            (str(item.get("path") or ""), base64.b64decode(str(item.get("content_b64") or "")))
-            for item in list(body.get("files") or [])
-        ]
+        items = []
+        for index, item in enumerate(list(body.get("files") or [])):
+            where = f"files[{index}]"
+            if not isinstance(item, dict):
+                raise AgentError(BAD_REQUEST, "BadRequest", f"{where} must be an object")
+            path, content = item.get("path"), item.get("content_b64")
+            if not isinstance(path, str) or not isinstance(content, str | None):
+                raise AgentError(
+                    BAD_REQUEST, "BadRequest", f"{where}.path and .content_b64 must be strings"
+                )
+            items.append((path, _base64(content or "", f"{where}.content_b64")))
         results = self.actor(sandbox_id, lambda door: door.files().upload(items), changes=True)
         return {"results": results}
 
@@ -721,6 +728,18 @@ class Operations:
 def _plan_of(sandbox: BaseSandbox) -> str:
     """The plan a sandbox belongs to (for the original's lock record)."""
     return str(getattr(sandbox.context, "plan_id", "") or "")
+
+
+def _base64(text: str, name: str) -> bytes:
+    """``text`` decoded (strict base64).
+
+    Raises:
+        AgentError: 400 ``BadRequest`` naming ``name``.
+    """
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error
+        raise AgentError(BAD_REQUEST, "BadRequest", f"{name} is not base64") from None
 
 
 def _field(body: Mapping[str, Any], name: str) -> str:
