@@ -647,8 +647,11 @@ class Agent:
             await response.prepare(request)
             while (event := await loop.run_in_executor(None, next, events, None)) is not None:
                 if "data" in event:
-                    data = event.pop("data")
-                    event["data_b64"] = base64.b64encode(data).decode()
+                    # base64 needs no JSON escaping: the chunk is not run through json.dumps
+                    data = base64.b64encode(event.pop("data"))
+                    head = json.dumps(event).encode()[:-1]
+                    await response.write(head + b', "data_b64": "' + data + b'"}\n')
+                    continue
                 await response.write(json.dumps(event).encode() + b"\n")
             await response.write_eof()
             return response
