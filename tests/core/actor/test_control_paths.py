@@ -23,8 +23,8 @@ from sandbox_core.errors import SandboxCommitError, SandboxPathError
 from sandbox_core.paths import is_control_name
 from tests.support.gitrepo import GIT_ENV, git, make_repo
 
-STRATEGIES = ["git_worktree", "copy_on_write", "overlay", "none"]
-DIRECTORY_STRATEGIES = ["copy_on_write", "overlay"]
+STRATEGIES = ["git_worktree", "copy_on_write", "overlay", "overlay:fallback", "none"]
+DIRECTORY_STRATEGIES = ["copy_on_write", "overlay", "overlay:fallback"]
 CONTROL_PATHS = [
     ".git/config",
     ".GIT/config",
@@ -46,12 +46,18 @@ def git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def ops(tmp_path: Path) -> Operations:
-    return Operations(AgentConfig(tmp_path / "state", tmp_path / "sandboxes", environ={}))
+def ops(tmp_path: Path) -> Iterator[Operations]:
+    operations = Operations(AgentConfig(tmp_path / "state", tmp_path / "sandboxes", environ={}))
+    yield operations
+    for sid in list(operations._live):  # a kernel overlay stays mounted until cleaned up
+        operations.cleanup(sid)
 
 
 def create(ops: Operations, original: Path, strategy: str, sid: str = "01JCTRL") -> str:
-    options = {"overlay_mode": "fallback"} if strategy == "overlay" else {}
+    """``strategy`` may be ``overlay:fallback`` (the userspace overlay) or ``overlay`` (the
+    kernel's where it can mount, else the fallback)."""
+    strategy, _, mode = strategy.partition(":")
+    options = {"mode": mode} if mode else {}
     body = {
         "plan_id": "p", "resource_id": "r", "original": str(original), "strategy": strategy,
         "sandbox_id": sid, "options": options,
@@ -60,11 +66,9 @@ def create(ops: Operations, original: Path, strategy: str, sid: str = "01JCTRL")
 
 
 @pytest.fixture(params=STRATEGIES)
-def sandbox(ops: Operations, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+def sandbox(ops: Operations, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     repo = make_repo(tmp_path / "repo", {"f.txt": "base\n", "sub/g.txt": "g\n"})
-    sid = create(ops, repo, request.param)
-    yield sid
-    ops.cleanup(sid)
+    return create(ops, repo, request.param)
 
 
 def routes(ops: Operations, sid: str, rel: str) -> dict[str, Callable[[], Any]]:
