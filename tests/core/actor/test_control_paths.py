@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from sandbox_core.actor.exec import ExecRequest
 from sandbox_core.agent.operations import AgentConfig, Operations
 from sandbox_core.errors import SandboxCommitError, SandboxPathError
 from sandbox_core.paths import is_control_name
+from tests.support.actor import Layout, MakeSandbox
 from tests.support.gitrepo import GIT_ENV, git, make_repo
 
 STRATEGIES = ["git_worktree", "copy_on_write", "overlay", "overlay:fallback", "none"]
@@ -206,3 +208,24 @@ def test_none_refuses_a_commit_once_the_original_gained_a_repository(
 def test_control_names_and_their_aliases(name: str, control: bool) -> None:
     assert is_control_name(name) is control
     assert os.sep == "/"
+
+
+def test_a_command_cannot_change_the_repositorys_config_or_hooks(
+    layout: Layout, make_sandbox: MakeSandbox
+) -> None:
+    sandbox = make_sandbox("none")  # writes land in the original itself
+    original = Path(sandbox.original_path)
+    config = (original / ".git" / "config").read_bytes()
+    line = (
+        "printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' >> .git/config; "
+        "echo 'touch /tmp/pwned' > .git/hooks/post-checkout; "
+        "rm -rf .git/hooks; git config core.fsmonitor 'touch /tmp/pwned'; "
+        "git -c user.name=a -c user.email=a@b commit --allow-empty -qm 'from the command' "
+        "&& echo committed"
+    )
+    out, err, _ = layout.runner().run(sandbox, ExecRequest(shell_line=line))
+    assert b"committed" in out, err  # history may move
+    assert (original / ".git" / "config").read_bytes() == config
+    assert not (original / ".git" / "hooks" / "post-checkout").exists()
+    assert "fsmonitor" not in git(original, "config", "--list")
+    assert git(original, "log", "-1", "--format=%s").strip() == "from the command"
