@@ -188,8 +188,10 @@ class Operations:
                     422, "RefusedOriginal", "a DSN reaches this agent only as env:NAME"
                 )
             return original
-        path = original.split("://", 1)[1] if scheme == "sqlite" else original
-        path = "/" + path.lstrip("/") if scheme == "sqlite" else path
+        path = original
+        if scheme == "sqlite":  # as the transaction strategy reads it: sqlite:///abs/path
+            path = path.strip().split("://", 1)[1]
+            path = "/" + path.lstrip("/") if path.startswith("/") else path
         if not path.startswith("/"):
             raise AgentError(422, "RefusedOriginal", f"the original {original!r} is not absolute")
         real = Path(os.path.realpath(path))

@@ -771,10 +771,33 @@ def _json(status: int, payload: Any) -> web.Response:
     )
 
 
+class HideSecrets(logging.Filter):
+    """A handler filter: every form of the agent's secret environment values in a record's
+    message and traceback becomes ``env:NAME`` (:meth:`Operations.hide`)."""
+
+    def __init__(self, ops: Operations) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keeps the record; rewrites its text first."""
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        record.msg, record.args = self.ops.hide(message), None
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text, record.exc_info = self.ops.hide(text), None
+        return True
+
+
 def serve(config: AgentConfig | None = None) -> None:
     """Run the agent until SIGTERM/SIGINT (aiohttp's own signal handling)."""
     config = config or AgentConfig.from_env()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     agent = Agent(config)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(HideSecrets(agent.ops))  # no secret in a log line either
     logger.info("sandbox-core workspace agent listening on %s:%d", config.host, config.port)
     web.run_app(agent.app(), host=config.host, port=config.port, print=None, access_log=None)

@@ -83,6 +83,7 @@ def test_the_original_under_the_allowed_root_is_created(ops: Operations, claim: 
         "/dev/shm",
         "/",
         "relative/path",
+        "sqlite://relative.db",
         "env:OTHER",
         "postgresql://app:pw@db.example:5432/app",
         "host=db.example user=app password=pw dbname=app",

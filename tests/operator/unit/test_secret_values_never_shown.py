@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from sandbox_operator.settings import Settings
 
 from sandbox_core.agent import wire
 from sandbox_core.agent.operations import AgentConfig, Operations
+from sandbox_core.agent.server import HideSecrets
 from sandbox_core.redaction import MIN_LINE_SCRUB_LENGTH, scrub, secret_forms
 
 UID = "0b9f7c1e-5d3a-4c55-9e0a-2d7b9c41f0aa"
@@ -182,3 +184,30 @@ def test_every_form_of_a_secret_is_scrubbed_from_free_text(value: str) -> None:
         assert piece not in cleaned
     assert base64.b64encode(stripped.encode()).decode().rstrip("=") not in cleaned
     assert secret_forms(value)  # never empty for these shapes
+
+
+@given(value=SECRET_VALUES)
+def test_the_agents_log_lines_hide_every_form_of_the_value(value: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = AgentConfig(
+            state_dir=Path(tmp) / "state",
+            sandbox_root=Path(tmp) / "sandboxes",
+            environ={wire.SOURCE_DSN_ENV: value},
+        )
+        hide = HideSecrets(Operations(config))
+    lines = value.splitlines()
+
+    def fail() -> None:
+        raise RuntimeError(f"failed on {lines[-1]!s} and {value.strip()}")
+
+    try:
+        fail()
+    except RuntimeError:
+        record = logging.LogRecord(
+            "sandbox_core.agent", logging.ERROR, __file__, 1, "bad %s", (value,), sys.exc_info()
+        )
+    assert hide.filter(record)
+    text = record.getMessage() + (record.exc_text or "")
+    for piece in shown_pieces(value):
+        assert piece not in text
+    assert wire.ENV_REF + wire.SOURCE_DSN_ENV in text
