@@ -11,13 +11,17 @@ The same objects are loaded into the real API server in
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox_core.agent import wire
-from tests.support.chart import _container, _env, _one, _render
+from tests.support.apiserver.harness import LocalApiServer
+from tests.support.chart import CHART_DIR, _container, _env, _one, _render
+from tests.support.helm import run_helm
+from tests.support.operator import files_at
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
@@ -160,9 +164,6 @@ def test_one_watch_namespace_alone_still_works_and_repeats_collapse(helm: Path) 
 
 @pytest.mark.parametrize("bad", ["watchNamespaces={Team}", "watchNamespaces={a,a}"])
 def test_values_schema_refuses_bad_namespace_lists(helm: Path, bad: str) -> None:
-    from tests.support.chart import CHART_DIR
-    from tests.support.helm import run_helm
-
     result = run_helm(helm, "template", "rel", str(CHART_DIR), "--set", bad)
     assert result.returncode != 0
     assert "watchNamespaces" in result.stderr
@@ -340,3 +341,41 @@ def test_privileges_table_in_the_docs_matches_the_rendered_roles(helm: Path) -> 
     rows = _doc_rows()
     assert default <= rows, sorted(default - rows)
     assert rows <= default | local, sorted(rows - default - local)
+
+
+# --- the agent key across an upgrade (real API server) -------------------------------------
+
+CHART_WITH_A_HELM_MADE_KEY = "a73c93a"
+"""The last commit whose chart generated the agent key itself (randAlphaNum, kept by lookup)."""
+
+
+def test_an_upgrade_keeps_the_key_an_older_chart_made(
+    helm: Path, local_apiserver: LocalApiServer, tmp_path: Path
+) -> None:
+    """A release installed by a chart that generated the key keeps that very key through
+    upgrades, so live Sandboxes keep their tokens."""
+    old = files_at(CHART_WITH_A_HELM_MADE_KEY, ["charts/sandbox-operator"], tmp_path)
+    old = old / "charts" / "sandbox-operator"
+    release = f"key{uuid.uuid4().hex[:6]}"
+    namespace = f"{release}-system"
+    common = ["-n", namespace, "--kubeconfig", str(local_apiserver.kubeconfig_path),
+              "--set", "crds.install=false"]  # fmt: skip
+    installed = run_helm(
+        helm, "install", release, str(old),
+        "--create-namespace", *common,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    name = f"{release}-sandbox-operator-agent-key"
+    try:
+        before = local_apiserver.kubectl_json("get", "secret", name, "-n", namespace)
+        assert isinstance(before, dict) and before["data"]["key"]
+        for _ in range(2):  # the upgrade, and one more: the key is rendered as it is, each time
+            upgraded = run_helm(helm, "upgrade", release, str(CHART_DIR), *common)
+            assert upgraded.returncode == 0, upgraded.stderr
+            after = local_apiserver.kubectl_json("get", "secret", name, "-n", namespace)
+            assert isinstance(after, dict)
+            assert after["data"] == before["data"]
+            assert after["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    finally:
+        removed = run_helm(helm, "uninstall", release, "--no-hooks", *common[:-2])
+    assert removed.returncode == 0, removed.stderr
