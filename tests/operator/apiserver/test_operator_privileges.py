@@ -42,7 +42,7 @@ from sandbox_operator.executors.pod_manifests import (
 from sandbox_operator.kube.api import adopt
 from sandbox_operator.settings import Settings
 
-from sandbox_api.models import SandboxOptions, SandboxSource
+from sandbox_api.models import SandboxOptions, SandboxSource, WorkspaceSpec
 from tests.support.apiserver.harness import LocalApiServer
 from tests.support.chart import CHART_DIR
 from tests.support.helm import run_helm
@@ -108,7 +108,7 @@ def _render(server: LocalApiServer, release: str, namespace: str, *sets: str) ->
     return result.stdout
 
 
-def _install(server: LocalApiServer, watch: bool) -> Iterator[Release]:
+def _install(server: LocalApiServer, watch: bool, *extra: str) -> Iterator[Release]:
     name = f"lp{uuid.uuid4().hex[:6]}"
     release = Release(
         server,
@@ -122,7 +122,7 @@ def _install(server: LocalApiServer, watch: bool) -> Iterator[Release]:
     for namespace in namespaces:
         server.kubectl("create", "namespace", namespace, check=True)
     sets = [f"watchNamespaces={{{','.join(release.watched)}}}"] if watch else []
-    manifest = _render(server, name, release.namespace, *sets)
+    manifest = _render(server, name, release.namespace, *sets, *extra)
     server.kubectl("apply", "-f", "-", input=manifest, check=True)
     # The policy is compiled asynchronously: wait until it refuses a bare Pod.
     bare = _bare_pod(release.watched[0] if watch else release.other)
@@ -145,6 +145,12 @@ def watched(local_apiserver: LocalApiServer) -> Iterator[Release]:
 def everywhere(local_apiserver: LocalApiServer) -> Iterator[Release]:
     """A release watching every namespace (the default)."""
     yield from _install(local_apiserver, watch=False)
+
+
+@pytest.fixture(scope="module")
+def privileged(local_apiserver: LocalApiServer) -> Iterator[Release]:
+    """A release with ``allowPrivilegedOverlay=true``."""
+    yield from _install(local_apiserver, True, "allowPrivilegedOverlay=true")
 
 
 # --- RBAC -------------------------------------------------------------------------------------
@@ -317,6 +323,43 @@ def test_a_workspace_pod_as_the_operator_builds_it_is_admitted(watched: Release)
     assert watched.dry_run(pod) == ""
 
 
+WORKSPACE = {
+    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": "pool", "operator": "In", "values": ["sandboxes"]}
+                        ]
+                    },
+                }
+            ]
+        }
+    },
+    "imagePullSecrets": [{"name": "regcred"}],
+}
+
+
+@pytest.mark.parametrize("strategy", ["git_worktree", "copy_on_write", "overlay", "none"])
+def test_workspace_pods_of_every_strategy_and_shape_are_admitted(
+    watched: Release, strategy: str
+) -> None:
+    """Whatever a Sandbox's spec.workspace asks (resources, scheduling, pull secrets), the Pod
+    the operator builds stays inside the policy."""
+    target = replace(
+        _target(watched.watched[1]),
+        strategy=strategy,
+        workspace=WorkspaceSpec.model_validate(WORKSPACE),
+    )
+    pod = build_workspace_pod(target, Settings(workspace_image=IMAGE), child_name(target, "s"))
+    assert watched.dry_run(_adopted(pod, target)) == ""
+
+
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_any_other_pod_from_the_operator_is_refused(watched: Release, mutation: str) -> None:
     pod = _workspace_pod(watched.watched[0])
@@ -330,7 +373,7 @@ def test_any_other_pod_from_the_operator_is_refused(watched: Release, mutation: 
 
 
 def test_a_privileged_overlay_pod_is_refused_unless_the_chart_allows_it(
-    watched: Release,
+    watched: Release, privileged: Release
 ) -> None:
     target = _target(watched.watched[0])
     target = replace(target, strategy="overlay")
@@ -338,6 +381,11 @@ def test_a_privileged_overlay_pod_is_refused_unless_the_chart_allows_it(
     pod = _adopted(build_workspace_pod(target, settings, "scratch"), target)
     assert pod["spec"]["containers"][0]["securityContext"]["privileged"] is True
     assert "restricted Pod Security profile" in watched.dry_run(pod)
+    # Where the chart allows it, exactly that Pod passes; with another capability it does not.
+    pod["metadata"]["namespace"] = privileged.watched[0]
+    assert privileged.dry_run(pod) == ""
+    pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"].append("NET_ADMIN")
+    assert "restricted Pod Security profile" in privileged.dry_run(pod)
 
 
 def test_in_every_namespace_mode_the_policy_still_refuses_other_pods(everywhere: Release) -> None:
@@ -385,7 +433,7 @@ def test_only_scratch_claims_may_be_created(watched: Release) -> None:
     assert "may create only scratch claims" in watched.dry_run(unlabelled)
 
 
-def test_only_what_the_operator_made_may_be_deleted(watched: Release) -> None:
+def test_only_what_the_operator_made_may_be_deleted_or_changed(watched: Release) -> None:
     namespace = watched.watched[0]
     server = watched.server
     bystander = _bare_pod(namespace)
@@ -405,6 +453,24 @@ def test_only_what_the_operator_made_may_be_deleted(watched: Release) -> None:
             "--as", watched.user,
         )  # fmt: skip
         assert allowed.returncode == 0, allowed.stderr
+        # Updates: a label on its workspace Pod passes; another image does not.
+        ws = workspace["metadata"]["name"]
+        labelled = server.kubectl(
+            "label", "pod", ws, "seen=yes", "--dry-run=server", "-n", namespace,
+            "--as", watched.user,
+        )  # fmt: skip
+        assert labelled.returncode == 0, labelled.stderr
+        swapped = server.kubectl(
+            "set", "image", f"pod/{ws}", "workspace=evil.example/sh:1", "--dry-run=server",
+            "-n", namespace, "--as", watched.user,
+        )  # fmt: skip
+        assert "workspace agent of the chart's workspace image" in swapped.stderr
+        # Nor may it label a Pod it did not make.
+        other = server.kubectl(
+            "label", "pod", "bystander", "seen=yes", "--dry-run=server", "-n", namespace,
+            "--as", watched.user,
+        )  # fmt: skip
+        assert "must be a workspace Pod" in other.stderr
     finally:
         server.kubectl("delete", "pod", "--all", "-n", namespace, "--wait=false")
 
