@@ -172,11 +172,14 @@ class PodExecutor:
         query: dict[str, str] | None = None,
         request_id: str = "",
     ) -> dict[str, Any]:
-        """One agent call in ``target``'s workspace Pod.
+        """One agent call in ``target``'s workspace Pod, with the token of the key its agent last
+        accepted first, then the other key's (after a rotation a Sandbox made before holds the
+        previous key's token: ``executors.agent_keys``).
 
         Raises:
             WorkspaceNotReady: the Pod is not Ready.
             AgentNotFound: the agent has no such sandbox or checkpoint.
+            AgentUnauthorized: the agent refused the token of every key (current, previous).
             ExecutorError: the agent refused or could not be reached.
         """
         address = self._ready_pod_ip(target)
@@ -309,6 +312,7 @@ class PodExecutor:
         except AgentNotFound:
             pass  # the agent has no such sandbox: nothing of it is left in the Pod
         self._delete_children(target, pod_only=False)
+        self._accepted.pop(target.uid, None)
 
     def _networking(self) -> Any:
         from kubernetes import client as k8s_client
