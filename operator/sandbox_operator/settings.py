@@ -59,7 +59,8 @@ class Settings(BaseSettings):
         state_dir: where the local executor keeps core records (``SandboxStore``).
         sandbox_root: parent directory of sandbox artefacts (worktrees, copies, upper dirs).
         workspace_image: image of workspace Pods (the one image of the project).
-        namespace: namespace the operator watches; empty means all namespaces.
+        namespace: namespaces the operator watches, comma-separated; empty means all namespaces
+            (informational: kopf's ``--namespace`` arguments decide).
         pod_namespace: namespace the operator runs in (its leader-election Lease lives there).
         pod_name: name of the operator's Pod (start of its Lease holder identity).
         allow_privileged_overlay: overlay containers may run privileged (real OverlayFS).
@@ -83,8 +84,12 @@ class Settings(BaseSettings):
         max_workers: kopf's handler thread pool size (``settings.execution.max_workers``); None
             keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
             did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
-        agent_key_file: file holding the key workspace-agent tokens are derived from (the chart
-            mounts a Secret of the operator's namespace there).
+        agent_key_file: file holding the key workspace-agent tokens are derived from (and a
+            sibling file ``previous`` during a rotation); used when ``agent_key_secret`` is
+            empty (tests, local runs).
+        agent_key_secret: name of the Secret in ``pod_namespace`` holding that key (data
+            ``key`` and, during a rotation, ``previous``); the operator makes it with a random
+            key when absent (the chart sets it; ``executors.agent_keys``).
         agent_port: port of the workspace agent in workspace Pods.
         pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
             only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
@@ -134,6 +139,7 @@ class Settings(BaseSettings):
     standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
     max_workers: Annotated[int, Field(ge=1)] | None = None
     agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
+    agent_key_secret: str = ""
     agent_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
     pod_labels: str = ""
     network_policy: bool = True

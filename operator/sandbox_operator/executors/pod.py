@@ -25,10 +25,11 @@ from sandbox_core.agent import wire
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
+    AgentUnauthorized,
     derive_token,
-    read_key,
     request_id,
 )
+from sandbox_operator.executors.agent_keys import AgentKeys, load_or_create, read_key_files
 from sandbox_operator.executors.base import (
     CheckpointInfo,
     SandboxState,
@@ -59,7 +60,9 @@ class PodExecutor:
     def __init__(self, settings: Settings, api: Api) -> None:
         self.settings = settings
         self.api = api
-        self._key: bytes | None = None
+        self._keys: AgentKeys | None = None
+        # Sandbox uid -> index of the key whose token its agent last accepted (0: current).
+        self._accepted: dict[str, int] = {}
 
     # -- children -----------------------------------------------------------------------------
 
@@ -96,11 +99,27 @@ class PodExecutor:
         size = requests.get("storage")
         return str(size) if size else None
 
+    def keys(self) -> AgentKeys:
+        """The agent keys, read once: from Secret ``settings.agent_key_secret`` of the
+        operator's namespace (made when absent), else from ``settings.agent_key_file``."""
+        if self._keys is None:
+            name = self.settings.agent_key_secret
+            if name:
+                labels = dict(
+                    p.strip().split("=", 1)
+                    for p in self.settings.operator_pod_labels.split(",")
+                    if "=" in p
+                )
+                self._keys = load_or_create(
+                    self.api.core, self.settings.operator_namespace, name, labels
+                )
+            else:
+                self._keys = read_key_files(self.settings.agent_key_file)
+        return self._keys
+
     def token(self, target: SandboxTarget) -> str:
-        """The agent token of ``target`` (HMAC of its uid with the operator's key)."""
-        if self._key is None:
-            self._key = read_key(self.settings.agent_key_file)
-        return derive_token(self._key, target.uid)
+        """The agent token of ``target`` (HMAC of its uid with the operator's current key)."""
+        return derive_token(self.keys().current, target.uid)
 
     def ensure_children(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
         """Create the token Secret, NetworkPolicy, scratch claim and Pod when absent.
@@ -153,21 +172,36 @@ class PodExecutor:
         query: dict[str, str] | None = None,
         request_id: str = "",
     ) -> dict[str, Any]:
-        """One agent call in ``target``'s workspace Pod.
+        """One agent call in ``target``'s workspace Pod, with the token of the key its agent last
+        accepted first, then the other key's (after a rotation a Sandbox made before holds the
+        previous key's token: ``executors.agent_keys``).
 
         Raises:
             WorkspaceNotReady: the Pod is not Ready.
             AgentNotFound: the agent has no such sandbox or checkpoint.
+            AgentUnauthorized: the agent refused the token of every key (current, previous).
             ExecutorError: the agent refused or could not be reached.
         """
         address = self._ready_pod_ip(target)
         host = f"[{address}]" if ":" in address else address
-        client = AgentClient(
-            f"http://{host}:{self.settings.agent_port}",
-            self.token(target),
-            self.settings.exec_timeout_seconds,
-        )
-        return client.call(method, path, body, query=query, request_id=request_id)
+        keys = self.keys().all()
+        first = self._accepted.get(target.uid, 0) % len(keys)
+        order = [first, *(i for i in range(len(keys)) if i != first)]
+        for attempt, index in enumerate(order):
+            client = AgentClient(
+                f"http://{host}:{self.settings.agent_port}",
+                derive_token(keys[index], target.uid),
+                self.settings.exec_timeout_seconds,
+            )
+            try:
+                reply = client.call(method, path, body, query=query, request_id=request_id)
+            except AgentUnauthorized:
+                if attempt == len(order) - 1:
+                    raise
+                continue  # refused before anything ran: offer the other key's token
+            self._accepted[target.uid] = index
+            return reply
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     def _call_route(
         self,
@@ -278,6 +312,7 @@ class PodExecutor:
         except AgentNotFound:
             pass  # the agent has no such sandbox: nothing of it is left in the Pod
         self._delete_children(target, pod_only=False)
+        self._accepted.pop(target.uid, None)
 
     def _networking(self) -> Any:
         from kubernetes import client as k8s_client
@@ -289,13 +324,14 @@ class PodExecutor:
             (self.api.core.delete_namespaced_pod, child_name(target, "ws"))
         ]
         if not pod_only:
+            # The token Secret is not deleted here: it is owned by the Sandbox and
+            # garbage-collected with it, so the operator needs no right to delete Secrets.
             networking = self._networking()
             deletes += [
                 (
                     self.api.core.delete_namespaced_persistent_volume_claim,
                     child_name(target, "scratch"),
                 ),
-                (self.api.core.delete_namespaced_secret, child_name(target, "agent")),
                 (networking.delete_namespaced_network_policy, child_name(target, "ws")),
             ]
         for delete, name in deletes:

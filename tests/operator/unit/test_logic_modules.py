@@ -521,7 +521,9 @@ def test_pod_cleanup_skips_the_agent_when_the_workspace_pod_is_gone() -> None:
         strategy="git_worktree",
     )
     executor.cleanup(target)  # type: ignore[arg-type]
-    assert [d.split("/")[0] for d in deleted] == ["pod", "pvc", "secret", "netpol"]
+    # No Secret delete: the token Secret goes with its Sandbox (ownerReference), so the
+    # operator holds no right to delete Secrets.
+    assert [d.split("/")[0] for d in deleted] == ["pod", "pvc", "netpol"]
 
 
 def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -> None:
