@@ -258,7 +258,11 @@ KINDS_TO_CORE = {
 
 
 def checkpoint_info_from_body(body: Mapping[str, Any], target: SandboxTarget) -> CheckpointInfo:
-    """The snapshot a Ready Checkpoint object stands for (enough for the core to restore it)."""
+    """The snapshot a Ready Checkpoint object stands for (enough for the core to restore it).
+
+    The sandbox id and ``sandbox_path`` are the Sandbox's own (``target``), never the
+    Checkpoint's status or spec metadata; the executor checks the rest against what it keeps
+    (``LocalExecutor._check_own_checkpoint``)."""
     spec = dict(body.get("spec") or {})
     status = dict(body.get("status") or {})
     kind = str(status.get("kind") or "metadata-only")
@@ -274,17 +278,18 @@ def checkpoint_info_from_body(body: Mapping[str, Any], target: SandboxTarget) ->
         snapshot_path = snapshot
     record = target.core_record or {}
     sandbox_path = ((record.get("context") or {}).get("sandbox_path")) or ""
+    metadata.pop("sandbox_path", None)  # the Sandbox's own, never the Checkpoint's spec
     if sandbox_path:
-        metadata.setdefault("sandbox_path", sandbox_path)
+        metadata["sandbox_path"] = sandbox_path
     return CheckpointInfo(
         checkpoint_id=str(status.get("checkpointId") or ""),
-        sandbox_id=str(status.get("sandboxId") or target.sandbox_id),
+        sandbox_id=target.sandbox_id,
         snapshot_location=snapshot,
         kind=kind,
         created_at=str(status.get("createdAt") or ""),
         extra={
             "checkpoint_id": str(status.get("checkpointId") or ""),
-            "sandbox_id": str(status.get("sandboxId") or target.sandbox_id),
+            "sandbox_id": target.sandbox_id,
             "plan_id": target.plan_id,
             "phase": str(spec.get("phase") or ""),
             "snapshot_path": snapshot_path,

@@ -201,3 +201,57 @@ def test_a_record_with_another_sandbox_root_is_ignored(tmp_path: Path) -> None:
     assert target_from_body(body, settings, None).core_record is None
     body["status"] = {"coreRecord": state.record}
     assert target_from_body(body, settings, None).core_record is not None
+
+
+def test_a_checkpoint_object_cannot_restore_over_another_sandbox(tmp_path: Path) -> None:
+    from sandbox_operator.resources.targets import checkpoint_info_from_body
+
+    from sandbox_core import SandboxError
+
+    data_a = tmp_path / "data-a"
+    data_a.mkdir()
+    (data_a / "f.txt").write_text("a\n")
+    data_b = tmp_path / "data-b"
+    data_b.mkdir()
+    settings = Settings(state_dir=tmp_path / "state", sandbox_root=tmp_path / "sbx")
+    executor = LocalExecutor(settings)
+    target_a = target_from_body(sandbox("sa", UID_A, {"nodePath": str(data_a)}), settings, None)
+    target_b = target_from_body(sandbox("sb", UID_B, {"nodePath": str(data_b)}), settings, None)
+    state_a = executor.provision(target_a)
+    executor.provision(target_b)
+    own = executor.create_checkpoint(target_a, "pre_execute", {})
+    (Path(state_a.sandbox_path) / "f.txt").write_text("a's work\n")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "evil.txt").write_text("x\n")
+
+    def checkpoint(status: dict[str, Any], metadata: dict[str, str]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "c", "uid": "c-uid"},
+            "spec": {"sandboxName": "sb", "phase": "pre_execute", "metadata": metadata},
+            "status": {"phase": "Ready", "kind": "directory-snapshot", **status},
+        }
+
+    forged = [
+        # A's checkpoint, named by a patched status of a Checkpoint of sb.
+        checkpoint({"checkpointId": own.checkpoint_id, "sandboxId": state_a.sandbox_id}, {}),
+        # An unknown id whose snapshot is a planted directory and whose spec metadata names
+        # A's sandbox directory as the one to replace.
+        checkpoint(
+            {
+                "checkpointId": "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                "snapshotLocation": str(planted),
+                "createdAt": "2026-01-01T00:00:00Z",
+            },
+            {"sandbox_path": state_a.sandbox_path},
+        ),
+    ]
+    for body in forged:
+        info = checkpoint_info_from_body(body, target_b)
+        with pytest.raises(SandboxError, match="is not a checkpoint of sandbox"):
+            executor.restore_checkpoint(target_b, info)
+        assert (Path(state_a.sandbox_path) / "f.txt").read_text() == "a's work\n"
+        assert not (Path(state_a.sandbox_path) / "evil.txt").exists()
+    # Its own checkpoint still restores.
+    restored = executor.restore_checkpoint(target_a, own)
+    assert (Path(restored.sandbox_path) / "f.txt").read_text() == "a\n"
