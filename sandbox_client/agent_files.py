@@ -39,7 +39,12 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import sandbox_core.agent.wire as wire
-from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
+from sandbox_api.naming import (
+    AGENT_SECRET_SUFFIX,
+    AGENT_TOKEN_KEY,
+    child_object_name,
+    legacy_child_object_name,
+)
 from sandbox_client._kube import AsyncKube, Kube
 from sandbox_client.errors import (
     NotFoundError,
@@ -367,6 +372,12 @@ def secret_name(sandbox: SandboxInfo) -> str:
     return child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
 
 
+def legacy_secret_name(sandbox: SandboxInfo) -> str:
+    """The name an operator before hashed child names gave that Secret (read when the current
+    name is absent, so a Sandbox made then keeps working)."""
+    return legacy_child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
+
+
 def _token_of(token: str | None, sandbox: SandboxInfo) -> str:
     if not token:
         raise RefusedError("InvalidState", f"secret {secret_name(sandbox)} holds no agent token")
@@ -418,7 +429,14 @@ class PodProxyTransport:
             if key in self._tokens:
                 return self._tokens[key]
         try:
-            found = self.kube.secret_token(secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY)
+            try:
+                found = self.kube.secret_token(
+                    secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
+            except NotFoundError:
+                found = self.kube.secret_token(
+                    legacy_secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
         except SandboxClientError as exc:
             raise _secret_error(exc, sandbox) from None
         token = _token_of(found, sandbox)
@@ -460,9 +478,14 @@ class AsyncPodProxyTransport:
         if key in self._tokens:
             return self._tokens[key]
         try:
-            found = await self.kube.secret_token(
-                secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
-            )
+            try:
+                found = await self.kube.secret_token(
+                    secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
+            except NotFoundError:
+                found = await self.kube.secret_token(
+                    legacy_secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
         except SandboxClientError as exc:
             raise _secret_error(exc, sandbox) from None
         self._tokens[key] = _token_of(found, sandbox)

@@ -100,6 +100,10 @@ class Settings(BaseSettings):
         retry_backoff_max_seconds: cap of the exponential retry delay (from
             ``retry_delay_seconds``, doubling per attempt).
         handler_timeout_seconds: limit of every handler (kopf gives up and reports).
+        node_path_roots: ``/a,/b``, the directories under which the local executor accepts a
+            ``spec.source.nodePath`` (empty: any absolute path outside the operator's own
+            ``state_dir`` and ``sandbox_root``); checked by the operator itself, not only by
+            the CRD.
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -146,6 +150,7 @@ class Settings(BaseSettings):
     workspace_defaults: str = "{}"
     retry_backoff_max_seconds: Seconds = 60.0
     handler_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    node_path_roots: Annotated[tuple[str, ...], NoDecode] = ()
     fault_fail_commit: IdSet = frozenset()
     fault_fail_rollback: IdSet = frozenset()
     fault_provision_delay_seconds: Seconds = 0.0
@@ -156,6 +161,16 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("node_path_roots", mode="before")
+    @classmethod
+    def _absolute_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        for root in value:
+            if not str(root).startswith("/") or ".." in str(root).split("/"):
+                raise ValueError(f"{root!r} is not an absolute path without '..'")
         return value
 
     @model_validator(mode="after")
