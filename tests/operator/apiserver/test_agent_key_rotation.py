@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_api.naming import child_object_name
 from tests.support.kubelet import POD, Kubelet
 from tests.support.operator import Cluster, OperatorProcess, db_sandbox, wait_for
 
@@ -61,7 +62,8 @@ def test_the_operator_makes_the_key_and_a_rotation_keeps_the_sandbox_served(
     body = cluster.get("sandbox", "s-db")
     assert body is not None
     uid = body["metadata"]["uid"]
-    assert _secret_value(cluster, "sbx-s-db-agent", "token").decode() == _token(old_key, uid)
+    token = _secret_value(cluster, child_object_name("s-db", "agent"), "token")
+    assert token.decode() == _token(old_key, uid)
     kubelet.start_container()
     kubelet.report_ready()
     status = cluster.wait_phase("sandbox", "s-db", {"Active", "Errored"}, timeout=60)

@@ -306,10 +306,14 @@ def test_a_sandbox_made_before_hashed_names_keeps_its_children(
         assert cluster.get("secret", child_object_name("s-db", "agent")) is None
         assert cluster.get("persistentvolumeclaim", child_object_name("s-db", "scratch")) is None
 
-        # Deleting the Sandbox deletes its children under both names.
+        # Deleting the Sandbox deletes its children under both names; the token Secret is left
+        # to garbage collection (the operator may delete no Secret): it is the Sandbox's.
+        sandbox_uid = uid_of(cluster, "sandbox", "s-db")
         cluster.kubectl("delete", "sandbox", "s-db", "--timeout=60s")
         assert cluster.get("pod", POD) is None
-        assert cluster.get("secret", legacy["agent"]) is None
+        token = cluster.get("secret", legacy["agent"])
+        assert token is not None
+        assert [ref["uid"] for ref in token["metadata"]["ownerReferences"]] == [sandbox_uid]
         assert cluster.get("networkpolicy", legacy["ws"]) is None
         assert not present(cluster.get("persistentvolumeclaim", legacy["scratch"]))
     finally:
