@@ -294,6 +294,48 @@ class AsyncKube:
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
 
+    async def proxy_stream(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout_seconds: float,
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """As :meth:`proxy`, the body as it arrives: (status, chunk) pairs; a refusal is one
+        pair with the whole body. ``timeout_seconds`` bounds each read, not the whole reply.
+
+        Raises:
+            OperationFailedError: ``IOError``, the API server cannot be reached.
+        """
+        import aiohttp
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.api()
+        try:
+            response = await api.call_api(
+                path, method, query_params=query, header_params=headers, body=body,
+                auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(sock_read=timeout_seconds),
+            )  # fmt: skip
+        except ApiException as exc:
+            yield _reply_of(exc, method)
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        try:
+            async for data in response.content.iter_any():
+                yield int(response.status), bytes(data)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        finally:
+            response.release()
+
 
 # -- kubernetes (blocking) ----------------------------------------------------------------------
 
@@ -483,3 +525,49 @@ class Kube:
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
 
+    def proxy_stream(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout_seconds: float,
+    ) -> Iterator[tuple[int, bytes]]:
+        """As :meth:`AsyncKube.proxy_stream` (``urllib3``'s streamed response)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        client: Any = self.api_client
+        try:
+            if hasattr(client, "param_serialize"):  # kubernetes >= 31
+                verb, url, headers, body, _ = client.param_serialize(
+                    method=method, resource_path=path, query_params=query,
+                    header_params=headers, body=body, auth_settings=["BearerToken"],
+                )  # fmt: skip
+                raw = client.call_api(
+                    verb, url, header_params=headers, body=body,
+                    _request_timeout=timeout_seconds,
+                ).response  # fmt: skip
+            else:
+                raw = client.call_api(
+                    path, method, query_params=query, header_params=headers,
+                    body=body, auth_settings=["BearerToken"], _preload_content=False,
+                    _return_http_data_only=True, _request_timeout=timeout_seconds,
+                )  # fmt: skip
+        except ApiException as exc:
+            yield _reply_of(exc, method)
+            return
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        try:
+            for data in raw.stream(64 * 1024):
+                yield int(raw.status), bytes(data)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        finally:
+            raw.release_conn()
