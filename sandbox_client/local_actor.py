@@ -116,6 +116,10 @@ class LocalDoor:
             finally:
                 if sandbox.status is not before:
                     host.save(sandbox)
+                if sandbox.strategy == "transaction_rollback":
+                    # Release this process's connection: the statement log stays, and the
+                    # next reopen (here, or the operator's commit) replays it.
+                    sandbox.close()
 
         return _translated(call, f"{what} in {info.name}")
 
