@@ -547,13 +547,14 @@ class Kube:
                 )  # fmt: skip
                 raw = client.call_api(
                     verb, url, header_params=headers, body=body,
-                    _request_timeout=timeout_seconds,
+                    _request_timeout=(timeout_seconds, timeout_seconds),
                 ).response  # fmt: skip
             else:
                 raw = client.call_api(
                     path, method, query_params=query, header_params=headers,
                     body=body, auth_settings=["BearerToken"], _preload_content=False,
-                    _return_http_data_only=True, _request_timeout=timeout_seconds,
+                    _return_http_data_only=True,
+                    _request_timeout=(timeout_seconds, timeout_seconds),
                 )  # fmt: skip
         except ApiException as exc:
             yield _reply_of(exc, method)

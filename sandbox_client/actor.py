@@ -222,8 +222,13 @@ def exec_body(
     return body
 
 
+EXEC_READ_MARGIN_SECONDS = 30.0
+
+
 def exec_request(info: SandboxInfo, body: Mapping[str, Any]) -> AgentRequest:
-    """The ``EXEC`` request of ``body`` with a fresh request id (NDJSON reply)."""
+    """The ``EXEC`` request of ``body`` with a fresh request id (NDJSON reply); a read of its
+    stream may wait as long as the command may run, and a margin."""
+    timeout = float(body.get("timeout_seconds") or DEFAULT_EXEC_TIMEOUT_SECONDS)
     return AgentRequest(
         wire.EXEC.method,
         _route(info, wire.EXEC),
@@ -231,6 +236,7 @@ def exec_request(info: SandboxInfo, body: Mapping[str, Any]) -> AgentRequest:
         request_id=_request_id("exec"),
         content_type=wire.JSON_CONTENT_TYPE,
         accept=wire.NDJSON_CONTENT_TYPE,
+        read_timeout=timeout + EXEC_READ_MARGIN_SECONDS,
     )
 
 

@@ -72,6 +72,9 @@ class AgentRequest:
     accept: str = wire.JSON_CONTENT_TYPE
     # A query name given more than once (``?path=A&path=B``).
     query_pairs: tuple[tuple[str, str], ...] = ()
+    # Seconds one read of a streamed reply may wait (a command's output may pause for as long
+    # as the command runs); None: the transport's own timeout.
+    read_timeout: float | None = None
 
     def params(self) -> list[tuple[str, str]]:
         """The query as (name, value) pairs: ``query``, then ``query_pairs``."""
@@ -455,7 +458,7 @@ class PodProxyTransport:
             request.params(),
             request.headers(self.token(sandbox)),
             request.body,
-            self.timeout_seconds,
+            request.read_timeout or self.timeout_seconds,
         )
         for status, data in chunks:
             yield AgentReply(status, data)
@@ -512,7 +515,7 @@ class AsyncPodProxyTransport:
             request.params(),
             headers,
             request.body,
-            self.timeout_seconds,
+            request.read_timeout or self.timeout_seconds,
         )
         async for status, data in chunks:
             yield AgentReply(status, data)
@@ -552,8 +555,9 @@ class DirectTransport:
             method=request.method,
             headers=request.headers(self._token),
         )
+        timeout = request.read_timeout or self.timeout_seconds
         try:
-            reply = urllib.request.urlopen(http, timeout=self.timeout_seconds)  # noqa: S310
+            reply = urllib.request.urlopen(http, timeout=timeout)  # noqa: S310
         except urllib.error.HTTPError as exc:
             with exc:
                 yield AgentReply(int(exc.code), exc.read())
@@ -563,8 +567,13 @@ class DirectTransport:
                 "IOError", f"agent {request.method}: {type(exc).__name__}"
             ) from None
         with reply:
-            while data := reply.read1(STREAM_CHUNK_BYTES):
-                yield AgentReply(int(reply.status), data)
+            try:
+                while data := reply.read1(STREAM_CHUNK_BYTES):
+                    yield AgentReply(int(reply.status), data)
+            except OSError as exc:  # a read timeout, a reset: the stream ends here
+                raise OperationFailedError(
+                    "IOError", f"agent {request.method}: the reply broke off ({type(exc).__name__})"
+                ) from None
 
     def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`AgentTransport.send` (``urllib``; the sandbox only names the route)."""

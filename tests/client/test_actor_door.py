@@ -297,3 +297,15 @@ def test_core_errors_map_to_the_client_errors() -> None:
     assert actor_error("Weird", "Path traversal not allowed: ..").reason == "PathTraversal"
     assert actor_error("Weird", "x", 404).reason == "NotFound"
     assert actor_error("Weird", "x").reason == "IOError"
+
+
+def test_a_command_may_stay_silent_longer_than_the_transports_timeout(
+    agent_door: Door,
+) -> None:
+    assert isinstance(agent_door.ops, AgentActor)
+    direct = agent_door.ops.transport
+    assert isinstance(direct, DirectTransport)
+    impatient = AgentActor(DirectTransport(direct.base_url, direct._token, timeout_seconds=0.5))
+    done = impatient.exec(agent_door.info, "sleep 1.5; echo late")
+    assert (done.exit_code, done.stdout) == (0, b"late\n")
+    assert not done.timed_out and done.duration_seconds >= 1.5
