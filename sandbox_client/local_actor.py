@@ -40,7 +40,7 @@ from sandbox_client.actor import (
     upload_items,
 )
 from sandbox_client.agent_files import checked_path
-from sandbox_client.errors import RefusedError, SandboxClientError
+from sandbox_client.errors import NotFoundError, RefusedError, SandboxClientError
 from sandbox_client.models import (
     AuditPage,
     EditResult,
@@ -100,12 +100,29 @@ class LocalDoor:
                 _ACTORS[self.state_dir] = LocalActor(self.state_dir)
             return _ACTORS[self.state_dir]
 
+    def _known(self, info: SandboxInfo, what: str) -> None:
+        """Refuse a sandbox without an id, or one this state directory has no record of.
+
+        Raises:
+            RefusedError: ``InvalidState`` (no id yet). NotFoundError: no record here (another
+                state directory: set ``SANDBOX_OPERATOR_STATE_DIR`` or ``local_state_dir``).
+        """
+        if not info.sandbox_id:
+            raise RefusedError("InvalidState", f"sandbox {info.name} has no sandbox id yet")
+        record = _translated(lambda: self._actor().host.record(info.sandbox_id), what)
+        if record is None:
+            raise NotFoundError(
+                "NotFound",
+                f"{what}: sandbox {info.name} ({info.sandbox_id}) has no record in the local "
+                f"executor's state directory {self.state_dir} (set {STATE_DIR_ENV} or "
+                "local_state_dir to the operator's)",
+            )
+
     def _door(self, info: SandboxInfo, op: Callable[[Any], T], what: str) -> T:
         """Reopen the sandbox, run ``op(door)``, save the record when its status moved."""
         from sandbox_core.actor.door import ActorDoor
 
-        if not info.sandbox_id:
-            raise RefusedError("InvalidState", f"sandbox {info.name} has no sandbox id yet")
+        self._known(info, f"{what} in {info.name}")
 
         def call() -> T:
             host = self._actor().host
@@ -130,8 +147,7 @@ class LocalDoor:
 
         body = exec_body(command, **options)
         stdin = options.get("stdin") or b""
-        if not info.sandbox_id:
-            raise RefusedError("InvalidState", f"sandbox {info.name} has no sandbox id yet")
+        self._known(info, f"exec in {info.name}")
 
         def start() -> Any:
             data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -168,6 +184,7 @@ class LocalDoor:
 
     def audit(self, info: SandboxInfo, after: int = 0, limit: int = 100) -> AuditPage:
         """As :meth:`sandbox_client.actor.AgentActor.audit`."""
+        self._known(info, f"audit of {info.name}")
         page = _translated(
             lambda: self._actor().audit(info.sandbox_id, after, limit), f"audit of {info.name}"
         )

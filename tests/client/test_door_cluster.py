@@ -20,7 +20,7 @@ from mcp import Client
 
 from sandbox_client import Plan, SandboxClient, aio
 from sandbox_client.errors import RefusedError
-from sandbox_client.kubectl_plugin import EXIT_REFUSED, cli
+from sandbox_client.kubectl_plugin import EXIT_NOT_FOUND, EXIT_REFUSED, cli
 from sandbox_client.mcp_server import TOOLS, PlanTools, build_server
 from sandbox_client.models import PlanCommitPhase
 from tests.support.client import ClientEnv, make_dir, make_repo
@@ -87,7 +87,7 @@ def test_sandbox_methods_run_commands_edits_and_sql(
 
 
 def test_the_plugin_execs_with_the_commands_exit_code_and_prints_sql(
-    env: ClientEnv, client: SandboxClient, tmp_path: Path
+    env: ClientEnv, client: SandboxClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = make_dir(tmp_path / "data", {"g.txt": "g0\n"})
     database_secret(env, tmp_path, "plug-db")
@@ -97,6 +97,10 @@ def test_the_plugin_execs_with_the_commands_exit_code_and_prints_sql(
     plan.wait_ready(timeout=90)
     common = ["-n", env.namespace, "--kubeconfig", env.kubeconfig]
     runner = CliRunner()
+    elsewhere = runner.invoke(cli, ["exec", files.name, *common, "--", "true"])
+    assert elsewhere.exit_code == EXIT_NOT_FOUND  # the default state directory has no record
+    assert "SANDBOX_OPERATOR_STATE_DIR" in elsewhere.stderr
+    monkeypatch.setenv("SANDBOX_OPERATOR_STATE_DIR", str(env.state_dir))
     run = runner.invoke(
         cli,
         ["exec", files.name, *common, "--cwd", ".", "--env", "WHO=plugin", "--",
