@@ -59,8 +59,9 @@ class Session:
     async def call(self, tool: str, **arguments: Any) -> Any:
         result = await self.client.call_tool(tool, arguments)
         assert not result.is_error, (tool, arguments, result.content)
-        if result.structured_content is not None:
-            return result.structured_content.get("result", result.structured_content)
+        structured = result.structured_content
+        if structured is not None:  # a tool's object, or {"result": value} for other values
+            return structured["result"] if set(structured) == {"result"} else structured
         text = "".join(getattr(c, "text", "") for c in result.content)
         try:
             return json.loads(text)
