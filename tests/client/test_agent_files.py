@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import yaml
 from sandbox_operator.executors.agent_client import AgentClient
 
 from sandbox_client import SandboxClient, aio
+from sandbox_client.actor import AgentActor
 from sandbox_client.agent_files import (
     AgentFileOperations,
     AgentReply,
@@ -249,6 +251,56 @@ def test_pod_proxy_errors_are_typed(
             client.agent_files.read_file(other, "README.md")
         assert no_secret.value.reason == "InvalidState"
         assert TOKEN not in str(no_secret.value)
+
+
+def exercise_actor(actor: AgentActor, info: SandboxInfo, repo: Path) -> None:
+    """The actor's operations through the pod proxy: a streamed command (its first line before
+    its end), an edit, search, a batch download (a repeated query name), the audit log."""
+    started = time.monotonic()
+    first_output = None
+    chunks = []
+    for chunk in actor.exec_stream(info, "echo early; sleep 1.5; echo late"):
+        if chunk.kind == "stdout" and first_output is None:
+            first_output = time.monotonic() - started
+        chunks.append(chunk)
+    assert chunks[-1].result is not None and chunks[-1].result.exit_code == 0
+    assert b"".join(c.data for c in chunks) == b"early\nlate\n"
+    assert first_output is not None and first_output < 1.2  # streamed, not buffered to the end
+    assert actor.exec(info, ["cat", "README.md"]).stdout == b"r0\n"
+    assert actor.edit(info, "README.md", "r0", "r1").occurrences == 1
+    assert [m.path for m in actor.grep(info, "r1").matches] == ["README.md"]
+    down = actor.download(info, ["README.md", "src/app.py"])
+    assert [(r.path, r.data) for r in down] == [
+        ("README.md", b"r1\n"),
+        ("src/app.py", b"print('v0')\n"),
+    ]
+    assert [e["op"] for e in actor.audit(info).entries][-3:] == ["exec", "exec", "edit"]
+    assert (repo / "README.md").read_text() == "r0\n"
+
+
+@pytest.mark.apiserver
+def test_actor_operations_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,
+    tmp_path: Path,
+) -> None:
+    """Commands, edits, search and downloads reach the agent through the API server's pod
+    proxy, streamed, as the documented Role's ServiceAccount (a proxied POST is ``create``)."""
+    cluster, _, repo = proxied
+    info = sandbox_info(cluster.namespace)
+    engine = engine_kubeconfig(cluster, local_apiserver, tmp_path, documented_role()["rules"])
+    with SandboxClient(kubeconfig=str(engine)) as client:
+        actor = client.actor_for(info)
+        assert actor is client.agent_actor
+        exercise_actor(client.agent_actor, info, repo)
+
+    async def flow() -> list[str]:
+        async with aio.SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+            kinds = [c.kind async for c in client.agent_actor.exec_stream(info, ["true"])]
+            assert (await client.agent_actor.stat(info, "README.md")).size == 3
+            return kinds
+
+    assert asyncio.run(flow()) == ["started", "exit"]
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
