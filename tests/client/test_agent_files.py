@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from sandbox_operator.executors.agent_client import AgentClient
 
 from sandbox_client import SandboxClient, aio
@@ -36,6 +37,7 @@ from sandbox_client.agent_files import (
 )
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.files import operations_for
+from sandbox_client.kubectl_plugin import cli as plugin_cli
 from sandbox_client.models import SandboxInfo
 from tests.support.apiserver.harness import free_port
 from tests.support.client_agent import (
@@ -301,6 +303,38 @@ def test_actor_operations_through_the_pod_proxy(
             return kinds
 
     assert asyncio.run(flow()) == ["started", "exit"]
+
+
+@pytest.mark.apiserver
+def test_the_plugin_execs_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,
+) -> None:
+    """``kubectl sandbox exec`` on a pod-executor Sandbox: the output streamed from the real
+    agent through the pod proxy, the command's exit code as the plugin's."""
+    cluster, _, repo = proxied
+    raw = sandbox_info(cluster.namespace).raw
+    manifest = {
+        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": raw["metadata"]["name"]},
+        "spec": raw["spec"],
+    }
+    cluster.create(manifest)
+    cluster.kubectl(
+        "patch", "sandbox", manifest["metadata"]["name"], "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": raw["status"]}),
+    )  # fmt: skip
+    common = ["-n", cluster.namespace, "--kubeconfig", str(local_apiserver.kubeconfig_path)]
+    ran = CliRunner().invoke(
+        plugin_cli,
+        ["exec", manifest["metadata"]["name"], *common, "--", "sh", "-c",
+         "cat README.md; echo to-err >&2; exit 6"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert ran.exit_code == 6, ran.output
+    assert (ran.stdout, ran.stderr) == ("r0\n", "to-err\n")
+    assert (repo / "README.md").read_text() == "r0\n"
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
