@@ -40,7 +40,7 @@ from collections.abc import (
     Sequence,
 )
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Literal, Protocol, TypeAlias, cast
 
 import sandbox_core.agent.wire as wire
 from sandbox_client.agent_files import (
@@ -223,11 +223,13 @@ def exec_body(
 
 
 EXEC_READ_MARGIN_SECONDS = 30.0
+FRAME_HEADER_BYTES = 5  # a frame's tag byte and its 4-byte big-endian length
 
 
 def exec_request(info: SandboxInfo, body: Mapping[str, Any]) -> AgentRequest:
-    """The ``EXEC`` request of ``body`` with a fresh request id (NDJSON reply); a read of its
-    stream may wait as long as the command may run, and a margin."""
+    """The ``EXEC`` request of ``body`` with a fresh request id; its reply is binary frames
+    (``wire.FRAMES_CONTENT_TYPE``: the output's raw bytes, no base64); a read of its stream
+    may wait as long as the command may run, and a margin."""
     timeout = float(body.get("timeout_seconds") or DEFAULT_EXEC_TIMEOUT_SECONDS)
     return AgentRequest(
         wire.EXEC.method,
@@ -235,21 +237,24 @@ def exec_request(info: SandboxInfo, body: Mapping[str, Any]) -> AgentRequest:
         body=json.dumps(body).encode(),
         request_id=_request_id("exec"),
         content_type=wire.JSON_CONTENT_TYPE,
-        accept=wire.NDJSON_CONTENT_TYPE,
+        accept=wire.FRAMES_CONTENT_TYPE,
         read_timeout=timeout + EXEC_READ_MARGIN_SECONDS,
     )
 
 
 class ExecStream:
-    """Reads the ``EXEC`` NDJSON reply as it arrives: :meth:`feed` bytes, get the chunks.
+    """Reads the ``EXEC`` reply as it arrives: :meth:`feed` bytes, get the chunks.
 
-    The ``exit`` event carries the result (with the output fed so far); an ``error`` event is
-    raised as :func:`actor_error`; :meth:`end` raises ``StreamCut`` when neither came.
+    ``framed``: binary frames (``wire.FRAMES_CONTENT_TYPE``: a tag byte, a 4-byte big-endian
+    length, the payload), else NDJSON lines. The ``exit`` event carries the result (with the
+    output fed so far); an ``error`` event is raised as :func:`actor_error`; :meth:`end`
+    raises ``StreamCut`` when neither came.
     """
 
-    def __init__(self, what: str, collect: bool) -> None:
+    def __init__(self, what: str, collect: bool, framed: bool = False) -> None:
         self.what = what
         self.collect = collect
+        self.framed = framed
         self.buffer = b""
         self.stdout: list[bytes] = []
         self.stderr: list[bytes] = []
@@ -261,7 +266,22 @@ class ExecStream:
         """The events complete in ``data`` (with what was fed before)."""
         self.buffer += data
         out: list[ExecChunk] = []
-        while b"\n" in self.buffer:
+        while self.framed and len(self.buffer) >= FRAME_HEADER_BYTES:
+            size = int.from_bytes(self.buffer[1:FRAME_HEADER_BYTES], "big")
+            if len(self.buffer) < FRAME_HEADER_BYTES + size:
+                break
+            tag = self.buffer[:1]
+            payload = self.buffer[FRAME_HEADER_BYTES : FRAME_HEADER_BYTES + size]
+            self.buffer = self.buffer[FRAME_HEADER_BYTES + size :]
+            if tag == wire.FRAME_EVENT:
+                out.append(self._event(payload))
+            elif tag in (wire.FRAME_STDOUT, wire.FRAME_STDERR):
+                out.append(
+                    self._output("stdout" if tag == wire.FRAME_STDOUT else "stderr", payload)
+                )
+            else:
+                raise OperationFailedError("IOError", f"{self.what}: an unknown frame {tag!r}")
+        while not self.framed and b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
             if line.strip():
                 out.append(self._event(line))
@@ -277,10 +297,7 @@ class ExecStream:
             self.exec_id = str(event.get("exec_id") or "")
             return ExecChunk(kind="started", exec_id=self.exec_id)
         if kind in ("stdout", "stderr"):
-            data = base64.b64decode(str(event.get("data_b64") or ""))
-            if self.collect:
-                (self.stdout if kind == "stdout" else self.stderr).append(data)
-            return ExecChunk(kind=kind, exec_id=self.exec_id, data=data)
+            return self._output(kind, base64.b64decode(str(event.get("data_b64") or "")))
         if kind == "exit":
             fields = {k: v for k, v in event.items() if k != "event"}
             self.result = ExecResult.model_validate(
@@ -300,13 +317,18 @@ class ExecStream:
             )
         raise OperationFailedError("IOError", f"{self.what}: an unknown event {kind!r}")
 
+    def _output(self, kind: Literal["stdout", "stderr"], data: bytes) -> ExecChunk:
+        if self.collect:
+            (self.stdout if kind == "stdout" else self.stderr).append(data)
+        return ExecChunk(kind=kind, exec_id=self.exec_id, data=data)
+
     def end(self) -> ExecResult:
         """The result, once the stream ended.
 
         Raises:
             OperationFailedError: ``StreamCut``, the stream ended without the command's exit.
         """
-        if self.buffer.strip():
+        if self.buffer.strip() and not self.framed:
             self.feed(b"\n")
         if self.result is None:
             raise OperationFailedError(
@@ -588,7 +610,7 @@ class AgentActor:
         self, info: SandboxInfo, command: Command, collect: bool, options: Mapping[str, Any]
     ) -> Chunks:
         request = exec_request(info, exec_body(command, **options))
-        reader = ExecStream(f"exec in {info.name}", collect)
+        reader = ExecStream(f"exec in {info.name}", collect, framed=True)
         for reply in self._replies(info, request):
             if not 200 <= reply.status < 300:
                 raise reply_error(reply, f"exec in {info.name}")
@@ -695,7 +717,7 @@ class AsyncAgentActor:
         self, info: SandboxInfo, command: Command, collect: bool, options: Mapping[str, Any]
     ) -> AsyncChunks:
         request = exec_request(info, exec_body(command, **options))
-        reader = ExecStream(f"exec in {info.name}", collect)
+        reader = ExecStream(f"exec in {info.name}", collect, framed=True)
         replies = self._replies(info, request)
         try:
             async for reply in replies:

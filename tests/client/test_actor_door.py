@@ -309,3 +309,46 @@ def test_a_command_may_stay_silent_longer_than_the_transports_timeout(
     done = impatient.exec(agent_door.info, "sleep 1.5; echo late")
     assert (done.exit_code, done.stdout) == (0, b"late\n")
     assert not done.timed_out and done.duration_seconds >= 1.5
+
+
+def test_the_exec_reply_is_read_in_both_encodings_whatever_the_chunk_boundaries() -> None:
+    import base64
+    import json
+
+    from sandbox_client.actor import ExecStream
+
+    exit_event = {"event": "exit", "exec_id": "e1", "exit_code": 3, "stdout_bytes": 6}
+    events = [{"event": "started", "exec_id": "e1"}, exit_event]
+
+    def frame(tag: bytes, payload: bytes) -> bytes:
+        return tag + len(payload).to_bytes(4, "big") + payload
+
+    framed = (
+        frame(b"j", json.dumps(events[0]).encode())
+        + frame(b"o", b"out\n")
+        + frame(b"e", b"er")
+        + frame(b"j", json.dumps(events[1]).encode())
+    )
+    lines = b"".join(
+        json.dumps(e).encode() + b"\n"
+        for e in (
+            events[0],
+            {"event": "stdout", "data_b64": base64.b64encode(b"out\n").decode()},
+            {"event": "stderr", "data_b64": base64.b64encode(b"er").decode()},
+            events[1],
+        )
+    )
+    for data, is_framed in ((framed, True), (lines, False)):
+        for step in (1, 3, 7, len(data)):
+            reader = ExecStream("exec", collect=True, framed=is_framed)
+            kinds = []
+            for at in range(0, len(data), step):
+                kinds += [c.kind for c in reader.feed(data[at : at + step])]
+            result = reader.end()
+            assert kinds == ["started", "stdout", "stderr", "exit"], (is_framed, step)
+            assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"er")
+    cut = ExecStream("exec", collect=True, framed=True)
+    cut.feed(framed[:-3])
+    with pytest.raises(OperationFailedError) as stream_cut:
+        cut.end()
+    assert stream_cut.value.reason == "StreamCut"
