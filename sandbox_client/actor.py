@@ -40,7 +40,7 @@ from collections.abc import (
     Sequence,
 )
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeAlias, cast
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, cast
 
 import sandbox_core.agent.wire as wire
 from sandbox_client.agent_files import (
@@ -78,6 +78,7 @@ from sandbox_client.models import (
 )
 from sandbox_core.paths import TRAVERSAL_MESSAGE
 
+T = TypeVar("T")
 Command: TypeAlias = Sequence[str] | str
 """What to run: an argv (``["pytest", "-q"]``) or a shell line (``"pytest -q | tail"``)."""
 Uploads: TypeAlias = Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]]
@@ -531,44 +532,96 @@ class ActorOperations(Protocol):
     """What a client can do inside one sandbox (the module docstring; blocking)."""
 
     def exec(self, info: SandboxInfo, command: Command, **options: Any) -> ExecResult: ...
-    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks: ...  # fmt: skip  # noqa: E501
+    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks: ...
     def signal(self, info: SandboxInfo, exec_id: str, signal: str | int = "SIGTERM") -> bool: ...
     def audit(self, info: SandboxInfo, after: int = 0, limit: int = 100) -> AuditPage: ...
-    def read_bytes(self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None) -> bytes: ...  # fmt: skip  # noqa: E501
-    def write(self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False) -> FileChange: ...  # fmt: skip  # noqa: E501
+    def read_bytes(
+        self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes: ...
+    def write(
+        self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False
+    ) -> FileChange: ...
     def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange: ...
-    def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange: ...  # fmt: skip  # noqa: E501
-    def mkdir(self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange: ...  # fmt: skip  # noqa: E501
+    def move(
+        self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False
+    ) -> FileChange: ...
+    def mkdir(
+        self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True
+    ) -> FileChange: ...
     def stat(self, info: SandboxInfo, path: str) -> FileStat: ...
-    def edit(self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult: ...  # fmt: skip  # noqa: E501
+    def edit(
+        self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False
+    ) -> EditResult: ...
     def grep(self, info: SandboxInfo, pattern: str, **options: Any) -> GrepResult: ...
     def glob(self, info: SandboxInfo, pattern: str, **options: Any) -> GlobResult: ...
     def upload(self, info: SandboxInfo, files: Uploads) -> list[FileResult]: ...
     def download(self, info: SandboxInfo, paths: Sequence[str]) -> list[FileResult]: ...
-    def sql(self, info: SandboxInfo, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult: ...  # fmt: skip  # noqa: E501
-    def sql_many(self, info: SandboxInfo, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult: ...  # fmt: skip  # noqa: E501
+    def sql(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        params: Any = None,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult: ...
+    def sql_many(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        param_sets: Sequence[Any],
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult: ...
 
 
 class AsyncActorOperations(Protocol):
     """:class:`ActorOperations` with awaitable methods (``exec_stream`` an async iterator)."""
 
     async def exec(self, info: SandboxInfo, command: Command, **options: Any) -> ExecResult: ...
-    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks: ...  # fmt: skip  # noqa: E501
-    async def signal(self, info: SandboxInfo, exec_id: str, signal: str | int = "SIGTERM") -> bool: ...  # fmt: skip  # noqa: E501
+    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks: ...
+    async def signal(
+        self, info: SandboxInfo, exec_id: str, signal: str | int = "SIGTERM"
+    ) -> bool: ...
     async def audit(self, info: SandboxInfo, after: int = 0, limit: int = 100) -> AuditPage: ...
-    async def read_bytes(self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None) -> bytes: ...  # fmt: skip  # noqa: E501
-    async def write(self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False) -> FileChange: ...  # fmt: skip  # noqa: E501
-    async def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange: ...  # fmt: skip  # noqa: E501
-    async def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange: ...  # fmt: skip  # noqa: E501
-    async def mkdir(self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange: ...  # fmt: skip  # noqa: E501
+    async def read_bytes(
+        self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes: ...
+    async def write(
+        self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False
+    ) -> FileChange: ...
+    async def delete(
+        self, info: SandboxInfo, path: str, *, recursive: bool = False
+    ) -> FileChange: ...
+    async def move(
+        self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False
+    ) -> FileChange: ...
+    async def mkdir(
+        self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True
+    ) -> FileChange: ...
     async def stat(self, info: SandboxInfo, path: str) -> FileStat: ...
-    async def edit(self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult: ...  # fmt: skip  # noqa: E501
+    async def edit(
+        self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False
+    ) -> EditResult: ...
     async def grep(self, info: SandboxInfo, pattern: str, **options: Any) -> GrepResult: ...
     async def glob(self, info: SandboxInfo, pattern: str, **options: Any) -> GlobResult: ...
     async def upload(self, info: SandboxInfo, files: Uploads) -> list[FileResult]: ...
     async def download(self, info: SandboxInfo, paths: Sequence[str]) -> list[FileResult]: ...
-    async def sql(self, info: SandboxInfo, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult: ...  # fmt: skip  # noqa: E501
-    async def sql_many(self, info: SandboxInfo, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult: ...  # fmt: skip  # noqa: E501
+    async def sql(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        params: Any = None,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult: ...
+    async def sql_many(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        param_sets: Sequence[Any],
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult: ...
 
 
 def _edit_body(path: str, old: str, new: str, replace_all: bool) -> dict[str, Any]:
@@ -589,7 +642,7 @@ class AgentActor:
     def __init__(self, transport: AgentTransport) -> None:
         self.transport = transport
 
-    def _run(self, info: SandboxInfo, flow: Flow[Any]) -> Any:
+    def _run(self, info: SandboxInfo, flow: Flow[T]) -> T:
         return run_flow(flow, lambda request: self.transport.send(info, request))
 
     def _replies(self, info: SandboxInfo, request: AgentRequest) -> Iterator[AgentReply]:
@@ -599,7 +652,7 @@ class AgentActor:
         else:
             yield from stream(info, request)
 
-    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks:  # fmt: skip  # noqa: E501
+    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks:
         """Run ``command`` (:func:`exec_body`'s options: ``cwd``, ``env``, ``stdin``,
         ``timeout`` seconds, ``max_output_bytes``, ``network``); yield its chunks as they come
         (``started``, ``stdout``/``stderr``, then ``exit`` with the result). Errors as the
@@ -632,65 +685,95 @@ class AgentActor:
 
     def audit(self, info: SandboxInfo, after: int = 0, limit: int = 100) -> AuditPage:
         """A page of the sandbox's audit log (entries with ``seq > after``)."""
-        return self._run(info, audit_flow(info, after, limit))  # type: ignore[no-any-return]
+        return self._run(info, audit_flow(info, after, limit))
 
-    def read_bytes(self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None) -> bytes:  # fmt: skip  # noqa: E501
+    def read_bytes(
+        self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
         """The bytes of ``path`` from ``offset``, ``length`` at most (to the end by default)."""
-        return self._run(info, read_bytes_flow(info, path, offset, length))  # type: ignore[no-any-return]
+        return self._run(info, read_bytes_flow(info, path, offset, length))
 
-    def write(self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    def write(
+        self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False
+    ) -> FileChange:
         """Write ``data`` (``str`` as UTF-8) to ``path``, or append it; parents are made."""
-        return self._run(info, write_flow(info, path, data, append))  # type: ignore[no-any-return]
+        return self._run(info, write_flow(info, path, data, append))
 
     def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange:
         """Delete a file, a link or (``recursive``, or empty) a directory."""
         body = {"path": _file(path), "recursive": recursive}
-        return FileChange.model_validate(self._run(info, change_flow(info, wire.FILE_DELETE, body, "delete")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            self._run(info, change_flow(info, wire.FILE_DELETE, body, "delete"))
+        )
 
-    def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange:
         """Move ``path`` to ``to`` (refused when ``to`` exists unless ``overwrite``)."""
         body = {"path": _file(path), "to": _file(to), "overwrite": overwrite}
-        return FileChange.model_validate(self._run(info, change_flow(info, wire.FILE_MOVE, body, "move")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            self._run(info, change_flow(info, wire.FILE_MOVE, body, "move"))
+        )
 
-    def mkdir(self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange:  # fmt: skip  # noqa: E501
+    def mkdir(
+        self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True
+    ) -> FileChange:
         """Make a directory (and its parents)."""
         body = {"path": _file(path), "parents": parents, "exist_ok": exist_ok}
-        return FileChange.model_validate(self._run(info, change_flow(info, wire.FILE_MKDIR, body, "mkdir")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            self._run(info, change_flow(info, wire.FILE_MKDIR, body, "mkdir"))
+        )
 
     def stat(self, info: SandboxInfo, path: str) -> FileStat:
         """The stat of ``path`` (never following a link)."""
-        return self._run(info, stat_flow(info, path))  # type: ignore[no-any-return]
+        return self._run(info, stat_flow(info, path))
 
-    def edit(self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult:  # fmt: skip  # noqa: E501
+    def edit(
+        self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False
+    ) -> EditResult:
         """Replace the exact text ``old`` by ``new``; refused (``InvalidOperation``) when
         ``old`` is absent, or occurs more than once without ``replace_all``."""
         body = _edit_body(path, old, new, replace_all)
-        return EditResult.model_validate(self._run(info, change_flow(info, wire.FILE_EDIT, body, "edit")))  # fmt: skip  # noqa: E501
+        return EditResult.model_validate(
+            self._run(info, change_flow(info, wire.FILE_EDIT, body, "edit"))
+        )
 
     def grep(self, info: SandboxInfo, pattern: str, **options: Any) -> GrepResult:
         """Lines matching the regular expression (:func:`grep_flow`'s options: ``path``,
         ``glob``, ``ignore_case``, ``max_matches``, ``cursor``)."""
-        return self._run(info, grep_flow(info, pattern, **options))  # type: ignore[no-any-return]
+        return self._run(info, grep_flow(info, pattern, **options))
 
     def glob(self, info: SandboxInfo, pattern: str, **options: Any) -> GlobResult:
         """Paths matching the shell pattern (``path``, ``max_results``, ``cursor``)."""
-        return self._run(info, glob_flow(info, pattern, **options))  # type: ignore[no-any-return]
+        return self._run(info, glob_flow(info, pattern, **options))
 
     def upload(self, info: SandboxInfo, files: Uploads) -> list[FileResult]:
         """Write several files; one result per file."""
-        return self._run(info, upload_flow(info, files))  # type: ignore[no-any-return]
+        return self._run(info, upload_flow(info, files))
 
     def download(self, info: SandboxInfo, paths: Sequence[str]) -> list[FileResult]:
         """Read several files; one result per path, with its ``data``."""
-        return self._run(info, download_flow(info, paths))  # type: ignore[no-any-return]
+        return self._run(info, download_flow(info, paths))
 
-    def sql(self, info: SandboxInfo, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    def sql(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        params: Any = None,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """Run one statement in the sandbox's transaction (``transaction_rollback`` only)."""
-        return self._run(info, sql_flow(info, statement, params, False, max_rows))  # type: ignore[no-any-return]
+        return self._run(info, sql_flow(info, statement, params, False, max_rows))
 
-    def sql_many(self, info: SandboxInfo, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    def sql_many(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        param_sets: Sequence[Any],
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """Run ``statement`` once per parameter set, in one call."""
-        return self._run(info, sql_flow(info, statement, list(param_sets), True, max_rows))  # type: ignore[no-any-return]
+        return self._run(info, sql_flow(info, statement, list(param_sets), True, max_rows))
 
 
 class AsyncAgentActor:
@@ -699,13 +782,15 @@ class AsyncAgentActor:
     def __init__(self, transport: AsyncAgentTransport) -> None:
         self.transport = transport
 
-    async def _run(self, info: SandboxInfo, flow: Flow[Any]) -> Any:
+    async def _run(self, info: SandboxInfo, flow: Flow[T]) -> T:
         async def send(request: AgentRequest) -> AgentReply:
             return await self.transport.send(info, request)
 
         return await arun_flow(flow, send)
 
-    async def _replies(self, info: SandboxInfo, request: AgentRequest) -> AsyncGenerator[AgentReply, None]:  # fmt: skip  # noqa: E501
+    async def _replies(
+        self, info: SandboxInfo, request: AgentRequest
+    ) -> AsyncGenerator[AgentReply, None]:
         stream = getattr(self.transport, "stream", None)
         if stream is None:
             yield await self.transport.send(info, request)
@@ -729,7 +814,7 @@ class AsyncAgentActor:
             await replies.aclose()
         reader.end()
 
-    async def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks:  # fmt: skip  # noqa: E501
+    async def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks:
         """As :meth:`AgentActor.exec_stream` (an async iterator)."""
         chunks = self._exec(info, command, False, options)
         try:
@@ -746,69 +831,101 @@ class AsyncAgentActor:
         assert result is not None  # _exec raises StreamCut otherwise
         return result
 
-    async def signal(self, info: SandboxInfo, exec_id: str, signal: str | int = "SIGTERM") -> bool:  # fmt: skip  # noqa: E501
+    async def signal(self, info: SandboxInfo, exec_id: str, signal: str | int = "SIGTERM") -> bool:
         """As :meth:`AgentActor.signal`."""
         return bool(await self._run(info, signal_flow(info, exec_id, signal)))
 
     async def audit(self, info: SandboxInfo, after: int = 0, limit: int = 100) -> AuditPage:
         """As :meth:`AgentActor.audit`."""
-        return await self._run(info, audit_flow(info, after, limit))  # type: ignore[no-any-return]
+        return await self._run(info, audit_flow(info, after, limit))
 
-    async def read_bytes(self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None) -> bytes:  # fmt: skip  # noqa: E501
+    async def read_bytes(
+        self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
         """As :meth:`AgentActor.read_bytes`."""
-        return await self._run(info, read_bytes_flow(info, path, offset, length))  # type: ignore[no-any-return]
+        return await self._run(info, read_bytes_flow(info, path, offset, length))
 
-    async def write(self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    async def write(
+        self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False
+    ) -> FileChange:
         """As :meth:`AgentActor.write`."""
-        return await self._run(info, write_flow(info, path, data, append))  # type: ignore[no-any-return]
+        return await self._run(info, write_flow(info, path, data, append))
 
-    async def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    async def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange:
         """As :meth:`AgentActor.delete`."""
         body = {"path": _file(path), "recursive": recursive}
-        return FileChange.model_validate(await self._run(info, change_flow(info, wire.FILE_DELETE, body, "delete")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            await self._run(info, change_flow(info, wire.FILE_DELETE, body, "delete"))
+        )
 
-    async def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    async def move(
+        self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False
+    ) -> FileChange:
         """As :meth:`AgentActor.move`."""
         body = {"path": _file(path), "to": _file(to), "overwrite": overwrite}
-        return FileChange.model_validate(await self._run(info, change_flow(info, wire.FILE_MOVE, body, "move")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            await self._run(info, change_flow(info, wire.FILE_MOVE, body, "move"))
+        )
 
-    async def mkdir(self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange:  # fmt: skip  # noqa: E501
+    async def mkdir(
+        self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True
+    ) -> FileChange:
         """As :meth:`AgentActor.mkdir`."""
         body = {"path": _file(path), "parents": parents, "exist_ok": exist_ok}
-        return FileChange.model_validate(await self._run(info, change_flow(info, wire.FILE_MKDIR, body, "mkdir")))  # fmt: skip  # noqa: E501
+        return FileChange.model_validate(
+            await self._run(info, change_flow(info, wire.FILE_MKDIR, body, "mkdir"))
+        )
 
     async def stat(self, info: SandboxInfo, path: str) -> FileStat:
         """As :meth:`AgentActor.stat`."""
-        return await self._run(info, stat_flow(info, path))  # type: ignore[no-any-return]
+        return await self._run(info, stat_flow(info, path))
 
-    async def edit(self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult:  # fmt: skip  # noqa: E501
+    async def edit(
+        self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False
+    ) -> EditResult:
         """As :meth:`AgentActor.edit`."""
         body = _edit_body(path, old, new, replace_all)
-        return EditResult.model_validate(await self._run(info, change_flow(info, wire.FILE_EDIT, body, "edit")))  # fmt: skip  # noqa: E501
+        return EditResult.model_validate(
+            await self._run(info, change_flow(info, wire.FILE_EDIT, body, "edit"))
+        )
 
     async def grep(self, info: SandboxInfo, pattern: str, **options: Any) -> GrepResult:
         """As :meth:`AgentActor.grep`."""
-        return await self._run(info, grep_flow(info, pattern, **options))  # type: ignore[no-any-return]
+        return await self._run(info, grep_flow(info, pattern, **options))
 
     async def glob(self, info: SandboxInfo, pattern: str, **options: Any) -> GlobResult:
         """As :meth:`AgentActor.glob`."""
-        return await self._run(info, glob_flow(info, pattern, **options))  # type: ignore[no-any-return]
+        return await self._run(info, glob_flow(info, pattern, **options))
 
     async def upload(self, info: SandboxInfo, files: Uploads) -> list[FileResult]:
         """As :meth:`AgentActor.upload`."""
-        return await self._run(info, upload_flow(info, files))  # type: ignore[no-any-return]
+        return await self._run(info, upload_flow(info, files))
 
     async def download(self, info: SandboxInfo, paths: Sequence[str]) -> list[FileResult]:
         """As :meth:`AgentActor.download`."""
-        return await self._run(info, download_flow(info, paths))  # type: ignore[no-any-return]
+        return await self._run(info, download_flow(info, paths))
 
-    async def sql(self, info: SandboxInfo, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    async def sql(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        params: Any = None,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """As :meth:`AgentActor.sql`."""
-        return await self._run(info, sql_flow(info, statement, params, False, max_rows))  # type: ignore[no-any-return]
+        return await self._run(info, sql_flow(info, statement, params, False, max_rows))
 
-    async def sql_many(self, info: SandboxInfo, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    async def sql_many(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        param_sets: Sequence[Any],
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """As :meth:`AgentActor.sql_many`."""
-        return await self._run(info, sql_flow(info, statement, list(param_sets), True, max_rows))  # type: ignore[no-any-return]
+        return await self._run(info, sql_flow(info, statement, list(param_sets), True, max_rows))
 
 
 # -- which door serves a sandbox ----------------------------------------------------------------

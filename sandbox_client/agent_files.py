@@ -450,7 +450,9 @@ class PodProxyTransport:
         )
         return AgentReply(status, body)
 
-    def stream(self, sandbox: SandboxInfo, request: AgentRequest) -> Generator[AgentReply, None, None]:  # fmt: skip  # noqa: E501
+    def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> Generator[AgentReply, None, None]:
         """As :meth:`DirectTransport.stream`, through the pod proxy."""
         chunks = self.kube.proxy_stream(
             request.method,
@@ -506,7 +508,9 @@ class AsyncPodProxyTransport:
         )
         return AgentReply(status, body)
 
-    async def stream(self, sandbox: SandboxInfo, request: AgentRequest) -> AsyncGenerator[AgentReply, None]:  # fmt: skip  # noqa: E501
+    async def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> AsyncGenerator[AgentReply, None]:
         """As :meth:`DirectTransport.stream`, through the pod proxy."""
         headers = request.headers(await self.token(sandbox))
         chunks = self.kube.proxy_stream(
@@ -538,7 +542,9 @@ class DirectTransport:
         query = "?" + urllib.parse.urlencode(params) if params else ""
         return self.base_url + request.path + query
 
-    def stream(self, sandbox: SandboxInfo, request: AgentRequest) -> Generator[AgentReply, None, None]:  # fmt: skip  # noqa: E501
+    def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> Generator[AgentReply, None, None]:
         """The reply as it arrives: one :class:`AgentReply` per chunk read, all with the
         reply's status (a refusal: one reply with the whole body). Closing the iterator closes
         the connection (the agent then kills a running command).
@@ -608,7 +614,9 @@ class AsyncDirectTransport:
 
         return await asyncio.to_thread(self.direct.send, sandbox, request)
 
-    async def stream(self, sandbox: SandboxInfo, request: AgentRequest) -> AsyncGenerator[AgentReply, None]:  # fmt: skip  # noqa: E501
+    async def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> AsyncGenerator[AgentReply, None]:
         """As :meth:`DirectTransport.stream` (each read in a worker thread)."""
         import asyncio
 

@@ -156,7 +156,7 @@ class LocalDoor:
 
         return _translated(start, f"exec in {info.name}")
 
-    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks:  # fmt: skip  # noqa: E501
+    def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> Chunks:
         """As :meth:`sandbox_client.actor.AgentActor.exec_stream`."""
         execution = self._start(info, command, options)
         yield ExecChunk(kind="started", exec_id=execution.exec_id)
@@ -192,7 +192,9 @@ class LocalDoor:
 
     # -- files ----------------------------------------------------------------------------
 
-    def read_bytes(self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None) -> bytes:  # fmt: skip  # noqa: E501
+    def read_bytes(
+        self, info: SandboxInfo, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
         """As :meth:`sandbox_client.actor.AgentActor.read_bytes` (streamed, any size)."""
         rel = _file(path)
 
@@ -202,7 +204,9 @@ class LocalDoor:
 
         return self._door(info, read, f"read {rel}")
 
-    def write(self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    def write(
+        self, info: SandboxInfo, path: str, data: bytes | str, *, append: bool = False
+    ) -> FileChange:
         """As :meth:`sandbox_client.actor.AgentActor.write`."""
         rel = _file(path)
         done = self._door(info, lambda d: d.files().write(rel, data, append=append), f"write {rel}")
@@ -211,27 +215,39 @@ class LocalDoor:
     def delete(self, info: SandboxInfo, path: str, *, recursive: bool = False) -> FileChange:
         """As :meth:`sandbox_client.actor.AgentActor.delete`."""
         rel = _file(path)
-        done = self._door(info, lambda d: d.files().delete(rel, recursive=recursive), f"delete {rel}")  # fmt: skip  # noqa: E501
+        done = self._door(
+            info, lambda d: d.files().delete(rel, recursive=recursive), f"delete {rel}"
+        )
         return FileChange.model_validate(done)
 
-    def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange:  # fmt: skip  # noqa: E501
+    def move(self, info: SandboxInfo, path: str, to: str, *, overwrite: bool = False) -> FileChange:
         """As :meth:`sandbox_client.actor.AgentActor.move`."""
         rel, target = _file(path), _file(to)
-        done = self._door(info, lambda d: d.files().move(rel, target, overwrite=overwrite), f"move {rel}")  # fmt: skip  # noqa: E501
+        done = self._door(
+            info, lambda d: d.files().move(rel, target, overwrite=overwrite), f"move {rel}"
+        )
         return FileChange.model_validate(done)
 
-    def mkdir(self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange:  # fmt: skip  # noqa: E501
+    def mkdir(
+        self, info: SandboxInfo, path: str, *, parents: bool = True, exist_ok: bool = True
+    ) -> FileChange:
         """As :meth:`sandbox_client.actor.AgentActor.mkdir`."""
         rel = _file(path)
-        done = self._door(info, lambda d: d.files().mkdir(rel, parents=parents, exist_ok=exist_ok), f"mkdir {rel}")  # fmt: skip  # noqa: E501
+        done = self._door(
+            info, lambda d: d.files().mkdir(rel, parents=parents, exist_ok=exist_ok), f"mkdir {rel}"
+        )
         return FileChange.model_validate(done)
 
     def stat(self, info: SandboxInfo, path: str) -> FileStat:
         """As :meth:`sandbox_client.actor.AgentActor.stat`."""
         rel = checked_path(path)
-        return FileStat.model_validate(self._door(info, lambda d: d.files().stat(rel), f"stat {rel}"))  # fmt: skip  # noqa: E501
+        return FileStat.model_validate(
+            self._door(info, lambda d: d.files().stat(rel), f"stat {rel}")
+        )
 
-    def edit(self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult:  # fmt: skip  # noqa: E501
+    def edit(
+        self, info: SandboxInfo, path: str, old: str, new: str, *, replace_all: bool = False
+    ) -> EditResult:
         """As :meth:`sandbox_client.actor.AgentActor.edit`."""
         body = _edit_body(path, old, new, replace_all)
         done = self._door(
@@ -285,15 +301,33 @@ class LocalDoor:
 
     # -- SQL ------------------------------------------------------------------------------
 
-    def sql(self, info: SandboxInfo, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    def sql(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        params: Any = None,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """As :meth:`sandbox_client.actor.AgentActor.sql`."""
-        done = self._door(info, lambda d: d.sql(statement, _params(params), max_rows=max_rows), "sql")  # fmt: skip  # noqa: E501
+        done = self._door(
+            info, lambda d: d.sql(statement, _params(params), max_rows=max_rows), "sql"
+        )
         return SqlResult.model_validate(done)
 
-    def sql_many(self, info: SandboxInfo, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS) -> SqlResult:  # fmt: skip  # noqa: E501
+    def sql_many(
+        self,
+        info: SandboxInfo,
+        statement: str,
+        param_sets: Sequence[Any],
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> SqlResult:
         """As :meth:`sandbox_client.actor.AgentActor.sql_many`."""
         sets = list(param_sets)
-        done = self._door(info, lambda d: d.sql(statement, _params(sets), many=True, max_rows=max_rows), "sql")  # fmt: skip  # noqa: E501
+        done = self._door(
+            info, lambda d: d.sql(statement, _params(sets), many=True, max_rows=max_rows), "sql"
+        )
         return SqlResult.model_validate(done)
 
 
@@ -323,7 +357,7 @@ class AsyncLocalDoor:
 
         return call
 
-    async def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks:  # fmt: skip  # noqa: E501
+    async def exec_stream(self, info: SandboxInfo, command: Command, **options: Any) -> AsyncChunks:
         """As :meth:`LocalDoor.exec_stream` (leaving the loop early cancels the command)."""
         import asyncio
 
