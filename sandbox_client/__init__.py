@@ -31,8 +31,17 @@ if TYPE_CHECKING:
     )
     from sandbox_client.files import FileOperations, LocalFileOperations
     from sandbox_client.models import (
+        AuditPage,
         CheckpointInfo,
         Condition,
+        EditResult,
+        ExecChunk,
+        ExecResult,
+        FileChange,
+        FileResult,
+        FileStat,
+        GlobResult,
+        GrepResult,
         HistoryEntry,
         PlanCommitPhase,
         PlanCommitResult,
@@ -42,10 +51,21 @@ if TYPE_CHECKING:
         SandboxPhase,
         SandboxSource,
         SandboxSpec,
+        SqlResult,
     )
 
 # Public name -> its module (the attribute has the same name there).
 _EXPORTS: dict[str, str] = {
+    "SqlResult": "sandbox_client.models",
+    "GrepResult": "sandbox_client.models",
+    "GlobResult": "sandbox_client.models",
+    "FileStat": "sandbox_client.models",
+    "FileResult": "sandbox_client.models",
+    "FileChange": "sandbox_client.models",
+    "ExecResult": "sandbox_client.models",
+    "ExecChunk": "sandbox_client.models",
+    "EditResult": "sandbox_client.models",
+    "AuditPage": "sandbox_client.models",
     "CheckpointInfo": "sandbox_client.models",
     "Condition": "sandbox_client.models",
     "ConflictError": "sandbox_client.errors",
@@ -71,10 +91,19 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "AuditPage",
     "CheckpointInfo",
     "Condition",
     "ConflictError",
+    "EditResult",
+    "ExecChunk",
+    "ExecResult",
+    "FileChange",
     "FileOperations",
+    "FileResult",
+    "FileStat",
+    "GlobResult",
+    "GrepResult",
     "HistoryEntry",
     "LocalFileOperations",
     "NotFoundError",
@@ -92,6 +121,7 @@ __all__ = [
     "SandboxPhase",
     "SandboxSource",
     "SandboxSpec",
+    "SqlResult",
     "WaitTimeoutError",
 ]
 

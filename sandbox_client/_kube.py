@@ -25,6 +25,7 @@ raises :class:`GoneError` when its resourceVersion expired (the caller lists aga
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -56,6 +57,14 @@ def _reply_of(exc: Any, method: str) -> tuple[int, bytes]:
         raise OperationFailedError("IOError", f"agent {method}: {exc.reason}") from None
     body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
     return int(exc.status), body
+
+
+def _payload(headers: dict[str, str], body: bytes | None) -> Any:
+    """The body as the Kubernetes libraries take it: a JSON body as its value (they serialize
+    a JSON content type themselves), any other as its bytes."""
+    if body is not None and headers.get("Content-Type") == "application/json":
+        return json.loads(body)
+    return body
 
 
 def _secret_token(secret: Any, key: str) -> str | None:
@@ -277,9 +286,10 @@ class AsyncKube:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         api = await self.api()
+        payload = _payload(headers, body)
         try:
             response = await api.call_api(
-                path, method, query_params=query, header_params=headers, body=body,
+                path, method, query_params=query, header_params=headers, body=payload,
                 auth_settings=["BearerToken"], _preload_content=False,
                 _request_timeout=timeout_seconds,
             )  # fmt: skip
@@ -293,6 +303,49 @@ class AsyncKube:
             raise OperationFailedError(
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
+
+    async def proxy_stream(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout_seconds: float,
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """As :meth:`proxy`, the body as it arrives: (status, chunk) pairs; a refusal is one
+        pair with the whole body. ``timeout_seconds`` bounds each read, not the whole reply.
+
+        Raises:
+            OperationFailedError: ``IOError``, the API server cannot be reached.
+        """
+        import aiohttp
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.api()
+        payload = _payload(headers, body)
+        try:
+            response = await api.call_api(
+                path, method, query_params=query, header_params=headers, body=payload,
+                auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(sock_read=timeout_seconds),
+            )  # fmt: skip
+        except ApiException as exc:
+            yield _reply_of(exc, method)
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        try:
+            async for data in response.content.iter_any():
+                yield int(response.status), bytes(data)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        finally:
+            response.release()
 
 
 # -- kubernetes (blocking) ----------------------------------------------------------------------
@@ -458,11 +511,12 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         client: Any = self.api_client
+        payload = _payload(headers, body)
         try:
             if hasattr(client, "param_serialize"):  # kubernetes >= 31
                 verb, url, headers, body, _ = client.param_serialize(
                     method=method, resource_path=path, query_params=query,
-                    header_params=headers, body=body, auth_settings=["BearerToken"],
+                    header_params=headers, body=payload, auth_settings=["BearerToken"],
                 )  # fmt: skip
                 response = client.call_api(
                     verb, url, header_params=headers, body=body,
@@ -472,7 +526,7 @@ class Kube:
                 return int(response.status), bytes(response.data or b"")
             raw = client.call_api(
                 path, method, query_params=query, header_params=headers,
-                body=body, auth_settings=["BearerToken"], _preload_content=False,
+                body=payload, auth_settings=["BearerToken"], _preload_content=False,
                 _return_http_data_only=True, _request_timeout=timeout_seconds,
             )  # fmt: skip
             return int(raw.status), bytes(raw.data or b"")
@@ -483,3 +537,51 @@ class Kube:
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
 
+    def proxy_stream(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout_seconds: float,
+    ) -> Iterator[tuple[int, bytes]]:
+        """As :meth:`AsyncKube.proxy_stream` (``urllib3``'s streamed response)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        client: Any = self.api_client
+        payload = _payload(headers, body)
+        try:
+            if hasattr(client, "param_serialize"):  # kubernetes >= 31
+                verb, url, headers, body, _ = client.param_serialize(
+                    method=method, resource_path=path, query_params=query,
+                    header_params=headers, body=payload, auth_settings=["BearerToken"],
+                )  # fmt: skip
+                raw = client.call_api(
+                    verb, url, header_params=headers, body=body,
+                    _request_timeout=(timeout_seconds, timeout_seconds),
+                ).response  # fmt: skip
+            else:
+                raw = client.call_api(
+                    path, method, query_params=query, header_params=headers,
+                    body=payload, auth_settings=["BearerToken"], _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=(timeout_seconds, timeout_seconds),
+                )  # fmt: skip
+        except ApiException as exc:
+            yield _reply_of(exc, method)
+            return
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        try:
+            for data in raw.stream(64 * 1024):
+                yield int(raw.status), bytes(data)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {method} via the API server: {type(exc).__name__}"
+            ) from None
+        finally:
+            raw.release_conn()

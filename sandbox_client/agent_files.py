@@ -33,13 +33,18 @@ import json
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import sandbox_core.agent.wire as wire
-from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_name
+from sandbox_api.naming import (
+    AGENT_SECRET_SUFFIX,
+    AGENT_TOKEN_KEY,
+    child_object_name,
+    legacy_child_object_name,
+)
 from sandbox_client._kube import AsyncKube, Kube
 from sandbox_client.errors import (
     NotFoundError,
@@ -54,6 +59,7 @@ from sandbox_core.paths import TRAVERSAL_MESSAGE
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+STREAM_CHUNK_BYTES = 64 * 1024
 _HIDDEN = frozenset({".git"})
 _WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK)
 
@@ -67,12 +73,23 @@ class AgentRequest:
     query: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
     request_id: str = ""
+    content_type: str = wire.BYTES_CONTENT_TYPE  # of ``body``
+    accept: str = wire.JSON_CONTENT_TYPE
+    # A query name given more than once (``?path=A&path=B``).
+    query_pairs: tuple[tuple[str, str], ...] = ()
+    # Seconds one read of a streamed reply may wait (a command's output may pause for as long
+    # as the command runs); None: the transport's own timeout.
+    read_timeout: float | None = None
+
+    def params(self) -> list[tuple[str, str]]:
+        """The query as (name, value) pairs: ``query``, then ``query_pairs``."""
+        return [*self.query.items(), *self.query_pairs]
 
     def headers(self, token: str) -> dict[str, str]:
         """Headers of the request, with ``token`` (never logged by this module)."""
-        out = {wire.TOKEN_HEADER: token, "Accept": wire.JSON_CONTENT_TYPE}
+        out = {wire.TOKEN_HEADER: token, "Accept": self.accept}
         if self.body is not None:
-            out["Content-Type"] = wire.BYTES_CONTENT_TYPE
+            out["Content-Type"] = self.content_type
         if self.request_id:
             out[wire.REQUEST_ID_HEADER] = self.request_id
         return out
@@ -367,6 +384,12 @@ def secret_name(sandbox: SandboxInfo) -> str:
     return child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
 
 
+def legacy_secret_name(sandbox: SandboxInfo) -> str:
+    """The name an operator before hashed child names gave that Secret (read when the current
+    name is absent, so a Sandbox made then keeps working)."""
+    return legacy_child_object_name(sandbox.name, AGENT_SECRET_SUFFIX)
+
+
 def _token_of(token: str | None, sandbox: SandboxInfo) -> str:
     if not token:
         raise RefusedError("InvalidState", f"secret {secret_name(sandbox)} holds no agent token")
@@ -418,7 +441,14 @@ class PodProxyTransport:
             if key in self._tokens:
                 return self._tokens[key]
         try:
-            found = self.kube.secret_token(secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY)
+            try:
+                found = self.kube.secret_token(
+                    secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
+            except NotFoundError:
+                found = self.kube.secret_token(
+                    legacy_secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
         except SandboxClientError as exc:
             raise _secret_error(exc, sandbox) from None
         token = _token_of(found, sandbox)
@@ -431,12 +461,27 @@ class PodProxyTransport:
         status, body = self.kube.proxy(
             request.method,
             proxy_path(sandbox, request),
-            list(request.query.items()),
+            request.params(),
             request.headers(self.token(sandbox)),
             request.body,
             self.timeout_seconds,
         )
         return AgentReply(status, body)
+
+    def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> Generator[AgentReply, None, None]:
+        """As :meth:`DirectTransport.stream`, through the pod proxy."""
+        chunks = self.kube.proxy_stream(
+            request.method,
+            proxy_path(sandbox, request),
+            request.params(),
+            request.headers(self.token(sandbox)),
+            request.body,
+            request.read_timeout or self.timeout_seconds,
+        )
+        for status, data in chunks:
+            yield AgentReply(status, data)
 
 
 class AsyncPodProxyTransport:
@@ -460,9 +505,14 @@ class AsyncPodProxyTransport:
         if key in self._tokens:
             return self._tokens[key]
         try:
-            found = await self.kube.secret_token(
-                secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
-            )
+            try:
+                found = await self.kube.secret_token(
+                    secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
+            except NotFoundError:
+                found = await self.kube.secret_token(
+                    legacy_secret_name(sandbox), sandbox.namespace, AGENT_TOKEN_KEY
+                )
         except SandboxClientError as exc:
             raise _secret_error(exc, sandbox) from None
         self._tokens[key] = _token_of(found, sandbox)
@@ -474,12 +524,28 @@ class AsyncPodProxyTransport:
         status, body = await self.kube.proxy(
             request.method,
             proxy_path(sandbox, request),
-            list(request.query.items()),
+            request.params(),
             headers,
             request.body,
             self.timeout_seconds,
         )
         return AgentReply(status, body)
+
+    async def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> AsyncGenerator[AgentReply, None]:
+        """As :meth:`DirectTransport.stream`, through the pod proxy."""
+        headers = request.headers(await self.token(sandbox))
+        chunks = self.kube.proxy_stream(
+            request.method,
+            proxy_path(sandbox, request),
+            request.params(),
+            headers,
+            request.body,
+            request.read_timeout or self.timeout_seconds,
+        )
+        async for status, data in chunks:
+            yield AgentReply(status, data)
 
 
 class DirectTransport:
@@ -494,14 +560,56 @@ class DirectTransport:
         self._token = token
         self.timeout_seconds = timeout_seconds
 
+    def _url(self, request: AgentRequest) -> str:
+        params = request.params()
+        query = "?" + urllib.parse.urlencode(params) if params else ""
+        return self.base_url + request.path + query
+
+    def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> Generator[AgentReply, None, None]:
+        """The reply as it arrives: one :class:`AgentReply` per chunk read, all with the
+        reply's status (a refusal: one reply with the whole body). Closing the iterator closes
+        the connection (the agent then kills a running command).
+
+        Raises:
+            OperationFailedError: ``IOError``, the agent cannot be reached.
+        """
+        import urllib.error
+        import urllib.request
+
+        http = urllib.request.Request(  # noqa: S310 - http(s) URL given by the caller
+            self._url(request),
+            data=request.body,
+            method=request.method,
+            headers=request.headers(self._token),
+        )
+        timeout = request.read_timeout or self.timeout_seconds
+        try:
+            reply = urllib.request.urlopen(http, timeout=timeout)  # noqa: S310
+        except urllib.error.HTTPError as exc:
+            with exc:
+                yield AgentReply(int(exc.code), exc.read())
+            return
+        except (urllib.error.URLError, OSError) as exc:
+            raise OperationFailedError(
+                "IOError", f"agent {request.method}: {type(exc).__name__}"
+            ) from None
+        with reply:
+            try:
+                while data := reply.read1(STREAM_CHUNK_BYTES):
+                    yield AgentReply(int(reply.status), data)
+            except OSError as exc:  # a read timeout, a reset: the stream ends here
+                raise OperationFailedError(
+                    "IOError", f"agent {request.method}: the reply broke off ({type(exc).__name__})"
+                ) from None
+
     def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
         """As :meth:`AgentTransport.send` (``urllib``; the sandbox only names the route)."""
         import urllib.error  # here, not with the module: only this transport needs them
         import urllib.request
 
-        url = self.base_url + request.path
-        if request.query:
-            url += "?" + urllib.parse.urlencode(request.query)
+        url = self._url(request)
         http = urllib.request.Request(  # noqa: S310 - http(s) URL given by the caller
             url, data=request.body, method=request.method, headers=request.headers(self._token)
         )
@@ -528,3 +636,16 @@ class AsyncDirectTransport:
         import asyncio  # here, not with the module: the blocking client never needs it
 
         return await asyncio.to_thread(self.direct.send, sandbox, request)
+
+    async def stream(
+        self, sandbox: SandboxInfo, request: AgentRequest
+    ) -> AsyncGenerator[AgentReply, None]:
+        """As :meth:`DirectTransport.stream` (each read in a worker thread)."""
+        import asyncio
+
+        replies = self.direct.stream(sandbox, request)
+        try:
+            while (reply := await asyncio.to_thread(next, replies, None)) is not None:
+                yield reply
+        finally:
+            await asyncio.to_thread(replies.close)

@@ -493,6 +493,104 @@ def restore(options: Options, sandbox: str, checkpoint_name: str, timeout: str) 
     _emit(options, info.raw, f"sandbox/{sandbox} restored to {checkpoint_name}")
 
 
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        env[name] = value
+    return env
+
+
+@cli.command(
+    "exec",
+    context_settings={"ignore_unknown_options": True},
+)
+@click.argument("sandbox")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
+@click.option("--cwd", default=".", show_default=True, help="Directory, relative to the root.")
+@click.option("--env", "env_pairs", multiple=True, help="NAME=VALUE for the command (repeat).")
+@click.option("-i", "--stdin", "pass_stdin", is_flag=True, help="Pass this process's stdin on.")
+@click.option("--timeout", default="10m", show_default=True, help="Kill it after (90s, 5m...).")
+@_common
+def exec_command(
+    options: Options,
+    sandbox: str,
+    command: tuple[str, ...],
+    cwd: str,
+    env_pairs: tuple[str, ...],
+    pass_stdin: bool,
+    timeout: str,
+) -> None:
+    """Run CMD (an argv; ``sh -c '...'`` for a shell line) inside SANDBOX's jail, streaming
+    its output as it comes, and exit with the command's own exit code (128+N when killed by
+    signal N; 137 at the timeout). The plugin's exit codes apply when it cannot start."""
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    if not argv:
+        raise click.UsageError("give the command after --")
+    stdin = sys.stdin.buffer.read() if pass_stdin else b""
+    env = _parse_env(env_pairs)
+    result = None
+    with options.client() as client:
+        handle = client.sandbox(sandbox, options.namespace)
+        for chunk in handle.exec_stream(
+            argv, cwd=cwd, env=env, stdin=stdin, timeout=parse_duration(timeout)
+        ):
+            if chunk.kind in ("stdout", "stderr"):
+                stream = sys.stdout if chunk.kind == "stdout" else sys.stderr
+                stream.buffer.write(chunk.data)
+                stream.flush()
+            elif chunk.result is not None:
+                result = chunk.result
+    assert result is not None  # the stream raises StreamCut otherwise
+    if result.timed_out:
+        click.echo(f"error: Timeout: the command ran past {timeout} and was killed", err=True)
+    if result.truncated:
+        click.echo("warning: the output was cut at the per-stream limit", err=True)
+    sys.exit(result.exit_code)
+
+
+def _sql_value(text: str) -> Any:
+    """A ``--param``: JSON when it parses (``1``, ``null``, ``"text"``), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+@cli.command()
+@click.argument("sandbox")
+@click.argument("statement")
+@click.option("--param", "params", multiple=True, help="A parameter, in order (JSON or text).")
+@click.option("--max-rows", default=1000, show_default=True, type=int, help="Rows at most.")
+@_common
+def sql(
+    options: Options, sandbox: str, statement: str, params: tuple[str, ...], max_rows: int
+) -> None:
+    """Run STATEMENT in SANDBOX's transaction (transaction_rollback): a query's rows as a table
+    (``-o json`` for columns, rows, rowcount), another statement's kind and row count."""
+    values = [_sql_value(p) for p in params]
+    with options.client() as client:
+        result = client.sandbox(sandbox, options.namespace).sql(
+            statement, values or None, max_rows=max_rows
+        )
+    if result.columns:
+        rows = [[_cell(v) for v in row] for row in result.rows]
+        text = _table(result.columns, rows) if rows else "(no rows)"
+        if result.truncated:
+            text += f"\n(first {len(rows)} rows)"
+    else:
+        text = f"{result.kind} {result.rowcount}"
+    _emit(options, result.model_dump(mode="json"), text)
+
+
 def main() -> None:
     """Console entry point ``kubectl-sandbox``."""
     cli(prog_name="kubectl sandbox")

@@ -43,9 +43,20 @@ __all__ = [
     "PLAN_LABEL",
     "SANDBOX_PLURAL",
     "VERSION",
+    "AuditPage",
     "CheckpointInfo",
     "CheckpointSpec",
     "Condition",
+    "EditResult",
+    "ExecChunk",
+    "ExecResult",
+    "FileChange",
+    "FileResult",
+    "FileStat",
+    "GlobEntry",
+    "GlobResult",
+    "GrepMatch",
+    "GrepResult",
     "HistoryEntry",
     "JournalStep",
     "PlanCommitAction",
@@ -61,6 +72,7 @@ __all__ = [
     "SandboxSource",
     "SandboxSpec",
     "SecretSource",
+    "SqlResult",
     "StepResult",
     "StepState",
 ]
@@ -332,3 +344,153 @@ class HistoryEntry(_View):
     source: str
     outcome: str
     message: str
+
+
+# -- the actor's door: commands, files, search, SQL, audit (docs/actor.md, docs/actor-files.md) ---
+#
+# These are the agent's own JSON replies (snake_case on the wire) and the same dicts
+# ``sandbox_core.actor`` returns on local paths, so one model reads both.
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
+
+
+class ExecResult(_Reply):
+    """How a command ended, with its collected output.
+
+    ``exit_code``: the exit status (``128 + N`` when ended by signal N, then ``signal`` is N);
+    ``timed_out`` / ``cancelled``: killed at its timeout / cancelled; ``truncated``: a stream
+    wrote more than ``max_output_bytes`` (the rest was dropped); ``stdout_bytes`` /
+    ``stderr_bytes``: what it wrote in all (kept or dropped); ``duration_seconds``: start to
+    exit; ``stdout`` / ``stderr``: the bytes kept; ``replayed``: the agent answered a retried
+    request from its journal (the command did not run again; no output).
+    """
+
+    exec_id: str = ""
+    exit_code: int
+    signal: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    duration_seconds: float = 0.0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    replayed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The command exited with status 0."""
+        return self.exit_code == 0
+
+
+class ExecChunk(_Reply):
+    """One event of a streamed command: ``kind`` is ``started`` (``exec_id``), ``stdout`` or
+    ``stderr`` (``data``, in the order written), or ``exit`` (``result``, last)."""
+
+    kind: Literal["started", "stdout", "stderr", "exit"]
+    exec_id: str = ""
+    data: bytes = b""
+    result: ExecResult | None = None
+
+
+class FileStat(_Reply):
+    """A path's stat, never following a link: ``type`` is ``file``, ``dir``, ``symlink`` or
+    ``special``; ``size`` in bytes; ``mode`` the permission bits as an octal string
+    (``"0o644"``); ``mtime`` seconds since the epoch; ``target`` a symlink's target."""
+
+    path: str
+    type: str
+    size: int = 0
+    mode: str = ""
+    mtime: float = 0.0
+    target: str | None = None
+
+
+class FileChange(_Reply):
+    """What a write, append, delete, move or mkdir did: ``size`` bytes written (``appended``
+    when added at the end); ``type`` of what was deleted; ``to`` where it was moved;
+    ``created`` when mkdir made a directory."""
+
+    path: str
+    size: int | None = None
+    appended: bool | None = None
+    type: str | None = None
+    to: str | None = None
+    created: bool | None = None
+
+
+class EditResult(_Reply):
+    """An exact-match edit: ``occurrences`` replaced; ``bytes`` the file's new size."""
+
+    path: str
+    occurrences: int
+    bytes: int | None = None
+
+
+class GrepMatch(_Reply):
+    """One matching line: ``line`` is 1-based; ``text`` at most 1,000 characters."""
+
+    path: str
+    line: int
+    text: str
+
+
+class GrepResult(_Reply):
+    """A page of matches; pass ``next_cursor`` back to continue (None at the end)."""
+
+    matches: list[GrepMatch] = Field(default_factory=list)
+    truncated: bool = False
+    next_cursor: str | None = None
+
+
+class GlobEntry(_Reply):
+    """One entry of a glob: its path relative to the sandbox root and its ``type``."""
+
+    path: str
+    type: str = ""
+
+
+class GlobResult(_Reply):
+    """A page of paths; pass ``next_cursor`` back to continue (None at the end)."""
+
+    paths: list[GlobEntry] = Field(default_factory=list)
+    truncated: bool = False
+    next_cursor: str | None = None
+
+
+class FileResult(_Reply):
+    """One file of a batch upload or download: ``ok`` with its ``size`` (and, downloaded,
+    its ``data``), or ``error`` (``{"type", "message"}``); one failure never stops the rest."""
+
+    path: str
+    ok: bool
+    size: int = 0
+    data: bytes = b""
+    error: dict[str, str] | None = None
+
+
+class SqlResult(_Reply):
+    """One statement's (or one ``many`` batch's) outcome: ``kind`` is its leading keyword;
+    ``columns`` and ``rows`` of a query (bytes as ``{"$bytes": base64}``, dates ISO 8601,
+    decimals as text; at most ``max_rows``, then ``truncated``); ``rowcount`` (``-1`` when
+    not applicable); ``last_id`` the last inserted row id (SQLite)."""
+
+    kind: str = ""
+    columns: list[str] = Field(default_factory=list)
+    rows: list[list[Any]] = Field(default_factory=list)
+    rowcount: int = -1
+    last_id: int | None = None
+    truncated: bool = False
+
+
+class AuditPage(_Reply):
+    """A page of a sandbox's audit log: ``entries`` (``{"seq", "time", "op", ...}``, never a
+    file's content, a statement's text or a value), ``total``, and ``next`` (the ``after`` of
+    the following page, None at the end)."""
+
+    entries: list[dict[str, Any]] = Field(default_factory=list)
+    total: int = 0
+    next: int | None = None

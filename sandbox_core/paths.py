@@ -1,11 +1,58 @@
-"""Containment of resource-relative paths inside a sandbox root (every strategy's ``get_path``)."""
+"""Containment of resource-relative paths inside a sandbox root (every strategy's ``get_path``),
+and the control paths no actor may change (:func:`is_control_name`)."""
 
 from __future__ import annotations
 
 import os
+import re
+import unicodedata
 from pathlib import Path
 
 TRAVERSAL_MESSAGE = "Path traversal not allowed"
+
+# Control directories of an original: a repository's ``.git`` (its config runs commands:
+# ``core.fsmonitor``, hooks).
+CONTROL_DIRS = frozenset({".git"})
+# The core's own files beside an original (``.<name>.sandbox-lock``, ``.<name>.sandbox-staging-*``,
+# ``.<name>.sandbox-<tag>-<ULID>`` backups, ``.<name>.overlay-<sandbox id>`` work dirs,
+# ``.<name>.checkpoint-<ULID>``) and the staging area inside a mount point.
+_CORE_SIBLING = re.compile(r"^\..+\.(?:sandbox-[a-z]+|overlay-|checkpoint-)")
+_INNER_STAGING = ".sandbox-staging-"
+# Code points a filesystem or a tool may ignore when it compares names (Unicode's
+# Default_Ignorable_Code_Point; HFS+ drops them): ``.g\u200cit`` is ``.git`` there.
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]"
+)
+
+
+def fold_name(name: str) -> str:
+    """``name`` as a filesystem that aliases names may see it: NFKC, ignorable code points
+    dropped, case folded, trailing dots and blanks dropped (Windows and SMB shares)."""
+    text = _IGNORABLE.sub("", unicodedata.normalize("NFKC", name))
+    text = unicodedata.normalize("NFKC", text.casefold())
+    return text.rstrip(". ") or text
+
+
+def is_control_name(name: str) -> bool:
+    """Whether one path component names a control path: ``.git`` (any case or Unicode
+    variant a filesystem could alias to it) or one of the core's own files beside an original
+    (its lock, staging areas, backups, overlay work dirs, checkpoint staging)."""
+    folded = fold_name(name)
+    return (
+        folded in CONTROL_DIRS
+        or folded.startswith(_INNER_STAGING)
+        or _CORE_SIBLING.match(folded) is not None
+    )
+
+
+def control_component(rel: str) -> str | None:
+    """The first component of the relative path ``rel`` that is a control name, else None."""
+    for part in rel.replace(os.sep, "/").split("/"):
+        if part and is_control_name(part):
+            return part
+    return None
 
 
 def resolve_inside(root: str | os.PathLike[str], resource_path: str) -> str:

@@ -27,6 +27,7 @@ DSN libpq can use: the masked fields are dropped, so libpq takes the password fr
 
 from __future__ import annotations
 
+import base64
 import re
 from urllib.parse import quote
 
@@ -35,6 +36,9 @@ SECRET_KEYS = frozenset({"password", "sslpassword"})
 POSTGRES_SCHEMES = frozenset({"postgresql", "postgres"})
 # Secrets shorter than this are not scrubbed from free text (they would garble every message).
 MIN_SCRUB_LENGTH = 4
+# A line of a multi-line secret (a PEM block) is scrubbed on its own from this many characters:
+# a message may quote one line of it (a parser's "bad line ..."), never the whole value.
+MIN_LINE_SCRUB_LENGTH = 8
 
 _URL = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*)://", re.DOTALL)
 _KEY_VALUE = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
@@ -123,17 +127,53 @@ def secrets_of(text: str) -> tuple[str, ...]:
     )
 
 
-def scrub(message: str, secrets: tuple[str, ...]) -> str:
-    """``message`` with each secret (and its percent-encoded form) replaced by ``***``.
+def is_dsn(text: str) -> bool:
+    """True when ``text`` (white space around it ignored) is a database location a Secret may
+    hold: a ``postgresql://``/``postgres://`` or ``sqlite://`` URL, or a libpq ``key=value``
+    string libpq parses. Anything else (a private key, a token, a password alone) is not, and
+    must never be used as a path or shown (the caller names the Secret's key instead)."""
+    text = text.strip()
+    scheme = url_scheme(text)
+    if scheme is not None:
+        return scheme in POSTGRES_SCHEMES or scheme == "sqlite"
+    return bool(_KEY_VALUE.match(text)) and bool(_parse(text))
 
-    Defence in depth for driver messages; secrets shorter than :data:`MIN_SCRUB_LENGTH`
+
+def secret_forms(secret: str) -> frozenset[str]:
+    """Every form in which ``secret`` (any value read from a Secret) may reach a message.
+
+    The value itself; its stripped forms (no trailing newline or white space, none on either
+    side); each of its lines, stripped, of at least :data:`MIN_LINE_SCRUB_LENGTH` characters
+    (a PEM block's lines); the percent-encoded form (RFC 3986) of each of those; and the
+    base64 of the value and of its stripped form (standard and URL-safe alphabets, without the
+    ``=`` padding, so the padded form is covered too). Forms shorter than
+    :data:`MIN_SCRUB_LENGTH` are left out (they would garble every message).
+    """
+    whole = {secret, secret.rstrip("\r\n"), secret.rstrip(), secret.strip()}
+    lines = {line.strip() for line in secret.splitlines()}
+    lines = {line for line in lines if len(line) >= MIN_LINE_SCRUB_LENGTH}
+    forms = whole | lines | {quote(form, safe="") for form in whole | lines}
+    for value in whole:
+        data = value.encode("utf-8", "surrogatepass")
+        forms |= {
+            base64.b64encode(data).decode().rstrip("="),
+            base64.urlsafe_b64encode(data).decode().rstrip("="),
+        }
+    return frozenset(form for form in forms if len(form) >= MIN_SCRUB_LENGTH)
+
+
+def scrub(message: str, secrets: tuple[str, ...]) -> str:
+    """``message`` with every form of each secret (:func:`secret_forms`: the value, stripped,
+    its lines, percent-encoded, base64) replaced by ``***``, longest first.
+
+    Defence in depth for driver messages; forms shorter than :data:`MIN_SCRUB_LENGTH`
     characters are left alone (replacing them would garble every message).
     """
+    forms: set[str] = set()
     for secret in secrets:
-        if len(secret) < MIN_SCRUB_LENGTH:
-            continue
-        for form in {secret, quote(secret, safe="")}:
-            message = message.replace(form, MASK)
+        forms |= secret_forms(secret)
+    for form in sorted(forms, key=len, reverse=True):
+        message = message.replace(form, MASK)
     return message
 
 

@@ -49,6 +49,15 @@ class ExecutorError(Exception):
         self.retryable = retryable
 
 
+class ChildNameTaken(ExecutorError):  # noqa: N818 - it names the state, as conditions read it
+    """A child object's name (Pod, Secret, claim, NetworkPolicy) is held by an object that this
+    Sandbox does not control (its controller ownerReference names another uid, or none).
+
+    Nothing is adopted nor deleted; retried with back-off (the other object may go away), the
+    condition reason ``ChildNameTaken`` and a Warning Event say which object holds the name.
+    """
+
+
 class FaultInjected(SandboxError):  # noqa: N818 - it names the event, as the tests read it
     """Raised by the local executor's test fault hooks (settings ``fault_fail_*``)."""
 
@@ -93,6 +102,8 @@ def classify(exc: BaseException) -> Failure:
         status = int(exc.status or 0)
         retryable = status in (0, 409, 429) or status >= 500
         return Failure(f"ApiError{status}", f"{exc.reason}: {exc.body}", retryable)
+    if isinstance(exc, ChildNameTaken):
+        return Failure("ChildNameTaken", message, True)
     if isinstance(exc, ExecutorError):
         return Failure("ExecutorError", message, exc.retryable)
     for kind, reason, retryable in _FAILURE_KINDS:

@@ -59,7 +59,8 @@ class Settings(BaseSettings):
         state_dir: where the local executor keeps core records (``SandboxStore``).
         sandbox_root: parent directory of sandbox artefacts (worktrees, copies, upper dirs).
         workspace_image: image of workspace Pods (the one image of the project).
-        namespace: namespace the operator watches; empty means all namespaces.
+        namespace: namespaces the operator watches, comma-separated; empty means all namespaces
+            (informational: kopf's ``--namespace`` arguments decide).
         pod_namespace: namespace the operator runs in (its leader-election Lease lives there).
         pod_name: name of the operator's Pod (start of its Lease holder identity).
         allow_privileged_overlay: overlay containers may run privileged (real OverlayFS).
@@ -83,8 +84,12 @@ class Settings(BaseSettings):
         max_workers: kopf's handler thread pool size (``settings.execution.max_workers``); None
             keeps kopf's default (Python's executor default, min(32, CPUs + 4)). More threads
             did not help the CPU-bound local executor on 2 cores (docs/benchmarks.md).
-        agent_key_file: file holding the key workspace-agent tokens are derived from (the chart
-            mounts a Secret of the operator's namespace there).
+        agent_key_file: file holding the key workspace-agent tokens are derived from (and a
+            sibling file ``previous`` during a rotation); used when ``agent_key_secret`` is
+            empty (tests, local runs).
+        agent_key_secret: name of the Secret in ``pod_namespace`` holding that key (data
+            ``key`` and, during a rotation, ``previous``); the operator makes it with a random
+            key when absent (the chart sets it; ``executors.agent_keys``).
         agent_port: port of the workspace agent in workspace Pods.
         pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
             only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
@@ -95,6 +100,10 @@ class Settings(BaseSettings):
         retry_backoff_max_seconds: cap of the exponential retry delay (from
             ``retry_delay_seconds``, doubling per attempt).
         handler_timeout_seconds: limit of every handler (kopf gives up and reports).
+        node_path_roots: ``/a,/b``, the directories under which the local executor accepts a
+            ``spec.source.nodePath`` (empty: any absolute path outside the operator's own
+            ``state_dir`` and ``sandbox_root``); checked by the operator itself, not only by
+            the CRD.
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -134,12 +143,14 @@ class Settings(BaseSettings):
     standby_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
     max_workers: Annotated[int, Field(ge=1)] | None = None
     agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
+    agent_key_secret: str = ""
     agent_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
     pod_labels: str = ""
     network_policy: bool = True
     workspace_defaults: str = "{}"
     retry_backoff_max_seconds: Seconds = 60.0
     handler_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    node_path_roots: Annotated[tuple[str, ...], NoDecode] = ()
     fault_fail_commit: IdSet = frozenset()
     fault_fail_rollback: IdSet = frozenset()
     fault_provision_delay_seconds: Seconds = 0.0
@@ -150,6 +161,16 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("node_path_roots", mode="before")
+    @classmethod
+    def _absolute_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        for root in value:
+            if not str(root).startswith("/") or ".." in str(root).split("/"):
+                raise ValueError(f"{root!r} is not an absolute path without '..'")
         return value
 
     @model_validator(mode="after")

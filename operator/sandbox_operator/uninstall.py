@@ -42,7 +42,15 @@ ORDER = (PLANCOMMIT_PLURAL, CHECKPOINT_PLURAL, SANDBOX_PLURAL)
 
 
 def list_objects(custom: CustomObjectsApi, plural: str, namespace: str) -> list[dict[str, Any]]:
-    """Objects of ``plural`` in ``namespace`` ("" = all namespaces)."""
+    """Objects of ``plural`` in ``namespace`` ("" = all namespaces; "a,b" = in each of those,
+    the chart's watched namespaces)."""
+    if "," in namespace:
+        return [
+            item
+            for one in namespace.split(",")
+            if one.strip()
+            for item in list_objects(custom, plural, one.strip())
+        ]
     if namespace:
         found = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
     else:
@@ -95,12 +103,14 @@ def delete_all(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sandbox_operator.uninstall [--namespace NS] [--timeout-seconds N]``."""
+    """``python -m sandbox_operator.uninstall [--namespace NS[,NS...]] [--timeout-seconds N]``."""
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_operator.uninstall",
         description="Delete every sandbox custom object and wait for the operator's finalizers.",
     )
-    parser.add_argument("--namespace", default="", help="only this namespace (default: all)")
+    parser.add_argument(
+        "--namespace", default="", help="only these namespaces, comma-separated (default: all)"
+    )
     parser.add_argument("--timeout-seconds", type=float, default=300.0)
     parser.add_argument("--poll-seconds", type=float, default=2.0)
     args = parser.parse_args(argv)

@@ -15,14 +15,24 @@ per sandbox. Typical use::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sandbox_client import _kube, _logic
 from sandbox_client import files as file_operations
 from sandbox_client._config import default_namespace, kubeconfig_path
+from sandbox_client.actor import (
+    DEFAULT_MAX_ROWS,
+    AsyncActorOperations,
+    AsyncAgentActor,
+    AsyncChunks,
+    Command,
+    Uploads,
+    async_actor_for,
+)
 from sandbox_client.agent_files import AsyncAgentFileOperations, AsyncPodProxyTransport
 from sandbox_client.errors import NotFoundError
 from sandbox_client.history import sandbox_history
@@ -30,13 +40,22 @@ from sandbox_client.models import (
     CHECKPOINT_PLURAL,
     PLANCOMMIT_PLURAL,
     SANDBOX_PLURAL,
+    AuditPage,
     CheckpointInfo,
+    EditResult,
+    ExecResult,
+    FileChange,
+    FileResult,
+    FileStat,
+    GlobResult,
+    GrepResult,
     HistoryEntry,
     PlanCommitAction,
     PlanCommitResult,
     PlanReview,
     SandboxInfo,
     SandboxOptions,
+    SqlResult,
 )
 
 if TYPE_CHECKING:
@@ -67,6 +86,11 @@ class SandboxClient:
             default chosen per sandbox from ``status.executor`` (``local``: the sandbox path;
             ``pod``: the workspace agent through the API server's pod proxy, with this
             client's credentials).
+        local_state_dir: the local executor's state directory, for the actor's operations
+            (commands, files, SQL) on its sandboxes from this host; default
+            ``$SANDBOX_OPERATOR_STATE_DIR``, then ``/var/lib/sandbox-operator/state``.
+        actor: the :class:`~sandbox_client.actor.AsyncActorOperations` to use for every
+            sandbox (default chosen per sandbox from ``status.executor``, as ``files``).
 
     Raises:
         SandboxClientError: reason ``ConfigError`` when no configuration can be loaded (the
@@ -81,12 +105,18 @@ class SandboxClient:
         namespace: str | None = None,
         api_client: k8s.ApiClient | None = None,
         files: file_operations.FileOperations | None = None,
+        local_state_dir: str | Path | None = None,
+        actor: AsyncActorOperations | None = None,
     ) -> None:
         path = kubeconfig_path(kubeconfig)
         self._kube = _kube.AsyncKube(path, context, api_client)
         self.namespace = namespace or default_namespace(path, context)
         self.files = files
-        self.agent_files = AsyncAgentFileOperations(AsyncPodProxyTransport(self._kube))
+        transport = AsyncPodProxyTransport(self._kube)
+        self.agent_files = AsyncAgentFileOperations(transport)
+        self.agent_actor = AsyncAgentActor(transport)
+        self.local_state_dir = local_state_dir
+        self.actor = actor
 
     @property
     def api_client(self) -> k8s.ApiClient | None:
@@ -270,6 +300,33 @@ class SandboxClient:
         """
         return file_operations.async_files_for(info, self.files, self.agent_files)
 
+    def actor_for(self, info: SandboxInfo) -> AsyncActorOperations:
+        """The actor's operations serving ``info`` (commands, files, search, SQL, audit): the
+        client's ``actor`` when set, else the workspace agent for the pod executor and the
+        core's own code on :attr:`local_state_dir` for the local one.
+
+        Raises:
+            RefusedError: ``NoFileOperations`` (another executor), ``InvalidState`` (not
+                provisioned yet).
+        """
+        if self.actor is not None:
+            return self.actor
+        return async_actor_for(info, self.agent_actor, self.local_state_dir)
+
+
+def _exec_options(
+    cwd: str,
+    env: Mapping[str, str] | None,
+    stdin: bytes | str,
+    timeout: float | None,
+    max_output_bytes: int | None,
+    network: bool | None,
+) -> dict[str, Any]:
+    return {
+        "cwd": cwd, "env": env, "stdin": stdin, "timeout": timeout,
+        "max_output_bytes": max_output_bytes, "network": network,
+    }  # fmt: skip
+
 
 class Sandbox:
     """One Sandbox object: files, diff, checkpoints, restore, rollback.
@@ -354,6 +411,199 @@ class Sandbox:
         """Unified diff (git format) of the sandbox against its original; ``""`` when equal."""
         files, info = await self._files()
         return await files.diff(info)
+
+    # -- the actor's door: commands, files, search, SQL, audit (docs/actor.md) ---------------
+
+    async def _actor(self) -> tuple[AsyncActorOperations, SandboxInfo]:
+        info = await self.info()
+        return self.client.actor_for(info), info
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str = b"",
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+        network: bool | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in the sandbox's jail and wait for its end.
+
+        Args:
+            command: an argv (``["pytest", "-q"]``) or a shell line (``"make && make test"``).
+            cwd: relative to the sandbox's root. env: added to the jail's own (``PATH``,
+                ``HOME=/tmp``, ``LANG``); never the caller's. stdin: written, then closed.
+            timeout: seconds (default 600); past it the command is killed (``timed_out``).
+            max_output_bytes: kept per stream (default 16 MiB; ``truncated`` beyond).
+            network: share the network (default the jail's).
+
+        Returns:
+            ``ExecResult``: ``exit_code``, ``stdout``, ``stderr``, ``truncated``,
+            ``timed_out``, ``duration_seconds``, ... A non-zero exit is a result, not an error.
+
+        Raises:
+            RefusedError: ``PathTraversal`` (cwd), ``ExecRefused`` (no working tree:
+                ``transaction_rollback``), ``InvalidState`` (committed).
+            ConflictError: ``ExecLimit``, the sandbox already runs its limit of commands.
+            OperationFailedError: ``JailUnavailable`` (no bubblewrap), ``StreamCut``.
+        """
+        actor, info = await self._actor()
+        options = _exec_options(cwd, env, stdin, timeout, max_output_bytes, network)
+        return await actor.exec(info, command, **options)
+
+    async def exec_stream(
+        self,
+        command: Command,
+        *,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str = b"",
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+        network: bool | None = None,
+    ) -> AsyncChunks:
+        """:meth:`exec`, yielding the command's chunks as it writes them: ``started``
+        (``exec_id``, for :meth:`signal`), ``stdout``/``stderr`` (``data``), then ``exit``
+        (``result``, without the output). Leaving the loop early kills the command."""
+        actor, info = await self._actor()
+        options = _exec_options(cwd, env, stdin, timeout, max_output_bytes, network)
+        async with aclosing(actor.exec_stream(info, command, **options)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+                if chunk.kind == "exit":
+                    break
+
+    async def signal(self, exec_id: str, signal: str | int = "SIGTERM") -> bool:
+        """Signal a running command (``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``,
+        ``SIGUSR1``, ``SIGUSR2``; ``SIGKILL`` cancels it). Raises: ``NotFoundError``."""
+        actor, info = await self._actor()
+        return await actor.signal(info, exec_id, signal)
+
+    async def audit(self, after: int = 0, limit: int = 100) -> AuditPage:
+        """A page of the sandbox's audit log: every command, write, edit, move, delete and
+        SQL statement (never a content or a value); ``next`` continues."""
+        actor, info = await self._actor()
+        return await actor.audit(info, after, limit)
+
+    async def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """The bytes of ``path`` from ``offset`` (``length`` at most; to the end by default).
+
+        Raises:
+            RefusedError: ``PathTraversal``; ``InvalidOperation`` (not a regular file).
+            NotFoundError: no such file.
+        """
+        actor, info = await self._actor()
+        return await actor.read_bytes(info, path, offset, length)
+
+    async def write(self, path: str, data: bytes | str) -> FileChange:
+        """Create or replace ``path`` (``str`` as UTF-8; parents made); ``size`` written."""
+        actor, info = await self._actor()
+        return await actor.write(info, path, data)
+
+    async def append(self, path: str, data: bytes | str) -> FileChange:
+        """Append ``data`` to ``path`` (created when missing)."""
+        actor, info = await self._actor()
+        return await actor.write(info, path, data, append=True)
+
+    async def delete_path(self, path: str, *, recursive: bool = False) -> FileChange:
+        """Delete a file or link, or a directory (empty, or with ``recursive``).
+
+        Raises:
+            NotFoundError: no such path. RefusedError: ``InvalidOperation`` (a directory not
+                empty), ``PathTraversal``.
+        """
+        actor, info = await self._actor()
+        return await actor.delete(info, path, recursive=recursive)
+
+    async def move(self, path: str, to: str, *, overwrite: bool = False) -> FileChange:
+        """Move ``path`` to ``to``; refused (``InvalidOperation``) when ``to`` exists unless
+        ``overwrite``."""
+        actor, info = await self._actor()
+        return await actor.move(info, path, to, overwrite=overwrite)
+
+    async def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileChange:
+        """Make the directory ``path`` (``created`` False when it was there)."""
+        actor, info = await self._actor()
+        return await actor.mkdir(info, path, parents=parents, exist_ok=exist_ok)
+
+    async def stat(self, path: str) -> FileStat:
+        """``type`` (file, dir, symlink, special), ``size``, ``mode``, ``mtime`` of ``path``,
+        never following a link. Raises: ``NotFoundError``."""
+        actor, info = await self._actor()
+        return await actor.stat(info, path)
+
+    async def edit(self, path: str, old: str, new: str, *, replace_all: bool = False) -> EditResult:
+        """Replace the exact text ``old`` by ``new`` in the UTF-8 file ``path``.
+
+        Raises:
+            RefusedError: ``InvalidOperation`` when ``old`` is empty, absent, or occurs more
+                than once without ``replace_all`` (nothing is written).
+            NotFoundError: no such file.
+        """
+        actor, info = await self._actor()
+        return await actor.edit(info, path, old, new, replace_all=replace_all)
+
+    async def grep(
+        self,
+        pattern: str,
+        *,
+        path: str = ".",
+        glob: str | None = None,
+        ignore_case: bool = False,
+        max_matches: int = 100,
+        cursor: str | None = None,
+    ) -> GrepResult:
+        """Lines matching the Python regular expression ``pattern`` below ``path`` (only files
+        matching ``glob``); at most ``max_matches``, then ``next_cursor`` continues."""
+        actor, info = await self._actor()
+        return await actor.grep(
+            info, pattern, path=path, glob=glob, ignore_case=ignore_case,
+            max_matches=max_matches, cursor=cursor,
+        )  # fmt: skip
+
+    async def glob(
+        self, pattern: str, *, path: str = ".", max_results: int = 1000, cursor: str | None = None
+    ) -> GlobResult:
+        """Paths below ``path`` matching the shell pattern (``*``, ``?``, ``**``, ``[...]``);
+        at most ``max_results``, then ``next_cursor`` continues."""
+        actor, info = await self._actor()
+        return await actor.glob(info, pattern, path=path, max_results=max_results, cursor=cursor)
+
+    async def upload(self, files: Uploads) -> list[FileResult]:
+        """Write several files (``{path: content}`` or pairs): one result per file; a refused
+        one (``ok`` False, ``error``) does not stop the others."""
+        actor, info = await self._actor()
+        return await actor.upload(info, files)
+
+    async def download(self, paths: Sequence[str]) -> list[FileResult]:
+        """Read several files: one result per path, with its ``data`` or its ``error``."""
+        actor, info = await self._actor()
+        return await actor.download(info, paths)
+
+    async def sql(
+        self, statement: str, params: Any = None, *, max_rows: int = DEFAULT_MAX_ROWS
+    ) -> SqlResult:
+        """Run one statement in the sandbox's transaction (``transaction_rollback`` only).
+
+        ``params``: a list (``?``/``%s``) or a mapping (``:name``/``%(name)s``); bytes as
+        ``{"$bytes": base64}``. Returns ``columns``, ``rows`` (at most ``max_rows``, then
+        ``truncated``), ``rowcount``, ``last_id``.
+
+        Raises:
+            RefusedError: ``InvalidState`` (another strategy, or committed); ``Invalid`` or
+                ``InvalidOperation`` (the database refused the statement).
+        """
+        actor, info = await self._actor()
+        return await actor.sql(info, statement, params, max_rows=max_rows)
+
+    async def sql_many(
+        self, statement: str, param_sets: Sequence[Any], *, max_rows: int = DEFAULT_MAX_ROWS
+    ) -> SqlResult:
+        """:meth:`sql` once per parameter set, in one call (``rowcount`` in all)."""
+        actor, info = await self._actor()
+        return await actor.sql_many(info, statement, param_sets, max_rows=max_rows)
 
     # -- checkpoints, restore, rollback -------------------------------------------------------
 

@@ -9,9 +9,12 @@ component is opened, made, renamed or removed relative to its parent's descripto
 
 Refused before anything is touched (:class:`~sandbox_core.errors.SandboxPathError`, message
 ``"Path traversal not allowed: ..."``): absolute paths, any ``..`` component, NUL bytes, and a
-symlink met on the way. A path into a control directory (``.git`` at any depth, in any case) is
-refused for writes (:data:`CONTROL_NAMES`): a worktree's ``.git`` points into the original's
-repository, and a copy's ``.git`` is the original's history.
+symlink met on the way. A path into a control path is refused for writes, at any depth
+(:func:`sandbox_core.paths.is_control_name`): ``.git`` in any case or Unicode variant a
+filesystem could alias to it (a worktree's ``.git`` points into the original's repository, a
+copy's ``.git`` is the original's history, and its config runs commands), and the core's own
+files beside an original (the lock ``.<name>.sandbox-lock``, staging areas, backups, overlay
+work dirs), which a sandbox of a parent directory would otherwise see.
 
 Symlinks inside the sandbox are reported (``stat``, listings) and can be removed, moved or
 replaced, never followed.
@@ -27,9 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sandbox_core.errors import SandboxError, SandboxFileNotFoundError, SandboxPathError
-from sandbox_core.paths import TRAVERSAL_MESSAGE
+from sandbox_core.paths import CONTROL_DIRS, TRAVERSAL_MESSAGE, is_control_name
 
-CONTROL_NAMES = frozenset({".git"})
+CONTROL_NAMES = CONTROL_DIRS
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HINT = "use a path relative to the sandbox's root, without '..' and without symlinks on the way"
 
@@ -58,8 +61,9 @@ def split(rel: str) -> tuple[str, ...]:
 
 
 def is_control(parts: tuple[str, ...]) -> bool:
-    """Whether a path lies in (or is) a control directory such as ``.git``."""
-    return any(part.casefold() in CONTROL_NAMES for part in parts)
+    """Whether a path lies in (or is) a control path (``.git`` and its aliases, the core's own
+    files: :func:`sandbox_core.paths.is_control_name`)."""
+    return any(is_control_name(part) for part in parts)
 
 
 def check_writable(
@@ -74,7 +78,11 @@ def check_writable(
     if not parts:
         raise refused(rel, "is the sandbox's root")
     if is_control(parts):
-        raise refused(rel, "is under a control path (.git) that only a commit may change")
+        raise refused(
+            rel,
+            "is under a control path (.git, or the sandbox's own lock, staging or work files) "
+            "that no actor may change",
+        )
     if parts[0] in protected:
         raise refused(rel, "is the sandbox's own bookkeeping, which only the sandbox writes")
 

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sandbox_core.actor.audit import AuditLog, audit_dir
-from sandbox_core.actor.jail import BASE_ENV, Jail, git_shadow
+from sandbox_core.actor.jail import BASE_ENV, Jail, git_control_binds, git_shadow
 from sandbox_core.errors import SandboxError
 from sandbox_core.strategies.base import BaseSandbox
 
@@ -502,6 +502,7 @@ class CommandRunner:
             run_dir = audit_dir(self.state_dir, sid) / "runs" / exec_id
             shutil.rmtree(run_dir, ignore_errors=True)
             binds = git_shadow(work_tree, run_dir)  # makes run_dir only for a linked worktree
+            binds += git_control_binds(work_tree)  # a repository's own config and hooks: ro
             argv = self.jail.argv(
                 work_tree,
                 os.path.realpath(cwd),

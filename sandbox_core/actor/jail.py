@@ -13,7 +13,12 @@ namespaces. Its file system is an empty read-only root with:
   config, empty hooks, and a private object directory that borrows the original's objects
   read-only (``objects/info/alternates``). ``git checkout``, ``git commit``, ``git config`` or a
   hook written by the command change that copy, never the original's refs, config, hooks or
-  index; the copy is made fresh for each command and dropped after it.
+  index; the copy is made fresh for each command and dropped after it;
+- for a tree holding a repository of its own (a ``.git`` directory: a ``none`` sandbox of a
+  repository writes it in place, a copy of a main worktree carries a copy), its ``config``,
+  ``config.worktree``, ``hooks/`` and ``info/`` read-only (:func:`git_control_binds`): a
+  command may commit there, never plant a ``core.fsmonitor`` or a hook that runs at the next
+  ``git status`` (docs/security.md, "Control paths").
 
 Nothing else exists in the jail: not the agent's token file, its state directory (records,
 request journal, audit log), other sandboxes, the original's working tree, nor the agent's
@@ -199,3 +204,26 @@ def git_shadow(work_tree: str | Path, into: Path) -> list[tuple[str, str, str]]:
     except OSError as exc:
         raise SandboxError(f"cannot copy the git metadata of {work_tree}: {exc}") from exc
     return [("bind", str(copy), str(common)), ("ro-bind", str(common / "objects"), OBJECTS_MOUNT)]
+
+
+# What of a repository's own ``.git`` directory runs commands: never writable by a command.
+GIT_CONTROL_ENTRIES = ("config", "config.worktree", "hooks", "info")
+
+
+def git_control_binds(work_tree: str | Path) -> list[tuple[str, str, str]]:
+    """Read-only mounts over the command-running parts of ``work_tree``'s own repository.
+
+    Returns:
+        ``("ro-bind", path, path)`` for each of :data:`GIT_CONTROL_ENTRIES` that exists (not a
+        symlink) under ``<work_tree>/.git`` when that is a directory; ``[]`` otherwise (no
+        repository, or a linked worktree's ``.git`` file: :func:`git_shadow` covers it).
+    """
+    dotgit = Path(work_tree) / ".git"
+    if dotgit.is_symlink() or not dotgit.is_dir():
+        return []
+    binds = []
+    for name in GIT_CONTROL_ENTRIES:
+        path = dotgit / name
+        if path.exists() and not path.is_symlink():
+            binds.append(("ro-bind", str(path), str(path)))
+    return binds

@@ -35,6 +35,7 @@ from sandbox_core.actor.files import FileRange
 from sandbox_core.actor.search import DEFAULT_MAX_MATCHES, DEFAULT_MAX_RESULTS
 from sandbox_core.actor.sql import DEFAULT_MAX_ROWS
 from sandbox_core.agent.wire import (
+    ALLOWED_ROOTS_ENV,
     BAD_REQUEST,
     CURSOR_QUERY,
     DEFAULT_PORT,
@@ -60,7 +61,7 @@ from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.plan.original_lock import held_by_process, hold_prepared, release_prepared
-from sandbox_core.redaction import same_database
+from sandbox_core.redaction import is_dsn, same_database, secret_forms, url_scheme
 from sandbox_core.redaction import secrets_of as dsn_secrets
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
@@ -79,6 +80,11 @@ class AgentConfig:
 
     ``secret_env``: names of environment variables whose values are secrets (DSNs); replies
     show ``env:NAME`` instead of the value.
+
+    ``allowed_roots``: where a create may find an original (its real path equal to or beneath
+    one of them); ``None`` when not configured (a local agent: any path but the forbidden
+    areas of :meth:`Operations.admit_original`). ``()`` admits no path at all (a Sandbox whose
+    original is a Secret's DSN).
     """
 
     state_dir: Path
@@ -88,20 +94,27 @@ class AgentConfig:
     port: int = DEFAULT_PORT
     secret_env: tuple[str, ...] = (SOURCE_DSN_ENV,)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    allowed_roots: tuple[Path, ...] | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> AgentConfig:
         """Read the variables named by ``wire.STATE_DIR_ENV``, ``ROOT_ENV``, ``TOKEN_FILE_ENV``
-        and ``PORT_ENV`` (defaults: ~/.local/state/sandbox-core, <state>/sandboxes,
-        ``wire.TOKEN_FILE``, ``wire.DEFAULT_PORT``)."""
+        ``PORT_ENV`` and ``ALLOWED_ROOTS_ENV`` (defaults: ~/.local/state/sandbox-core,
+        <state>/sandboxes, ``wire.TOKEN_FILE``, ``wire.DEFAULT_PORT``, not configured)."""
         env = dict(os.environ if environ is None else environ)
         state = Path(env.get(STATE_DIR_ENV) or Path.home() / ".local/state/sandbox-core")
+        roots = env.get(ALLOWED_ROOTS_ENV)
         return cls(
             state_dir=state,
             sandbox_root=Path(env.get(ROOT_ENV) or state / "sandboxes"),
             token_file=Path(env.get(TOKEN_FILE_ENV) or TOKEN_FILE),
             port=int(env.get(PORT_ENV) or DEFAULT_PORT),
             environ=env,
+            allowed_roots=(
+                None
+                if roots is None
+                else tuple(Path(root) for root in roots.split(os.pathsep) if root)
+            ),
         )
 
 
@@ -129,7 +142,9 @@ class Operations:
         """``env:NAME`` -> the value of ``NAME``; anything else as is.
 
         Raises:
-            AgentError: 422 when ``NAME`` is not set in the Pod.
+            AgentError: 422 when ``NAME`` is not set in the Pod, or its value is not a DSN
+                (the message names the variable, never the value: it may be any key of a
+                Secret, a private key or a token).
         """
         if not original.startswith(ENV_REF):
             return original
@@ -137,16 +152,99 @@ class Operations:
         value = self.config.environ.get(name)
         if not value:
             raise AgentError(422, "MissingSecret", f"environment variable {name} is not set")
-        return value
+        if not is_dsn(value):
+            raise AgentError(
+                422,
+                "NotADsn",
+                f"the value of environment variable {name} (the Sandbox's secretRef) is not "
+                "a DSN (postgresql://..., libpq key=value, or sqlite:///path)",
+            )
+        return value.strip()
+
+    def admit_original(self, original: str) -> str:
+        """The original a create may sandbox, resolved (``env:NAME`` -> its DSN).
+
+        Admitted: ``env:NAME`` of a secret variable of this agent (``secret_env``); a path (or
+        ``sqlite:///path``) whose real path (symlinks resolved) lies at or beneath one of
+        ``allowed_roots``. Never: a path that is, lies in or holds the agent's state directory,
+        its sandbox root or its token file, nor one under ``/proc``, ``/sys`` or ``/dev``; a
+        relative path; a literal DSN when ``allowed_roots`` is configured (a DSN reaches the
+        agent only as ``env:NAME``). The messages name the request's own text, never a real
+        path the caller did not give.
+
+        Raises:
+            AgentError: 422 ``RefusedOriginal``; the errors of :meth:`resolve`.
+        """
+        if original.startswith(ENV_REF):
+            if original[len(ENV_REF) :] not in self.config.secret_env:
+                raise AgentError(422, "RefusedOriginal", f"{original} is not this agent's secret")
+            return self.resolve(original)
+        scheme = url_scheme(original)
+        if (scheme is not None and scheme != "sqlite") or (
+            scheme is None and is_dsn(original) and not original.startswith("/")
+        ):
+            if self.config.allowed_roots is not None:
+                raise AgentError(
+                    422, "RefusedOriginal", "a DSN reaches this agent only as env:NAME"
+                )
+            return original
+        path = original
+        if scheme == "sqlite":  # as the transaction strategy reads it: sqlite:///abs/path
+            path = path.strip().split("://", 1)[1]
+            path = "/" + path.lstrip("/") if path.startswith("/") else path
+        if not path.startswith("/"):
+            raise AgentError(422, "RefusedOriginal", f"the original {original!r} is not absolute")
+        real = Path(os.path.realpath(path))
+        own = [self.config.state_dir, self.config.sandbox_root, self.config.token_file]
+        forbidden = [Path("/proc"), Path("/sys"), Path("/dev")]
+        for area in own + forbidden:
+            area_real = Path(os.path.realpath(area))
+            if (
+                real == area_real
+                or area_real in real.parents
+                or (area in own and real in area_real.parents)
+            ):
+                raise AgentError(
+                    422,
+                    "RefusedOriginal",
+                    f"the original {original!r} is, lies in or holds the agent's own state or "
+                    "a system area (/proc, /sys, /dev)",
+                )
+        roots = self.config.allowed_roots
+        if roots is not None and not any(
+            real == (allowed := Path(os.path.realpath(root))) or allowed in real.parents
+            for root in roots
+        ):
+            raise AgentError(
+                422,
+                "RefusedOriginal",
+                f"the original {original!r} is not under this Sandbox's source (symlinks "
+                "resolved); the agent serves only what its Sandbox's spec names",
+            )
+        return original
 
     def hide(self, payload: Any) -> Any:
-        """``payload`` with every secret environment value replaced by its ``env:NAME``."""
-        text = json.dumps(payload, default=str)
-        for name in self.config.secret_env:
-            value = self.config.environ.get(name)
-            if value and len(value) >= 4:
-                text = text.replace(json.dumps(value)[1:-1], ENV_REF + name)
-        return json.loads(text)
+        """``payload`` with every secret environment value, in every form a message may carry
+        it (:func:`~sandbox_core.redaction.secret_forms`), replaced by its ``env:NAME``."""
+        pairs = [
+            (form, ENV_REF + name)
+            for name in self.config.secret_env
+            for form in secret_forms(self.config.environ.get(name) or "")
+        ]
+        pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, str):
+                for form, reference in pairs:
+                    value = value.replace(form, reference)
+                return value
+            if isinstance(value, dict):
+                return {clean(k): clean(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            return value
+
+        return clean(json.loads(json.dumps(payload, default=str)))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -232,12 +330,22 @@ class Operations:
             raise AgentError(
                 BAD_REQUEST, "ValueError", f"create needs {', '.join(missing)} in its body"
             )
+        for key in (*CREATE_FIELDS, "sandbox_id"):
+            if key in body and not isinstance(body[key], str):
+                raise AgentError(BAD_REQUEST, "ValueError", f"{key} must be a string")
+        if not isinstance(body.get("options") or {}, dict):
+            raise AgentError(BAD_REQUEST, "ValueError", "options must be an object")
         options: dict[str, Any] = {str(k): v for k, v in dict(body.get("options") or {}).items()}
-        options.setdefault("sandbox_root", str(self.config.sandbox_root))
+        root = options.setdefault("sandbox_root", str(self.config.sandbox_root))
+        if Path(str(root)) != self.config.sandbox_root:
+            raise AgentError(
+                422, "RefusedOriginal", "options.sandbox_root is the agent's own, not the caller's"
+            )
+        original = self.admit_original(str(body["original"]))
         sandbox = self.host.provision(
             str(body["plan_id"]),
             str(body["resource_id"]),
-            self.resolve(str(body["original"])),
+            original,
             str(body["strategy"]),
             sandbox_id=str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None),
             **options,
@@ -269,19 +377,18 @@ class Operations:
                 self._save(sandbox)
 
     def read(self, sandbox_id: str, rel: str) -> dict[str, Any]:
-        """``{"path", "content_b64"}`` of a file in the sandbox."""
-        target = self.path(sandbox_id, rel)
-        if not target.is_file():
-            raise AgentError(404, "NotFound", f"no file {rel} in sandbox {sandbox_id}")
-        return {"path": rel, "content_b64": base64.b64encode(target.read_bytes()).decode()}
+        """``{"path", "content_b64"}`` of a file in the sandbox, through the actor's files
+        (no symlink followed; at most ``MAX_INLINE_READ_BYTES``: larger files are streamed by
+        ``FILE_BYTES``, so memory stays bounded)."""
+        data = self.actor(sandbox_id, lambda door: door.files().read(rel), changes=False)
+        return {"path": rel, "content_b64": base64.b64encode(data).decode()}
 
     def write(self, sandbox_id: str, rel: str, content: bytes) -> dict[str, Any]:
-        """Write ``content`` to ``rel`` in the sandbox (parents made)."""
-        target = self.path(sandbox_id, rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-        self._bump(sandbox_id)  # new content: a later commit is a new request
-        return {"path": rel, "size": len(content)}
+        """Write ``content`` to ``rel`` in the sandbox (parents made), through the actor's
+        files: a control path (``.git``, the core's own files) is refused as on every other
+        route, and the write is audited."""
+        written = self.put_bytes(sandbox_id, rel, content, append=False)
+        return {"path": rel, "size": written["size"]}
 
     def listdir(self, sandbox_id: str, rel: str) -> dict[str, Any]:
         """Entries of a directory of the sandbox: ``[{"name", "type", "size"}]``."""
@@ -519,7 +626,7 @@ class Operations:
         encoding = str(body.get("encoding") or "utf-8")
         content = str(body.get("content") or "")
         if encoding == "base64":
-            data = base64.b64decode(content)
+            data = _base64(content, "content")
         elif encoding == "utf-8":
             data = content.encode()
         else:
@@ -589,10 +696,17 @@ class Operations:
 
     def upload(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``{"files": [{"path", "content_b64"}]}`` -> ``{"results"}`` (one per file)."""
-        items = [
-            (str(item.get("path") or ""), base64.b64decode(str(item.get("content_b64") or "")))
-            for item in list(body.get("files") or [])
-        ]
+        items = []
+        for index, item in enumerate(list(body.get("files") or [])):
+            where = f"files[{index}]"
+            if not isinstance(item, dict):
+                raise AgentError(BAD_REQUEST, "BadRequest", f"{where} must be an object")
+            path, content = item.get("path"), item.get("content_b64")
+            if not isinstance(path, str) or not isinstance(content, str | None):
+                raise AgentError(
+                    BAD_REQUEST, "BadRequest", f"{where}.path and .content_b64 must be strings"
+                )
+            items.append((path, _base64(content or "", f"{where}.content_b64")))
         results = self.actor(sandbox_id, lambda door: door.files().upload(items), changes=True)
         return {"results": results}
 
@@ -616,6 +730,18 @@ class Operations:
 def _plan_of(sandbox: BaseSandbox) -> str:
     """The plan a sandbox belongs to (for the original's lock record)."""
     return str(getattr(sandbox.context, "plan_id", "") or "")
+
+
+def _base64(text: str, name: str) -> bytes:
+    """``text`` decoded (strict base64).
+
+    Raises:
+        AgentError: 400 ``BadRequest`` naming ``name``.
+    """
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error
+        raise AgentError(BAD_REQUEST, "BadRequest", f"{name} is not base64") from None
 
 
 def _field(body: Mapping[str, Any], name: str) -> str:

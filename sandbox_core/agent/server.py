@@ -9,9 +9,12 @@ constant time. No token file, no service.
 
 Idempotency: a changing request (POST, PUT, DELETE) carries a request id
 (``wire.REQUEST_ID_HEADER``). Its reply is stored under the state directory before it is sent
-(:class:`RequestJournal`), so the same id sent again - a retry after a lost reply or an
-operator restart - gets the stored reply and does nothing twice (``wire.REPLAY_HEADER:
-true``). Requests run one at a time (one worker thread): the agent
+(:class:`RequestJournal`), keyed by method, route, sandbox id and request id, so the same
+request sent again - a retry after a lost reply or an operator restart - gets the stored reply
+and does nothing twice (``wire.REPLAY_HEADER: true``), while the same id on another route or
+sandbox is another request. The journal is pruned (age and count), and a change is refused
+with 507 ``StateVolumeFull`` before it runs when the state volume has no room for its record.
+Requests run one at a time (one worker thread): the agent
 serves one Sandbox and the core's operations are not meant to overlap. The failures of the
 two-phase routes (prepare, apply-prepared, abort-prepared) are not remembered: a failed apply
 keeps the sandbox's status so the coordinator retries it, and a replayed failure would refuse
@@ -30,7 +33,9 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,35 +51,122 @@ from sandbox_core.durable import write_json_atomic
 logger = logging.getLogger("sandbox_core.agent")
 
 
+JOURNAL_MAX_ENTRIES = 20_000  # stored replies kept at most (the oldest go first)
+JOURNAL_MAX_AGE_SECONDS = 7 * 24 * 3600  # a retry comes within minutes; a week is plenty
+JOURNAL_PRUNE_EVERY = 256  # puts between two prunes
+STATE_RESERVE_BYTES = 8 * 1024 * 1024  # free space a changing request needs on the state volume
+
+
+class StateVolumeFull(wire.AgentError):
+    """The state volume has no room for a request's record: refused before the operation."""
+
+    def __init__(self, free: int) -> None:
+        super().__init__(
+            wire.INSUFFICIENT_STORAGE,
+            "StateVolumeFull",
+            f"state volume full: {free} bytes free, {STATE_RESERVE_BYTES} needed before a "
+            "change (nothing was done; free space on the agent's state claim, or grow it)",
+        )
+
+
 class RequestJournal:
-    """Stored replies of changing requests, by request id (files under ``<state>/requests``)."""
+    """Stored replies of changing requests (files under ``<state>/requests``).
 
-    def __init__(self, state_dir: Path) -> None:
+    A reply is keyed by ``(method, route, sandbox id, request id)`` (:func:`journal_key`): the
+    same request id on another route or sandbox is another request, never a replay of this one.
+    Bounded: :meth:`prune` drops replies older than ``max_age`` seconds, then the oldest beyond
+    ``max_entries``; it runs every :data:`JOURNAL_PRUNE_EVERY` puts and when the volume is low.
+    A pruned reply's request, sent again, runs again (every operation is idempotent by its
+    sandbox's state; the journal spares the repeat, it does not make it safe).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        max_entries: int = JOURNAL_MAX_ENTRIES,
+        max_age: float = JOURNAL_MAX_AGE_SECONDS,
+        reserve: int = STATE_RESERVE_BYTES,
+    ) -> None:
         self.directory = state_dir / "requests"
+        self.max_entries = max_entries
+        self.max_age = max_age
+        self.reserve = reserve
+        self._puts = 0
 
-    def _path(self, request_id: str) -> Path:
-        return self.directory / (hashlib.sha256(request_id.encode()).hexdigest() + ".json")
+    def _path(self, key: str) -> Path:
+        return self.directory / (hashlib.sha256(key.encode()).hexdigest() + ".json")
 
-    def get(self, request_id: str) -> tuple[int, Any] | None:
+    def get(self, key: str) -> tuple[int, Any] | None:
         """The stored ``(status, payload)``, or None."""
         try:
-            data = json.loads(self._path(request_id).read_text())
+            data = json.loads(self._path(key).read_text())
         except (OSError, ValueError):
             return None
         return int(data["status"]), data["payload"]
 
-    def put(self, request_id: str, status: int, payload: Any, *, durable: bool = True) -> None:
+    def put(self, key: str, status: int, payload: Any, *, durable: bool = True) -> None:
         """Store a reply (write, fsync, rename, fsync of the directory): :meth:`get` sees the
         whole reply or none. A crash leaves at most ``<name>.json.tmp``, which the next put of
         the same id replaces. ``durable=False`` skips both fsyncs: the reply survives a restart
         of the process, not a power loss (for changes that are not fsynced themselves)."""
         write_json_atomic(
-            self._path(request_id),
+            self._path(key),
             {"status": status, "payload": payload},
             durable=durable,
             pretty=False,
             tmp_suffix=".tmp",
         )
+        self._puts += 1
+        if self._puts % JOURNAL_PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self, now: float | None = None) -> int:
+        """Drop replies older than ``max_age`` and the oldest beyond ``max_entries`` (and torn
+        ``.tmp`` files older than a minute); returns how many were removed."""
+        now = time.time() if now is None else now
+        try:
+            with os.scandir(self.directory) as listing:
+                entries = [(e.stat().st_mtime, e.path, e.name) for e in listing if e.is_file()]
+        except FileNotFoundError:
+            return 0
+        entries.sort()
+        removed = 0
+        keep = [e for e in entries if e[2].endswith(".json")]
+        for mtime, path, name in entries:
+            stale = now - mtime > (60 if name.endswith(".tmp") else self.max_age)
+            if stale or (name.endswith(".json") and len(keep) - removed > self.max_entries):
+                Path(path).unlink(missing_ok=True)
+                removed += 1 if name.endswith(".json") else 0
+        return removed
+
+    def free_bytes(self) -> int:
+        """Bytes free on the state volume for this process (``statvfs``)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        info = os.statvfs(self.directory)
+        return info.f_bavail * info.f_frsize
+
+    def require_room(self) -> None:
+        """Refuse a change when the state volume cannot hold its record (pruning first).
+
+        Raises:
+            StateVolumeFull: 507, before anything was done.
+        """
+        if self.free_bytes() >= self.reserve:
+            return
+        self.prune()
+        free = self.free_bytes()
+        if free < self.reserve:
+            raise StateVolumeFull(free)
+
+
+def journal_key(request: web.Request, request_id: str) -> str:
+    """The journal's key of a changing request: method, route template, sandbox (or
+    checkpoint) id and request id."""
+    info = request.match_info
+    route = info.route.resource.canonical if info.route.resource is not None else request.path
+    target = info.get("sid") or info.get("cid") or ""
+    return "\n".join((request.method, route, target, request_id))
 
 
 class Agent:
@@ -84,6 +176,7 @@ class Agent:
         self.config = config
         self.ops = Operations(config)
         self.journal = RequestJournal(config.state_dir)
+        self.journal.prune()  # what an earlier process left beyond the bounds
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent")
         # The actor's commands: their output is read in threads of their own, never the worker.
         self.actor = CommandRunner(
@@ -123,12 +216,16 @@ class Agent:
             needed = f"{wire.REQUEST_ID_HEADER} needed"
             return _json(wire.BAD_REQUEST, {"error": {"type": "BadRequest", "message": needed}})
 
+        key = journal_key(request, request_id)
+
         def call() -> tuple[int, Any, bool]:
             if changes:
-                stored = self.journal.get(request_id)
+                stored = self.journal.get(key)
                 if stored is not None:
                     return stored[0], stored[1], True
             try:
+                if changes:
+                    self.journal.require_room()  # before the operation, never after it
                 self._refuse_while_commands_run(request)
                 status, payload = 200, self.ops.hide(action())
             except Exception as exc:  # every failure becomes a JSON reply
@@ -138,7 +235,15 @@ class Agent:
                     logger.exception("agent: %s %s failed", request.method, request.path)
             # A 5xx may pass on retry: not remembered (nor failures of routes that say so).
             if changes and (status < 300 or (status < 500 and remember_failures)):
-                self.journal.put(request_id, status, payload, durable=durable_reply)
+                try:
+                    self.journal.put(key, status, payload, durable=durable_reply)
+                except OSError as exc:  # the operation happened: its reply is still the truth
+                    logger.warning(
+                        "agent: the reply of %s %s not kept: %s",
+                        request.method,
+                        request.path,
+                        exc.strerror,
+                    )
             return status, payload, False
 
         loop = asyncio.get_running_loop()
@@ -174,19 +279,22 @@ class Agent:
         loop = asyncio.get_running_loop()
         exec_id = hashlib.sha256(request_id.encode()).hexdigest()[:32]
 
+        key = journal_key(request, request_id)
+
         def start() -> Execution | tuple[int, Any, bool]:
-            stored = self.journal.get(request_id)
+            stored = self.journal.get(key)
             if stored is not None:
                 return stored[0], stored[1], True
             try:
+                self.journal.require_room()
                 stdin = base64.b64decode(str(body.get("stdin_b64") or ""), validate=True)
                 exec_request = ExecRequest.from_json(body, stdin=stdin)
                 sandbox = self.ops.open_for_actor(sid)
                 return self.actor.start(sandbox, exec_request, exec_id)
             except ExecLimitError as exc:
                 return (wire.TOO_MANY_REQUESTS, *wire.error_reply(exc)[1:], False)
-            except binascii.Error as exc:
-                return (*wire.error_reply(ValueError(f"stdin_b64: {exc}")), False)
+            except binascii.Error:
+                return (*wire.error_reply(wire.bad_request("stdin_b64 is not base64")), False)
             except Exception as exc:  # every refusal becomes a JSON reply
                 status, payload = wire.error_reply(exc)
                 if status == wire.SERVER_ERROR:
@@ -205,7 +313,7 @@ class Agent:
             if replay:
                 reply.headers[wire.REPLAY_HEADER] = "true"
             return reply
-        return await self._stream(request, request_id, started)
+        return await self._stream(request, key, started)
 
     async def _stream_start(self, request: web.Request, replay: bool = False) -> web.StreamResponse:
         response = web.StreamResponse(status=200)
@@ -217,7 +325,7 @@ class Agent:
         return response
 
     async def _stream(
-        self, request: web.Request, request_id: str, execution: Execution
+        self, request: web.Request, key: str, execution: Execution
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         chunks = iter(execution)
@@ -268,9 +376,7 @@ class Agent:
         try:
             result = execution.result
             payload: dict[str, Any] = {"event": "exit", **result.to_dict()}
-            await loop.run_in_executor(
-                self.worker, lambda: self.journal.put(request_id, 200, payload)
-            )
+            await loop.run_in_executor(self.worker, lambda: self.journal.put(key, 200, payload))
         except Exception as exc:  # the command ran; its record could not be kept
             logger.exception("agent: exec %s: recording its end failed", execution.exec_id)
             payload = {"event": "error", **wire.error_reply(exc)[1]}
@@ -303,7 +409,7 @@ class Agent:
             refused = {"type": "Unauthorized", "message": "bad or no token"}
             return _json(wire.UNAUTHORIZED, {"error": refused})
 
-        app = web.Application(middlewares=[auth], client_max_size=wire.MAX_BODY_BYTES)
+        app = web.Application(middlewares=[_json_errors, auth], client_max_size=wire.MAX_BODY_BYTES)
         ops = self.ops
 
         async def healthz(_: web.Request) -> web.Response:
@@ -541,8 +647,11 @@ class Agent:
             await response.prepare(request)
             while (event := await loop.run_in_executor(None, next, events, None)) is not None:
                 if "data" in event:
-                    data = event.pop("data")
-                    event["data_b64"] = base64.b64encode(data).decode()
+                    # base64 needs no JSON escaping: the chunk is not run through json.dumps
+                    data = base64.b64encode(event.pop("data"))
+                    head = json.dumps(event).encode()[:-1]
+                    await response.write(head + b', "data_b64": "' + data + b'"}\n')
+                    continue
                 await response.write(json.dumps(event).encode() + b"\n")
             await response.write_eof()
             return response
@@ -583,13 +692,47 @@ class Agent:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, its fields checked against ``wire.BODY_FIELDS``.
+
+    Raises:
+        AgentError: 400 ``BadRequest`` (not JSON, not an object, a field of the wrong type).
+    """
     if not request.can_read_body:
         return {}
     try:
-        data = await request.json()
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text="body is not JSON") from exc
-    return dict(data) if isinstance(data, dict) else {}
+        data = json.loads(await request.read())
+    except (ValueError, RecursionError):
+        raise wire.bad_request("the body is not JSON") from None
+    return wire.check_body(_route_of(request), data)
+
+
+def _route_of(request: web.Request) -> wire.Route:
+    """The contract's route of a matched request (method and path template)."""
+    resource = request.match_info.route.resource
+    template = resource.canonical if resource is not None else request.path
+    return wire.Route("GET" if request.method == "HEAD" else request.method, template)
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every refusal as ``{"error": {"type", "message"}}``: the agent's own (a malformed
+    body), and the HTTP layer's (no such route, wrong method, body too large); anything
+    unexpected a 500 without a traceback or a path (the agent's log has them)."""
+    try:
+        return await handler(request)
+    except wire.AgentError as exc:
+        return _json(*wire.error_reply(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        refused = {"type": type(exc).__name__.removeprefix("HTTP"), "message": exc.reason}
+        return _json(exc.status, {"error": refused})
+    except Exception:  # never a traceback on the wire
+        logger.exception("agent: %s %s failed", request.method, request.path)
+        failed = {"type": "ServerError", "message": "the agent failed; its log has the cause"}
+        return _json(wire.SERVER_ERROR, {"error": failed})
 
 
 def _line(payload: Any) -> bytes:
@@ -628,10 +771,33 @@ def _json(status: int, payload: Any) -> web.Response:
     )
 
 
+class HideSecrets(logging.Filter):
+    """A handler filter: every form of the agent's secret environment values in a record's
+    message and traceback becomes ``env:NAME`` (:meth:`Operations.hide`)."""
+
+    def __init__(self, ops: Operations) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keeps the record; rewrites its text first."""
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        record.msg, record.args = self.ops.hide(message), None
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text, record.exc_info = self.ops.hide(text), None
+        return True
+
+
 def serve(config: AgentConfig | None = None) -> None:
     """Run the agent until SIGTERM/SIGINT (aiohttp's own signal handling)."""
     config = config or AgentConfig.from_env()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     agent = Agent(config)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(HideSecrets(agent.ops))  # no secret in a log line either
     logger.info("sandbox-core workspace agent listening on %s:%d", config.host, config.port)
     web.run_app(agent.app(), host=config.host, port=config.port, print=None, access_log=None)

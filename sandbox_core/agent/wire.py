@@ -15,8 +15,10 @@ carries :data:`REQUEST_ID_HEADER`; a reply served again from the agent's journal
 A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refused commit,
 ``approved_digest`` and ``actual_digest`` for a plan changed since approval), with the status:
 
-    400  BadRequest      a changing request without a valid request id (a body that is not
-                         JSON gets aiohttp's own plain-text 400)
+    400  BadRequest      a changing request without a valid request id, a body that is not
+                         a JSON object, or a field of the wrong type (``BODY_FIELDS``; the
+                         message names the field); every refusal of the HTTP layer (404 no
+                         route, 405, 413 too large) is JSON of this shape too
     401  Unauthorized    no token, or not this Pod's
     404  NotFound        no such sandbox, checkpoint, file or directory (an actor's file
                          operation: SandboxFileNotFoundError)
@@ -26,6 +28,8 @@ A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refuse
     422  <core error>    any other SandboxError, a ValueError (traversal, a bad txid), or
                          MissingSecret (a DSN reference ``env:NAME`` whose NAME is unset)
     500  <error>         anything else; may pass on retry
+    507  StateVolumeFull the agent's state volume has no room for the request's record:
+                         refused before the operation, nothing done
 
 :func:`error_reply` writes that body from an exception (the agent), :func:`core_error` reads
 the core exception back from it (a client that wants a remote sandbox to raise what a local one
@@ -67,6 +71,10 @@ ROOT_ENV = "SANDBOX_CORE_ROOT"
 TOKEN_FILE_ENV = "SANDBOX_AGENT_TOKEN_FILE"  # noqa: S105 - a variable name, not a token
 PORT_ENV = "SANDBOX_AGENT_PORT"
 SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox's secretRef
+# Where the agent's create may find originals: absolute paths joined by ":" (the operator sets
+# it from the Sandbox's spec: the claim's mount path plus ``subPath``; empty for a Secret's DSN).
+# Unset (a local agent): any path but the agent's own state, /proc, /sys and /dev.
+ALLOWED_ROOTS_ENV = "SANDBOX_AGENT_ALLOWED_ROOTS"
 # A DSN is sent as ``env:NAME``, never as its value; every reply shows the reference.
 ENV_REF = "env:"
 
@@ -270,6 +278,7 @@ NOT_FOUND = 404
 CONFLICT = 409
 UNPROCESSABLE = 422
 SERVER_ERROR = 500
+INSUFFICIENT_STORAGE = 507  # the agent's state volume is (nearly) full: nothing was done
 # A refusal that can never pass as sent (wrong state, conflict, invalid argument).
 REFUSAL_STATUSES = frozenset({CONFLICT, UNPROCESSABLE})
 
@@ -281,6 +290,69 @@ class AgentError(Exception):
         super().__init__(message)
         self.status = status
         self.type = type_
+
+
+# -- request bodies -----------------------------------------------------------------------------
+
+# The JSON body fields of each route that takes one, by type (``None`` is always accepted and
+# means the default). A body that is not a JSON object, or a field of another type, is refused
+# with 400 ``BadRequest`` naming the field (:func:`check_body`), before any operation runs.
+_TEXT, _FLAG, _WHOLE, _NUMBER = (str,), (bool,), (int,), (int, float)
+_OBJECT, _LIST = (dict,), (list,)
+BODY_FIELDS: dict[Route, dict[str, tuple[type, ...]]] = {
+    CREATE: {
+        "plan_id": _TEXT, "resource_id": _TEXT, "original": _TEXT, "strategy": _TEXT,
+        "sandbox_id": _TEXT, "options": _OBJECT,
+    },
+    COMMIT: {"message": _TEXT},
+    ROLLBACK: {"reactivate": _FLAG},
+    CHECKPOINT: {"phase": _TEXT, "metadata": _OBJECT},
+    PREPARE: {"txid": _TEXT, "message": _TEXT},
+    APPLY_PREPARED: {"txid": _TEXT},
+    ABORT_PREPARED: {"txid": _TEXT},
+    EXEC: {
+        "argv": _LIST, "shell": _TEXT, "cwd": _TEXT, "env": _OBJECT, "stdin_b64": _TEXT,
+        "timeout_seconds": _NUMBER, "max_output_bytes": _WHOLE, "network": _FLAG,
+    },
+    EXEC_SIGNAL: {"signal": _TEXT},
+    FILE_WRITE: {"path": _TEXT, "content": _TEXT, "encoding": _TEXT, "append": _FLAG},
+    FILE_EDIT: {"path": _TEXT, "old": _TEXT, "new": _TEXT, "replace_all": _FLAG},
+    FILE_DELETE: {"path": _TEXT, "recursive": _FLAG},
+    FILE_MOVE: {"path": _TEXT, "to": _TEXT, "overwrite": _FLAG},
+    FILE_MKDIR: {"path": _TEXT, "parents": _FLAG, "exist_ok": _FLAG},
+    UPLOAD: {"files": _LIST},
+    SQL: {"sql": _TEXT, "params": (list, dict), "many": _FLAG, "max_rows": _WHOLE},
+}  # fmt: skip
+_KINDS = {
+    _TEXT: "a string", _FLAG: "true or false", _WHOLE: "an integer", _NUMBER: "a number",
+    _OBJECT: "an object", _LIST: "a list", (list, dict): "a list or an object",
+}  # fmt: skip
+
+
+def bad_request(message: str) -> AgentError:
+    """A 400 ``BadRequest`` refusal (a malformed request: nothing was done)."""
+    return AgentError(BAD_REQUEST, "BadRequest", message)
+
+
+def check_body(route: Route, body: Any) -> dict[str, Any]:
+    """``body`` when it is a JSON object whose known fields have their types (``None``: an
+    empty body, ``{}``).
+
+    Raises:
+        AgentError: 400 ``BadRequest``, naming the field (never echoing its value).
+    """
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    for name, kinds in BODY_FIELDS.get(route, {}).items():
+        value = body.get(name)
+        if value is None:
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in kinds
+        if wrong_bool or not isinstance(value, kinds):
+            raise bad_request(f"{name} must be {_KINDS[kinds]}")
+    return body
 
 
 def error_reply(exc: BaseException) -> tuple[int, dict[str, Any]]:

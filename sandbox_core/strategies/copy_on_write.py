@@ -60,6 +60,7 @@ from sandbox_core.tree.baseline import (
     read_touched,
     reset_copy,
 )
+from sandbox_core.tree.control import refuse_control_changes
 from sandbox_core.tree.guards import lock_tree, refuse_mount_points
 from sandbox_core.tree.scan import TreeChanges
 from sandbox_core.tree.snapshot import compute_changes_at, link_closure
@@ -310,9 +311,12 @@ class CopyOnWriteSandbox(BaseSandbox):
 
         Raises:
             SandboxCommitError: with ``conflicts`` (sorted relative paths; ``"."`` for the top
-                directory) when a path changed both in the sandbox and in the original.
+                directory) when a path changed both in the sandbox and in the original, or
+                the paths of control files the commit must not write
+                (:mod:`sandbox_core.tree.control`).
         """
         changes, conflicts, root = self._split_changes(source)
+        refuse_control_changes(changes, source, self.sandbox_id)  # .git, the core's own files
         if conflicts:
             raise SandboxCommitError(
                 f"commit of sandbox {self.sandbox_id} refused: {len(conflicts)} path(s) changed "

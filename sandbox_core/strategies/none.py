@@ -9,12 +9,20 @@ nothing in this process, so a crash loses nothing and a fresh process can apply 
 the txid alone; the sandbox therefore never takes the last-resource slot (which stays free for a
 SQLite participant). What two phases cannot do for it: its writes are visible before the
 decision and stay when the plan is aborted (the plan's review shows it with no paths).
+
+Control paths: the actor's file routes refuse ``.git`` here as everywhere; a command may still
+write one straight into the original. A commit (and a prepare) of an original that had no
+``.git`` at create and has one now is refused (``SandboxCommitError`` naming it), so the plan
+never accepts a repository it did not start with.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
+from sandbox_core.errors import SandboxCommitError
 from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
 from sandbox_core.strategies.base import BaseSandbox, logger
 
@@ -39,10 +47,31 @@ class NoSandbox(BaseSandbox):
             original_path=self.original_path,
             resource_id=self.resource_id,
             plan_id=plan_id,
-            metadata={"strategy": self.strategy, "isolation": "none"},
+            metadata={
+                "strategy": self.strategy,
+                "isolation": "none",
+                "had_git": _has_git(self.original_path),
+            },
         )
 
+    def _refuse_new_repository(self) -> None:
+        """A ``.git`` the original did not have at create is never accepted by a commit.
+
+        Raises:
+            SandboxCommitError: naming the path (``conflicts``: ``[".git"]``).
+        """
+        metadata = self.context.metadata if self.context is not None else {}
+        had = metadata.get("had_git", True)  # a record of an older version: not known
+        if not had and _has_git(self.original_path):
+            raise SandboxCommitError(
+                f"commit of sandbox {self.sandbox_id} refused: the original "
+                f"{self.original_path} gained a control path .git since the sandbox was "
+                "created; remove it and commit again",
+                conflicts=[".git"],
+            )
+
     def _do_commit(self, message: str | None) -> CommitResult:
+        self._refuse_new_repository()
         # Writes already landed; a commit only records that the plan accepted them.
         return CommitResult(
             sandbox_id=self.sandbox_id,
@@ -74,6 +103,7 @@ class NoSandbox(BaseSandbox):
         )
 
     def _do_prepare(self, txid: str, message: str | None) -> PreparedCommit:
+        self._refuse_new_repository()
         return PreparedCommit(
             sandbox_id=self.sandbox_id,
             txid=txid,
@@ -95,3 +125,8 @@ class NoSandbox(BaseSandbox):
     def _digest(self) -> str:
         text = f"none:{self.resource_id}:{self.original_path}"
         return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _has_git(original: str) -> bool:
+    """Whether ``original`` holds a ``.git`` entry (any type; a symlink not followed)."""
+    return os.path.lexists(Path(original) / ".git")

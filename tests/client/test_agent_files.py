@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from sandbox_operator.executors.agent_client import AgentClient
 
 from sandbox_client import SandboxClient, aio
+from sandbox_client.actor import AgentActor
 from sandbox_client.agent_files import (
     AgentFileOperations,
     AgentReply,
@@ -34,6 +37,7 @@ from sandbox_client.agent_files import (
 )
 from sandbox_client.errors import NotFoundError, OperationFailedError, RefusedError
 from sandbox_client.files import operations_for
+from sandbox_client.kubectl_plugin import cli as plugin_cli
 from sandbox_client.models import SandboxInfo
 from tests.support.apiserver.harness import free_port
 from tests.support.client_agent import (
@@ -249,6 +253,88 @@ def test_pod_proxy_errors_are_typed(
             client.agent_files.read_file(other, "README.md")
         assert no_secret.value.reason == "InvalidState"
         assert TOKEN not in str(no_secret.value)
+
+
+def exercise_actor(actor: AgentActor, info: SandboxInfo, repo: Path) -> None:
+    """The actor's operations through the pod proxy: a streamed command (its first line before
+    its end), an edit, search, a batch download (a repeated query name), the audit log."""
+    started = time.monotonic()
+    first_output = None
+    chunks = []
+    for chunk in actor.exec_stream(info, "echo early; sleep 1.5; echo late"):
+        if chunk.kind == "stdout" and first_output is None:
+            first_output = time.monotonic() - started
+        chunks.append(chunk)
+    assert chunks[-1].result is not None and chunks[-1].result.exit_code == 0
+    assert b"".join(c.data for c in chunks) == b"early\nlate\n"
+    assert first_output is not None and first_output < 1.2  # streamed, not buffered to the end
+    assert actor.exec(info, ["cat", "README.md"]).stdout == b"r0\n"
+    assert actor.edit(info, "README.md", "r0", "r1").occurrences == 1
+    assert [m.path for m in actor.grep(info, "r1").matches] == ["README.md"]
+    down = actor.download(info, ["README.md", "src/app.py"])
+    assert [(r.path, r.data) for r in down] == [
+        ("README.md", b"r1\n"),
+        ("src/app.py", b"print('v0')\n"),
+    ]
+    assert [e["op"] for e in actor.audit(info).entries][-3:] == ["exec", "exec", "edit"]
+    assert (repo / "README.md").read_text() == "r0\n"
+
+
+@pytest.mark.apiserver
+def test_actor_operations_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,
+    tmp_path: Path,
+) -> None:
+    """Commands, edits, search and downloads reach the agent through the API server's pod
+    proxy, streamed, as the documented Role's ServiceAccount (a proxied POST is ``create``)."""
+    cluster, _, repo = proxied
+    info = sandbox_info(cluster.namespace)
+    engine = engine_kubeconfig(cluster, local_apiserver, tmp_path, documented_role()["rules"])
+    with SandboxClient(kubeconfig=str(engine)) as client:
+        actor = client.actor_for(info)
+        assert actor is client.agent_actor
+        exercise_actor(client.agent_actor, info, repo)
+
+    async def flow() -> list[str]:
+        async with aio.SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+            kinds = [c.kind async for c in client.agent_actor.exec_stream(info, ["true"])]
+            assert (await client.agent_actor.stat(info, "README.md")).size == 3
+            return kinds
+
+    assert asyncio.run(flow()) == ["started", "exit"]
+
+
+@pytest.mark.apiserver
+def test_the_plugin_execs_through_the_pod_proxy(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,
+) -> None:
+    """``kubectl sandbox exec`` on a pod-executor Sandbox: the output streamed from the real
+    agent through the pod proxy, the command's exit code as the plugin's."""
+    cluster, _, repo = proxied
+    raw = sandbox_info(cluster.namespace).raw
+    manifest = {
+        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": raw["metadata"]["name"]},
+        "spec": raw["spec"],
+    }
+    cluster.create(manifest)
+    cluster.kubectl(
+        "patch", "sandbox", manifest["metadata"]["name"], "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": raw["status"]}),
+    )  # fmt: skip
+    common = ["-n", cluster.namespace, "--kubeconfig", str(local_apiserver.kubeconfig_path)]
+    ran = CliRunner().invoke(
+        plugin_cli,
+        ["exec", manifest["metadata"]["name"], *common, "--", "sh", "-c",
+         "cat README.md; echo to-err >&2; exit 6"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert ran.exit_code == 6, ran.output
+    assert (ran.stdout, ran.stderr) == ("r0\n", "to-err\n")
+    assert (repo / "README.md").read_text() == "r0\n"
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"

@@ -45,6 +45,9 @@ def test_the_tutorial_runs_end_to_end(env: ClientEnv, tmp_path: Path) -> None:
     assert "Committed True" in out and "Failed False" in out
     assert "PathTraversal - Path traversal not allowed" in out
     assert "AlreadyExists" in out and "NotFound" in out
+    # The actor's door: a command's exit code, then the reviewed plan approved and committed.
+    assert "exit 0 b'hello\\n'" in out and "exit 3 b'oops\\n'" in out
+    assert "actor plan Committed True" in out
     # Everything the tutorial made was cleaned up by it.
     listed = env.cluster.kubectl("get", "sandboxes", "-o", "name").stdout.strip()
     assert listed == ""

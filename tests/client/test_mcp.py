@@ -37,7 +37,15 @@ def server(env: ClientEnv, plan_id: str) -> StdioServerParameters:
     """The installed ``sandbox-mcp`` script, scoped to ``plan_id`` in the test namespace."""
     return StdioServerParameters(
         command=str(Path(sys.executable).parent / "sandbox-mcp"),
-        args=["--plan", plan_id, "-n", env.namespace, "--kubeconfig", env.kubeconfig],
+        args=[
+            "--plan",
+            plan_id,
+            "-n",
+            env.namespace,
+            "--kubeconfig",
+            env.kubeconfig,
+            "--allow-commit-without-approval",  # these agents run unattended
+        ],
         env=env.env(),
     )
 
@@ -51,8 +59,9 @@ class Session:
     async def call(self, tool: str, **arguments: Any) -> Any:
         result = await self.client.call_tool(tool, arguments)
         assert not result.is_error, (tool, arguments, result.content)
-        if result.structured_content is not None:
-            return result.structured_content.get("result", result.structured_content)
+        structured = result.structured_content
+        if structured is not None:  # a tool's object, or {"result": value} for other values
+            return structured["result"] if set(structured) == {"result"} else structured
         text = "".join(getattr(c, "text", "") for c in result.content)
         try:
             return json.loads(text)
@@ -82,36 +91,43 @@ def test_agent_flow_over_stdio(env: ClientEnv, client: SandboxClient, tmp_path: 
             tools = {t.name for t in (await connected.list_tools()).tools}
             assert tools == set(TOOL_NAMES)
 
-            listed = await session.call("list_sandboxes")
+            listed = (await session.call("list_sandboxes"))["sandboxes"]
             assert {s["resource_id"] for s in listed} == {"repo", "data", "layer"}
             assert all(s["phase"] == "Active" and s["ready"] for s in listed)
-            assert await session.call("list_files", sandbox="data") == ["g.txt", "sub/h.txt"]
-            assert await session.call("read_file", sandbox="repo", path="README.md") == "r0\n"
+            found = await session.call("glob", sandbox="data", pattern="**/*")
+            assert [p["path"] for p in found["paths"] if p["type"] == "file"] == [
+                "g.txt",
+                "sub/h.txt",
+            ]
+            read = await session.call("read", sandbox="repo", path="README.md")
+            assert read["content"] == "r0\n"
 
-            await session.call("write_file", sandbox="repo", path="src/app.py", content="v = 1\n")
-            await session.call("write_file", sandbox="data", path="g.txt", content="d1\n")
-            await session.call("write_file", sandbox="layer", path="o.txt", content="o1\n")
-            diff = await session.call("diff", sandbox="repo")
+            await session.call("write", sandbox="repo", path="src/app.py", content="v = 1\n")
+            await session.call("write", sandbox="data", path="g.txt", content="d1\n")
+            await session.call("write", sandbox="layer", path="o.txt", content="o1\n")
+            diff = (await session.call("diff", sandbox="repo"))["diff"]
             assert "+v = 1" in diff and "-print('v0')" in diff
 
             made = await session.call("checkpoint", sandbox="data", phase="agent_step")
             assert made["kind"] == "directory-snapshot"
-            await session.call("write_file", sandbox="data", path="g.txt", content="oops\n")
+            await session.call("write", sandbox="data", path="g.txt", content="oops\n")
             await session.call("restore", sandbox="data", checkpoint=made["checkpoint"])
-            assert await session.call("read_file", sandbox="data", path="g.txt") == "d1\n"
+            assert (await session.call("read", sandbox="data", path="g.txt"))["content"] == "d1\n"
 
             for path in ("../escape.txt", "/etc/passwd", "sub/../../x"):
-                refused = await session.error("write_file", sandbox="data", path=path, content="x")
+                refused = await session.error("write", sandbox="data", path=path, content="x")
                 assert "PathTraversal" in refused, refused
             assert "PathTraversal" in await session.error(
-                "read_file", sandbox="data", path="/etc/hostname"
+                "read", sandbox="data", path="/etc/hostname"
             )
-            outside = await session.error("read_file", sandbox="secret", path="k")
+            outside = await session.error("read", sandbox="secret", path="k")
             assert "NotFound" in outside and "mcp-ok" in outside  # other plans are invisible
             missing = await session.error("restore", sandbox="data", checkpoint="not-a-checkpoint")
             assert "NotFound" in missing
 
-            result = await session.call("request_commit", message="agent commit")
+            asked = await session.call("request_commit", message="agent commit")
+            assert asked["status"] == "committed" and asked["digest"].startswith("sha256:")
+            result = asked["result"]
             assert result["committed"] is True and result["phase"] == "Committed"
             assert result["rolled_back_ids"] == []
             assert {c["type"] for c in result["conditions"]} >= {"Committed"}
@@ -138,12 +154,13 @@ def test_request_commit_reports_a_failure_with_rolled_back_ids(
     async def agent() -> dict[str, Any]:
         async with Client(server(env, "mcp-bad")) as connected:
             session = Session(connected)
-            await session.call("write_file", sandbox="data", path="g.txt", content="d1\n")
-            await session.call("write_file", sandbox="repo", path="f.txt", content="mine\n")
+            await session.call("write", sandbox="data", path="g.txt", content="d1\n")
+            await session.call("write", sandbox="repo", path="f.txt", content="mine\n")
             (repo / "f.txt").write_text("theirs\n")
             git(repo, "commit", "-qam", "the original moved")
-            result: dict[str, Any] = await session.call("request_commit")
-            return result
+            asked: dict[str, Any] = await session.call("request_commit")
+            assert asked["status"] == "failed"
+            return dict(asked["result"])
 
     result = asyncio.run(agent())
     assert result["committed"] is False and result["phase"] == "Failed"

@@ -136,7 +136,8 @@ def test_rendered_objects_and_labels(helm: Path) -> None:
     kinds = sorted(o["kind"] for o in _release(objects))
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+        "NetworkPolicy", "PodDisruptionBudget", "Role", "Role", "RoleBinding", "RoleBinding",
+        "Service", "ServiceAccount",
     ]  # fmt: skip
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -231,12 +232,15 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
         assert {"get", "patch", "update"} == verbs(group, f"{plural}/status")
         assert verbs(group, f"{plural}/finalizers") == {"update"}
     assert {"create", "delete", "get", "list", "watch"} <= verbs("", "pods")
-    # Issue 8: no exec into Pods, and no reading of Secrets (the kubelet hands the DSN to the
-    # workspace Pod; the agent key is mounted into the operator's own Pod).
+    # No exec into Pods, and no reading of Secrets (the kubelet hands the DSN to the workspace
+    # Pod) but the operator's own agent key, by name; no deleting them (token Secrets are
+    # garbage-collected with their Sandbox).
     assert not verbs("", "pods/exec")
     assert verbs("", "pods/log") == {"get"}
     assert {"create", "delete", "get"} <= verbs("", "persistentvolumeclaims")
-    assert verbs("", "secrets") == {"create", "delete"}
+    assert verbs("", "secrets") == {"create", "get"}
+    (key_rule,) = [r for r in rules if "get" in r["verbs"] and "secrets" in r["resources"]]
+    assert key_rule["resourceNames"] == ["rel-sandbox-operator-agent-key"]
     assert verbs("networking.k8s.io", "networkpolicies") == {"get", "create", "delete"}
     assert verbs("", "events") == {"create", "patch"}
     assert {"list", "watch"} <= verbs("apiextensions.k8s.io", "customresourcedefinitions")
@@ -250,9 +254,10 @@ def test_watch_namespace_restricts_binding_and_args(helm: Path) -> None:
     assert binding["metadata"]["namespace"] == "team-a"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
+        "kind": "Role",
         "name": "rel-sandbox-operator",
     }
+    assert _one(objects, "Role", "rel-sandbox-operator")["metadata"]["namespace"] == "team-a"
     assert binding["subjects"][0]["namespace"] == "sandbox-system"
     # Only the discovery rights (CRDs, namespaces) stay cluster-wide.
     cluster_binding = _one(objects, "ClusterRoleBinding", "rel-sandbox-operator-discovery")
@@ -275,7 +280,9 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         "image.tag=1.2.3",
     )
     assert sorted(o["kind"] for o in _release(objects)) == [
-        "Deployment", "PodDisruptionBudget", "Secret",  # Secret: the agent key
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
     ]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     # The hook then runs as the operator's ServiceAccount (no RBAC objects of its own).
@@ -351,7 +358,11 @@ def test_admission_policy_is_bound_to_the_watched_namespace(helm: Path) -> None:
     objects = _render(helm, "admissionPolicy.enabled=true", "watchNamespace=team-a")
     binding = _one(objects, "MutatingAdmissionPolicyBinding")
     selector = binding["spec"]["matchResources"]["namespaceSelector"]
-    assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    assert selector == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+        ]
+    }
 
 
 def test_admission_policy_name_keeps_its_suffix_for_long_releases(helm: Path) -> None:
@@ -398,6 +409,7 @@ def test_pre_delete_hook_job_and_its_least_privilege_rbac(helm: Path) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "NetworkPolicy",
         "Job",
     }
     for hook in hooks:
@@ -430,6 +442,7 @@ def test_pre_delete_hook_job_and_its_least_privilege_rbac(helm: Path) -> None:
         o for o in scoped if o["kind"] == "RoleBinding" and "pre-delete" in o["metadata"]["name"]
     ]
     assert binding and binding[0]["metadata"]["namespace"] == "team-a"
+    assert binding[0]["roleRef"]["kind"] == "Role"
     assert not [
         o for o in _render(helm, "uninstall.deleteCustomResources=false") if o["kind"] == "Job"
     ]

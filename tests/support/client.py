@@ -31,9 +31,16 @@ class ClientEnv:
         """The namespace every object of the module lives in."""
         return self.cluster.namespace
 
+    @property
+    def state_dir(self) -> Path:
+        """The local executor's state directory (the actor's operations on local paths)."""
+        return self.operator.work_dir / "state"
+
     def env(self) -> dict[str, str]:
-        """Environment for a subprocess (plugin, MCP server): KUBECONFIG, PATH, PYTHONPATH."""
+        """Environment for a subprocess (plugin, MCP server): KUBECONFIG, PATH, PYTHONPATH,
+        and the local executor's state directory."""
         env = dict(self.cluster.server.env())
+        env["SANDBOX_OPERATOR_STATE_DIR"] = str(self.state_dir)
         root = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = os.pathsep.join(
             [str(root / "operator"), str(root), env.get("PYTHONPATH", "")]

@@ -18,6 +18,7 @@ from typing import Any
 
 from sandbox_operator.executors.agent_client import derive_token
 
+from sandbox_api.naming import child_object_name
 from sandbox_client.models import SandboxInfo
 from tests.support.apiserver.harness import free_port
 from tests.support.gitrepo import GIT_ENV
@@ -26,7 +27,7 @@ KEY = b"c" * 32
 UID = "5f1d7c2e-0000-4aaa-8bbb-0c0d0e0f1011"
 SANDBOX_ID = "01J0CL1ENTAGENTF1LES0000AB"
 NAME = "repo-sbx"
-POD = "sbx-repo-sbx-ws"
+POD = child_object_name(NAME, "ws")
 TOKEN = derive_token(KEY, UID)
 
 

@@ -1,8 +1,9 @@
 """The kubelet's two parts for a workspace Pod on the API server tier, which has no kubelet:
 :class:`Kubelet` runs the Pod's main process (``sandbox-core serve-workspace``) with the Pod's
 environment and token file, and reports the Pod's status (Running, Ready, podIP 127.0.0.1)
-through the status subresource. :data:`POD` is the workspace Pod of Sandbox ``s-db``; :data:`KEY`
-the operator's agent key.
+through the status subresource. :data:`POD` is the workspace Pod of Sandbox ``s-db``
+(:data:`SECRET` its token Secret; a :class:`Kubelet` may play another Pod); :data:`KEY` the
+operator's agent key.
 """
 
 from __future__ import annotations
@@ -16,29 +17,41 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sandbox_api.naming import child_object_name
 from tests.support.operator import Cluster, wait_for
 
 KEY = "agent-key-" + "x" * 40
-POD = "sbx-s-db-ws"
+POD = child_object_name("s-db", "ws")
+SECRET = child_object_name("s-db", "agent")
 
 
 class Kubelet:
     """The kubelet's part for one workspace Pod: its main process and its status."""
 
-    def __init__(self, namespace: Cluster, work: Path, port: int, dsn: str) -> None:
+    def __init__(
+        self,
+        namespace: Cluster,
+        work: Path,
+        port: int,
+        dsn: str,
+        pod: str = POD,
+        secret: str = SECRET,
+    ) -> None:
         self.cluster = namespace
         self.work = work
         self.port = port
         self.dsn = dsn
+        self.pod = pod
+        self.secret = secret
         self.agent: subprocess.Popen[bytes] | None = None
 
     def start_container(self) -> None:
         """Run the Pod's command with the Pod's token file and environment."""
-        secret = self.cluster.get("secret", "sbx-s-db-agent")
+        secret = self.cluster.get("secret", self.secret)
         assert secret is not None
         token_file = self.work / "token"
         token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
-        pod = self.cluster.get("pod", POD)
+        pod = self.cluster.get("pod", self.pod)
         assert pod is not None
         command = pod["spec"]["containers"][0]["command"]
         assert command == ["sandbox-core", "serve-workspace"]
@@ -77,7 +90,7 @@ class Kubelet:
         """Once the readiness probe passes (``GET /healthz``), patch the current Pod's status:
         Running, Ready, podIP 127.0.0.1."""
         wait_for(self._serving, 60, "the agent's readiness probe")
-        wait_for(lambda: self.cluster.get("pod", POD), 60, "the workspace Pod")
+        wait_for(lambda: self.cluster.get("pod", self.pod), 60, "the workspace Pod")
         status = {
             "status": {
                 "phase": "Running",
@@ -87,7 +100,13 @@ class Kubelet:
             }
         }
         self.cluster.kubectl(
-            "patch", "pod", POD, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+            "patch",
+            "pod",
+            self.pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(status),
         )
 
     def stop(self) -> None:

@@ -83,3 +83,84 @@ with image.digest and no workspace override they use the same digest. */}}
 {{- $_ := set $out "scratch" $scratch }}
 {{- toJson $out }}
 {{- end }}
+
+{{/* The namespaces the operator watches, comma-separated: watchNamespaces plus watchNamespace,
+without repeats, in that order. Empty means every namespace. */}}
+{{- define "sandbox-operator.watchNamespaces" -}}
+{{- $all := list }}
+{{- range .Values.watchNamespaces }}{{ $all = append $all . }}{{ end }}
+{{- with .Values.watchNamespace }}{{ $all = append $all . }}{{ end }}
+{{- $all | uniq | join "," }}
+{{- end }}
+
+{{/* Name of the Secret holding the agent key (made by the operator when absent). */}}
+{{- define "sandbox-operator.agentKeySecret" -}}
+{{- printf "%s-agent-key" (include "sandbox-operator.fullname" .) }}
+{{- end }}
+
+{{/* The operator's ServiceAccount as the API server names it in request.userInfo.username. */}}
+{{- define "sandbox-operator.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "sandbox-operator.serviceAccountName" .) }}
+{{- end }}
+
+{{/* Labels of the pre-delete hook's Pod: the release and the component, never the Deployment's
+selector labels (app.kubernetes.io/name and instance together), so the Deployment, its Service
+and the workspace NetworkPolicies never count the hook's Pod as an operator Pod. */}}
+{{- define "sandbox-operator.hookPodLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: sandbox-operator
+app.kubernetes.io/component: uninstall-hook
+{{- end }}
+
+{{/* The rules of the operator's role, the same whether bound cluster-wide (ClusterRole) or in
+each watched namespace (Role). docs/operations.md, "Privileges", lists every one and why. */}}
+{{- define "sandbox-operator.rules" -}}
+# Reconcile the custom resources; delete Sandboxes for ttlSecondsAfterFinished and
+# PlanCommit cleanupPolicy Delete; kopf keeps its progress in annotations (patch).
+- apiGroups: ["sandbox.cleveragents.io"]
+  resources: ["sandboxes", "checkpoints", "plancommits"]
+  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+- apiGroups: ["sandbox.cleveragents.io"]
+  resources: ["sandboxes/status", "checkpoints/status", "plancommits/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion on child objects need update on finalizers.
+- apiGroups: ["sandbox.cleveragents.io"]
+  resources: ["sandboxes/finalizers", "checkpoints/finalizers", "plancommits/finalizers"]
+  verbs: ["update"]
+# Workspace pods (pod executor): created per Sandbox and watched (their readiness wakes the
+# Sandbox). The operator talks to each Pod's workspace agent over the pod network: there is
+# no pods/exec right. The admission policy (operator-policy.yaml) refuses any Pod of another
+# shape.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# Scratch volumes of worktree/copy/overlay sandboxes; source claims are read for their spec.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# The per-Sandbox agent token Secret: written once, never read back, never deleted (it is
+# owned by its Sandbox and garbage-collected with it). A transaction_rollback DSN reaches the
+# workspace Pod through secretKeyRef: the kubelet reads it, the operator does not.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- if eq .Values.executor "local" }}
+# The local executor connects to the database itself, so it reads spec.source.secretRef.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.workspace.networkPolicy.enabled }}
+# One NetworkPolicy per workspace Pod: ingress only from the operator, egress denied by default.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "delete"]
+{{- end }}
+# kopf posts Kubernetes Events for handler outcomes and failures.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

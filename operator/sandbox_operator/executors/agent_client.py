@@ -1,9 +1,10 @@
 """The operator's side of the workspace agent (``sandbox_core.agent``): tokens and HTTP calls.
 
 Tokens: ``token = HMAC-SHA256(key, sandbox uid)`` in hex, where ``key`` is the
-operator's agent key (a Secret in the operator's own namespace, mounted into the operator Pod as
-a file). The operator hands the token to one workspace Pod through a Secret it creates in the
-Sandbox's namespace, mounted as a file; nothing else ever carries it, and no message of this
+operator's agent key (a Secret in the operator's own namespace, read and, when absent, made by
+the operator: :mod:`~sandbox_operator.executors.agent_keys`). The operator hands the token to
+one workspace Pod through a Secret it creates in the Sandbox's namespace, mounted as a file;
+nothing else ever carries it, and no message of this
 module contains it.
 
 The routes, headers and status codes are the agent's own table, :mod:`sandbox_core.agent.wire`.
@@ -23,7 +24,6 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from sandbox_core.agent import wire
@@ -37,25 +37,17 @@ def derive_token(key: bytes, uid: str) -> str:
     return hmac.new(key, uid.encode(), hashlib.sha256).hexdigest()
 
 
-def read_key(path: Path) -> bytes:
-    """The agent key from its mounted file.
-
-    Raises:
-        ExecutorError: the file is missing or empty (not retryable: a deployment problem).
-    """
-    try:
-        key = path.read_bytes().strip()
-    except OSError as exc:
-        raise ExecutorError(f"agent key file {path} is unreadable", retryable=False) from exc
-    if not key:
-        raise ExecutorError(f"agent key file {path} is empty", retryable=False)
-    return key
-
-
 def request_id(*parts: object) -> str:
     """A deterministic request id from the call's meaning (``op``, sandbox id, arguments...)."""
     text = json.dumps([str(p) for p in parts])
     return f"{parts[0]}-{hashlib.sha256(text.encode()).hexdigest()[:40]}"
+
+
+class AgentUnauthorized(ExecutorError):  # noqa: N818 - named for what the agent did
+    """The agent refused the token (HTTP 401): nothing was done (the token is checked first).
+
+    Retryable: after a key rotation the previous key's token may be the one the Pod holds
+    (:mod:`~sandbox_operator.executors.agent_keys`)."""
 
 
 class AgentRefused(ExecutorError):  # noqa: N818 - named for what the agent did
@@ -108,6 +100,7 @@ class AgentClient:
 
         Raises:
             AgentNotFound: 404.
+            AgentUnauthorized: 401 (the token is not this Pod's).
             ExecutorError: the agent refused (4xx, not retryable; the core's error type and
                 message) or could not be reached / failed (retryable). Messages name the
                 method and path only (never the token, never a DSN).
@@ -135,7 +128,7 @@ class AgentClient:
             if exc.code == wire.NOT_FOUND:
                 raise AgentNotFound(message, error=error) from None
             if exc.code == wire.UNAUTHORIZED:
-                raise ExecutorError(f"{what}: refused (token)", retryable=True) from None
+                raise AgentUnauthorized(f"{what}: refused (token)", retryable=True) from None
             if exc.code >= wire.SERVER_ERROR:
                 raise ExecutorError(message, retryable=True) from None
             raise AgentRefused(message, error=error) from None

@@ -44,8 +44,10 @@ class SandboxTarget:
 
     ``original`` is the resolved original: a node path (local), the mount path of the source
     volume (pod), or a DSN read from the Secret (transaction_rollback).
-    ``core_record`` is ``status.coreRecord`` (the core's ``to_record()``), used to re-open after
-    an operator restart when the state directory lost it.
+    ``core_record`` is ``status.coreRecord`` (the core's ``to_record()``) when it describes this
+    Sandbox (``resources.targets.trusted_core_record``), used to re-open after an operator
+    restart when the state directory lost it. Nothing else here comes from the status: the
+    workspace Pod is found by its owner, the sandbox id derived from the uid.
     """
 
     name: str
@@ -59,7 +61,6 @@ class SandboxTarget:
     source: SandboxSource = field(default_factory=SandboxSource)
     options: SandboxOptions = field(default_factory=SandboxOptions)
     core_record: dict[str, Any] | None = None
-    workspace_pod: str = ""
     workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 from sandbox_core import (
@@ -340,6 +341,7 @@ class LocalExecutor:
             model = manager.get_checkpoint(checkpoint.checkpoint_id)
             if model is None:
                 model = SandboxCheckpoint.model_validate(checkpoint.extra)
+            self._check_own_checkpoint(target, model)
             if not manager.rollback_to(model):
                 raise SandboxError(
                     f"restore of sandbox {target.sandbox_id} to checkpoint "
@@ -350,6 +352,30 @@ class LocalExecutor:
                 sandbox.activate()
             self.store.save(sandbox)
             return self._state(sandbox)
+
+    def _check_own_checkpoint(self, target: SandboxTarget, model: SandboxCheckpoint) -> None:
+        """Refuse a checkpoint that is not ``target``'s own: another sandbox's id, a
+        ``sandbox_path`` other than the sandbox's, or a snapshot outside this executor's
+        checkpoint directory. The Checkpoint object's status and spec metadata are input a
+        writer could forge; a restore swaps the directory they name.
+
+        Raises:
+            SandboxError: the checkpoint is refused (nothing was changed).
+        """
+        record = self._record(target) or {}
+        own_path = str((record.get("context") or {}).get("sandbox_path") or "")
+        named = str(model.metadata.get("sandbox_path") or "")
+        snapshot = Path(model.snapshot_path).resolve() if model.snapshot_path else None
+        store = (Path(self.settings.state_dir) / "checkpoints").resolve()
+        if (
+            model.sandbox_id != target.sandbox_id
+            or (named and named != own_path)
+            or (snapshot is not None and not snapshot.is_relative_to(store))
+        ):
+            raise SandboxError(
+                f"checkpoint {model.checkpoint_id} is not a checkpoint of sandbox "
+                f"{target.sandbox_id}; nothing was restored"
+            )
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""

@@ -9,26 +9,33 @@ one HTTP round trip per operation, idempotent by request id
 
 Every child (token Secret, NetworkPolicy, scratch claim, Pod) is adopted by the Sandbox with
 ``kopf.adopt`` (ownerReferences, :func:`~sandbox_operator.kube.api.adopt`) and created only
-when absent (409 means an earlier attempt made them: case 18).
+when absent. Names are hashed (``sandbox_api.naming``), and names are not identities: an
+existing child (a 409, or one made before hashed names) is used, and deleted, only when its
+controller ownerReference is the Sandbox's uid (:mod:`~sandbox_operator.kube.ownership`);
+otherwise ``ChildNameTaken`` and the object is left alone. The Sandbox's status is output
+only: the Pod is found by its owner, never by ``status.workspacePod``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 
+from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL
+from sandbox_api.naming import AGENT_SECRET_SUFFIX, child_object_names
 from sandbox_core import SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
+from sandbox_operator.errors import ChildNameTaken
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
+    AgentUnauthorized,
     derive_token,
-    read_key,
     request_id,
 )
+from sandbox_operator.executors.agent_keys import AgentKeys, load_or_create, read_key_files
 from sandbox_operator.executors.base import (
     CheckpointInfo,
     SandboxState,
@@ -46,9 +53,27 @@ from sandbox_operator.executors.pod_manifests import (
 )
 from sandbox_operator.executors.remote import RemoteSandbox, create_body, state_key
 from sandbox_operator.kube.api import Api, adopt
+from sandbox_operator.kube.ownership import (
+    create,
+    delete_controlled,
+    holder,
+    is_controlled_by,
+    read_metadata,
+)
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# The suffix of each child kind's name (sandbox_api.naming): the Pod and its NetworkPolicy
+# share one.
+CHILD_SUFFIXES = {
+    "Pod": "ws",
+    "NetworkPolicy": "ws",
+    "Secret": AGENT_SECRET_SUFFIX,
+    "PersistentVolumeClaim": "scratch",
+}
+# A Secret whose metadata the operator may not read (PodExecutor._read_metadata).
+UNREADABLE: dict[str, Any] = {}
 
 
 class PodExecutor:
@@ -59,28 +84,90 @@ class PodExecutor:
     def __init__(self, settings: Settings, api: Api) -> None:
         self.settings = settings
         self.api = api
-        self._key: bytes | None = None
+        self._keys: AgentKeys | None = None
+        # Sandbox uid -> index of the key whose token its agent last accepted (0: current).
+        self._accepted: dict[str, int] = {}
+        self._pods: dict[str, str] = {}
 
     # -- children -----------------------------------------------------------------------------
 
-    def _create_if_absent(self, manifest: dict[str, Any], owner: dict[str, Any]) -> None:
-        adopt(manifest, owner)
-        namespace = manifest["metadata"]["namespace"]
-        kind = manifest["kind"]
+    def _ours(self, metadata: dict[str, Any], target: SandboxTarget) -> bool:
+        """Whether ``target`` made this child: its controller is the Sandbox's uid and it
+        carries the operator's managed-by label."""
+        labels = metadata.get("labels") or {}
+        return is_controlled_by(metadata, target.uid) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+    def _read_metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """:func:`read_metadata`, except that a Secret the operator may not read (403: the
+        chart grants no ``get`` on Secrets, docs/operations.md "Privileges") is
+        :data:`UNREADABLE`. Its owner then goes unchecked: the name is a hash of the Sandbox's
+        own name, so no other Sandbox's child holds it, and a Secret planted there by someone
+        who may create Secrets in the namespace gives the Pod a token the operator does not
+        hold: the agent refuses the operator (401), it never serves the planter's commands on
+        the operator's behalf. With the ``get`` right the planted Secret is found and refused
+        (``ChildNameTaken``)."""
         try:
-            if kind == "Pod":
-                self.api.core.create_namespaced_pod(namespace, cast(Any, manifest))
-            elif kind == "Secret":
-                self.api.core.create_namespaced_secret(namespace, cast(Any, manifest))
-            elif kind == "NetworkPolicy":
-                self._networking().create_namespaced_network_policy(namespace, cast(Any, manifest))
-            else:
-                self.api.core.create_namespaced_persistent_volume_claim(
-                    namespace, cast(Any, manifest)
-                )
+            return read_metadata(self.api, kind, namespace, name)
         except ApiException as exc:
-            if exc.status != 409:  # 409: made by an earlier attempt (case 18)
-                raise
+            if exc.status == 403 and kind == "Secret":
+                return UNREADABLE
+            raise
+
+    def owned_child(self, kind: str, target: SandboxTarget) -> str | None:
+        """Name of ``target``'s child of ``kind`` (``Pod``, ``Secret``, ``NetworkPolicy``,
+        ``PersistentVolumeClaim``) that the Sandbox controls: the current name, else the name an
+        operator before hashed names gave it (a Sandbox made then keeps its claim, Secret and
+        Pod); None when neither exists.
+
+        Raises:
+            ChildNameTaken: the current name is held by an object this Sandbox does not control
+                (and no child of its own exists under the legacy name).
+            ApiException: the metadata could not be read.
+        """
+        taken: dict[str, Any] | None = None
+        for name in child_object_names(target.name, CHILD_SUFFIXES[kind]):
+            metadata = self._read_metadata(kind, target.namespace, name)
+            if metadata is None or metadata is UNREADABLE:
+                continue
+            if self._ours(metadata, target):
+                return name
+            if taken is None and name == child_name(target, CHILD_SUFFIXES[kind]):
+                taken = metadata
+        if taken is not None:
+            raise ChildNameTaken(
+                f"name taken by another object: {holder(kind, taken)}; "
+                f"it is not Sandbox {target.namespace}/{target.name}'s and is left alone"
+            )
+        return None
+
+    def _ensure(
+        self, manifest: dict[str, Any], owner: dict[str, Any], target: SandboxTarget
+    ) -> str:
+        """The name of ``target``'s child of ``manifest``'s kind: the one it controls, else
+        ``manifest`` created (adopted by ``owner``). A 409 is an earlier attempt's object only
+        when this Sandbox controls it.
+
+        Raises:
+            ChildNameTaken: the name is held by an object this Sandbox does not control.
+        """
+        kind = manifest["kind"]
+        found = self.owned_child(kind, target)
+        if found is not None:
+            return found
+        adopt(manifest, owner)
+        name = str(manifest["metadata"]["name"])
+        if create(self.api, manifest):
+            return name
+        metadata = self._read_metadata(kind, target.namespace, name)  # 409: who has it?
+        if metadata is UNREADABLE:
+            return name  # the token Secret under the chart's rights: see _read_metadata
+        if metadata is not None and self._ours(metadata, target):
+            return name  # made by an earlier attempt (case 18)
+        raise ChildNameTaken(
+            f"name taken by another object: "
+            f"{holder(kind, metadata or {'namespace': target.namespace, 'name': name})}; "
+            f"it is not Sandbox {target.namespace}/{target.name}'s and is left alone"
+        )
 
     def source_size(self, target: SandboxTarget) -> str | None:
         """Requested storage of the source PVC (copy_on_write scratch is sized like it)."""
@@ -96,18 +183,46 @@ class PodExecutor:
         size = requests.get("storage")
         return str(size) if size else None
 
+    def keys(self) -> AgentKeys:
+        """The agent keys, read once: from Secret ``settings.agent_key_secret`` of the
+        operator's namespace (made when absent), else from ``settings.agent_key_file``."""
+        if self._keys is None:
+            name = self.settings.agent_key_secret
+            if name:
+                labels = dict(
+                    p.strip().split("=", 1)
+                    for p in self.settings.operator_pod_labels.split(",")
+                    if "=" in p
+                )
+                self._keys = load_or_create(
+                    self.api.core, self.settings.operator_namespace, name, labels
+                )
+            else:
+                self._keys = read_key_files(self.settings.agent_key_file)
+        return self._keys
+
     def token(self, target: SandboxTarget) -> str:
-        """The agent token of ``target`` (HMAC of its uid with the operator's key)."""
-        if self._key is None:
-            self._key = read_key(self.settings.agent_key_file)
-        return derive_token(self._key, target.uid)
+        """The agent token of ``target`` (HMAC of its uid with the operator's current key)."""
+        return derive_token(self.keys().current, target.uid)
 
     def ensure_children(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
         """Create the token Secret, NetworkPolicy, scratch claim and Pod when absent.
 
-        All are owned by the Sandbox (``kopf.adopt``: ownerReferences, garbage-collected with
-        it). Returns the Pod name.
+        All are controlled by the Sandbox (``kopf.adopt``: ownerReferences, garbage-collected
+        with it); a child already there is used only when the Sandbox controls it
+        (:meth:`owned_child`, which also finds children named before hashed names). The Pod
+        mounts the claim and Secret found. Returns the Pod name.
+
+        Raises:
+            ChildNameTaken: a child's name is held by an object this Sandbox does not control,
+                or ``owner`` is not the object ``target`` was read from (deleted and made
+                again under the same name).
         """
+        if str((owner.get("metadata") or {}).get("uid")) != target.uid:
+            raise ChildNameTaken(
+                f"Sandbox {target.namespace}/{target.name} is no longer uid {target.uid}: "
+                "nothing is made for the old one"
+            )
         scratch = target.workspace.scratch
         size = scratch_size(
             target.strategy,
@@ -115,33 +230,54 @@ class PodExecutor:
             self.settings.scratch_volume_size,
             scratch.size if scratch else None,
         )
-        self._create_if_absent(build_token_secret(target, self.token(target)), owner)
+        secret = self._ensure(build_token_secret(target, self.token(target)), owner, target)
         if self.settings.network_policy:
-            self._create_if_absent(build_network_policy(target, self.settings), owner)
+            self._ensure(build_network_policy(target, self.settings), owner, target)
         pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
-        claim = pvc["metadata"]["name"]
-        self._create_if_absent(pvc, owner)
-        pod = build_workspace_pod(target, self.settings, claim)
-        self._create_if_absent(pod, owner)
-        return str(pod["metadata"]["name"])
+        claim = self._ensure(pvc, owner, target)
+        pod = build_workspace_pod(target, self.settings, claim, token_secret=secret)
+        name = self._ensure(pod, owner, target)
+        self._pods[target.uid] = name
+        return name
+
+    def pod_name(self, target: SandboxTarget) -> str:
+        """Name of ``target``'s workspace Pod as last found controlled by it (else the current
+        name); never read from the Sandbox's status."""
+        return self._pods.get(target.uid) or child_name(target, "ws")
 
     def _ready_pod_ip(self, target: SandboxTarget) -> str:
-        """IP of the workspace Pod when it is Ready.
+        """IP of the workspace Pod the Sandbox controls, when it is Ready.
+
+        The Pod is found by name (current, else legacy) and used only when its controller
+        ownerReference is the Sandbox's uid: ``status.workspacePod`` is output, never input.
 
         Raises:
             WorkspaceNotReady: absent, being deleted, or not Ready yet.
+            ChildNameTaken: the Pod's name is held by a Pod the Sandbox does not control.
         """
-        name = target.workspace_pod or child_name(target, "ws")
-        try:
-            pod = self.api.core.read_namespaced_pod(name, target.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise WorkspaceNotReady(f"workspace pod {name} does not exist") from None
-            raise
-        if not pod_is_ready(pod.to_dict()):
-            phase = pod.status.phase if pod.status is not None else "Unknown"
-            raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
-        return str(pod.status.pod_ip)  # type: ignore[union-attr]  # Ready implies a status
+        taken = ""
+        for name in child_object_names(target.name, CHILD_SUFFIXES["Pod"]):
+            try:
+                found = self.api.core.read_namespaced_pod(name, target.namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            pod = cast(dict[str, Any], self.api.api_client.sanitize_for_serialization(found))  # type: ignore[no-untyped-call]
+            if not self._ours(pod.get("metadata") or {}, target):
+                taken = taken or holder("Pod", pod.get("metadata") or {})
+                continue
+            self._pods[target.uid] = name
+            if not pod_is_ready(pod):
+                phase = (pod.get("status") or {}).get("phase") or "Unknown"
+                raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
+            return str(pod["status"]["podIP"])
+        if taken:
+            raise ChildNameTaken(
+                f"name taken by another object: {taken}; it is not Sandbox "
+                f"{target.namespace}/{target.name}'s and is left alone"
+            )
+        raise WorkspaceNotReady(f"workspace pod {child_name(target, 'ws')} does not exist")
 
     def call(
         self,
@@ -153,21 +289,36 @@ class PodExecutor:
         query: dict[str, str] | None = None,
         request_id: str = "",
     ) -> dict[str, Any]:
-        """One agent call in ``target``'s workspace Pod.
+        """One agent call in ``target``'s workspace Pod, with the token of the key its agent last
+        accepted first, then the other key's (after a rotation a Sandbox made before holds the
+        previous key's token: ``executors.agent_keys``).
 
         Raises:
             WorkspaceNotReady: the Pod is not Ready.
             AgentNotFound: the agent has no such sandbox or checkpoint.
+            AgentUnauthorized: the agent refused the token of every key (current, previous).
             ExecutorError: the agent refused or could not be reached.
         """
         address = self._ready_pod_ip(target)
         host = f"[{address}]" if ":" in address else address
-        client = AgentClient(
-            f"http://{host}:{self.settings.agent_port}",
-            self.token(target),
-            self.settings.exec_timeout_seconds,
-        )
-        return client.call(method, path, body, query=query, request_id=request_id)
+        keys = self.keys().all()
+        first = self._accepted.get(target.uid, 0) % len(keys)
+        order = [first, *(i for i in range(len(keys)) if i != first)]
+        for attempt, index in enumerate(order):
+            client = AgentClient(
+                f"http://{host}:{self.settings.agent_port}",
+                derive_token(keys[index], target.uid),
+                self.settings.exec_timeout_seconds,
+            )
+            try:
+                reply = client.call(method, path, body, query=query, request_id=request_id)
+            except AgentUnauthorized:
+                if attempt == len(order) - 1:
+                    raise
+                continue  # refused before anything ran: offer the other key's token
+            self._accepted[target.uid] = index
+            return reply
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     def _call_route(
         self,
@@ -193,7 +344,6 @@ class PodExecutor:
         """
         owner = self.api.get("sandboxes", target.namespace, target.name)
         pod = self.ensure_children(target, owner)
-        target = replace(target, workspace_pod=pod)
         self._call_route(
             target,
             wire.CREATE,
@@ -213,7 +363,7 @@ class PodExecutor:
             payload = self._call_route(target, wire.STATUS)
         except AgentNotFound:
             return None
-        return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
+        return SandboxState.from_record(payload["record"], workspace_pod=self.pod_name(target))
 
     def open(self, target: SandboxTarget) -> RemoteSandbox:
         """A saga handle (status fetched now)."""
@@ -226,7 +376,7 @@ class PodExecutor:
 
     def persist(self, target: SandboxTarget, handle: Any) -> SandboxState:
         """The agent saves after every call; return the handle's last state."""
-        return SandboxState.from_record(handle.record, workspace_pod=target.workspace_pod)
+        return SandboxState.from_record(handle.record, workspace_pod=self.pod_name(target))
 
     def rollback(self, target: SandboxTarget, reactivate: bool = True) -> SandboxState:
         """Discard all changes; re-activate for reuse when ``reactivate``."""
@@ -244,7 +394,7 @@ class PodExecutor:
         payload = self._call_route(
             target, wire.ROLLBACK, {"reactivate": reactivate}, request_id=rid
         )
-        return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
+        return SandboxState.from_record(payload["record"], workspace_pod=self.pod_name(target))
 
     def cleanup(self, target: SandboxTarget) -> None:
         """``cleanup`` through the agent, then delete the children (owner references would too).
@@ -278,32 +428,25 @@ class PodExecutor:
         except AgentNotFound:
             pass  # the agent has no such sandbox: nothing of it is left in the Pod
         self._delete_children(target, pod_only=False)
-
-    def _networking(self) -> Any:
-        from kubernetes import client as k8s_client
-
-        return k8s_client.NetworkingV1Api(self.api.api_client)
+        self._accepted.pop(target.uid, None)
 
     def _delete_children(self, target: SandboxTarget, *, pod_only: bool) -> None:
-        deletes: list[tuple[Any, str]] = [
-            (self.api.core.delete_namespaced_pod, child_name(target, "ws"))
-        ]
-        if not pod_only:
-            networking = self._networking()
-            deletes += [
-                (
-                    self.api.core.delete_namespaced_persistent_volume_claim,
-                    child_name(target, "scratch"),
-                ),
-                (self.api.core.delete_namespaced_secret, child_name(target, "agent")),
-                (networking.delete_namespaced_network_policy, child_name(target, "ws")),
-            ]
-        for delete, name in deletes:
-            try:
-                delete(name, target.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        """Delete ``target``'s Pod (and, unless ``pod_only``, its claim and NetworkPolicy),
+        under the current and the legacy names: only objects the Sandbox controls, each with
+        ``preconditions.uid`` (:func:`delete_controlled`). The token Secret is not deleted here:
+        it is owned by the Sandbox and garbage-collected with it, so the operator needs no right
+        to delete Secrets; a NetworkPolicy it may not delete (403) is left to garbage collection
+        the same way."""
+        kinds = ["Pod"] if pod_only else ["Pod", "PersistentVolumeClaim", "NetworkPolicy"]
+        for kind in kinds:
+            for name in child_object_names(target.name, CHILD_SUFFIXES[kind]):
+                try:
+                    delete_controlled(self.api, kind, target.namespace, name, target.uid)
+                except ApiException as exc:
+                    if exc.status != 403 or kind in ("Pod", "PersistentVolumeClaim"):
+                        raise
+                    logger.info("%s %s: left to garbage collection (no right)", kind, name)
+        self._pods.pop(target.uid, None)
 
     def create_checkpoint(
         self, target: SandboxTarget, phase: str, metadata: dict[str, str], uid: str = ""
@@ -345,7 +488,7 @@ class PodExecutor:
             ),
             cid=checkpoint.checkpoint_id,
         )
-        return SandboxState.from_record(payload["record"], workspace_pod=target.workspace_pod)
+        return SandboxState.from_record(payload["record"], workspace_pod=self.pod_name(target))
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
         """Snapshots live on the scratch volume; they go with the Sandbox's cleanup."""

@@ -57,7 +57,9 @@ def label_value(text: str) -> str:
 
 
 def child_name(target: SandboxTarget, suffix: str) -> str:
-    """DNS-1123 name of a child object: ``sbx-<sandbox name>-<suffix>`` cut to 63 chars."""
+    """DNS-1123 label naming a new child object of ``target``:
+    ``sbx-<readable prefix>-<hash of the Sandbox name and suffix>-<suffix>``
+    (:func:`sandbox_api.naming.child_object_name`)."""
     return child_object_name(target.name, suffix)
 
 
@@ -177,10 +179,28 @@ def overlay_privileged(target: SandboxTarget, settings: Settings) -> bool:
     )
 
 
+def allowed_root(target: SandboxTarget) -> str:
+    """Where the workspace agent may find the original of ``target``: the claim's mount path
+    plus ``subPath`` (normalised; a ``subPath`` leaving the claim admits nothing), ``""``
+    (nothing) for a Secret's DSN."""
+    pvc = target.source.persistent_volume_claim
+    if pvc is None:
+        return ""
+    root = posixpath.normpath(posixpath.join(SOURCE_MOUNT, pvc.sub_path.strip("/")))
+    inside = root == SOURCE_MOUNT or root.startswith(SOURCE_MOUNT + "/")
+    return root if inside else ""
+
+
 def build_workspace_pod(
-    target: SandboxTarget, settings: Settings, scratch_claim: str | None
+    target: SandboxTarget,
+    settings: Settings,
+    scratch_claim: str | None,
+    token_secret: str | None = None,
 ) -> dict[str, Any]:
     """The workspace Pod manifest of ``target`` (pure; adopt it before creating).
+
+    ``scratch_claim`` and ``token_secret`` name the claim and Secret the Pod mounts (the ones
+    the Sandbox controls; ``token_secret`` defaults to the current name of its token Secret).
 
     Raises:
         ValueError: the Sandbox's source is not a PersistentVolumeClaim and not a Secret.
@@ -220,7 +240,10 @@ def build_workspace_pod(
     volumes.append(
         {
             "name": "agent-token",
-            "secret": {"secretName": child_name(target, "agent"), "defaultMode": 0o440},
+            "secret": {
+                "secretName": token_secret or child_name(target, "agent"),
+                "defaultMode": 0o440,
+            },
         }
     )
     mounts.append({"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True})
@@ -230,6 +253,8 @@ def build_workspace_pod(
         {"name": wire.TOKEN_FILE_ENV, "value": wire.TOKEN_FILE},
         {"name": wire.PORT_ENV, "value": str(settings.agent_port)},
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the only writable dir besides scratch
+        # The agent's create admits only the original the spec names (docs/security.md).
+        {"name": wire.ALLOWED_ROOTS_ENV, "value": allowed_root(target)},
     ]
     secret = target.source.secret_ref
     if secret is not None:

@@ -1,8 +1,11 @@
 """Keep secrets (database DSNs, passwords, agent tokens) out of status, Events and logs.
 
 No secret in sight: whatever the operator itself reads from a Secret (the local
-executor's ``transaction_rollback`` DSN) is registered here once; :func:`scrub` then replaces
-every registered value, and every password inside it, with ``***`` in any string, dict or list.
+executor's ``transaction_rollback`` DSN), whatever its key, is registered here once; :func:`scrub`
+then replaces every registered value in every form a message may carry it (the core's
+``secret_forms``: the value, stripped of its trailing newline or white space, each of its lines
+of meaningful length, percent-encoded, base64), and every password inside it, with ``***`` in
+any string, dict or list.
 :class:`ScrubFilter` does the same for every log record, and :func:`scrubbing_events` for every
 Event. :func:`redact_dsn` removes the password of a DSN in either libpq form (URI or
 ``key=value``): it is the core's one redaction (``sandbox_core.redact_dsn``). The pod
@@ -18,6 +21,7 @@ from typing import Any, TypeVar
 
 from sandbox_core import dsn_secrets
 from sandbox_core import redact_dsn as core_redact_dsn
+from sandbox_core.redaction import secret_forms
 
 MASK = "***"
 
@@ -43,14 +47,17 @@ MIN_BARE_PASSWORD = 12
 
 
 def register(secret: str) -> None:
-    """Remember ``secret`` (and the password inside it, if a DSN) so it is scrubbed everywhere.
+    """Remember ``secret`` (any value read from a Secret, and the password inside it if it is
+    a DSN) so it is scrubbed everywhere, in every form of ``secret_forms``.
 
     The bare password is scrubbed on its own only from :data:`MIN_BARE_PASSWORD` characters: a
     short one (``sandbox``) would also be an ordinary word of every path and message, and
     masking it there would garble them; the DSN that carries it is always scrubbed.
     """
     password = dsn_password(secret) or ""
-    values = {secret, password if len(password) >= MIN_BARE_PASSWORD else ""}
+    values = set(secret_forms(secret))
+    if len(password) >= MIN_BARE_PASSWORD:
+        values |= secret_forms(password)
     with _lock:
         _secrets.update(v for v in values if len(v) >= 4)
 

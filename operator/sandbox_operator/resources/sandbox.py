@@ -45,6 +45,7 @@ from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.kube.events import EventSink
+from sandbox_operator.kube.ownership import is_controlled_by
 from sandbox_operator.resources.targets import checkpoint_info_from_body, target_from_body
 from sandbox_operator.settings import Settings, backoff_seconds
 
@@ -446,7 +447,9 @@ class SandboxLogic:
 
     def workspace_pod_event(self, event: Mapping[str, Any]) -> None:
         """A workspace Pod's watch event: mirror its readiness onto the owning Sandbox's
-        annotation, only when it changed (that wakes :meth:`workspace_pod_changed`)."""
+        annotation, only when it changed (that wakes :meth:`workspace_pod_changed`), and only
+        when the Sandbox's uid is the Pod's controller (a Pod naming a Sandbox as owner
+        without being its child is ignored)."""
         found = pod_event_annotation(event)
         if found is None or self.api is None:
             return
@@ -457,6 +460,9 @@ class SandboxLogic:
             if is_not_found(exc):
                 return
             raise
+        pod_metadata = (event.get("object") or {}).get("metadata") or {}
+        if not is_controlled_by(pod_metadata, str(sandbox["metadata"].get("uid") or "")):
+            return  # a Pod this Sandbox does not control says nothing about it
         annotations = sandbox["metadata"].get("annotations") or {}
         if annotations.get(WORKSPACE_ANNOTATION) == value:
             return

@@ -87,6 +87,7 @@ from sandbox_core.tree.baseline import (
     read_touched,
     reset_copy,
 )
+from sandbox_core.tree.control import refuse_control_changes
 from sandbox_core.tree.copy import LinkMap, copy_entry, copy_metadata
 from sandbox_core.tree.guards import lock_tree, refuse_mount_points
 from sandbox_core.tree.ops import backup_directory
@@ -306,6 +307,7 @@ class OverlaySandbox(BaseSandbox):
         recover_sync(original)  # a sync interrupted by a crash is repaired first
         baseline, touched = self._touched(original, merged)
         changes = compute_changes_at(original, merged, touched)
+        refuse_control_changes(changes, original, self.sandbox_id)  # nothing written yet
         root = self._root_to_commit(original, baseline)
         if not changes.is_empty or root is not None:
             try:
@@ -389,6 +391,7 @@ class OverlaySandbox(BaseSandbox):
         # merged view and the lower are only read while mounted.
         replaced = [c.path for c in layer_changes if c.kind == "replace"]
         changes = _union(changes, compute_changes_at(original, merged, replaced))
+        refuse_control_changes(changes, original, self.sandbox_id)  # still mounted, unwritten
         # Names sharing an inode with a changed one are staged too, from the merged view, so
         # the sync replaces whole hard-link groups (case 34).
         roots = set(replaced)
@@ -487,6 +490,7 @@ class OverlaySandbox(BaseSandbox):
             if self.overlay_mode != "kernel":
                 recover_sync(original)  # never while a lower directory is mounted
             changes, staged, expand, root = self._change_set(original)
+            refuse_control_changes(staged, original, self.sandbox_id)
             return _directory.prepare(
                 self, self.base_path, txid, original, self.base_path / "merged", staged,
                 backup_dir=self._commit_area() / "backup", expand_links=expand,

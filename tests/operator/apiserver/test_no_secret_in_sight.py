@@ -88,3 +88,36 @@ def test_no_password_in_any_status_event_or_log_line_for_every_strategy(
     assert f"password={password}" not in visible
     assert unique not in visible
     assert postgres_schema_dsn not in visible
+
+
+def test_a_private_key_under_any_key_of_a_secret_is_never_shown(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """A ``secretRef`` naming ``tls.key`` (a PEM block, with its trailing newline): the Sandbox
+    is Errored by the Secret's name and key, and no status, Event or log line holds the key
+    or any line of it (docs/security.md, "Secrets")."""
+    import base64
+
+    body = "\n".join(uuid.uuid4().hex * 2 for _ in range(4))
+    pem = f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"
+    cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "tls"},
+            "data": {"tls.key": base64.b64encode(pem.encode()).decode()},
+        }
+    )
+    operator.start({"SANDBOX_OPERATOR_LOG_FORMAT": "plain"})
+    sandbox = db_sandbox("s-tls", "plan-tls", "tls")
+    sandbox["spec"]["source"]["secretRef"]["key"] = "tls.key"
+    cluster.create(sandbox)
+    status = cluster.wait_phase("sandbox", "s-tls", {"Errored", "Active"})
+    assert status["phase"] == "Errored"
+    degraded = cluster.condition("sandbox", "s-tls", "Degraded")
+    assert degraded is not None
+    assert "the value of key 'tls.key' in Secret" in degraded["message"], degraded
+    wait_for(lambda: cluster.events("s-tls"), 30, "the failure's Event")
+    visible = everything_visible(cluster, operator)
+    for line in [pem, pem.strip(), *body.splitlines()]:
+        assert line not in visible

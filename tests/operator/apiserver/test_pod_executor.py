@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.kubelet import KEY, POD, Kubelet
+from tests.support.kubelet import KEY, POD, SECRET, Kubelet
 from tests.support.operator import (
     Cluster,
     OperatorProcess,
@@ -60,7 +60,7 @@ def test_the_pod_executor_wakes_on_pod_readiness_and_calls_the_agent(
     body = cluster.get("sandbox", "s-db")
     assert body is not None
     token = hmac.new(KEY.encode(), body["metadata"]["uid"].encode(), hashlib.sha256).hexdigest()
-    secret = cluster.get("secret", "sbx-s-db-agent")
+    secret = cluster.get("secret", SECRET)
     assert secret is not None and base64.b64decode(secret["data"]["token"]).decode() == token
     pod = cluster.get("pod", POD)
     assert pod is not None
