@@ -45,7 +45,7 @@ if [ ! -x .venv-integrations/bin/python ]; then
   .venv-integrations/bin/pip install -q --upgrade pip
 fi
 echo "setup: installing the project and the agent frameworks into .venv-integrations"
-.venv-integrations/bin/pip install -q -e '.[client,test,deepagents,openai-agents,integrations-test]'
+.venv-integrations/bin/pip install -q -e '.[operator,client,test,deepagents,openai-agents,integrations-test]'
 
 if [ -x hack/postgres.sh ]; then
   echo "setup: starting PostgreSQL"

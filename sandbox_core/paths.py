@@ -4,6 +4,7 @@ and the control paths no actor may change (:func:`is_control_name`)."""
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import unicodedata
 from pathlib import Path
@@ -77,3 +78,40 @@ def resolve_inside(root: str | os.PathLike[str], resource_path: str) -> str:
     if resolved != base and base not in resolved.parents:
         raise ValueError(TRAVERSAL_MESSAGE)
     return str(joined)
+
+
+def relative_to_root(root: str, path: str) -> str | None:
+    """``path`` (absolute, as commands see it) relative to ``root``; None when it is relative,
+    outside the root, the root itself, or names ``..``."""
+    if not path.startswith("/") or "\x00" in path:
+        return None
+    if ".." in path.split("/"):
+        return None
+    normal = posixpath.normpath(path)
+    base = posixpath.normpath(root)
+    if not normal.startswith(base.rstrip("/") + "/"):
+        return None
+    return normal[len(base.rstrip("/")) + 1 :]
+
+
+# The actor's per-file error types (sandbox_core.actor.files) -> the frameworks' standard codes.
+_ERROR_CODES = {
+    "SandboxFileNotFoundError": "file_not_found",
+    "FileNotFoundError": "file_not_found",
+    "SandboxFileOperationError": "is_directory",
+    "IsADirectoryError": "is_directory",
+    "NotADirectoryError": "file_not_found",
+    "PermissionError": "permission_denied",
+    "SandboxPathError": "invalid_path",
+}
+
+
+def framework_error_code(error: dict[str, str]) -> str:
+    """A per-file error of the actor's batch operations (``{"type", "message"}``, the core's
+    exception name) as the agent frameworks' standard code (Deep Agents'
+    ``FileOperationError``): ``file_not_found``, ``is_directory``, ``permission_denied``,
+    ``invalid_path``; else the message."""
+    code = _ERROR_CODES.get(error.get("type", ""))
+    if code is None and "Permission denied" in error.get("message", ""):
+        code = "permission_denied"
+    return code or error.get("message", "error")

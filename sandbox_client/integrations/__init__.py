@@ -9,7 +9,9 @@ Each adapter is an optional extra and imports its framework only in its own modu
 
 Both speak to a sandbox through :class:`~sandbox_client.integrations.actions.SandboxActions`
 (run a shell line, upload and download files), so the same adapter serves every door: a
-workspace agent, a pod-executor Sandbox through the API server's pod proxy, and sandboxes on
-local paths (``sandbox_core.actor.actions.LocalActions``). Every write lands in
-the sandbox and reaches the original only through the plan's commit.
+Sandbox resource through the engine's client
+(:class:`~sandbox_client.integrations.client_actions.ClientActions`: its workspace agent through
+the API server's pod proxy, or the local executor's state directory), and sandboxes a process
+keeps on local paths (``sandbox_core.actor.actions.LocalActions``). Every write lands in the
+sandbox and reaches the original only through the plan's commit.
 """

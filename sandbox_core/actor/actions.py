@@ -18,7 +18,6 @@ descriptor-relative file operations, audited in the sandbox's audit log.
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,12 +26,12 @@ from pathlib import Path
 from sandbox_core.actor.door import ActorDoor
 from sandbox_core.actor.exec import ExecLimitError, ExecRequest, Execution
 from sandbox_core.actor.local import LocalActor
+from sandbox_core.paths import framework_error_code, relative_to_root
 
 __all__ = [
     "CommandOutcome",
     "FileOutcome",
     "LocalActions",
-    "relative_to_root",
 ]
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
@@ -74,40 +73,6 @@ class FileOutcome:
     error: str | None = None
 
 
-def relative_to_root(root: str, path: str) -> str | None:
-    """``path`` (absolute, as commands see it) relative to ``root``; None when it is relative,
-    outside the root, the root itself, or names ``..``."""
-    if not path.startswith("/") or "\x00" in path:
-        return None
-    if ".." in path.split("/"):
-        return None
-    normal = posixpath.normpath(path)
-    base = posixpath.normpath(root)
-    if not normal.startswith(base.rstrip("/") + "/"):
-        return None
-    return normal[len(base.rstrip("/")) + 1 :]
-
-
-# The core's error type names (sandbox_core.actor.files) -> the frameworks' standard codes.
-_ERROR_CODES = {
-    "SandboxFileNotFoundError": "file_not_found",
-    "FileNotFoundError": "file_not_found",
-    "SandboxFileOperationError": "is_directory",
-    "IsADirectoryError": "is_directory",
-    "NotADirectoryError": "file_not_found",
-    "PermissionError": "permission_denied",
-    "SandboxPathError": "invalid_path",
-}
-
-
-def error_code(error: dict[str, str]) -> str:
-    """A per-file error of the actor's batch operations as a framework's error code."""
-    code = _ERROR_CODES.get(error.get("type", ""))
-    if code is None and "Permission denied" in error.get("message", ""):
-        code = "permission_denied"
-    return code or error.get("message", "error")
-
-
 def outcomes(
     paths: Sequence[str], relatives: Sequence[str | None], results: Iterable[dict[str, object]]
 ) -> list[FileOutcome]:
@@ -125,7 +90,7 @@ def outcomes(
             joined.append(FileOutcome(path, content=data if isinstance(data, bytes) else None))
         else:
             error = result.get("error")
-            code = error_code(error if isinstance(error, dict) else {})
+            code = framework_error_code(error if isinstance(error, dict) else {})
             joined.append(FileOutcome(path, error=code))
     return joined
 

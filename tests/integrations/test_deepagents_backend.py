@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox_client.integrations.deepagents import SandboxBackend
-from sandbox_core.actor.actions import LocalActions, relative_to_root
+from sandbox_core.actor.actions import LocalActions
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
+from sandbox_core.paths import relative_to_root
 
 
 def test_an_agents_writes_reach_the_original_only_through_the_commit(
