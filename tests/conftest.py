@@ -8,6 +8,11 @@ that starts the API server (``tests/support/apiserver/fixtures.py`` marks its us
 """
 
 import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.mounts import unmount_beneath
 
 # In import order: a plugin is listed before any plugin that imports it (pytest rewrites the
 # asserts of a plugin only when it is not imported yet).
@@ -25,3 +30,11 @@ pytest_plugins = [
 # hack/test.sh runs it there with SANDBOX_INTEGRATIONS=1 (tests/test_layout.py checks that).
 if not os.environ.get("SANDBOX_INTEGRATIONS"):
     collect_ignore = ["integrations"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_mount_outlives_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Sandboxes a test leaves mounted (a rolled-back overlay is still mounted) are unmounted
+    when the session ends, so a later run can prune this run's temporary directory."""
+    yield
+    unmount_beneath(tmp_path_factory.getbasetemp())

@@ -77,3 +77,16 @@ def test_only_pytests_own_scan_is_excused(pytestconfig: pytest.Config) -> None:
         with pytest.raises(pytest.PytestUnraisableExceptionWarning):
             warnings.warn(pytest.PytestUnraisableExceptionWarning(elsewhere), stacklevel=1)
         warnings.warn(pytest.PytestUnraisableExceptionWarning(in_pytest), stacklevel=1)
+
+
+def test_mounts_left_beneath_a_directory_are_found_and_unmounted(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.support.mounts import mounts_beneath, unmount_beneath
+
+    inner = tmp_path / "a b" / "merged"
+    inner.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inner)], check=True)
+    assert mounts_beneath(tmp_path) == [str(inner.resolve())]
+    assert unmount_beneath(tmp_path) == [str(inner.resolve())]
+    assert mounts_beneath(tmp_path) == []
