@@ -55,6 +55,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandbox_api.models import (
+    APPROVAL_REQUIRED_LABEL,
+    CREATED_BY_ANNOTATION,
     GROUP,
     PLANCOMMIT_PLURAL,
     ROLLBACKABLE_STRATEGIES,
@@ -97,10 +99,16 @@ from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.kube.events import EventSink
 from sandbox_operator.resources.approval import (
+    ApprovalPolicy,
     ApprovalState,
     approval_decision,
+    approvals_status,
+    decision_message,
+    legacy_allowed,
+    new_decisions,
     review_message,
     review_status,
+    waiting_message,
 )
 from sandbox_operator.resources.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
 from sandbox_operator.resources.plan_sources import source_root
@@ -519,6 +527,16 @@ class PlanCommitLogic:
             if resumed is not None:
                 return resumed
             attempt = max(attempt, recorded.attempt + 1)  # aborted untouched: a new attempt
+        policy = self._approval_policy(journal.namespace)
+        if policy.required and not spec.approval_required:
+            return self._fail_up_front(
+                journal,
+                spec,
+                "ApprovalRequired",
+                "named approvals are required here (chart value approvals.required or the "
+                f"namespace label {APPROVAL_REQUIRED_LABEL}=true); create the PlanCommit with "
+                "spec.approval Required; nothing was committed",
+            )
         waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
         if waiting:
             text = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
@@ -553,7 +571,7 @@ class PlanCommitLogic:
                             or "unknown error"
                         ),
                     )
-                approved = self._approval(body, spec, journal, digest)
+                approved = self._approval(body, spec, journal, digest, policy)
                 if approved is None:
                     return None  # awaiting approval, or Expired (written and announced)
         if spec.mode is PlanCommitMode.TWO_PHASE:
@@ -608,29 +626,80 @@ class PlanCommitLogic:
         self.events(body, "Normal", "Reviewed", text)
         return str(recorded["digest"])
 
+    def _approval_policy(self, namespace: str) -> ApprovalPolicy:
+        """The administrator's approval rules for ``namespace``: the chart's values, and named
+        approvals required there when the namespace has the label
+        ``sandbox.cleveragents.io/approval-required=true``."""
+        settings = self.settings
+        required = settings.approval_required or self._namespace_requires_approval(namespace)
+        return ApprovalPolicy(
+            required=required,
+            min_approvals=settings.min_approvals,
+            forbidden_users=settings.forbidden_approvers,
+            forbidden_groups=settings.forbidden_approver_groups,
+            approver_groups=settings.approver_groups,
+        )
+
+    def _namespace_requires_approval(self, namespace: str) -> bool:
+        try:
+            found = self.api.namespace(namespace) or {}
+        except Exception as exc:  # no right to read it: admission still enforces the label
+            logger.warning("namespace %s not readable for its approval label: %s", namespace, exc)
+            return False
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        return str(labels.get(APPROVAL_REQUIRED_LABEL, "")).lower() == "true"
+
     def _approval(
         self,
         body: Mapping[str, Any],
         spec: PlanCommitSpec,
         journal: PlanCommitStatusJournal,
         digest: str,
+        policy: ApprovalPolicy,
     ) -> str | None:
-        """The approved digest when ``spec.approvedDigest`` matches the review; else record the
-        wait (phase ``AwaitingApproval``, ``Approved=False`` reason ``AwaitingApproval`` or
-        ``DigestMismatch``) or the expiry (phase ``Expired``) and return None."""
+        """The approved digest when the recorded approvals (or the older
+        ``spec.approvedDigest``) approve the review; else record the wait (phase
+        ``AwaitingApproval``, ``Approved=False`` reason ``AwaitingApproval`` or
+        ``DigestMismatch``), the rejection (phase ``Failed``) or the expiry (phase ``Expired``)
+        and return None. ``status.approvals`` and ``status.approvedBy`` show every recorded
+        decision and who counts; each newly seen decision gets an ``ApprovalRecorded`` Event."""
         review = journal.status.get("review") or {}
         reviewed_at = _parse_rfc3339(review.get("reviewedAt")) or datetime.now(UTC)
-        decision = approval_decision(spec, digest, reviewed_at, datetime.now(UTC))
+        now = datetime.now(UTC)
+        creator = str(
+            ((body.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY_ANNOTATION, "")
+        )
+        decision = approval_decision(spec, digest, reviewed_at, now, policy, creator)
+        previous = journal.status.get("approvals") or []
+        rows = approvals_status(decision.judged, previous, rfc3339(now) or "")
+        shown: dict[str, Any] = {}
+        if rows != previous:
+            shown["approvals"] = rows
+        approved_by = ", ".join(decision.approvers)
+        if approved_by != (journal.status.get("approvedBy") or ""):
+            shown["approvedBy"] = approved_by
+        if shown:
+            journal.write(shown)
+        for row in new_decisions(rows, previous):
+            self.events(body, "Normal", "ApprovalRecorded", decision_message(row, decision))
         conditions = journal.status.get("conditions")
         current = find_condition(conditions, "Approved") or {}
         generation = journal.generation
         if decision.state is ApprovalState.MATCHED:
             if current.get("status") != "True":
-                text = f"spec.approvedDigest matches the reviewed plan digest {digest}"
+                if decision.legacy:
+                    reason = "DigestMatched"
+                    text = f"spec.approvedDigest matches the reviewed plan digest {digest}"
+                else:
+                    reason = "Approved"
+                    text = (
+                        f"plan digest {digest} approved by {approved_by} "
+                        f"({len(decision.approvers)} of {decision.needed} needed)"
+                    )
                 journal.write(
                     {
                         "conditions": set_condition(
-                            conditions, "Approved", "True", "DigestMatched", text, generation
+                            conditions, "Approved", "True", reason, text, generation
                         )
                     }
                 )
@@ -640,6 +709,9 @@ class PlanCommitLogic:
         if decision.state is ApprovalState.EXPIRED:
             self._expire(body, spec, journal, digest)
             return None
+        if decision.state is ApprovalState.REJECTED:
+            self._reject(body, spec, journal, digest, decision.rejected_by)
+            return None
         if decision.state is ApprovalState.MISMATCH:
             reason = "DigestMismatch"
             text = (
@@ -648,7 +720,7 @@ class PlanCommitLogic:
             )
         else:
             reason = "AwaitingApproval"
-            text = f"reviewed plan digest {digest}; set spec.approvedDigest to it to commit" + (
+            text = waiting_message(decision, digest, legacy_allowed(spec, policy)) + (
                 f" (expires in {decision.remaining_seconds:.0f}s)"
                 if decision.remaining_seconds is not None
                 else ""
@@ -675,6 +747,42 @@ class PlanCommitLogic:
             else:
                 self.events(body, "Normal", "AwaitingApproval", text)
         return None
+
+    def _reject(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        digest: str,
+        rejected_by: list[str],
+    ) -> None:
+        """End the PlanCommit ``Failed`` with reason ``Rejected``: an eligible person rejected
+        the reviewed digest; nothing was committed."""
+        comments = [
+            f"{entry.user}: {entry.comment}"
+            for entry in spec.approvals
+            if entry.user in rejected_by and entry.digest == digest and entry.comment
+        ]
+        text = f"plan digest {digest} rejected by {', '.join(rejected_by)}; nothing was committed"
+        if comments:
+            text += " (" + "; ".join(comments) + ")"
+        generation = journal.generation
+        conditions = set_condition(
+            journal.status.get("conditions"), "Approved", "False", "Rejected", text, generation
+        )
+        conditions = set_condition(conditions, "Committed", "False", "Rejected", text, generation)
+        conditions = set_finished(conditions, True, "Rejected", text, generation)
+        journal.write(
+            {
+                "phase": PlanCommitPhase.FAILED.value,
+                "conditions": conditions,
+                "completedAt": rfc3339(datetime.now(UTC)),
+                "observedGeneration": generation,
+            }
+        )
+        metrics.PLAN_APPROVALS.labels("rejected").inc()
+        metrics.COMMITS.labels(spec.action.value, PlanCommitPhase.FAILED.value).inc()
+        self.events(body, "Warning", "Rejected", text)
 
     def _expire(
         self,
