@@ -52,6 +52,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sandbox_api.models import (
@@ -114,6 +115,7 @@ from sandbox_operator.resources.journal import JournalWriteError, PlanCommitStat
 from sandbox_operator.resources.plan_sources import source_root
 from sandbox_operator.resources.resume import resume_attempt
 from sandbox_operator.resources.sandbox import is_usable, mirror_to_object
+from sandbox_operator.resources.target_identity import BoundHandle, target_identity
 from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import Settings
 
@@ -486,7 +488,8 @@ class PlanCommitLogic:
             target = by_id.get(handle.sandbox_id)
             if target is None:
                 return
-            handle = getattr(handle, "wrapped", handle)
+            while isinstance(handle, DeletionGuardedHandle | BoundHandle):
+                handle = handle.wrapped  # the executor's own handle under our wrappers
             state = self.executor.persist(target, handle)
             mirror_to_object(
                 self.api, target.namespace, target.name, state, self.executor.kind, plan_commit
@@ -551,7 +554,11 @@ class PlanCommitLogic:
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
         handles = [
-            DeletionGuardedHandle(self.executor.open(t), self._guard(t), source_root(t))
+            DeletionGuardedHandle(
+                BoundHandle(self.executor.open(t), self._identity(t)),
+                self._guard(t),
+                source_root(t),
+            )
             for t in usable
         ]
         approved: str | None = None
@@ -720,15 +727,19 @@ class PlanCommitLogic:
             )
         else:
             reason = "AwaitingApproval"
-            text = waiting_message(decision, digest, legacy_allowed(spec, policy)) + (
+            waiting = waiting_message(decision, digest, legacy_allowed(spec, policy))
+            text = waiting + (
                 f" (expires in {decision.remaining_seconds:.0f}s)"
                 if decision.remaining_seconds is not None
                 else ""
             )
-        changed = current.get("reason") != reason or (
+        new_reason = current.get("reason") != reason
+        changed = new_reason or (
             reason == "DigestMismatch"
             and str(spec.approved_digest) not in str(current.get("message"))
         )
+        if reason == "AwaitingApproval" and not str(current.get("message")).startswith(waiting):
+            changed = True  # another approval was recorded: the message names who approved
         if changed or journal.status.get("phase") != PlanCommitPhase.AWAITING_APPROVAL.value:
             conditions = set_condition(conditions, "Approved", "False", reason, text, generation)
             conditions = set_finished(
@@ -744,7 +755,7 @@ class PlanCommitLogic:
             if reason == "DigestMismatch":
                 metrics.PLAN_APPROVALS.labels("mismatched").inc()
                 self.events(body, "Warning", "DigestMismatch", text)
-            else:
+            elif new_reason:
                 self.events(body, "Normal", "AwaitingApproval", text)
         return None
 
@@ -928,6 +939,32 @@ class PlanCommitLogic:
                 outcome = "error"
             if outcome:
                 metrics.SANDBOX_COMMITS.labels(step.strategy, outcome).inc()
+
+    def _identity(self, target: SandboxTarget) -> Callable[[], str]:
+        """Reads ``target``'s identity now (docs/approvals.md): its claim's uid from the API
+        server, its node path's device and inode."""
+
+        def identity() -> str:
+            claim_uid = None
+            pvc = target.source.persistent_volume_claim
+            if pvc is not None:
+                try:
+                    claim = self.api.core.read_namespaced_persistent_volume_claim(
+                        pvc.claim_name, target.namespace
+                    )
+                    claim_uid = str(getattr(claim.metadata, "uid", "") or "")
+                except Exception as exc:
+                    if not is_not_found(exc):
+                        raise
+            node_stat = None
+            if target.source.node_path:
+                try:
+                    node_stat = Path(target.source.node_path).resolve().stat()
+                except OSError:
+                    node_stat = None
+            return target_identity(target, claim_uid, node_stat)
+
+        return identity
 
     def _guard(self, target: SandboxTarget) -> Callable[[], None]:
         """Raises SandboxError when ``target``'s object is gone, replaced or being deleted."""
