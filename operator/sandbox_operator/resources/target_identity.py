@@ -76,20 +76,23 @@ class BoundHandle:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
-    def _bound(self, digest: str) -> str:
+    def _read_identity(self) -> str:
         identity = self._identity()
         own = getattr(self.wrapped, "target_identity", None)
         if callable(own):
             identity += "\n" + str(own())
-        return bind_digest(identity, digest)
+        return identity
 
     def review(self) -> Any:
         """The wrapped review with its digest bound to the target."""
+        identity = self._read_identity()
         summary = self.wrapped.review()
-        return dataclasses.replace(summary, digest=self._bound(summary.digest))
+        return dataclasses.replace(summary, digest=bind_digest(identity, summary.digest))
 
     def prepare(self, txid: str, message: str | None = None) -> Any:
         """The wrapped prepare with its digest bound to the target (equal to the review's while
-        neither the changes nor the target changed)."""
+        neither the changes nor the target changed). The identity is read first: when it
+        cannot be read nothing is prepared."""
+        identity = self._read_identity()
         prepared = self.wrapped.prepare(txid, message)
-        return dataclasses.replace(prepared, digest=self._bound(prepared.digest))
+        return dataclasses.replace(prepared, digest=bind_digest(identity, prepared.digest))
