@@ -69,3 +69,34 @@ def test_a_minimum_below_one_is_refused_by_the_values_schema(helm: Path) -> None
     result = run_helm(helm, "template", "rel", str(CHART_DIR), "--set", "approvals.minApprovals=0")
     assert result.returncode != 0
     assert "minApprovals" in result.stderr
+
+
+MAP_V1BETA1 = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(
+    ("mode", "api_versions", "expected"),
+    [
+        ("auto", (), None),
+        ("auto", (MAP_V1BETA1,), "admissionregistration.k8s.io/v1beta1"),
+        ("true", (), "admissionregistration.k8s.io/v1beta1"),
+        ("false", (MAP_V1BETA1,), None),
+    ],
+)
+def test_the_creator_is_stamped_where_mutating_policies_are_served(
+    helm: Path, mode: str, api_versions: tuple[str, ...], expected: str | None
+) -> None:
+    objects = _render(helm, f"approvals.stampCreator={mode}", api_versions=api_versions)
+    found = [o for o in objects if o["metadata"]["name"] == "rel-sandbox-operator-creator"]
+    if expected is None:
+        assert found == []
+        return
+    assert sorted(o["kind"] for o in found) == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ]
+    policy = _one(found, "MutatingAdmissionPolicy")
+    assert policy["apiVersion"] == expected
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    expression = policy["spec"]["mutations"][0]["applyConfiguration"]["expression"]
+    assert '"sandbox.cleveragents.io/created-by": request.userInfo.username' in expression

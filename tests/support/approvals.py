@@ -156,3 +156,32 @@ def created_by(manifest: dict[str, Any], user: str) -> dict[str, Any]:
     """``manifest`` with the creator annotation naming ``user``."""
     manifest.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_BY] = user
     return manifest
+
+
+CREATOR_TEMPLATE = "templates/approval-creator-policy.yaml"
+
+
+def install_creator_policy(server: Any, cluster: Cluster, release: str) -> str:
+    """Install the chart's MutatingAdmissionPolicy that stamps a PlanCommit's creator
+    (``approvals.stampCreator=true``, v1beta1 as the tier-2 server serves it) and wait until a
+    server-side dry-run create is stamped; returns the YAML to ``kubectl delete -f -``."""
+    result = run_helm(
+        server.bin_dir / "helm", "template", release, str(CHART_DIR), "--namespace",
+        "sandbox-system", "--show-only", CREATOR_TEMPLATE, "--set", "approvals.stampCreator=true",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = result.stdout
+    server.kubectl("apply", "-f", "-", input=manifest, check=True)
+    probe = json.dumps(plancommit_manifest("creator-probe", "probe"))
+
+    def stamped() -> bool:
+        created = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False
+        )
+        if created.returncode != 0:
+            return False
+        annotations = json.loads(created.stdout)["metadata"].get("annotations") or {}
+        return CREATED_BY in annotations
+
+    wait_for(stamped, 60, "the creator policy in effect")
+    return manifest

@@ -184,3 +184,40 @@ def test_a_digest_approved_for_one_original_is_refused_on_another(
     assert status["twoPhase"]["digest"] != digest
     assert (data / "g.txt").read_text() == "d0\n"
     assert (tmp_path / "plan-swap-data-old" / "g.txt").read_text() == "d0\n"
+
+
+def test_where_the_operator_requires_approval_it_cannot_be_skipped_or_preset(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The operator's own check, behind the policy's (here the policy does not require
+    approval: ``approvals.required`` reaches only the operator)."""
+    operator.start({"SANDBOX_OPERATOR_APPROVAL_REQUIRED": "true"})
+    data = one_sandbox_plan(cluster, tmp_path, "plan-req")
+    skipped = create_as(cluster, "carol", plancommit_manifest("pc-skip", "plan-req"))
+    assert skipped.returncode == 0, skipped.stderr
+    status = cluster.wait_phase("pcommit", "pc-skip", {"Committed", "Failed"})
+    assert status["phase"] == "Failed", status
+    committed = cluster.condition("pcommit", "pc-skip", "Committed") or {}
+    assert (committed["status"], committed["reason"]) == ("False", "ApprovalRequired")
+    assert (data / "g.txt").read_text() == "d0\n"
+    # The engine presets the digest it reviewed: it does not count, a person's approval does.
+    digest = awaiting(cluster, "pc-preset", "plan-req")
+    patched = cluster.kubectl(
+        "--as=carol", "patch", "plancommit", "pc-preset", "--type", "merge", "-p",
+        '{"spec": {"approvedDigest": "' + digest + '"}}',
+    )  # fmt: skip
+    assert patched.returncode == 0, patched.stderr
+
+    def still_waiting() -> dict[str, Any] | None:
+        approved = cluster.condition("pcommit", "pc-preset", "Approved") or {}
+        message = str(approved.get("message"))
+        return approved if "spec.approvedDigest" not in message and approved else None
+
+    approved = wait_for(still_waiting, 30, "the wait named without the deprecated field")
+    assert approved["reason"] == "AwaitingApproval"
+    assert cluster.status("pcommit", "pc-preset")["phase"] == "AwaitingApproval"
+    assert (data / "g.txt").read_text() == "d0\n"
+    assert add_approval(cluster, "pc-preset", "alice", entry("alice", digest)).returncode == 0
+    status = cluster.wait_phase("pcommit", "pc-preset", {"Committed", "Failed"})
+    assert status["phase"] == "Committed", status
+    assert status["approvedBy"] == "alice"
