@@ -219,10 +219,43 @@ class PlanCommitApproval(StrEnum):
     NOT_REQUIRED = "NotRequired"
 
 
+CREATED_BY_ANNOTATION = f"{GROUP}/created-by"
+"""Annotation naming the PlanCommit's creator; the approval policy checks it equals the
+requester at creation and keeps it immutable (docs/approvals.md)."""
+
+APPROVAL_REQUIRED_LABEL = f"{GROUP}/approval-required"
+"""Namespace label: ``"true"`` makes every Commit in the namespace need named approvals."""
+
+
+class ApprovalDecisionKind(StrEnum):
+    """``PlanCommit.spec.approvals[].decision``."""
+
+    APPROVE = "Approve"
+    REJECT = "Reject"
+
+
+class ApprovalEntry(_Model):
+    """One person's recorded decision on one plan digest (``spec.approvals[]``).
+
+    ``user``, ``groups`` and ``uid`` are the identity the API server authenticated for the
+    write: the chart's admission policy admits nothing else (docs/approvals.md).
+    """
+
+    digest: str
+    decision: ApprovalDecisionKind
+    user: str
+    uid: str | None = None
+    groups: list[str] | None = None
+    comment: str | None = None
+
+
 class PlanCommitSpec(_Model):
     """``PlanCommit.spec``.
 
-    ``approved_digest`` (``"sha256:<64 hex>"``) is the reviewed plan digest a person approved;
+    ``approvals`` are the recorded decisions (append-only, named at admission);
+    ``required_approvals`` how many distinct approvers the PlanCommit asks for (never fewer
+    than the administrator's minimum). ``approved_digest`` (``"sha256:<64 hex>"``) is the older,
+    unnamed approval: it counts only where the administrator did not require named approvals.
     ``approval_timeout_seconds`` ends an unapproved PlanCommit as ``Expired``.
     """
 
@@ -234,6 +267,8 @@ class PlanCommitSpec(_Model):
     approval: PlanCommitApproval = PlanCommitApproval.NOT_REQUIRED
     approved_digest: str | None = None
     approval_timeout_seconds: int | None = None
+    approvals: list[ApprovalEntry] = Field(default_factory=list)
+    required_approvals: int | None = None
 
     @property
     def approval_required(self) -> bool:

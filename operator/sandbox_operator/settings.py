@@ -104,6 +104,12 @@ class Settings(BaseSettings):
             ``spec.source.nodePath`` (empty: any absolute path outside the operator's own
             ``state_dir`` and ``sandbox_root``); checked by the operator itself, not only by
             the CRD.
+        approval_required: every Commit needs named approvals (chart ``approvals.required``;
+            per namespace the label ``sandbox.cleveragents.io/approval-required=true``).
+        min_approvals: distinct approvers a PlanCommit needs at least (``approvals.minApprovals``).
+        forbidden_approvers: user names whose approvals never count (the operator, the engine).
+        forbidden_approver_groups: groups whose members' approvals never count.
+        approver_groups: when not empty, only approvals recording one of these groups count.
         fault_fail_commit / fault_fail_rollback: test hooks, resource ids whose commit /
             compensation raises in the local executor (``SANDBOX_OPERATOR_FAULT_FAIL_COMMIT=a,b``).
         fault_provision_delay_seconds: test hook, a pause after the local executor made the
@@ -151,12 +157,24 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: Seconds = 60.0
     handler_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
     node_path_roots: Annotated[tuple[str, ...], NoDecode] = ()
+    approval_required: bool = False
+    min_approvals: Annotated[int, Field(ge=1, le=16)] = 1
+    forbidden_approvers: IdSet = frozenset()
+    forbidden_approver_groups: IdSet = frozenset()
+    approver_groups: IdSet = frozenset()
     fault_fail_commit: IdSet = frozenset()
     fault_fail_rollback: IdSet = frozenset()
     fault_provision_delay_seconds: Seconds = 0.0
     fault_commit_delay_seconds: Seconds = 0.0
 
-    @field_validator("fault_fail_commit", "fault_fail_rollback", mode="before")
+    @field_validator(
+        "fault_fail_commit",
+        "fault_fail_rollback",
+        "forbidden_approvers",
+        "forbidden_approver_groups",
+        "approver_groups",
+        mode="before",
+    )
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):

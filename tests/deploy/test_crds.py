@@ -54,6 +54,7 @@ EXPECTED_COLUMNS = {
         "Plan": ".spec.planId",
         "Action": ".spec.action",
         "Phase": ".status.phase",
+        "Approved-By": ".status.approvedBy",
         "Committed": '.status.conditions[?(@.type=="Committed")].status',
         "Age": ".metadata.creationTimestamp",
     },
@@ -74,6 +75,7 @@ EXPECTED_STATUS_FIELDS = {
         "startedAt", "completedAt", "conditions", "observedGeneration",
         "mode", "twoPhase", "review",  # issue 9
         "lastHandledConfiguration",  # kopf's diff-base, issue 11
+        "approvals", "approvedBy",  # named approvals (docs/approvals.md)
     },
 }  # fmt: skip
 # (kind, dotted path below openAPIV3Schema.properties) of every immutable field.

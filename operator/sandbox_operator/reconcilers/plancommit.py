@@ -2,7 +2,7 @@
 :class:`~sandbox_operator.resources.plancommit.PlanCommitLogic`.
 
 Every handler but the finalizer asks the logic to reconcile the PlanCommit: on create, when
-``spec.approvedDigest`` changes, and on a timer while it awaits approval.
+``spec.approvals`` or ``spec.approvedDigest`` changes, and on a timer while it awaits approval.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ def plancommit_saga(namespace: str | None, name: str, **_: Any) -> None:
 )
 def plancommit_approval(namespace: str | None, name: str, **_: Any) -> None:
     """spec.approvedDigest changed: decide on the approval now."""
+    runtime().plancommits.reconcile(str(namespace), name)
+
+
+@kopf.on.field(
+    GROUP, VERSION, PLANCOMMIT_PLURAL, id="approvals", field="spec.approvals", timeout=TIMEOUT
+)
+def plancommit_approvals(namespace: str | None, name: str, **_: Any) -> None:
+    """A decision was added to spec.approvals: decide on the approval now."""
     runtime().plancommits.reconcile(str(namespace), name)
 
 

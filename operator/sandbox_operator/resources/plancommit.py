@@ -52,9 +52,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sandbox_api.models import (
+    APPROVAL_REQUIRED_LABEL,
+    CREATED_BY_ANNOTATION,
     GROUP,
     PLANCOMMIT_PLURAL,
     ROLLBACKABLE_STRATEGIES,
@@ -97,15 +100,22 @@ from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.kube.events import EventSink
 from sandbox_operator.resources.approval import (
+    ApprovalPolicy,
     ApprovalState,
     approval_decision,
+    approvals_status,
+    decision_message,
+    legacy_allowed,
+    new_decisions,
     review_message,
     review_status,
+    waiting_message,
 )
 from sandbox_operator.resources.journal import JournalWriteError, PlanCommitStatusJournal, rfc3339
 from sandbox_operator.resources.plan_sources import source_root
 from sandbox_operator.resources.resume import resume_attempt
 from sandbox_operator.resources.sandbox import is_usable, mirror_to_object
+from sandbox_operator.resources.target_identity import BoundHandle, target_identity
 from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import Settings
 
@@ -478,7 +488,8 @@ class PlanCommitLogic:
             target = by_id.get(handle.sandbox_id)
             if target is None:
                 return
-            handle = getattr(handle, "wrapped", handle)
+            while isinstance(handle, DeletionGuardedHandle | BoundHandle):
+                handle = handle.wrapped  # the executor's own handle under our wrappers
             state = self.executor.persist(target, handle)
             mirror_to_object(
                 self.api, target.namespace, target.name, state, self.executor.kind, plan_commit
@@ -519,6 +530,16 @@ class PlanCommitLogic:
             if resumed is not None:
                 return resumed
             attempt = max(attempt, recorded.attempt + 1)  # aborted untouched: a new attempt
+        policy = self._approval_policy(journal.namespace)
+        if policy.required and not spec.approval_required:
+            return self._fail_up_front(
+                journal,
+                spec,
+                "ApprovalRequired",
+                "named approvals are required here (chart value approvals.required or the "
+                f"namespace label {APPROVAL_REQUIRED_LABEL}=true); create the PlanCommit with "
+                "spec.approval Required; nothing was committed",
+            )
         waiting = [t.name for t, s in targets if s is None or s.status is SandboxStatus.PENDING]
         if waiting:
             text = f"waiting for Sandboxes {', '.join(waiting)} of the plan to be provisioned"
@@ -533,7 +554,11 @@ class PlanCommitLogic:
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
         handles = [
-            DeletionGuardedHandle(self.executor.open(t), self._guard(t), source_root(t))
+            DeletionGuardedHandle(
+                BoundHandle(self.executor.open(t), self._identity(t)),
+                self._guard(t),
+                source_root(t),
+            )
             for t in usable
         ]
         approved: str | None = None
@@ -553,7 +578,7 @@ class PlanCommitLogic:
                             or "unknown error"
                         ),
                     )
-                approved = self._approval(body, spec, journal, digest)
+                approved = self._approval(body, spec, journal, digest, policy)
                 if approved is None:
                     return None  # awaiting approval, or Expired (written and announced)
         if spec.mode is PlanCommitMode.TWO_PHASE:
@@ -608,29 +633,80 @@ class PlanCommitLogic:
         self.events(body, "Normal", "Reviewed", text)
         return str(recorded["digest"])
 
+    def _approval_policy(self, namespace: str) -> ApprovalPolicy:
+        """The administrator's approval rules for ``namespace``: the chart's values, and named
+        approvals required there when the namespace has the label
+        ``sandbox.cleveragents.io/approval-required=true``."""
+        settings = self.settings
+        required = settings.approval_required or self._namespace_requires_approval(namespace)
+        return ApprovalPolicy(
+            required=required,
+            min_approvals=settings.min_approvals,
+            forbidden_users=settings.forbidden_approvers,
+            forbidden_groups=settings.forbidden_approver_groups,
+            approver_groups=settings.approver_groups,
+        )
+
+    def _namespace_requires_approval(self, namespace: str) -> bool:
+        try:
+            found = self.api.namespace(namespace) or {}
+        except Exception as exc:  # no right to read it: admission still enforces the label
+            logger.warning("namespace %s not readable for its approval label: %s", namespace, exc)
+            return False
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        return str(labels.get(APPROVAL_REQUIRED_LABEL, "")).lower() == "true"
+
     def _approval(
         self,
         body: Mapping[str, Any],
         spec: PlanCommitSpec,
         journal: PlanCommitStatusJournal,
         digest: str,
+        policy: ApprovalPolicy,
     ) -> str | None:
-        """The approved digest when ``spec.approvedDigest`` matches the review; else record the
-        wait (phase ``AwaitingApproval``, ``Approved=False`` reason ``AwaitingApproval`` or
-        ``DigestMismatch``) or the expiry (phase ``Expired``) and return None."""
+        """The approved digest when the recorded approvals (or the older
+        ``spec.approvedDigest``) approve the review; else record the wait (phase
+        ``AwaitingApproval``, ``Approved=False`` reason ``AwaitingApproval`` or
+        ``DigestMismatch``), the rejection (phase ``Failed``) or the expiry (phase ``Expired``)
+        and return None. ``status.approvals`` and ``status.approvedBy`` show every recorded
+        decision and who counts; each newly seen decision gets an ``ApprovalRecorded`` Event."""
         review = journal.status.get("review") or {}
         reviewed_at = _parse_rfc3339(review.get("reviewedAt")) or datetime.now(UTC)
-        decision = approval_decision(spec, digest, reviewed_at, datetime.now(UTC))
+        now = datetime.now(UTC)
+        creator = str(
+            ((body.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY_ANNOTATION, "")
+        )
+        decision = approval_decision(spec, digest, reviewed_at, now, policy, creator)
+        previous = journal.status.get("approvals") or []
+        rows = approvals_status(decision.judged, previous, rfc3339(now) or "")
+        shown: dict[str, Any] = {}
+        if rows != previous:
+            shown["approvals"] = rows
+        approved_by = ", ".join(decision.approvers)
+        if approved_by != (journal.status.get("approvedBy") or ""):
+            shown["approvedBy"] = approved_by
+        if shown:
+            journal.write(shown)
+        for row in new_decisions(rows, previous):
+            self.events(body, "Normal", "ApprovalRecorded", decision_message(row, decision))
         conditions = journal.status.get("conditions")
         current = find_condition(conditions, "Approved") or {}
         generation = journal.generation
         if decision.state is ApprovalState.MATCHED:
             if current.get("status") != "True":
-                text = f"spec.approvedDigest matches the reviewed plan digest {digest}"
+                if decision.legacy:
+                    reason = "DigestMatched"
+                    text = f"spec.approvedDigest matches the reviewed plan digest {digest}"
+                else:
+                    reason = "Approved"
+                    text = (
+                        f"plan digest {digest} approved by {approved_by} "
+                        f"({len(decision.approvers)} of {decision.needed} needed)"
+                    )
                 journal.write(
                     {
                         "conditions": set_condition(
-                            conditions, "Approved", "True", "DigestMatched", text, generation
+                            conditions, "Approved", "True", reason, text, generation
                         )
                     }
                 )
@@ -640,6 +716,9 @@ class PlanCommitLogic:
         if decision.state is ApprovalState.EXPIRED:
             self._expire(body, spec, journal, digest)
             return None
+        if decision.state is ApprovalState.REJECTED:
+            self._reject(body, spec, journal, digest, decision.rejected_by)
+            return None
         if decision.state is ApprovalState.MISMATCH:
             reason = "DigestMismatch"
             text = (
@@ -648,15 +727,19 @@ class PlanCommitLogic:
             )
         else:
             reason = "AwaitingApproval"
-            text = f"reviewed plan digest {digest}; set spec.approvedDigest to it to commit" + (
+            waiting = waiting_message(decision, digest, legacy_allowed(spec, policy))
+            text = waiting + (
                 f" (expires in {decision.remaining_seconds:.0f}s)"
                 if decision.remaining_seconds is not None
                 else ""
             )
-        changed = current.get("reason") != reason or (
+        new_reason = current.get("reason") != reason
+        changed = new_reason or (
             reason == "DigestMismatch"
             and str(spec.approved_digest) not in str(current.get("message"))
         )
+        if reason == "AwaitingApproval" and not str(current.get("message")).startswith(waiting):
+            changed = True  # another approval was recorded: the message names who approved
         if changed or journal.status.get("phase") != PlanCommitPhase.AWAITING_APPROVAL.value:
             conditions = set_condition(conditions, "Approved", "False", reason, text, generation)
             conditions = set_finished(
@@ -672,9 +755,45 @@ class PlanCommitLogic:
             if reason == "DigestMismatch":
                 metrics.PLAN_APPROVALS.labels("mismatched").inc()
                 self.events(body, "Warning", "DigestMismatch", text)
-            else:
+            elif new_reason:
                 self.events(body, "Normal", "AwaitingApproval", text)
         return None
+
+    def _reject(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        digest: str,
+        rejected_by: list[str],
+    ) -> None:
+        """End the PlanCommit ``Failed`` with reason ``Rejected``: an eligible person rejected
+        the reviewed digest; nothing was committed."""
+        comments = [
+            f"{entry.user}: {entry.comment}"
+            for entry in spec.approvals
+            if entry.user in rejected_by and entry.digest == digest and entry.comment
+        ]
+        text = f"plan digest {digest} rejected by {', '.join(rejected_by)}; nothing was committed"
+        if comments:
+            text += " (" + "; ".join(comments) + ")"
+        generation = journal.generation
+        conditions = set_condition(
+            journal.status.get("conditions"), "Approved", "False", "Rejected", text, generation
+        )
+        conditions = set_condition(conditions, "Committed", "False", "Rejected", text, generation)
+        conditions = set_finished(conditions, True, "Rejected", text, generation)
+        journal.write(
+            {
+                "phase": PlanCommitPhase.FAILED.value,
+                "conditions": conditions,
+                "completedAt": rfc3339(datetime.now(UTC)),
+                "observedGeneration": generation,
+            }
+        )
+        metrics.PLAN_APPROVALS.labels("rejected").inc()
+        metrics.COMMITS.labels(spec.action.value, PlanCommitPhase.FAILED.value).inc()
+        self.events(body, "Warning", "Rejected", text)
 
     def _expire(
         self,
@@ -820,6 +939,32 @@ class PlanCommitLogic:
                 outcome = "error"
             if outcome:
                 metrics.SANDBOX_COMMITS.labels(step.strategy, outcome).inc()
+
+    def _identity(self, target: SandboxTarget) -> Callable[[], str]:
+        """Reads ``target``'s identity now (docs/approvals.md): its claim's uid from the API
+        server, its node path's device and inode."""
+
+        def identity() -> str:
+            claim_uid = None
+            pvc = target.source.persistent_volume_claim
+            if pvc is not None:
+                try:
+                    claim = self.api.core.read_namespaced_persistent_volume_claim(
+                        pvc.claim_name, target.namespace
+                    )
+                    claim_uid = str(getattr(claim.metadata, "uid", "") or "")
+                except Exception as exc:
+                    if not is_not_found(exc):
+                        raise
+            node_stat = None
+            if target.source.node_path:
+                try:
+                    node_stat = Path(target.source.node_path).resolve().stat()
+                except OSError:
+                    node_stat = None
+            return target_identity(target, claim_uid, node_stat)
+
+        return identity
 
     def _guard(self, target: SandboxTarget) -> Callable[[], None]:
         """Raises SandboxError when ``target``'s object is gone, replaced or being deleted."""

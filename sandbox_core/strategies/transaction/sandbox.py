@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from sandbox_core.errors import (
@@ -96,6 +97,13 @@ from sandbox_core.strategies.transaction.replay import (
     _PreparedPendingError,
 )
 from sandbox_core.strategies.transaction.statement_log import Outcome
+
+# The server's system identifier (set at initdb), the database's oid and name.
+_POSTGRES_IDENTITY = (
+    "SELECT system_identifier::text, "
+    "(SELECT oid::text FROM pg_database WHERE datname = current_database()), "
+    "current_database() FROM pg_control_system()"
+)
 
 
 class TransactionSandbox(PreparedTransaction):
@@ -228,6 +236,45 @@ class TransactionSandbox(PreparedTransaction):
                 raise self._unavailable(
                     exc, f"cannot check commit of sandbox {self.sandbox_id}"
                 ) from exc
+
+    def target_identity(self) -> str:
+        """What the original database *is*, never how to reach it: approvals are bound to it
+        (docs/approvals.md, "What the digest binds"), so a digest approved for one database is
+        refused on another that a DSN or path names later.
+
+        Returns:
+            PostgreSQL: ``"database=postgresql:<system identifier>/<database oid>/<name>"``
+            (another server, or a database dropped and created again under the same name,
+            gives another value); SQLite: ``"database=sqlite:<real path>:<device>:<inode>"``.
+            Never a password or DSN.
+
+        Raises:
+            SandboxConnectionError: the database stayed unreachable for ``timeout_seconds``.
+            SandboxError: the database cannot be queried, or the SQLite file cannot be read.
+        """
+        target = self._target()
+        if target.backend == "sqlite":
+            try:
+                real = Path(target.location).resolve()
+                found = real.stat()
+            except OSError as exc:
+                raise SandboxError(f"cannot read database of {self.sandbox_id}: {exc}") from exc
+            return f"database=sqlite:{real}:{found.st_dev}:{found.st_ino}"
+
+        def attempt() -> str:
+            connection = self._connect(target)
+            try:
+                row = connection.execute(_POSTGRES_IDENTITY)[0]
+            finally:
+                _finish(connection)
+            return f"database=postgresql:{row[0]}/{row[1]}/{row[2]}"
+
+        try:
+            return self._retrying(attempt)
+        except DatabaseError as exc:
+            raise self._unavailable(
+                exc, f"cannot read the identity of the database of {self.sandbox_id}"
+            ) from exc
 
     def close(self) -> None:
         """Roll back and close this process's connection; status and statement log are kept.
