@@ -74,8 +74,12 @@ def test_worktree_sandbox_write_diff_and_commit(
     assert table[0].split() == ["NAME", "PHASE", "READY", "STRATEGY", "PLAN", "AGE"]
     assert table[1].split()[:5] == ["app", "Committed", "False", "git_worktree", "plan-git"]
     table = kube.kubectl("get", "pcommit", "-n", namespace).splitlines()
-    assert table[0].split() == ["NAME", "PLAN", "ACTION", "PHASE", "COMMITTED", "AGE"]
-    assert table[1].split()[:5] == ["commit-app", "plan-git", "Commit", "Committed", "True"]
+    assert table[0].split() == [
+        "NAME", "PLAN", "ACTION", "PHASE", "APPROVED-BY", "COMMITTED", "AGE"
+    ]  # fmt: skip
+    row = table[1].split()  # nobody approved by name: APPROVED-BY is empty
+    assert row[:4] == ["commit-app", "plan-git", "Commit", "Committed"]
+    assert row[-2] == "True"
 
 
 def test_deleting_a_sandbox_cleans_up_everything_it_made(
