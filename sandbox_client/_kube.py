@@ -482,4 +482,3 @@ class Kube:
             raise OperationFailedError(
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
-
