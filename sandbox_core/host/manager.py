@@ -18,6 +18,7 @@ the process on purpose).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import weakref
@@ -391,9 +392,14 @@ class SandboxManager:
             coordinator = TwoPhasePlanCommit(
                 journal, on_change=self._persist, fault_hook=self._fault_hook
             )
-            return coordinator.recover(
+            state = coordinator.recover(
                 lambda step: self._sandbox_for_step(plan_id, step.sandbox_id)
             )
+            for step in state.steps if state is not None else []:
+                # The lock of a process that died in the attempt (a live hold is kept).
+                with contextlib.suppress(Exception):
+                    clear_if_free(local_original(self._sandbox_for_step(plan_id, step.sandbox_id)))
+            return state
 
     def journal_for(self, plan_id: str) -> CommitJournal:
         """The default journal of ``plan_id``: a file in the store, else one kept in memory."""

@@ -17,7 +17,7 @@ Oracle, for every strategy and mode:
 - the operation was refused as a conflict naming the writer's path, and the original is
   exactly as before the operation plus the writer's write.
 
-``SANDBOX_PROPERTY_EXAMPLES`` sets the examples per strategy and mode (default 5: the whole
+``SANDBOX_PROPERTY_EXAMPLES`` sets the examples per strategy and mode (default 3: the whole
 file runs in about a minute).
 """
 
@@ -47,7 +47,7 @@ from tests.support.directory_sandboxes import new_sandbox
 from tests.support.gitrepo import git, make_repo
 from tests.support.tree_generators import PROPERTY
 
-EXAMPLES = int(os.environ.get("SANDBOX_PROPERTY_EXAMPLES", "5"))
+EXAMPLES = int(os.environ.get("SANDBOX_PROPERTY_EXAMPLES", "3"))
 SETTINGS = settings(
     PROPERTY,
     max_examples=EXAMPLES,
