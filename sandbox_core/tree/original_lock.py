@@ -209,7 +209,10 @@ class OriginalLock:
         os.ftruncate(fd, 0)
         if data:
             os.pwrite(fd, data, 0)
-        os.fsync(fd)
+        if record is not None and record.get("kind") == "prepared":
+            # Only a prepared hold must outlive a crash of the machine; a process hold dies
+            # with its process anyway (a lone commit spares the flush: docs/benchmarks.md).
+            os.fsync(fd)
 
     def _free(self, fd: int) -> None:
         """Remove the file (under the byte-0 lock of ``fd``): a free lock leaves nothing beside
