@@ -18,7 +18,7 @@ Oracle, for every strategy and mode:
   exactly as before the operation plus the writer's write.
 
 ``SANDBOX_PROPERTY_EXAMPLES`` sets the examples per strategy and mode (default 3: the whole
-file runs in about a minute).
+file runs in about 11 s on a quiet machine, 90 s under heavy load).
 """
 
 from __future__ import annotations
