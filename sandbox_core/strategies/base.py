@@ -63,7 +63,7 @@ from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, S
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.guards import RefusedBeforeWriteError
-from sandbox_core.tree.original_lock import held_by_process, held_here
+from sandbox_core.tree.original_lock import LONE_WAIT_SECONDS, held_by_process, held_here
 
 __all__ = [
     "SANDBOX_ROOT_ENV",
@@ -482,7 +482,11 @@ class BaseSandbox:
         error = SandboxRollbackLockedError if action == "rollback" else None
         plan_id = self._context.plan_id if self._context is not None else ""
         held = held_by_process(
-            [self._original_path], plan_id, f"{action}:{self._sandbox_id}", error=error
+            [self._original_path],
+            plan_id,
+            f"{action}:{self._sandbox_id}",
+            error=error,
+            process_wait_seconds=LONE_WAIT_SECONDS,
         )
         try:
             held.__enter__()

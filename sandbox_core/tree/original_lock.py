@@ -64,6 +64,7 @@ from sandbox_core.protocol import utc_now
 
 __all__ = [
     "LOCK_SUFFIX",
+    "LONE_WAIT_SECONDS",
     "Hold",
     "OriginalLock",
     "OriginalLockedError",
@@ -252,6 +253,7 @@ class OriginalLock:
         hold: Hold,
         *,
         timeout_seconds: float = 0.0,
+        process_wait_seconds: float = 0.0,
         error: type[SandboxLockedError] | None = None,
     ) -> None:
         """Take the lock for ``hold`` (again, when ``hold.holder`` has it: re-entrant).
@@ -259,6 +261,10 @@ class OriginalLock:
         Args:
             hold: who takes it.
             timeout_seconds: how long to wait for another holder to let go (0: refuse at once).
+            process_wait_seconds: how long to wait while the holder is a ``process`` hold (a
+                commit or rollback under way, seconds at most), longer than ``timeout_seconds``
+                when larger; a ``prepared`` hold (a plan awaiting its decision) is refused
+                after ``timeout_seconds``.
             error: the class raised when refused (default :class:`OriginalLockedError`; a
                 rollback passes ``SandboxRollbackLockedError``).
 
@@ -266,13 +272,16 @@ class OriginalLock:
             OriginalLockedError: (or ``error``) another live holder has it; nothing changed.
             SandboxError: the lock file cannot be opened.
         """
-        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        start = time.monotonic()
         while True:
             refusal = self._try(hold)
             if refusal is None:
                 return
-            if time.monotonic() >= deadline:
-                message, record = refusal
+            message, record = refusal
+            limit = timeout_seconds
+            if record.get("kind") == "process":
+                limit = max(limit, process_wait_seconds)
+            if time.monotonic() - start >= limit:
                 if error is None or error is OriginalLockedError:
                     raise OriginalLockedError(message, holder=record, lock_path=self.path)
                 exc = (
@@ -416,6 +425,11 @@ class OriginalLock:
             return True
 
 
+LONE_WAIT_SECONDS = 60.0
+"""How long a lone commit or rollback waits for another process's commit or rollback of the same
+original to end (docs/concurrency.md): lone commits queue; a plan's prepared hold refuses them."""
+
+
 def held_here(original: str) -> bool:
     """Whether a :func:`held_by_process` of this call stack (this thread or task) holds the
     lock of ``original``."""
@@ -431,6 +445,7 @@ def held_by_process(
     *,
     error: type[SandboxLockedError] | None = None,
     timeout_seconds: float = 0.0,
+    process_wait_seconds: float = 0.0,
 ) -> Iterator[None]:
     """Hold the locks of ``originals`` (path originals only; others are skipped) for the body,
     as a ``process`` hold of ``holder``: a one-shot commit, a rollback, a saga.
@@ -439,6 +454,9 @@ def held_by_process(
     :func:`held_here` tells the sandboxes it commits or rolls back (in this thread or task) that
     their original's lock is held for them (a saga around its commits, the agent around a
     commit): they take no hold of their own.
+
+    Args:
+        timeout_seconds / process_wait_seconds: as :meth:`OriginalLock.acquire`.
 
     Raises:
         OriginalLockedError: (or ``error``) one of them is held by another; none is kept.
@@ -457,6 +475,7 @@ def held_by_process(
             lock.acquire(
                 Hold(holder=holder, plan_id=plan_id, kind="process"),
                 timeout_seconds=timeout_seconds,
+                process_wait_seconds=process_wait_seconds,
                 error=error,
             )
             taken.append(lock)

@@ -35,25 +35,30 @@ from tests.support.gitrepo import git, make_repo
 
 CLI = [sys.executable, "-m", "sandbox_core.cli"]
 KINDS = ["copy_on_write", "overlay-fallback", "git_worktree"]
-# A second process of the product: takes a process hold of argv[1] as plan "other-plan", says
+# A second process of the product: takes a hold of argv[1] as plan "other-plan" (argv[2]: a
+# "prepared" hold, a plan awaiting its decision, or a "process" hold, a commit under way), says
 # "held", keeps it until its stdin closes, then lets go.
 HOLDER = """
 import sys
 from sandbox_core.tree.original_lock import Hold, OriginalLock
 lock = OriginalLock(sys.argv[1])
-lock.acquire(Hold(holder="saga:other-plan:1", plan_id="other-plan", kind="process"))
+holder = "tx-other-plan" if sys.argv[2] == "prepared" else "saga:other-plan:1"
+txid = holder if sys.argv[2] == "prepared" else None
+lock.acquire(Hold(holder=holder, plan_id="other-plan", kind=sys.argv[2], txid=txid))
 print("held", flush=True)
 sys.stdin.read()
-lock.release("saga:other-plan:1")
+lock.release(holder)
 print("released", flush=True)
 """
 
 
 @contextmanager
-def another_process_holds(original: Path) -> Iterator[subprocess.Popen[str]]:
-    """A second process holding ``original``'s lock for the body."""
+def another_process_holds(
+    original: Path, kind: str = "prepared"
+) -> Iterator[subprocess.Popen[str]]:
+    """A second process holding ``original``'s lock (a ``kind`` hold) for the body."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(original)],
+        [sys.executable, "-c", HOLDER, str(original), kind],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -96,12 +101,13 @@ def _refusal_names_the_holder(exc: BaseException, src: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_lone_commit_waits_for_no_one_and_changes_nothing_while_another_process_holds(
+def test_a_lone_commit_changes_nothing_while_a_prepared_plan_of_another_process_holds(
     tmp_path: Path, kind: str
 ) -> None:
-    """``sandbox.commit()`` outside any plan, while another process holds the original: a lock
-    error naming the original and the holder; the original untouched, the sandbox ACTIVE with
-    its edit. Fails without the lone lock: the commit landed under the other plan's hold."""
+    """``sandbox.commit()`` outside any plan, while another process's plan holds the original
+    prepared (awaiting its decision): at once a lock error naming the original and the holder;
+    the original untouched, the sandbox ACTIVE with its edit. Fails without the lone lock: the
+    commit landed under the other plan's hold."""
     src = _original(tmp_path, kind)
     box = _sandbox(kind, src, tmp_path / "root")
     Path(box.get_path("a.txt")).write_text("a by the lone commit\n")
@@ -255,3 +261,23 @@ def test_the_agents_commit_and_rollback_are_refused_while_another_process_holds(
     ops.rollback(sid, {})
     assert (src / "a.txt").read_text() == "a0\n"
     ops.cleanup(sid)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lone_commit_queues_behind_another_process_commit_and_then_lands(
+    tmp_path: Path, kind: str
+) -> None:
+    """While another process's commit (a process hold) runs, a lone commit waits for it
+    (``LONE_WAIT_SECONDS``), then lands: two lone commits of one original are serialised, not
+    refused."""
+    import threading
+
+    src = _original(tmp_path, kind)
+    box = _sandbox(kind, src, tmp_path / "root")
+    Path(box.get_path("a.txt")).write_text("a by the lone commit\n")
+    with another_process_holds(src, "process") as holder:
+        assert holder.stdin is not None
+        threading.Timer(1.0, holder.stdin.close).start()  # the other commit ends in 1 s
+        assert box.commit("lone").success
+    assert (src / "a.txt").read_text() == "a by the lone commit\n"
+    box.cleanup()

@@ -777,15 +777,8 @@ def test_unsafe_sandbox_ids_are_refused_before_touching_git(
     assert worktree_count(repo) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a lone commit now takes the original's lock and refuses at once while another holds "
-        "it (docs/concurrency.md): concurrent lone commits into one repository are refused, "
-        "not queued; whether lone commits should wait is open"
-    ),
-)
 def test_concurrent_commits_into_one_repository_all_land(repo: Path, root: Path) -> None:
+    """Lone commits into one original queue on its lock (docs/concurrency.md)."""
     import threading
 
     sandboxes = [make(repo, root) for _ in range(4)]
