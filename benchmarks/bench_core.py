@@ -245,7 +245,9 @@ class Bench:
         cases: list[tuple[str, Path, dict[str, object], str, float]] = []
         if not self.directories_only:
             git_raw = self.git_commit_anchor()
-            cases.append(("git_worktree", self.repo, {}, "git add+commit+merge --ff-only", git_raw))
+            cases.append(
+                ("git_worktree", self.repo, {}, "git add+commit+merge --ff-only", git_raw)
+            )
         cases += [
             ("copy_on_write", self.tree, {}, "rsync -a --delete", rsync),
             ("overlay", self.tree, {"mode": "kernel"}, "rsync -a --delete", rsync),

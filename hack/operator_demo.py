@@ -101,44 +101,38 @@ def run(work: Path) -> int:
         try:
             return demo_flow(demo, paths, target, repo, docs)
         finally:
-            demo.cluster.kubectl(
-                "delete", "sandboxes,checkpoints,plancommits", "--all", "--timeout=60s", check=False
-            )
+            demo.cluster.kubectl("delete", "sandboxes,checkpoints,plancommits", "--all",
+                                 "--timeout=60s", check=False)
             demo.operator.stop()
             say(f"operator log: {demo.operator.log_paths[-1]}")
 
 
 def demo_flow(demo: Demo, paths: dict[str, Path], target: str, repo: Path, docs: Path) -> int:
     say("\n== plan-demo-1: three Sandboxes from examples/, edits, PlanCommit")
-    for name in ("sandbox-git-worktree.yaml", "sandbox-copy-on-write.yaml", "sandbox-overlay.yaml"):
+    for name in ("sandbox-git-worktree.yaml", "sandbox-copy-on-write.yaml",
+                 "sandbox-overlay.yaml"):
         demo.apply(example(name, paths))
     for name in ("demo-repo", "demo-docs", "demo-assets"):
         demo.wait(f"sandbox/{name}", "condition=Ready")
     demo.show("get", "sandboxes", "-o", "wide")
-    sandbox_paths = {
-        n: demo.status("sandbox", n)["sandboxPath"]
-        for n in ("demo-repo", "demo-docs", "demo-assets")
-    }
+    sandbox_paths = {n: demo.status("sandbox", n)["sandboxPath"]
+                     for n in ("demo-repo", "demo-docs", "demo-assets")}
     Path(sandbox_paths["demo-repo"], target).write_text("written by plan-demo-1\n")
     Path(sandbox_paths["demo-docs"], "README.md").write_text("# rewritten by plan-demo-1\n")
     Path(sandbox_paths["demo-assets"], "img", "banner.svg").write_text("<svg id='b'/>\n")
     demo.apply(example("plancommit.yaml", paths))
     demo.wait("plancommit/plan-demo-1-commit", "condition=Committed")
     demo.show("get", "plancommits")
-    say(
-        f"repository: {_git(repo, 'log', '-1', '--format=%h %s')}; "
-        f"{target} = {(repo / target).read_text().strip()!r}"
-    )
-    say(
-        f"docs/README.md = {(docs / 'README.md').read_text().strip()!r}; "
-        f"assets/img/banner.svg exists = {(paths['assets'] / 'img' / 'banner.svg').exists()}"
-    )
+    say(f"repository: {_git(repo, 'log', '-1', '--format=%h %s')}; "
+        f"{target} = {(repo / target).read_text().strip()!r}")
+    say(f"docs/README.md = {(docs / 'README.md').read_text().strip()!r}; "
+        f"assets/img/banner.svg exists = {(paths['assets'] / 'img' / 'banner.svg').exists()}")
 
     say("\n== plan-demo-2: a conflicting change lands on the original; the PlanCommit fails")
-    demo.apply(
-        example("sandbox-copy-on-write.yaml", paths, name="demo2-docs", planId="plan-demo-2")
-    )
-    demo.apply(example("sandbox-git-worktree.yaml", paths, name="demo2-repo", planId="plan-demo-2"))
+    demo.apply(example("sandbox-copy-on-write.yaml", paths, name="demo2-docs",
+                       planId="plan-demo-2"))
+    demo.apply(example("sandbox-git-worktree.yaml", paths, name="demo2-repo",
+                       planId="plan-demo-2"))
     for name in ("demo2-docs", "demo2-repo"):
         demo.wait(f"sandbox/{name}", "condition=Ready")
     docs_before = (docs / "README.md").read_text()
@@ -150,19 +144,12 @@ def demo_flow(demo: Demo, paths: dict[str, Path], target: str, repo: Path, docs:
     demo.apply(example("plancommit.yaml", paths, name="plan-demo-2-commit", planId="plan-demo-2"))
     status = demo.wait_phase("plancommit", "plan-demo-2-commit", {"Failed", "Committed"})
     demo.show("get", "plancommits")
-    demo.show(
-        "get",
-        "plancommit",
-        "plan-demo-2-commit",
-        "-o",
-        "custom-columns=PHASE:.status.phase,ROLLED_BACK:.status.rolledBackIds,"
-        "FAILED_ROLLBACKS:.status.failedRollbackIds,FAILED:.status.failedSandboxId",
-    )
+    demo.show("get", "plancommit", "plan-demo-2-commit", "-o",
+              "custom-columns=PHASE:.status.phase,ROLLED_BACK:.status.rolledBackIds,"
+              "FAILED_ROLLBACKS:.status.failedRollbackIds,FAILED:.status.failedSandboxId")
     for condition in status.get("conditions", []):
-        say(
-            f"  {condition['type']}={condition['status']} ({condition['reason']}): "
-            f"{condition['message']}"
-        )
+        say(f"  {condition['type']}={condition['status']} ({condition['reason']}): "
+            f"{condition['message']}")
     unchanged = _git(repo, "rev-parse", "HEAD") == head and (
         (docs / "README.md").read_text() == docs_before
     )

@@ -482,3 +482,4 @@ class Kube:
             raise OperationFailedError(
                 "IOError", f"agent {method} via the API server: {type(exc).__name__}"
             ) from None
+

@@ -112,7 +112,9 @@ class SandboxClient:
     def _ns(self, namespace: str | None) -> str:
         return namespace or self.namespace
 
-    def get_object(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get_object(
+        self, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
         """The object ``plural/name``.
 
         Raises:
@@ -446,7 +448,9 @@ class Sandbox:
         """Commits, rollbacks, checkpoints and restores of this sandbox, newest first."""
         return self.client.history(self.name, self.namespace)
 
-    def delete(self, *, wait: bool = True, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> None:
+    def delete(
+        self, *, wait: bool = True, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> None:
         """Delete the Sandbox; with ``wait`` watch until the operator's finalizer removed its
         artefacts (worktree, copy, layers) and the object is gone. The original is untouched."""
         self.client.delete_object(SANDBOX_PLURAL, self.name, self.namespace)
@@ -636,7 +640,9 @@ class Plan:
         Raises:
             WaitTimeoutError: not finished within ``timeout`` seconds.
         """
-        return self._plancommit(PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode)
+        return self._plancommit(
+            PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode
+        )
 
     def rollback(
         self,
@@ -719,7 +725,9 @@ class Plan:
         """The plan's PlanCommits (commits and rollbacks), by name."""
         return self.client.list_plancommits(self.namespace, self.plan_id)
 
-    def delete(self, cleanup: bool = True, *, timeout: float = DEFAULT_OPERATION_TIMEOUT) -> None:
+    def delete(
+        self, cleanup: bool = True, *, timeout: float = DEFAULT_OPERATION_TIMEOUT
+    ) -> None:
         """Delete the plan's Sandboxes, their Checkpoints and the plan's PlanCommits.
 
         With ``cleanup`` watch until the operator's finalizers removed every sandbox artefact

@@ -275,9 +275,7 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
         "image.tag=1.2.3",
     )
     assert sorted(o["kind"] for o in _release(objects)) == [
-        "Deployment",
-        "PodDisruptionBudget",
-        "Secret",  # Secret: the agent key
+        "Deployment", "PodDisruptionBudget", "Secret",  # Secret: the agent key
     ]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     # The hook then runs as the operator's ServiceAccount (no RBAC objects of its own).

@@ -83,10 +83,8 @@ def trees(draw: st.DrawFn) -> TreeSpec:
     used: set[bytes] = set(dirs)
     for _ in range(draw(st.integers(1, 6))):
         parent = draw(st.sampled_from([b"", *dirs]))
-        rel = (
-            os.path.join(parent, draw(st.sampled_from(NAMES)))
-            if parent
-            else draw(st.sampled_from(NAMES))
+        rel = os.path.join(parent, draw(st.sampled_from(NAMES))) if parent else draw(
+            st.sampled_from(NAMES)
         )
         if rel in used:
             continue
@@ -101,9 +99,10 @@ def trees(draw: st.DrawFn) -> TreeSpec:
                 kind,
                 draw(st.sampled_from(MODES)),
                 draw(st.sampled_from(OWNERS)),
-                data=draw(st.sampled_from(files))
-                if kind == "hardlink"
-                else draw(st.binary(max_size=64)),
+                data=draw(st.sampled_from(files)) if kind == "hardlink" else draw(
+                    st.binary(max_size=64)
+                ),
+
                 xattr=draw(st.none() | st.binary(min_size=1, max_size=8))
                 if kind in ("file", "sparse")
                 else None,

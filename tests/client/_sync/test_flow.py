@@ -161,7 +161,9 @@ def test_failed_commit_is_a_typed_result_with_the_rolled_back_ids(
     assert plan.sandboxes() == [] and plan.commits() == []
 
 
-def test_paths_that_leave_the_sandbox_are_refused(client: SandboxClient, tmp_path: Path) -> None:
+def test_paths_that_leave_the_sandbox_are_refused(
+    client: SandboxClient, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
@@ -194,7 +196,9 @@ def test_paths_that_leave_the_sandbox_are_refused(client: SandboxClient, tmp_pat
             copy.read_file("missing.txt")
 
 
-def test_typed_errors_carry_the_reason_and_message(client: SandboxClient, tmp_path: Path) -> None:
+def test_typed_errors_carry_the_reason_and_message(
+    client: SandboxClient, tmp_path: Path
+) -> None:
     with pytest.raises(NotFoundError) as missing:
         client.sandbox("no-such-sandbox").info()
     assert missing.value.reason == "NotFound"

@@ -162,20 +162,13 @@ def test_concurrent_plan_commits_commit_once(env, directory, tmp_path):
     second = tmp_path / "dir2"
     second.mkdir()
     (second / "g").write_text("e0\n")
-    ids = [
-        create(env, "pc", "d1", "copy_on_write", directory),
-        create(env, "pc", "d2", "copy_on_write", second),
-    ]
+    ids = [create(env, "pc", "d1", "copy_on_write", directory),
+           create(env, "pc", "d2", "copy_on_write", second)]
     for sid in ids:
         Path(cli(env, "path", sid, "g")["path"]).write_text("new\n")
     runs = [
-        subprocess.Popen(
-            [*CLI, "--json", "commit-plan", "pc"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        subprocess.Popen([*CLI, "--json", "commit-plan", "pc"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
         for _ in range(2)
     ]
     outputs = [json.loads(run.communicate()[0]) for run in runs]
@@ -200,35 +193,15 @@ def test_restore_of_a_committed_sandbox_is_a_state_error(env, directory):
 def test_failed_create_leaves_no_record(env, tmp_path):
     empty = tmp_path / "empty"
     subprocess.run(["git", "init", "-q", str(empty)], check=True, env=env)
-    out = cli(
-        env,
-        "create",
-        "--plan",
-        "e",
-        "--resource",
-        "r",
-        "--strategy",
-        "git_worktree",
-        str(empty),
-        expect=1,
-    )
+    out = cli(env, "create", "--plan", "e", "--resource", "r", "--strategy", "git_worktree",
+              str(empty), expect=1)
     assert "has no commit" in out["error"]["message"]
     assert cli(env, "list")["sandboxes"] == []
 
 
 def test_create_with_a_sandbox_id_twice_reopens_the_first(env, repo):
-    args = (
-        "create",
-        "--plan",
-        "p",
-        "--resource",
-        "r",
-        "--strategy",
-        "git_worktree",
-        "--sandbox-id",
-        "01J00000000000000000000CLI",
-        str(repo),
-    )
+    args = ("create", "--plan", "p", "--resource", "r", "--strategy", "git_worktree",
+            "--sandbox-id", "01J00000000000000000000CLI", str(repo))
     first = cli(env, *args)
     Path(cli(env, "path", first["sandbox_id"], "work.txt")["path"]).write_text("kept\n")
     again = cli(env, *args)
@@ -256,16 +229,6 @@ def test_transaction_diff_lists_pending_statements_and_hides_passwords(env, tmp_
     text = cli(env, "diff", sid)["diff"]
     assert text == 'INSERT INTO items VALUES (?);  -- params: ["apple"]\n'
 
-    dsn_out = cli(
-        env,
-        "create",
-        "--plan",
-        "p7",
-        "--resource",
-        "pg",
-        "--strategy",
-        "transaction_rollback",
-        "postgresql://user:s3cret@127.0.0.1:1/none",
-        expect=1,
-    )
+    dsn_out = cli(env, "create", "--plan", "p7", "--resource", "pg", "--strategy",
+                  "transaction_rollback", "postgresql://user:s3cret@127.0.0.1:1/none", expect=1)
     assert "s3cret" not in json.dumps(dsn_out)

@@ -124,10 +124,7 @@ def set_up_plan(tmp_path: Path, resources: list[Resource]) -> None:
     )
     for resource in resources:
         sandbox = manager.get_or_create_sandbox(
-            PLAN,
-            resource.key,
-            str(resource.path),
-            resource.strategy,
+            PLAN, resource.key, str(resource.path), resource.strategy,
             sandbox_root=str(tmp_path / "sbx"),
         )
         resource.edit(sandbox)
@@ -313,9 +310,8 @@ def test_case38_retry_after_recovery_never_commits_half_the_plan(tmp_path: Path)
     b_file.write_text(b_file.read_text() + "Y\n")
 
     # Step 2: killed right after A's merge, before it is recorded.
-    killed = run_cli(
-        {**env, "SANDBOX_CORE_FAULT": "after_commit:1"}, "commit-plan", "p38", expect=None
-    )
+    killed = run_cli({**env, "SANDBOX_CORE_FAULT": "after_commit:1"}, "commit-plan", "p38",
+                     expect=None)
     assert killed == -signal.SIGKILL
     assert (repo / "f").read_text() == "base\nX\n"  # A's merge landed
 

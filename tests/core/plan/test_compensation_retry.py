@@ -304,14 +304,7 @@ def test_case21_through_the_cli_recover_retries_the_failed_compensation(tmp_path
     for key in "ABC":
         originals[key] = make_original(tmp_path, f"T{key}", "copy_on_write", f"{key}0\n")
         created = run_cli(
-            env,
-            "create",
-            "--plan",
-            "p2",
-            "--resource",
-            key,
-            "--strategy",
-            "copy_on_write",
+            env, "create", "--plan", "p2", "--resource", key, "--strategy", "copy_on_write",
             str(originals[key]),
         )
         ids[key] = created["sandbox_id"]

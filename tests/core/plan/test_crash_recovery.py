@@ -447,18 +447,10 @@ def test_git_crash_inside_the_commit_window_is_compensated(
         "state_dir": str(tmp_path / "state"),
         "sandbox_root": str(tmp_path / "sandboxes"),
         "sandboxes": [
-            {
-                "resource_id": "A",
-                "path": str(repo),
-                "strategy": "git_worktree",
-                "writes": {"f": "r1\n"},
-            },
-            {
-                "resource_id": "B",
-                "path": str(directory),
-                "strategy": "copy_on_write",
-                "writes": {"g": "d1\n"},
-            },
+            {"resource_id": "A", "path": str(repo), "strategy": "git_worktree",
+             "writes": {"f": "r1\n"}},
+            {"resource_id": "B", "path": str(directory), "strategy": "copy_on_write",
+             "writes": {"g": "d1\n"}},
         ],
     }
     crashed = run_child(args, fault="after_commit:1")
@@ -507,13 +499,8 @@ def test_a_crash_in_the_middle_of_a_directory_sync_is_compensated_whole(
         "sandbox_root": str(tmp_path / "sandboxes"),
         "kill_mid_sync": kill_at,
         "sandboxes": [
-            {
-                "resource_id": "D",
-                "path": str(directory),
-                "strategy": strategy,
-                "writes": {"a": "a1\n", "b": "b1\n", "c": "c1\n"},
-                "options": options,
-            },
+            {"resource_id": "D", "path": str(directory), "strategy": strategy,
+             "writes": {"a": "a1\n", "b": "b1\n", "c": "c1\n"}, "options": options},
         ],
     }
     crashed = run_child(args)

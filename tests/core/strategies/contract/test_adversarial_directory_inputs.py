@@ -415,3 +415,4 @@ def test_original_given_as_a_symlink_to_a_directory(
     finally:
         sandbox.cleanup()
     assert tree_state(real, top=True) == before
+

@@ -169,15 +169,7 @@ def test_cli_cleanup_is_idempotent_and_leaves_nothing_behind(
     original = make_original(tmp_path, strategy)
     extra = [arg for key, value in options.items() for arg in ("--option", f"{key}={value}")]
     created = run_cli(
-        env,
-        "create",
-        "--plan",
-        "p-cli",
-        "--resource",
-        "r",
-        "--strategy",
-        strategy,
-        *extra,
+        env, "create", "--plan", "p-cli", "--resource", "r", "--strategy", strategy, *extra,
         str(original),
     )
     sandbox_id = created["sandbox_id"]

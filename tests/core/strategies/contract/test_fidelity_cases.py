@@ -37,7 +37,9 @@ def owner_of(path: Path) -> tuple[int, int]:
 
 
 @strategies
-def test_case10_modes_and_owner_survive_commit_under_umask_077(tmp_path: Path, make: Make) -> None:
+def test_case10_modes_and_owner_survive_commit_under_umask_077(
+    tmp_path: Path, make: Make
+) -> None:
     src = tmp_path / "src"
     src.mkdir()
     src.chmod(0o2775)
