@@ -18,6 +18,7 @@ the process on purpose).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import weakref
@@ -49,7 +50,7 @@ from sandbox_core.plan.journal import (
     JournalState,
     MemoryCommitJournal,
 )
-from sandbox_core.plan.original_lock import clear_if_free, local_original
+from sandbox_core.plan.original_lock import clear_if_free, held_by_process, local_original
 from sandbox_core.plan.review import PlanReview, review_plan
 from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, refuse_partial_plan
 from sandbox_core.plan.two_phase import TwoPhasePlanCommit
@@ -251,6 +252,8 @@ class SandboxManager:
                 nothing was touched.
             AtomicCommitError: a non-sandbox exception interrupted the commit (after
                 compensation; ``__cause__`` is the original).
+            OriginalLockedError: another plan or process holds one of the originals' locks
+                (docs/concurrency.md); nothing was touched.
             SandboxError: the journal could not be read or written.
         """
         require_non_empty("plan_id", plan_id)
@@ -261,7 +264,11 @@ class SandboxManager:
                 return started
             sandboxes, attempt = started
             saga = PlanCommitSaga(journal, on_change=self._persist, fault_hook=self._fault_hook)
-            return saga.run(plan_id, sandboxes, attempt=attempt, message=message)
+            # The originals' locks for the whole run, commits and compensations, as in
+            # commit_plan's saga (docs/concurrency.md).
+            originals = [o for o in (local_original(s) for s in sandboxes) if o is not None]
+            with held_by_process(originals, plan_id, f"saga:{plan_id}:{attempt}"):
+                return saga.run(plan_id, sandboxes, attempt=attempt, message=message)
 
     def commit_plan(
         self,
@@ -385,9 +392,14 @@ class SandboxManager:
             coordinator = TwoPhasePlanCommit(
                 journal, on_change=self._persist, fault_hook=self._fault_hook
             )
-            return coordinator.recover(
+            state = coordinator.recover(
                 lambda step: self._sandbox_for_step(plan_id, step.sandbox_id)
             )
+            for step in state.steps if state is not None else []:
+                # The lock of a process that died in the attempt (a live hold is kept).
+                with contextlib.suppress(Exception):
+                    clear_if_free(local_original(self._sandbox_for_step(plan_id, step.sandbox_id)))
+            return state
 
     def journal_for(self, plan_id: str) -> CommitJournal:
         """The default journal of ``plan_id``: a file in the store, else one kept in memory."""

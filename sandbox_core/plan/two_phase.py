@@ -559,10 +559,15 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             failed = self._record_applied(state, pairs, outcomes)
         if failed:
             state.failed_sandbox_id = failed[0]
+            why = "; ".join(
+                f"{step.sandbox_id}: {step.error}"
+                for step in state.steps
+                if step.sandbox_id in failed
+            )
             state.error = (
                 f"Atomic commit failed: plan {state.plan_id} was decided (txid {txid}) but the "
-                f"apply of {', '.join(failed)} failed; run recover to finish it (the decision "
-                "stands: it rolls forward)"
+                f"apply of {', '.join(failed)} failed ({why}); run recover to finish it (the "
+                "decision stands: it rolls forward)"
             )
             self._save(state)
             return [failure_result(state)]

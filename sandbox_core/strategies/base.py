@@ -41,6 +41,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Self
 
@@ -51,7 +52,9 @@ from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
     SandboxError,
+    SandboxLockedError,
     SandboxRollbackError,
+    SandboxRollbackLockedError,
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
@@ -60,6 +63,7 @@ from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, S
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.guards import RefusedBeforeWriteError
+from sandbox_core.tree.original_lock import LONE_WAIT_SECONDS, held_by_process, held_here
 
 __all__ = [
     "SANDBOX_ROOT_ENV",
@@ -111,6 +115,11 @@ class BaseSandbox:
     """Whether every failing write of commit, apply and rollback is undone (the original as
     before, staging removed), so that a full or read-only file system keeps the status
     (:meth:`_resource_refusal`)."""
+    locks_original: ClassVar[bool] = True
+    """Whether a lone ``commit`` and a rollback from COMMITTED take the original's lock
+    (:mod:`sandbox_core.tree.original_lock`, docs/concurrency.md), as a plan does. False where
+    a commit writes nothing of its own (``none``) or the original serialises its own sessions
+    (a database)."""
     prepares_durably: bool = True
     """Whether ``prepare`` survives a crash of this process. A participant that cannot
     (SQLite holds its prepared writes in an open connection) can only be the last resource of
@@ -263,17 +272,18 @@ class BaseSandbox:
                 raise SandboxStateError(
                     f"cannot commit sandbox {self._sandbox_id} in status {self._status.value}"
                 )
-            self.activate()
-            try:
-                result = self._do_commit(message)
-            except Exception as exc:
-                kept = self._resource_refusal("commit", exc)
-                if kept is not None:  # undone by the strategy: stays ACTIVE, retry later
-                    raise kept from exc
-                self._commit_failed(exc)
-            self._last_commit = result
-            self._set_status(SandboxStatus.COMMITTED)
-            return result
+            with self._original_held("commit"):
+                self.activate()
+                try:
+                    result = self._do_commit(message)
+                except Exception as exc:
+                    kept = self._resource_refusal("commit", exc)
+                    if kept is not None:  # undone by the strategy: stays ACTIVE, retry later
+                        raise kept from exc
+                    self._commit_failed(exc)
+                self._last_commit = result
+                self._set_status(SandboxStatus.COMMITTED)
+                return result
 
     def rollback(self) -> None:
         """Discard the sandbox's changes (ACTIVE) or undo its commit (COMMITTED).
@@ -302,14 +312,20 @@ class BaseSandbox:
                 raise SandboxStateError(
                     f"cannot roll back sandbox {self._sandbox_id} in status {self._status.value}"
                 )
-            try:
-                action()
-            except Exception as exc:
-                kept = self._resource_refusal("rollback", exc)
-                if kept is not None:  # undone by the strategy: the status is kept
-                    raise kept from exc
-                self._rollback_failed(exc, undoing_commit=undoing_commit)
-            self._set_status(SandboxStatus.ROLLED_BACK)
+            held = (
+                self._original_held("rollback")
+                if undoing_commit  # writes the original: its lock, as a plan's compensation
+                else contextlib.nullcontext()
+            )
+            with held:
+                try:
+                    action()
+                except Exception as exc:
+                    kept = self._resource_refusal("rollback", exc)
+                    if kept is not None:  # undone by the strategy: the status is kept
+                        raise kept from exc
+                    self._rollback_failed(exc, undoing_commit=undoing_commit)
+                self._set_status(SandboxStatus.ROLLED_BACK)
 
     def cleanup(self) -> None:
         """Remove every artefact of the sandbox; the original is never touched. Idempotent.
@@ -441,6 +457,49 @@ class BaseSandbox:
             if self._status is SandboxStatus.CREATED:
                 self._set_status(SandboxStatus.ACTIVE)
             self._set_status(SandboxStatus.COMMITTED)
+
+    # -- the original's lock ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _original_held(self, action: str) -> Iterator[None]:
+        """Hold the original's lock (docs/concurrency.md) for a lone ``action`` (``"commit"``
+        or ``"rollback"`` from COMMITTED): the same durable lock a plan holds from prepare to
+        apply, so a lone commit and a plan (or two processes) over one original run one after
+        the other. Nothing is taken when this call stack already holds it (a plan's saga, the
+        agent's commit) or the strategy does not lock (:attr:`locks_original`).
+
+        Raises:
+            SandboxCommitLockedError: (``OriginalLockedError``; ``SandboxRollbackLockedError``
+                for a rollback) another plan or process holds the original: nothing changed,
+                the status is kept; the message names the original and the holder.
+            SandboxNoSpaceError / SandboxPermissionError: the phase's resource error, when the
+                lock file cannot be written (a full or read-only volume); nothing changed.
+            SandboxError: the lock file cannot be opened for another reason.
+        """
+        if not self.locks_original or held_here(self._original_path):
+            yield
+            return
+        error = SandboxRollbackLockedError if action == "rollback" else None
+        plan_id = self._context.plan_id if self._context is not None else ""
+        held = held_by_process(
+            [self._original_path],
+            plan_id,
+            f"{action}:{self._sandbox_id}",
+            error=error,
+            process_wait_seconds=LONE_WAIT_SECONDS,
+        )
+        try:
+            held.__enter__()
+        except SandboxLockedError:
+            raise
+        except (SandboxError, OSError) as exc:
+            fault = resource_fault(exc)
+            if fault is None:
+                raise
+            raise resource_error(action, self._sandbox_id, fault) from exc
+        with contextlib.ExitStack() as stack:
+            stack.push(held)
+            yield
 
     # -- failures ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class NoSandbox(BaseSandbox):
     rollbackable = False
     prepares_durably = True
     undoes_resource_faults = True  # it writes nothing of its own
+    locks_original = False  # its commit writes nothing: the writes already landed
 
     def _do_create(self, plan_id: str) -> SandboxContext:
         logger.warning(

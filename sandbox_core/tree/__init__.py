@@ -19,6 +19,8 @@ never loads the others):
   tree, errors that keep the sandbox ACTIVE), :func:`lock_tree`, staging key checks.
 - :mod:`~sandbox_core.tree.beneath`: :class:`Beneath`, the directory descriptors every change
   to a tree is made through (``O_NOFOLLOW`` component by component: case 44).
+- :mod:`~sandbox_core.tree.original_lock`: :class:`OriginalLock`, the durable lock beside an
+  original that every writer of the product takes (docs/concurrency.md).
 - :mod:`~sandbox_core.tree.stamps`: the stamps of what a sync replaces, taken at check time and
   compared right before each rename (case 43).
 - :mod:`~sandbox_core.tree.sync`: :func:`sync_tree` makes a target tree equal to a source tree,

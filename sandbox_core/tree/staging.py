@@ -290,6 +290,9 @@ def stage_sync(
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
     refuse_flagged(target_s, ops)
+    # What was checked, read before anything is copied: a write of another writer that lands
+    # while the entries are staged differs from it at apply (docs/concurrency.md).
+    guard = take(target_s, [op.path for op in ops if op.meta is None])
     staging = prepared_dir_for(target_s, key)
     os.mkdir(staging, 0o700)
     try:
@@ -308,7 +311,7 @@ def stage_sync(
             "key": key,
             "keep_backup": os.path.abspath(backup_dir) if backup_dir is not None else None,
             "ops": journal_ops,
-            "guard": take(target_s, _replaced(journal_ops)),
+            "guard": guard,
             "digest": digest,
             "changes": changes.to_dict(),
         }

@@ -89,6 +89,7 @@ from sandbox_core.errors import (
 from sandbox_core.paths import TRAVERSAL_MESSAGE
 from sandbox_core.protocol import CommitResult, SandboxContext
 from sandbox_core.status import SandboxStatus
+from sandbox_core.strategies import _directory
 from sandbox_core.strategies.git_worktree.git import (
     GitCommand,
     GitFailure,
@@ -279,6 +280,7 @@ class GitWorktreeSandbox(PreparedMergeBack):
         ref = self._checkpoint_ref(name)
         with self._lock:
             worktree = self._live_worktree_git("restore a checkpoint of")
+            self._refuse_if_busy("restore")
             try:
                 found = worktree.run("rev-parse", "--verify", "-q", f"{ref}^{{commit}}", ok=(0, 1))
                 if found.status != 0:
@@ -379,7 +381,11 @@ class GitWorktreeSandbox(PreparedMergeBack):
 
     # -- rollback ---------------------------------------------------------------------------
 
-    def _do_rollback(self) -> None:
+    def _do_rollback(self, *, checked: bool = False) -> None:
+        """Reset the worktree to the commit it was made from. Refused as busy while a process
+        has a file of the worktree open for writing (``checked``: the caller refused already)."""
+        if not checked:
+            self._refuse_if_busy("rollback")
         worktree = self._worktree_git_or(SandboxRollbackError, "roll back")
         base = str(self._require_context().metadata["base_commit"])
         self._adopt_worktree(worktree)
@@ -391,10 +397,27 @@ class GitWorktreeSandbox(PreparedMergeBack):
                 exc, "rollback", f"rollback of sandbox {self.sandbox_id}", self._sandbox_dir()
             ) from exc
 
+    def _refuse_if_busy(self, operation: str) -> None:
+        """Refuse ``operation`` (``"rollback"``, ``"restore"``) while another process has a file
+        of the worktree open for writing (docs/concurrency.md, "A shell in the sandbox"): git
+        writes a file it resets or checks out as a new inode, so the writer's later writes would
+        go to a file no longer in the sandbox. A working directory inside is harmless (git keeps
+        the directories that still hold tracked files) and does not refuse.
+
+        Raises:
+            SandboxRollbackError: ``refused``; names every such process; nothing was changed.
+        """
+        context = self._context
+        if context is not None and Path(context.sandbox_path).is_dir():
+            _directory.refuse_if_busy(
+                self, Path(context.sandbox_path), operation, writers_only=True
+            )
+
     def _do_rollback_committed(self) -> None:
         last = self._last_commit
         if last is None or last.commit_ref is None:
             raise SandboxRollbackError(f"sandbox {self.sandbox_id} has no recorded commit")
+        self._refuse_if_busy("rollback")  # before the original is touched
         original = self._original_git("rollback")
         self._touched = False
         try:
@@ -409,7 +432,8 @@ class GitWorktreeSandbox(PreparedMergeBack):
                 untouched=not self._touched,
             ) from exc
         if Path(self._require_context().sandbox_path).is_dir():
-            self._do_rollback()  # the sandbox itself is clean again, as after an ACTIVE rollback
+            # The sandbox itself is clean again, as after an ACTIVE rollback.
+            self._do_rollback(checked=True)
 
     # -- interrupted moves ------------------------------------------------------------------
 

@@ -128,6 +128,7 @@ class TransactionSandbox(PreparedTransaction):
     strategy = "transaction_rollback"
     layout_folder = "txn"
     rollbackable = False
+    locks_original = False  # the database serialises its own sessions
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
         super().__init__(resource_id, redact(str(original_path or "")), **options)

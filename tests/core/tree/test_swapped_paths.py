@@ -28,6 +28,7 @@ from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.overlay import mount as _overlay_mount
 from sandbox_core.tree import beneath, staging
 from sandbox_core.tree.guards import ChangedMeanwhileError, SwappedPathError
+from sandbox_core.tree.original_lock import LOCK_SUFFIX
 from sandbox_core.tree.scan import scan_tree
 from sandbox_core.tree.snapshot import compute_changes
 from sandbox_core.tree.sync import sync_tree
@@ -50,7 +51,8 @@ def _contents(root: Path) -> dict[str, str]:
 
 class Watcher:
     """A thread that, as soon as a new entry appears in one of ``dirs``, runs ``action`` once
-    (the watcher of cases 43 and 44: another process reacting to the commit's first write)."""
+    (the watcher of cases 43 and 44: another process reacting to the commit's first write).
+    The original's lock file, made before the commit reads anything, is not a write of it."""
 
     def __init__(self, dirs: list[Path], action: Callable[[], None]) -> None:
         self.dirs = dirs
@@ -63,7 +65,8 @@ class Watcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             for directory in self.dirs:
-                if set(os.listdir(directory)) - self._before[directory]:
+                new = set(os.listdir(directory)) - self._before[directory]
+                if {name for name in new if not name.endswith(LOCK_SUFFIX)}:
                     self.action()
                     self.fired.set()
                     return

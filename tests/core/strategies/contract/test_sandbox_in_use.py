@@ -127,25 +127,15 @@ def _check(box: BaseSandbox, holder: Holder, operation: object, open_file: bool)
 
 HOLDS = ["cwd", "open-file"]
 
-GIT_OPEN_FILE_LOST = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "git_worktree: a rollback or restore (git reset/checkout) writes a changed file as a "
-        "new inode while an editor holds it open for writing: its later writes are lost; "
-        "git_worktree has no busy check yet (owned by the git_worktree work)"
-    ),
-)
-
 
 def kinds_and_holds(kinds: list[object]) -> list[object]:
-    """Every (kind, hold); the one known failure is the narrow ``git_worktree-open-file``."""
+    """Every (kind, hold)."""
     out: list[object] = []
     for kind in kinds:
         name = kind if isinstance(kind, str) else kind.values[0]  # type: ignore[attr-defined]
         marks = [] if isinstance(kind, str) else list(kind.marks)  # type: ignore[attr-defined]
         for hold in HOLDS:
-            extra = [GIT_OPEN_FILE_LOST] if (name, hold) == ("git_worktree", "open-file") else []
-            out.append(pytest.param(name, hold, marks=marks + extra, id=f"{name}-{hold}"))
+            out.append(pytest.param(name, hold, marks=marks, id=f"{name}-{hold}"))
     return out
 
 
@@ -172,7 +162,7 @@ def test_rollback_of_an_active_sandbox_in_use(
 
 
 @pytest.mark.parametrize("hold", HOLDS)
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "git_worktree"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_rollback_from_committed_of_a_sandbox_in_use(
     tmp_path: Path, kind: str, hold: str, holders: list[Holder]
 ) -> None:

@@ -778,6 +778,7 @@ def test_unsafe_sandbox_ids_are_refused_before_touching_git(
 
 
 def test_concurrent_commits_into_one_repository_all_land(repo: Path, root: Path) -> None:
+    """Lone commits into one original queue on its lock (docs/concurrency.md)."""
     import threading
 
     sandboxes = [make(repo, root) for _ in range(4)]
