@@ -18,6 +18,10 @@ echo "== lint-imports (the layers: who may import what, .importlinter)"
 PYTHONPATH="$PWD:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}" lint-imports --no-cache --no-logo
 echo "== unasync: the blocking client is generated from the async one" && python hack/unasync.py --check
 echo "== pytest (tiers 1 and 2)"
+# A kernel-overlay sandbox an earlier run left mounted under pytest's temporary root would make
+# pytest's pruning of old runs fail (EBUSY); the suite unmounts its own at the end (tests/conftest.py).
+python -c 'import getpass, pathlib, tempfile; from tests.support.mounts import unmount_beneath
+unmount_beneath(pathlib.Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}")'
 python -m pytest -p no:cacheprovider "$@"
 if [ "$#" -eq 0 ]; then
   echo "== framework adapters (their own virtualenv: the frameworks' conformance suites)"

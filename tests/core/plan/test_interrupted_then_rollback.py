@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.support.gitrepo import GIT_ENV, git, make_repo
+from tests.support.mounts import unmount_beneath
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PLAN = "plan-interrupted"
@@ -237,6 +238,14 @@ def kill_points(writes: int) -> list[int]:
     if os.environ.get("SANDBOX_TEST_ALL_KILL_POINTS") == "1":
         return list(range(1, writes + 1))
     return sorted({max(1, writes * share // 4) for share in (2, 3, 4)})
+
+
+@pytest.fixture(autouse=True)
+def _unmount_what_is_left(tmp_path: Path) -> Iterator[None]:
+    """A rolled-back or committed kernel-overlay sandbox stays mounted (it is still usable):
+    this module's runs end there, so their mounts go with the test."""
+    yield
+    unmount_beneath(tmp_path)
 
 
 @pytest.mark.parametrize("action", ACTIONS)
