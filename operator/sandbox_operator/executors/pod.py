@@ -162,7 +162,7 @@ class PodExecutor:
         if metadata is UNREADABLE:
             return name  # the token Secret under the chart's rights: see _read_metadata
         if metadata is not None and self._ours(metadata, target):
-            return name  # made by an earlier attempt (case 18)
+            return name  # made by an earlier attempt whose reply was lost
         raise ChildNameTaken(
             f"name taken by another object: "
             f"{holder(kind, metadata or {'namespace': target.namespace, 'name': name})}; "
