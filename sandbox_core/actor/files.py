@@ -312,7 +312,8 @@ class SandboxFiles:
                     raise SandboxFileOperationError(
                         f"{rel!r} is {size} bytes; edit takes files up to {MAX_EDIT_BYTES}"
                     )
-                raw = b"".join(FileRange(os.dup(fd), rel, 0, None).chunks())
+                with FileRange(os.dup(fd), rel, 0, None) as whole:
+                    raw = whole.read()
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError:

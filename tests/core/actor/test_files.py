@@ -81,6 +81,23 @@ def test_edit_replaces_exactly_and_refuses_absent_or_ambiguous_text(opened: Open
     files.write("bin.dat", b"\xff\xfe\x00")
     with pytest.raises(SandboxFileOperationError, match="not UTF-8"):
         files.edit("bin.dat", "a", "b")
+    # Every descriptor an edit opened is closed, refused or not: a writable one left open makes
+    # the process look busy to a later rollback or restore of the sandbox.
+    assert open_descriptors_of(Path(opened.door.root())) == []
+
+
+def open_descriptors_of(tree: Path) -> list[str]:
+    """This process's open descriptors on files beneath ``tree``."""
+    root = str(tree.resolve()) + "/"
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root):
+            found.append(target)
+    return found
 
 
 @every_strategy
