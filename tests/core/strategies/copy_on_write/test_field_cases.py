@@ -22,6 +22,7 @@ from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.copy_on_write import CopyOnWriteSandbox
 from sandbox_core.tree import sync as fs
 from sandbox_core.tree.ops import backup_directory, safe_restore
+from sandbox_core.tree.original_lock import OriginalLock
 from sandbox_core.tree.scan import scan_tree
 from sandbox_core.tree.sync import recover_sync
 
@@ -253,7 +254,10 @@ def test_case09c_sigkill_mid_commit_then_recovery_is_exactly_old_or_new(
         timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL
-    assert len(_staging_leftovers(tmp_path)) == 1
+    # Beside the original: the commit's staging, and the original's lock file, whose holder
+    # (the killed process) is gone, so the next taker takes it over (docs/concurrency.md).
+    left = [Path(p).name for p in _staging_leftovers(tmp_path)]
+    assert sorted(n.split("-0")[0] for n in left) == [".src.sandbox-lock", ".src.sandbox-staging"]
     mixed = _manifest(src)
     if expect == "old":
         assert mixed not in (old, new)  # really killed midway
@@ -262,6 +266,10 @@ def test_case09c_sigkill_mid_commit_then_recovery_is_exactly_old_or_new(
 
     assert outcomes == (["rolled_back"] if expect == "old" else ["completed"])
     assert _manifest(src) == (old if expect == "old" else new)
+    # The dead holder's lock file stays, free, until its sandbox is cleaned up.
+    assert _staging_leftovers(tmp_path, shm_root) == [str(tmp_path / ".src.sandbox-lock")]
+    assert OriginalLock(str(src)).holder() is None
+    CopyOnWriteSandbox.reopen(json.loads(record_file.read_text())).cleanup()
     assert _staging_leftovers(tmp_path, shm_root) == []
 
 
