@@ -63,7 +63,12 @@ from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, S
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.guards import RefusedBeforeWriteError
-from sandbox_core.tree.original_lock import LONE_WAIT_SECONDS, held_by_process, held_here
+from sandbox_core.tree.original_lock import (
+    LONE_WAIT_SECONDS,
+    clear_if_free,
+    held_by_process,
+    held_here,
+)
 
 __all__ = [
     "SANDBOX_ROOT_ENV",
@@ -350,6 +355,10 @@ class BaseSandbox:
                 raise SandboxError(f"cleanup of sandbox {self._sandbox_id} failed: {exc}") from exc
             self._status = SandboxStatus.CLEANED_UP
             self._prune_layout_dir()
+            if self.locks_original:
+                # A lock file a full or read-only volume kept from being released, or one left
+                # by a process that died, goes with the sandbox (docs/concurrency.md).
+                clear_if_free(self._original_path, self._sandbox_id)
 
     def finish_interrupted(self) -> None:
         """Finish or undo what a commit or a two-phase apply of this sandbox, cut short by a
@@ -412,6 +421,10 @@ class BaseSandbox:
                 ) from exc
             self._status = SandboxStatus.CLEANED_UP
             self._prune_layout_dir()
+            if self.locks_original:
+                # A lock file a full or read-only volume kept from being released, or one left
+                # by a process that died, goes with the sandbox (docs/concurrency.md).
+                clear_if_free(self._original_path, self._sandbox_id)
 
     def _prune_layout_dir(self) -> None:
         """Remove ``<root>/<kind>/`` once this sandbox's ``<kind>/<id>/`` was its last entry.
