@@ -286,13 +286,8 @@ class AsyncKube:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         api = await self.api()
-        payload = _payload(headers, body)
         try:
-            response = await api.call_api(
-                path, method, query_params=query, header_params=headers, body=payload,
-                auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=timeout_seconds,
-            )  # fmt: skip
+            response = await _proxy_call(api, method, path, query, headers, body, timeout_seconds)
             try:
                 return int(response.status), await response.read()
             finally:
@@ -323,12 +318,10 @@ class AsyncKube:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         api = await self.api()
-        payload = _payload(headers, body)
         try:
-            response = await api.call_api(
-                path, method, query_params=query, header_params=headers, body=payload,
-                auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(sock_read=timeout_seconds),
+            response = await _proxy_call(
+                api, method, path, query, headers, body,
+                aiohttp.ClientTimeout(sock_read=timeout_seconds),
             )  # fmt: skip
         except ApiException as exc:
             yield _reply_of(exc, method)
@@ -346,6 +339,22 @@ class AsyncKube:
             ) from None
         finally:
             response.release()
+
+
+async def _proxy_call(
+    api: Any,
+    method: str,
+    path: str,
+    query: list[tuple[str, str]],
+    headers: dict[str, str],
+    body: bytes | None,
+    request_timeout: Any,
+) -> Any:
+    """One pod-proxy request through ``api`` (kubernetes_asyncio), its body not read yet."""
+    return await api.call_api(
+        path, method, query_params=query, header_params=headers, body=_payload(headers, body),
+        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=request_timeout,
+    )  # fmt: skip
 
 
 # -- kubernetes (blocking) ----------------------------------------------------------------------
