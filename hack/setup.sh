@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 # bwrap (bubblewrap): the jail an actor's command runs in (docs/actor.md, "Isolation").
-for tool in git rsync unshare getfattr bwrap; do
+# chromium + chromedriver: the review page's tests drive a real headless browser (selenium).
+for tool in git rsync unshare getfattr bwrap chromium chromedriver; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
 # The jail sees the system's /usr only: agents' tools call `python` (the Deep Agents backend's
@@ -21,6 +22,7 @@ if ((${#need_apt[@]})); then
       unshare) pkgs+=(util-linux) ;;
       getfattr) pkgs+=(attr) ;;
       bwrap) pkgs+=(bubblewrap) ;;
+      chromedriver) pkgs+=(chromium-driver) ;;
       python) pkgs+=(python3 python-is-python3) ;;
       *) pkgs+=("$tool") ;;
     esac

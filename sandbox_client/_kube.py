@@ -99,6 +99,8 @@ class AsyncKube:
         context: kubeconfig context; default the current one.
         api_client: a ready ``kubernetes_asyncio.client.ApiClient`` (then the two above are
             ignored).
+        impersonate: act as this user (kubectl's ``--as``: the ``Impersonate-User`` header;
+            the credentials must be allowed to impersonate).
     """
 
     def __init__(
@@ -106,10 +108,12 @@ class AsyncKube:
         kubeconfig: str | None,
         context: str | None,
         api_client: kubernetes_asyncio.client.ApiClient | None = None,
+        impersonate: str | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.context = context
         self.api_client = api_client
+        self.impersonate = impersonate
         self._lock: asyncio.Lock | None = None
 
     @classmethod
@@ -142,6 +146,8 @@ class AsyncKube:
                         self.api_client = k8s.ApiClient()
                 except (k8s_config.ConfigException, OSError) as exc:
                     raise SandboxClientError("ConfigError", str(exc)) from exc
+            if self.impersonate:
+                self.api_client.set_default_header("Impersonate-User", self.impersonate)
             return self.api_client
 
     async def _custom(self) -> Any:
@@ -253,6 +259,24 @@ class AsyncKube:
             return  # a quiet watch: the caller's deadline decides
         except (aiohttp.ClientError, OSError) as exc:
             raise SandboxClientError("ApiUnreachable", str(exc)) from exc
+
+    async def whoami(self) -> dict[str, Any]:
+        """The identity the API server authenticates for these credentials: the
+        ``status.userInfo`` of a SelfSubjectReview (authentication.k8s.io/v1; ``username``,
+        ``uid``, ``groups``, ``extra``), what ``kubectl auth whoami`` prints.
+
+        Raises:
+            RefusedError: ``Forbidden`` (the server refuses self-reviews).
+        """
+        from kubernetes_asyncio import client as k8s
+
+        api = await self.api()
+        async with _async_translated():
+            found = await k8s.AuthenticationV1Api(api).create_self_subject_review(
+                k8s.V1SelfSubjectReview(api_version="authentication.k8s.io/v1")
+            )
+        data = cast(dict[str, Any], api.sanitize_for_serialization(found))
+        return dict((data.get("status") or {}).get("userInfo") or {})
 
     async def secret_token(self, name: str, namespace: str, key: str) -> str | None:
         """The decoded ``key`` of Secret ``name`` (None when it has none).
@@ -389,6 +413,7 @@ class Kube:
         kubeconfig: str | None,
         context: str | None,
         api_client: kubernetes.client.ApiClient | None = None,
+        impersonate: str | None = None,
     ) -> None:
         from kubernetes import client as k8s
         from kubernetes import config as k8s_config
@@ -406,6 +431,9 @@ class Kube:
                     api_client = k8s.ApiClient()
             except (k8s_config.ConfigException, OSError) as exc:
                 raise SandboxClientError("ConfigError", str(exc)) from exc
+        self.impersonate = impersonate
+        if impersonate:
+            api_client.set_default_header("Impersonate-User", impersonate)
         self.api_client: kubernetes.client.ApiClient = api_client
         self._custom = k8s.CustomObjectsApi(api_client)
         self._core = k8s.CoreV1Api(api_client)
@@ -461,6 +489,18 @@ class Kube:
         """As :meth:`AsyncKube.delete`."""
         with _translated():
             self._custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+
+    def whoami(self) -> dict[str, Any]:
+        """As :meth:`AsyncKube.whoami`."""
+        from kubernetes import client as k8s
+
+        with _translated():
+            found = k8s.AuthenticationV1Api(self.api_client).create_self_subject_review(
+                k8s.V1SelfSubjectReview(api_version="authentication.k8s.io/v1")
+            )
+        serialize = self.api_client.sanitize_for_serialization
+        data = cast(dict[str, Any], serialize(found))  # type: ignore[no-untyped-call]
+        return dict((data.get("status") or {}).get("userInfo") or {})
 
     def events(self, name: str, namespace: str) -> list[dict[str, Any]]:
         """As :meth:`AsyncKube.events`."""

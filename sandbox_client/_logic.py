@@ -21,10 +21,12 @@ from sandbox_api.models import PlanCommitApproval, WorkspaceSpec, dump
 from sandbox_client.errors import NotFoundError, RefusedError, WaitTimeoutError, error_for
 from sandbox_client.models import (
     API_VERSION,
+    CREATED_BY_ANNOTATION,
     PLAN_LABEL,
     CheckpointInfo,
     CheckpointSpec,
     Condition,
+    Identity,
     PlanCommitAction,
     PlanCommitPhase,
     PlanCommitResult,
@@ -43,6 +45,7 @@ Objects: TypeAlias = Mapping[str, dict[str, Any]]
 Predicate = Callable[[Objects], T | None]
 
 _DNS_MAX = 63
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 SourceLike: TypeAlias = SandboxSource | Mapping[str, Any] | str | PurePosixPath
 
@@ -140,11 +143,13 @@ def plancommit_manifest(
     *,
     approval_required: bool = False,
     mode: str | None = None,
+    created_by: str | None = None,
 ) -> dict[str, Any]:
     """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``);
     with ``approval_required`` it stops at ``AwaitingApproval`` after its review, ``mode``
     (``"TwoPhase"`` | ``"Saga"``) chooses the protocol (unset: the operator's default,
-    TwoPhase). Only the fields given are sent."""
+    TwoPhase), ``created_by`` names the creator in the annotation the approval policy checks
+    (the requester's own user name: docs/approvals.md). Only the fields given are sent."""
     fields: dict[str, Any] = {
         "plan_id": plan_id,
         "action": action,
@@ -157,7 +162,9 @@ def plancommit_manifest(
         fields["mode"] = mode
     spec = PlanCommitSpec(**fields)
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
-    meta = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
+    meta: dict[str, Any] = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
+    if created_by:
+        meta["annotations"] = {CREATED_BY_ANNOTATION: created_by}
     # Only the fields set here: mode and approval keep the server's defaults.
     body = spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
     return {"apiVersion": API_VERSION, "kind": "PlanCommit", "metadata": meta, "spec": body}
@@ -373,6 +380,101 @@ def approval_target(plan_id: str, items: list[dict[str, Any]]) -> str:
             "NotFound", f"no PlanCommit of plan {plan_id} is waiting for an approval"
         )
     return str(waiting["metadata"]["name"])
+
+
+DECISIONS = ("Approve", "Reject")
+
+
+def decision_entry(
+    identity: Identity, digest: str, decision: str, comment: str | None = None
+) -> dict[str, Any]:
+    """The ``spec.approvals`` entry recording ``identity``'s ``decision`` (``Approve`` or
+    ``Reject``) on ``digest``: the user, uid (when it has one) and every group exactly as the
+    API server authenticated them, which is what the approval policy admits.
+
+    Raises:
+        RefusedError: ``Invalid``, an unknown decision or a digest that is not
+            ``sha256:`` + 64 hex.
+    """
+    if decision not in DECISIONS:
+        raise RefusedError("Invalid", f"decision {decision!r}: use Approve or Reject")
+    if not _DIGEST.fullmatch(digest):
+        raise RefusedError("Invalid", f"digest {digest!r}: expected sha256:<64 hex>")
+    entry: dict[str, Any] = {"digest": digest, "decision": decision, "user": identity.user}
+    if identity.uid:
+        entry["uid"] = identity.uid
+    if identity.groups:
+        entry["groups"] = list(identity.groups)
+    if comment:
+        entry["comment"] = comment
+    return entry
+
+
+def decision_patch(obj: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch appending ``entry`` to ``spec.approvals`` of the PlanCommit ``obj`` as
+    read: it names ``obj``'s resourceVersion, so a decision written meanwhile makes the API
+    server answer 409 Conflict (read again and retry) instead of being lost.
+
+    Raises:
+        RefusedError: ``InvalidState`` when ``obj`` is not waiting for an approval or
+            ``entry``'s digest is not its reviewed one (a stale entry would stay recorded
+            forever); ``AlreadyDecided`` when that user already decided on that digest.
+    """
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    name = meta.get("name")
+    reviewed = str((status.get("review") or {}).get("digest") or "")
+    if status.get("phase") != PlanCommitPhase.AWAITING_APPROVAL.value:
+        raise RefusedError(
+            "InvalidState", f"PlanCommit {name} is {status.get('phase') or 'Pending'}, "
+            "not AwaitingApproval",
+        )  # fmt: skip
+    if entry["digest"] != reviewed:
+        raise RefusedError(
+            "DigestMismatch",
+            f"PlanCommit {name} reviewed digest {reviewed}, not {entry['digest']}: review again",
+        )
+    current = list((obj.get("spec") or {}).get("approvals") or [])
+    for known in current:
+        if (known.get("user"), known.get("digest")) == (entry["user"], entry["digest"]):
+            raise RefusedError(
+                "AlreadyDecided",
+                f"{entry['user']} already decided {known.get('decision')} on {entry['digest']}",
+            )
+    return {
+        "metadata": {"resourceVersion": meta.get("resourceVersion")},
+        "spec": {"approvals": [*current, entry]},
+    }
+
+
+def decision_seen(name: str, user: str, digest: str) -> Predicate[PlanCommitResult]:
+    """Done when PlanCommit ``name`` finished, or still waits but its operator recorded
+    ``user``'s decision on ``digest`` in ``status.approvals`` (more approvals are needed)."""
+    done = plancommit_done(name)
+
+    def check(objects: Objects) -> PlanCommitResult | None:
+        finished = done(objects)
+        if finished is not None or name not in objects:
+            return finished
+        rows = (objects[name].get("status") or {}).get("approvals") or []
+        if any((r.get("user"), r.get("digest")) == (user, digest) for r in rows):
+            return PlanCommitResult.from_object(objects[name])
+        return None
+
+    return check
+
+
+def pending_reviews(items: list[dict[str, Any]], plan_id: str | None = None) -> list[PlanReview]:
+    """The reviews of the PlanCommits among ``items`` that wait for approvals (phase
+    ``AwaitingApproval``, of ``plan_id`` only when given), oldest first."""
+    found = []
+    for obj in items:
+        review = PlanReview.from_object(obj)
+        if review is None or review.phase is not PlanCommitPhase.AWAITING_APPROVAL:
+            continue
+        if plan_id is None or review.plan_id == plan_id:
+            found.append((str(obj["metadata"].get("creationTimestamp") or ""), review))
+    return [review for _, review in sorted(found, key=lambda pair: (pair[0], pair[1].plancommit))]
 
 
 class Waiter(Generic[T]):

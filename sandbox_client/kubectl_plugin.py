@@ -64,17 +64,26 @@ class Options:
     """The kubectl-style options shared by every command."""
 
     def __init__(
-        self, namespace: str | None, context: str | None, kubeconfig: str | None, output: str
+        self,
+        namespace: str | None,
+        context: str | None,
+        kubeconfig: str | None,
+        output: str,
+        impersonate: str | None = None,
     ) -> None:
         self.namespace = namespace
         self.context = context
         self.kubeconfig = kubeconfig
         self.output = output
+        self.impersonate = impersonate
 
     def client(self) -> SandboxClient:
-        """A client for these options (kubeconfig rules of kubectl)."""
+        """A client for these options (kubeconfig rules of kubectl; ``--as`` impersonates)."""
         return SandboxClient(
-            kubeconfig=self.kubeconfig, context=self.context, namespace=self.namespace
+            kubeconfig=self.kubeconfig,
+            context=self.context,
+            namespace=self.namespace,
+            impersonate=self.impersonate,
         )
 
 
@@ -86,15 +95,19 @@ def _common(func: Callable[..., None]) -> Callable[..., None]:
     @click.option("--context", default=None, help="kubeconfig context to use.")
     @click.option("--kubeconfig", default=None, help="Path of the kubeconfig file.")
     @click.option("-o", "--output", type=click.Choice(OUTPUTS), default=None, help="Output format.")
+    @click.option(
+        "--as", "impersonate", default=None, help="Act as this user (kubectl's impersonation)."
+    )
     @functools.wraps(func)
     def wrapper(
         namespace: str | None,
         context: str | None,
         kubeconfig: str | None,
         output: str | None,
+        impersonate: str | None,
         **kwargs: Any,
     ) -> None:
-        options = Options(namespace, context, kubeconfig, output or "")
+        options = Options(namespace, context, kubeconfig, output or "", impersonate)
         try:
             func(options, **kwargs)
         except WaitTimeoutError as exc:
@@ -359,19 +372,55 @@ def _review_text(review: PlanReview, wide: bool) -> str:
 @cli.command()
 @click.argument("plan_id", metavar="PLAN")
 @click.option("-m", "--message", default=None, help="Commit message of the reviewed commit.")
+@click.option(
+    "--web",
+    is_flag=True,
+    help="Serve a local review page (127.0.0.1, random port, one-time token in the URL) with "
+    "every diff and Approve / Reject buttons acting as you; until Ctrl-C.",
+)
 @_timeout_option("5m")
 @_common
-def review(options: Options, plan_id: str, message: str | None, timeout: str) -> None:
+def review(options: Options, plan_id: str, message: str | None, web: bool, timeout: str) -> None:
     """Review PLAN's changes before they land: a PlanCommit with approval Required
     is made (or the waiting one reused) and its review printed; approve it with
-    ``approve PLAN --digest D``. Nothing is applied."""
+    ``approve PLAN --digest D``, or on the page of ``--web``. Nothing is applied."""
     with options.client() as client:
         plan = Plan(client, plan_id, options.namespace)
+        if web:
+            from sandbox_client.review_page import ReviewPage, serve
+
+            page = ReviewPage(client, plan_id, options.namespace)
+            page.review()  # NotFound (exit 3) before serving when nothing is reviewed
+            serve(page, lambda url: click.echo(f"Review page (Ctrl-C to stop): {url}"))
+            return
         if not plan.sandboxes():
             raise NotFoundError("NotFound", f"plan {plan_id} has no sandboxes")
         found = plan.review(message=message, timeout=parse_duration(timeout))
     data = found.model_dump(mode="json", by_alias=True)
     _emit(options, data, _review_text(found, options.output == "wide"))
+
+
+@cli.command()
+@click.option("--plan", "plan_id", default=None, help="Only the PlanCommits of this plan.")
+@_common
+def pending(options: Options, plan_id: str | None) -> None:
+    """Plans waiting for approvals: PlanCommit, plan, digest, creator, who approved so far."""
+    with options.client() as client:
+        found = client.pending_approvals(options.namespace, plan_id)
+    rows = [
+        [
+            r.plancommit,
+            r.plan_id,
+            r.digest if options.output == "wide" else r.digest[:19],
+            r.created_by or "-",
+            ",".join(r.approved_by) or "-",
+            ",".join(f"{d.user}:{d.decision}" for d in r.approvals) or "-",
+        ]
+        for r in found
+    ]
+    headers = ["PLANCOMMIT", "PLAN", "DIGEST", "CREATED-BY", "APPROVED-BY", "DECISIONS"]
+    text = _table(headers, rows) if rows else "Nothing waits for an approval."
+    _emit(options, [r.model_dump(mode="json", by_alias=True) for r in found], text)
 
 
 @cli.command()
@@ -382,22 +431,46 @@ def review(options: Options, plan_id: str, message: str | None, timeout: str) ->
     help="The reviewed plan digest you approve (sha256:...; from `kubectl sandbox review`).",
 )
 @click.option("--wait/--no-wait", default=True, help="Wait for the commit's outcome.")
+@click.option("--comment", default=None, help="A comment recorded with your approval.")
 @_timeout_option("5m")
 @_common
-def approve(options: Options, plan_id: str, digest: str, wait: bool, timeout: str) -> None:
-    """Approve the reviewed PLAN by its digest: the waiting PlanCommit then commits exactly
-    the reviewed changes (exit codes as ``commit --wait``)."""
+def approve(
+    options: Options, plan_id: str, digest: str, wait: bool, comment: str | None, timeout: str
+) -> None:
+    """Approve the reviewed PLAN by its digest, as yourself: an entry naming the user the API
+    server authenticates is appended to the waiting PlanCommit's spec.approvals. With enough
+    approvals it commits exactly the reviewed changes (exit codes as ``commit --wait``; 0 and
+    the PlanCommit still AwaitingApproval when more approvals are needed)."""
     progress = _Progress()
     with options.client() as client:
         plan = Plan(client, plan_id, options.namespace)
         try:
             result = plan.approve(
-                digest, wait=wait, timeout=parse_duration(timeout), on_progress=progress
+                digest,
+                wait=wait,
+                timeout=parse_duration(timeout),
+                on_progress=progress,
+                comment=comment,
             )
         finally:
             progress.done()
     _emit(options, result.raw, _result_text(result))
     sys.exit(_result_exit(result) if wait else EXIT_OK)
+
+
+@cli.command()
+@click.argument("plan_id", metavar="PLAN")
+@click.option("--digest", required=True, help="The reviewed plan digest you reject (sha256:...).")
+@click.option("--comment", default=None, help="Why (shown with the rejection).")
+@_timeout_option("2m")
+@_common
+def reject(options: Options, plan_id: str, digest: str, comment: str | None, timeout: str) -> None:
+    """Reject the reviewed PLAN by its digest, as yourself: a counted rejection ends the
+    PlanCommit Failed with nothing touched."""
+    with options.client() as client:
+        plan = Plan(client, plan_id, options.namespace)
+        result = plan.reject(digest, comment=comment, timeout=parse_duration(timeout))
+    _emit(options, result.raw, _result_text(result))
 
 
 def _rollback_target(client: SandboxClient, target: str, namespace: str | None) -> tuple[str, str]:

@@ -18,14 +18,20 @@ Tools (each with its MCP annotations: ``readOnlyHint``, ``destructiveHint``,
   sandboxes); ``diff`` (capped, ``next_offset`` continues); ``checkpoint``; ``restore``;
 - ``review``: the plan's review (files, lines, statements, conflicts and the ``digest``),
   made by a PlanCommit that waits for an approval;
+- ``pending_approvals``: the plan's PlanCommits waiting for approvals, with the digest, the
+  decisions recorded so far and the command a person runs to decide
+  (``kubectl sandbox review --web PLAN -n NS``);
 - ``request_commit``: asks for the atomic commit of the whole plan. It **never commits
   without a person's approval** unless the administrator started the server with
   ``--allow-commit-without-approval`` (or ``SANDBOX_MCP_ALLOW_COMMIT_WITHOUT_APPROVAL=1``):
   no tool argument can. It makes (or finds) the PlanCommit waiting for the approval, returns
   its review and digest, and waits, at most ``--approval-wait-seconds``, for the approval
-  recorded on the PlanCommit (``kubectl sandbox approve PLAN --digest ...``); then it waits
-  for the commit's outcome. Past the wait it returns ``status: awaiting_approval``; calling it
-  again keeps waiting on the same PlanCommit.
+  recorded on the PlanCommit (a person's named approval, docs/approvals.md); then it waits
+  for the commit's outcome. Past the wait it returns ``status: awaiting_approval`` with the
+  review page's command for a person (``review_command``); calling it again keeps waiting on
+  the same PlanCommit. The server's own identity cannot approve (the admission policy refuses
+  service accounts and the creator); the administrator's option writes the older, unnamed
+  ``spec.approvedDigest``, which counts only where named approvals are not required.
 
 A failure reaches the agent as a tool error whose text starts with the reason
 (``PathTraversal: ...``, ``NotFound: ...``, ``InvalidOperation: ...``). Built on the
@@ -396,6 +402,30 @@ class PlanTools:
         found = await self.plan.review(message=message or None, timeout=self.review_timeout_seconds)
         return _review(found)
 
+    def review_command(self) -> str:
+        """The command a person runs to read the plan's changes and approve or reject them
+        on a local page with their own credentials."""
+        return f"kubectl sandbox review --web {self.plan.plan_id} -n {self.plan.namespace}"
+
+    async def pending_approvals(self) -> dict[str, Any]:
+        """The plan's PlanCommits waiting for a person's approval: digest, creator, decisions
+        recorded so far and who counts as approved; ``review_command`` is what a person runs
+        to review and decide. An agent cannot approve (its identity is refused)."""
+        found = await self.plan.pending()
+        return {
+            "pending": [
+                {
+                    "plancommit": r.plancommit,
+                    "digest": r.digest,
+                    "created_by": r.created_by,
+                    "approved_by": r.approved_by,
+                    "decisions": [d.model_dump(mode="json") for d in r.approvals],
+                }
+                for r in found
+            ],
+            "review_command": self.review_command(),
+        }
+
     async def request_commit(self, message: str = "") -> dict[str, Any]:
         """Ask for the atomic commit of every sandbox of the plan. Nothing is committed until
         a person approves the reviewed digest: returns the review and the digest, waits a
@@ -406,7 +436,22 @@ class PlanTools:
         )
         base = {"plancommit": review.plancommit, "digest": review.digest, "review": _review(review)}
         if self.allow_commit_without_approval:
-            result = await self.plan.approve(review.digest, timeout=self.commit_timeout_seconds)
+            # The administrator's option: the older, unnamed approval (spec.approvedDigest),
+            # which counts only where nobody asked for named approvals (docs/approvals.md).
+            await self.client.patch_object(
+                PLANCOMMIT_PLURAL,
+                review.plancommit,
+                {"spec": {"approvedDigest": review.digest}},
+                self.plan.namespace,
+            )
+            result = await self.client.wait(
+                PLANCOMMIT_PLURAL,
+                _logic.plancommit_progress(review.plancommit, None),
+                self.commit_timeout_seconds,
+                f"commit of plan {self.plan.plan_id} ({review.plancommit})",
+                namespace=self.plan.namespace,
+                name=review.plancommit,
+            )
             return {
                 **base,
                 "status": "committed" if result.committed else "failed",
@@ -426,10 +471,13 @@ class PlanTools:
             return {
                 **base,
                 "status": "awaiting_approval",
+                "review_command": self.review_command(),
                 "message": (
-                    f"nothing is committed until a person approves digest {review.digest} "
-                    f"(kubectl sandbox approve {self.plan.plan_id} --digest {review.digest}); "
-                    "call request_commit again to keep waiting"
+                    f"nothing is committed until a person approves digest {review.digest}: "
+                    f"ask them to run `{self.review_command()}` (a local page with every "
+                    "diff and Approve / Reject buttons acting as them) or `kubectl sandbox "
+                    f"approve {self.plan.plan_id} -n {self.plan.namespace} --digest "
+                    f"{review.digest}`; call request_commit again to keep waiting"
                 ),
             }
         if decision != "approved":
@@ -475,6 +523,7 @@ TOOLS: dict[str, ToolAnnotations] = {
     "checkpoint": _hints(False, False, False),
     "restore": _hints(False, True, True),
     "review": _hints(False, False, True),  # a PlanCommit that only waits; nothing applied
+    "pending_approvals": _hints(True, False, True),
     "request_commit": _hints(False, True, False, world=True),  # the originals, once approved
 }
 """Every tool and its annotations (MCP ``ToolAnnotations``)."""

@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from sandbox_api.models import (
     CHECKPOINT_PLURAL,
+    CREATED_BY_ANNOTATION,
     GROUP,
     PLAN_LABEL,
     PLANCOMMIT_PLURAL,
@@ -38,6 +39,7 @@ from sandbox_api.models import (
 
 __all__ = [
     "CHECKPOINT_PLURAL",
+    "CREATED_BY_ANNOTATION",
     "GROUP",
     "PLANCOMMIT_PLURAL",
     "PLAN_LABEL",
@@ -58,6 +60,7 @@ __all__ = [
     "GrepMatch",
     "GrepResult",
     "HistoryEntry",
+    "Identity",
     "JournalStep",
     "PlanCommitAction",
     "PlanCommitPhase",
@@ -65,6 +68,7 @@ __all__ = [
     "PlanCommitSpec",
     "PlanReview",
     "PvcSource",
+    "RecordedDecision",
     "ReviewedSandbox",
     "SandboxInfo",
     "SandboxOptions",
@@ -285,6 +289,64 @@ class ReviewedSandbox(_View):
     conflicts: list[str] = Field(default_factory=list)
 
 
+class Identity(_View):
+    """Who the API server authenticates for a client's credentials (a SelfSubjectReview's
+    ``status.userInfo``, what ``kubectl auth whoami`` prints): ``user`` name, ``uid`` (may be
+    empty) and every group."""
+
+    user: str
+    uid: str = ""
+    groups: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def from_user_info(cls, info: dict[str, Any]) -> Identity:
+        """From a ``userInfo`` mapping (``username``, ``uid``, ``groups``)."""
+        return cls(
+            user=str(info.get("username") or ""),
+            uid=str(info.get("uid") or ""),
+            groups=[str(g) for g in info.get("groups") or []],
+        )
+
+
+class RecordedDecision(_View):
+    """One decision of ``spec.approvals`` with the operator's judgement of it when it has
+    one (``status.approvals``): ``counted`` None until the operator saw it; ``reason`` why it
+    does not count (``StaleDigest``, ``Creator``, ...); ``observed_at`` RFC 3339."""
+
+    user: str
+    digest: str
+    decision: str
+    comment: str = ""
+    counted: bool | None = None
+    reason: str = ""
+    observed_at: str = ""
+
+
+def recorded_decisions(obj: dict[str, Any]) -> list[RecordedDecision]:
+    """Every entry of ``spec.approvals`` of the raw PlanCommit ``obj``, in order, joined with
+    the operator's ``status.approvals`` row of the same user, digest and decision."""
+    judged = {
+        (str(r.get("user")), str(r.get("digest")), str(r.get("decision"))): r
+        for r in (obj.get("status") or {}).get("approvals") or []
+    }
+    out = []
+    for entry in (obj.get("spec") or {}).get("approvals") or []:
+        key = (str(entry.get("user")), str(entry.get("digest")), str(entry.get("decision")))
+        row = judged.get(key) or {}
+        out.append(
+            RecordedDecision(
+                user=key[0],
+                digest=key[1],
+                decision=key[2],
+                comment=str(entry.get("comment") or ""),
+                counted=row.get("counted") if row else None,
+                reason=str(row.get("reason") or ""),
+                observed_at=str(row.get("observedAt") or ""),
+            )
+        )
+    return out
+
+
 class PlanReview(_View):
     """The review of a plan, as a PlanCommit with ``approval: Required`` shows it
     (``status.review``). Approve it with its ``digest``: the commit then applies
@@ -292,7 +354,10 @@ class PlanReview(_View):
 
     ``plancommit`` names the PlanCommit waiting for the approval; ``phase`` is its phase
     (``AwaitingApproval`` while it waits); ``reviewed_at`` RFC 3339; ``truncated`` when the
-    rows hold only the first paths of a sandbox.
+    rows hold only the first paths of a sandbox. ``created_by`` the creator annotation;
+    ``approvals`` every recorded decision (see :func:`recorded_decisions`); ``approved_by`` the
+    users whose approvals count (``status.approvedBy``); ``required_approvals`` as asked in the
+    spec (None: the administrator's minimum).
     """
 
     plancommit: str
@@ -304,6 +369,10 @@ class PlanReview(_View):
     truncated: bool = False
     has_conflicts: bool = False
     approved_digest: str | None = None
+    created_by: str = ""
+    required_approvals: int | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    approvals: list[RecordedDecision] = Field(default_factory=list)
     sandboxes: list[ReviewedSandbox] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
 
@@ -326,6 +395,12 @@ class PlanReview(_View):
             truncated=bool(review.get("truncated")),
             has_conflicts=bool(review.get("hasConflicts")),
             approved_digest=spec.approved_digest,
+            created_by=str((meta.get("annotations") or {}).get(CREATED_BY_ANNOTATION) or ""),
+            required_approvals=spec.required_approvals,
+            approved_by=[
+                u.strip() for u in str(status.get("approvedBy") or "").split(",") if u.strip()
+            ],
+            approvals=recorded_decisions(obj),
             sandboxes=[ReviewedSandbox.model_validate(r) for r in review.get("sandboxes") or []],
             conditions=conditions_of(obj),
         )

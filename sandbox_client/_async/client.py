@@ -34,7 +34,7 @@ from sandbox_client.actor import (
     async_actor_for,
 )
 from sandbox_client.agent_files import AsyncAgentFileOperations, AsyncPodProxyTransport
-from sandbox_client.errors import NotFoundError
+from sandbox_client.errors import ConflictError, NotFoundError
 from sandbox_client.history import sandbox_history
 from sandbox_client.models import (
     CHECKPOINT_PLURAL,
@@ -50,6 +50,7 @@ from sandbox_client.models import (
     GlobResult,
     GrepResult,
     HistoryEntry,
+    Identity,
     PlanCommitAction,
     PlanCommitResult,
     PlanReview,
@@ -67,6 +68,7 @@ ProgressCallback = Callable[[PlanCommitResult], None]
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_OPERATION_TIMEOUT = 120.0
 DEFAULT_COMMIT_TIMEOUT = 300.0
+DECISION_ATTEMPTS = 5
 
 
 class SandboxClient:
@@ -91,6 +93,8 @@ class SandboxClient:
             ``$SANDBOX_OPERATOR_STATE_DIR``, then ``/var/lib/sandbox-operator/state``.
         actor: the :class:`~sandbox_client.actor.AsyncActorOperations` to use for every
             sandbox (default chosen per sandbox from ``status.executor``, as ``files``).
+        impersonate: act as this user (kubectl's ``--as``); the credentials must be allowed
+            to impersonate. Approvals are then recorded with that user's identity.
 
     Raises:
         SandboxClientError: reason ``ConfigError`` when no configuration can be loaded (the
@@ -107,9 +111,10 @@ class SandboxClient:
         files: file_operations.FileOperations | None = None,
         local_state_dir: str | Path | None = None,
         actor: AsyncActorOperations | None = None,
+        impersonate: str | None = None,
     ) -> None:
         path = kubeconfig_path(kubeconfig)
-        self._kube = _kube.AsyncKube(path, context, api_client)
+        self._kube = _kube.AsyncKube(path, context, api_client, impersonate)
         self.namespace = namespace or default_namespace(path, context)
         self.files = files
         transport = AsyncPodProxyTransport(self._kube)
@@ -281,6 +286,71 @@ class SandboxClient:
             await self.list_checkpoints(namespace, name),
             await self.events(name, namespace),
         )
+
+    # -- approvals (docs/approvals.md) ------------------------------------------------------
+
+    async def whoami(self) -> Identity:
+        """The identity the API server authenticates for this client (a SelfSubjectReview,
+        as ``kubectl auth whoami``): the one an approval written by this client records.
+
+        Raises:
+            RefusedError: ``Forbidden``, the server refuses self-reviews.
+        """
+        return Identity.from_user_info(await self._kube.whoami())
+
+    async def pending_approvals(
+        self, namespace: str | None = None, plan_id: str | None = None
+    ) -> list[PlanReview]:
+        """The reviewed PlanCommits waiting for approvals (phase ``AwaitingApproval``) in the
+        namespace (of ``plan_id`` only when given), oldest first: each with its ``digest``,
+        who created it, the decisions recorded so far and who counts as approved."""
+        items = await self.list_objects(PLANCOMMIT_PLURAL, namespace)
+        return _logic.pending_reviews(items, plan_id)
+
+    async def plancommit_review(self, name: str, namespace: str | None = None) -> PlanReview:
+        """The review of PlanCommit ``name`` with its recorded decisions.
+
+        Raises:
+            NotFoundError: no such PlanCommit, or it has no review (yet).
+        """
+        review = PlanReview.from_object(await self.get_object(PLANCOMMIT_PLURAL, name, namespace))
+        if review is None:
+            raise NotFoundError("NotFound", f"PlanCommit {name} has no review yet")
+        return review
+
+    async def decide(
+        self,
+        name: str,
+        digest: str,
+        decision: str,
+        *,
+        comment: str | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """Record this client's own ``decision`` (``Approve`` or ``Reject``) on the reviewed
+        ``digest`` of PlanCommit ``name``: an entry appended to ``spec.approvals`` with the
+        identity the API server authenticates (:meth:`whoami`), which the chart's approval
+        policy admits and nothing else. A decision written by someone else meanwhile (409)
+        is read again and kept; returns the stored object.
+
+        Raises:
+            RefusedError: ``DigestMismatch`` (not the reviewed digest), ``InvalidState`` (not
+                waiting for approvals), ``AlreadyDecided``, ``Invalid`` (a bad digest or
+                decision) or ``Forbidden``/``Invalid`` from the admission policy (the
+                creator, an operator or service-account identity, a forbidden approver).
+            NotFoundError: no such PlanCommit.
+            ConflictError: still conflicting after a few attempts.
+        """
+        entry = _logic.decision_entry(await self.whoami(), digest, decision, comment)
+        for attempt in range(DECISION_ATTEMPTS):
+            current = await self.get_object(PLANCOMMIT_PLURAL, name, namespace)
+            patch = _logic.decision_patch(current, entry)
+            try:
+                return await self.patch_object(PLANCOMMIT_PLURAL, name, patch, namespace)
+            except ConflictError:
+                if attempt == DECISION_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def sandbox(self, name: str, namespace: str | None = None) -> Sandbox:
         """A handle on the existing Sandbox ``name`` (no API call yet)."""
@@ -912,7 +982,8 @@ class Plan:
 
         The review is made by a PlanCommit with ``approval: Required`` that then waits at
         ``AwaitingApproval``: the one already waiting for this plan, else a new one (with
-        ``message``). Nothing is applied before :meth:`approve` names the digest.
+        ``message``, naming this client's user as its creator, who then cannot approve it).
+        Nothing is applied before enough people approve the digest (:meth:`approve`).
 
         Raises:
             WaitTimeoutError: no review within ``timeout`` seconds.
@@ -922,8 +993,13 @@ class Plan:
         found = await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
         waiting = _logic.awaiting_approval(self.plan_id, {o["metadata"]["name"]: o for o in found})
         if waiting is None:
+            creator = await self.client.whoami()
             body = _logic.plancommit_manifest(
-                self.plan_id, PlanCommitAction.COMMIT, message, approval_required=True
+                self.plan_id,
+                PlanCommitAction.COMMIT,
+                message,
+                approval_required=True,
+                created_by=creator.user,
             )
             waiting = await self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
         name = str(waiting["metadata"]["name"])
@@ -943,32 +1019,85 @@ class Plan:
         wait: bool = True,
         timeout: float = DEFAULT_COMMIT_TIMEOUT,
         on_progress: ProgressCallback | None = None,
+        comment: str | None = None,
     ) -> PlanCommitResult:
-        """Approve the reviewed plan: set ``spec.approvedDigest`` of the PlanCommit waiting for
-        it, which then commits exactly the reviewed changes (a sandbox changed since fails
-        the commit with ``ChangedSinceApproval``; a digest that is not the reviewed one is
-        refused with ``Approved=False DigestMismatch`` and the PlanCommit keeps waiting).
+        """Approve the reviewed plan as this client's own identity: an entry appended to
+        ``spec.approvals`` of the PlanCommit waiting for it, with the user, uid and groups the
+        API server authenticates (:meth:`SandboxClient.decide`; docs/approvals.md). Once
+        enough distinct people approved, the PlanCommit commits exactly the reviewed changes
+        (a sandbox changed since fails the commit with ``ChangedSinceApproval``).
 
         Args:
             digest: the :attr:`PlanReview.digest` a person approved (``"sha256:<64 hex>"``).
-            wait: watch until the PlanCommit finished (else return it as it is now).
+            wait: watch until the PlanCommit finished, or until the operator recorded this
+                approval while more are needed (else return it as it is now).
 
         Returns:
-            The commit's result, as :meth:`commit` returns it.
+            The commit's result, as :meth:`commit` returns it (``done`` False while more
+            approvals are needed).
 
         Raises:
             NotFoundError: no PlanCommit of the plan waits for an approval (call :meth:`review`).
-            RefusedError: ``Invalid`` when ``digest`` is not ``sha256:`` + 64 hex.
+            RefusedError: ``DigestMismatch`` (not the reviewed digest), ``Invalid`` (not
+                ``sha256:`` + 64 hex), ``AlreadyDecided``, or the admission policy's refusal
+                (the creator, an engine's or the operator's identity cannot approve).
             WaitTimeoutError: not finished within ``timeout`` seconds.
         """
+        return await self._decide(digest, "Approve", comment, wait, timeout, on_progress)
+
+    async def reject(
+        self,
+        digest: str,
+        *,
+        comment: str | None = None,
+        wait: bool = True,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+    ) -> PlanCommitResult:
+        """Reject the reviewed plan as this client's own identity (``comment`` is shown with
+        the rejection); a counted rejection ends the PlanCommit ``Failed`` with nothing
+        touched. Errors as :meth:`approve`."""
+        return await self._decide(digest, "Reject", comment, wait, timeout, None)
+
+    async def _decide(
+        self,
+        digest: str,
+        decision: str,
+        comment: str | None,
+        wait: bool,
+        timeout: float,
+        on_progress: ProgressCallback | None,
+    ) -> PlanCommitResult:
         found = await self.client.list_objects(PLANCOMMIT_PLURAL, self.namespace)
         name = _logic.approval_target(self.plan_id, found)
-        patched = await self.client.patch_object(
-            PLANCOMMIT_PLURAL, name, {"spec": {"approvedDigest": digest}}, self.namespace
+        stored = await self.client.decide(
+            name, digest, decision, comment=comment, namespace=self.namespace
         )
         if not wait:
-            return PlanCommitResult.from_object(patched)
-        return await self._wait_plancommit(name, timeout, on_progress)
+            return PlanCommitResult.from_object(stored)
+        user = str(stored["spec"]["approvals"][-1]["user"])
+        check = _logic.decision_seen(name, user, digest)
+        if on_progress is not None:
+            progress = on_progress
+            seen = check
+
+            def check(objects: _logic.Objects) -> PlanCommitResult | None:
+                if name in objects:
+                    progress(PlanCommitResult.from_object(objects[name]))
+                return seen(objects)
+
+        return await self.client.wait(
+            PLANCOMMIT_PLURAL,
+            check,
+            timeout,
+            f"{decision.lower()} of plancommit {name} of plan {self.plan_id}",
+            namespace=self.namespace,
+            name=name,
+        )
+
+    async def pending(self) -> list[PlanReview]:
+        """The plan's PlanCommits waiting for approvals (see
+        :meth:`SandboxClient.pending_approvals`)."""
+        return await self.client.pending_approvals(self.namespace, self.plan_id)
 
     async def commits(self) -> list[PlanCommitResult]:
         """The plan's PlanCommits (commits and rollbacks), by name."""

@@ -59,7 +59,7 @@ def test_every_tool_is_listed_with_its_annotations_and_an_output_schema(tmp_path
     found = {tool.name: tool for tool in asyncio.run(listed())}
     assert set(found) == set(TOOLS) >= {
         "exec", "read", "write", "edit", "delete", "move", "grep", "glob", "stat", "sql",
-        "diff", "checkpoint", "restore", "review", "request_commit",
+        "diff", "checkpoint", "restore", "review", "request_commit", "pending_approvals",
     }  # fmt: skip
     for name, tool in found.items():
         hints = tool.annotations
@@ -68,7 +68,9 @@ def test_every_tool_is_listed_with_its_annotations_and_an_output_schema(tmp_path
         assert hints.idempotent_hint is not None, name
         assert (tool.output_schema or {}).get("type") == "object", name
     read_only = {n for n, t in found.items() if t.annotations and t.annotations.read_only_hint}
-    assert read_only == {"list_sandboxes", "read", "stat", "grep", "glob", "diff"}
+    assert read_only == {
+        "list_sandboxes", "read", "stat", "grep", "glob", "diff", "pending_approvals",
+    }  # fmt: skip
     assert found["request_commit"].annotations.destructive_hint is True  # type: ignore[union-attr]
     # The approval is the administrator's option, never a tool argument.
     assert set(found["request_commit"].input_schema["properties"]) == {"message"}
