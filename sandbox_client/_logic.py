@@ -448,17 +448,34 @@ def decision_patch(obj: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, A
 
 
 def decision_seen(name: str, user: str, digest: str) -> Predicate[PlanCommitResult]:
-    """Done when PlanCommit ``name`` finished, or still waits but its operator recorded
-    ``user``'s decision on ``digest`` in ``status.approvals`` (more approvals are needed)."""
+    """Done when PlanCommit ``name`` finished, or when its operator judged ``user``'s decision
+    on ``digest`` (a ``status.approvals`` row) as not counting (``counted`` false: the
+    creator, a forbidden approver, ...), or as counting while more are needed: the
+    ``Approved`` condition says ``AwaitingApproval`` for the current generation (the spec with
+    that decision), so a decision that completes the approvals waits for the commit's
+    outcome."""
     done = plancommit_done(name)
 
     def check(objects: Objects) -> PlanCommitResult | None:
         finished = done(objects)
         if finished is not None or name not in objects:
             return finished
-        rows = (objects[name].get("status") or {}).get("approvals") or []
-        if any((r.get("user"), r.get("digest")) == (user, digest) for r in rows):
-            return PlanCommitResult.from_object(objects[name])
+        obj = objects[name]
+        rows = (obj.get("status") or {}).get("approvals") or []
+        mine = [r for r in rows if (r.get("user"), r.get("digest")) == (user, digest)]
+        if not mine:
+            return None
+        result = PlanCommitResult.from_object(obj)
+        if mine[0].get("counted") is False:
+            return result
+        approved = result.condition("Approved")
+        generation = (obj.get("metadata") or {}).get("generation")
+        if (
+            approved is not None
+            and approved.reason == "AwaitingApproval"
+            and approved.observed_generation == generation
+        ):
+            return result
         return None
 
     return check

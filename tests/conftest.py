@@ -38,3 +38,10 @@ def _no_mount_outlives_the_session(tmp_path_factory: pytest.TempPathFactory) -> 
     when the session ends, so a later run can prune this run's temporary directory."""
     yield
     unmount_beneath(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """The async tests run on asyncio only (the client is built on ``kubernetes_asyncio`` and
+    ``aiohttp``): trio, when installed (selenium brings it), must not add a second run."""
+    return "asyncio"

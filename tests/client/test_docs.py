@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.client import ClientEnv
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
@@ -27,6 +28,7 @@ def python_blocks(text: str) -> list[str]:
 def test_the_tutorial_runs_end_to_end(env: ClientEnv, tmp_path: Path) -> None:
     blocks = python_blocks(DOC.read_text())
     assert len(blocks) >= 10
+    grant_plancommit_rights(env.cluster)  # alice, the tutorial's approver
     script = tmp_path / "tutorial.py"
     script.write_text("\n\n".join(blocks))
     process_env = env.env()

@@ -23,6 +23,7 @@ from sandbox_client.errors import RefusedError
 from sandbox_client.kubectl_plugin import EXIT_NOT_FOUND, EXIT_REFUSED, cli
 from sandbox_client.mcp_server import TOOLS, PlanTools, build_server
 from sandbox_client.models import PlanCommitPhase
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.client import ClientEnv, make_dir, make_repo
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
@@ -191,11 +192,23 @@ def test_the_mcp_tools_and_an_approval_that_a_person_gives(env: ClientEnv, tmp_p
             waited = await call(session, "request_commit", message="by the agent")
             assert waited["status"] == "awaiting_approval"  # nothing committed without a person
             assert waited["digest"] == reviewed["digest"]
+            review_page = f"kubectl sandbox review --web door-mcp -n {env.namespace}"
+            assert waited["review_command"] == review_page and review_page in waited["message"]
+            asked = await call(session, "pending_approvals")
+            assert asked["review_command"] == review_page
+            assert [p["digest"] for p in asked["pending"]] == [waited["digest"]]
             assert (repo / "README.md").read_text() == "r0\n" and count(database) == 0
 
-            async def person() -> None:
+            grant_plancommit_rights(env.cluster)
+
+            async def person() -> None:  # alice, not the engine that asked
                 await asyncio.sleep(1)
-                await plan.approve(waited["digest"], wait=False)
+                async with aio.SandboxClient(
+                    kubeconfig=env.kubeconfig, namespace=env.namespace, impersonate="alice"
+                ) as alice:
+                    await aio.Plan(alice, "door-mcp", env.namespace).approve(
+                        waited["digest"], wait=False
+                    )
 
             tools.approval_wait_seconds = 60
             approval = asyncio.create_task(person())

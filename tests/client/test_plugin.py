@@ -29,6 +29,7 @@ from sandbox_client.kubectl_plugin import (
     EXIT_USAGE,
     cli,
 )
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.client import ClientEnv, make_dir, make_repo, three_sources
 from tests.support.operator import git, sandbox_manifest
 
@@ -212,9 +213,16 @@ def test_kubectl_sandbox_review_and_approve(
         table = run(env, "review", "rev-cli", "-o", "wide")
         assert f"digest: {review['digest']}" in table.stdout and "+1 ~0 -0" in table.stdout
         assert "A c.txt" in table.stdout
-        wrong = run(env, "approve", "rev-cli", "--digest", "sha256:bad")
+        wrong = run(env, "approve", "rev-cli", "--digest", "sha256:bad", "--as", "alice")
         assert wrong.exit_code == EXIT_REFUSED, wrong.output  # not sha256 + 64 hex: Invalid
-        done = run(env, "approve", "rev-cli", "--digest", review["digest"])
+        waiting = run(env, "pending", "--plan", "rev-cli", "-o", "json")
+        assert waiting.exit_code == EXIT_OK, waiting.output
+        [row] = json.loads(waiting.stdout)
+        assert (row["plancommit"], row["digest"]) == (review["plancommit"], review["digest"])
+        assert row["createdBy"] == "sandbox-test-admin" and row["approvals"] == []
+        grant_plancommit_rights(env.cluster)  # alice may read and patch PlanCommits
+        done = run(env, "approve", "rev-cli", "--digest", review["digest"], "--as", "alice")
         assert done.exit_code == EXIT_OK, done.output
         assert "Committed" in done.stdout
+        assert json.loads(run(env, "pending", "-o", "json").stdout) == []
         assert (sources["data"] / "c.txt").read_text() == "c\n"

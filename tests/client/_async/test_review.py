@@ -1,7 +1,9 @@
-"""``Plan.review()`` and ``Plan.approve(digest)`` against the real API server and the operator
-(tier 2, local executor; issues 9 and 10): the review waits at AwaitingApproval with the plan's
-changes and digest, a wrong digest is refused and the PlanCommit keeps waiting, the right one
-commits exactly the reviewed changes. Written once, for the async client; hack/unasync.py
+"""``Plan.review()``, ``pending()`` and ``Plan.approve(digest)`` against the real API server and
+the operator (tier 2, local executor): the review waits at AwaitingApproval with the plan's
+changes and digest and names its creator; a digest that is not the reviewed one is refused by
+the client with nothing recorded; the creator's own approval is recorded but never counts; the
+reviewed digest approved by another person (alice, impersonated) commits exactly the reviewed
+changes and the PlanCommit names her. Written once, for the async client; hack/unasync.py
 generates the blocking client's copy. ``kubectl sandbox review`` / ``approve``:
 tests/client/test_plugin.py.
 """
@@ -13,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_client import NotFoundError, PlanCommitPhase
+from sandbox_client import NotFoundError, PlanCommitPhase, RefusedError
 from sandbox_client.aio import Plan, SandboxClient
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.client import ClientEnv, three_sources
 
 pytestmark = [pytest.mark.anyio, pytest.mark.apiserver, pytest.mark.slow]
 
 WRONG = "sha256:" + "0" * 64
+ADMIN = "sandbox-test-admin"
 
 
 @pytest.fixture
@@ -28,10 +32,12 @@ async def client(env: ClientEnv) -> AsyncIterator[SandboxClient]:
         yield connected
 
 
-async def test_review_then_a_wrong_digest_waits_and_the_reviewed_digest_commits(
-    client: SandboxClient, tmp_path: Path
+async def test_review_then_a_wrong_digest_is_refused_and_another_person_commits_it(
+    client: SandboxClient, env: ClientEnv, tmp_path: Path
 ) -> None:
+    grant_plancommit_rights(env.cluster)
     sources = three_sources(tmp_path)
+    assert (await client.whoami()).user == ADMIN
     async with Plan(client, "rev-plan", client.namespace) as plan:
         data = await plan.add_sandbox("data", "copy_on_write", str(sources["data"]))
         await plan.wait_ready(timeout=90)
@@ -41,32 +47,38 @@ async def test_review_then_a_wrong_digest_waits_and_the_reviewed_digest_commits(
         review = await plan.review(timeout=90)
         assert review.phase is PlanCommitPhase.AWAITING_APPROVAL
         assert review.digest.startswith("sha256:") and not review.has_conflicts
+        assert review.created_by == ADMIN
         [row] = review.sandboxes
         assert (row.name, row.strategy, row.added) == (data.name, "copy_on_write", 1)
         assert "A new.txt" in row.paths
         again = await plan.review(timeout=30)
         assert again.plancommit == review.plancommit  # the waiting one again
         assert not (sources["data"] / "new.txt").exists()
-
-        refused = await plan.approve(WRONG, wait=False)
-        assert not refused.done
-        approved = await client.wait(
-            "plancommits",
-            lambda objs: (
-                objs[review.plancommit]
-                if any(
-                    c.get("type") == "Approved" and c.get("reason") == "DigestMismatch"
-                    for c in objs[review.plancommit].get("status", {}).get("conditions") or []
-                )
-                else None
-            ),
-            60,
-            "DigestMismatch",
-            name=review.plancommit,
+        [waiting] = await plan.pending()
+        assert (waiting.plancommit, waiting.digest, waiting.approvals) == (
+            review.plancommit,
+            review.digest,
+            [],
         )
-        assert approved["status"]["phase"] == "AwaitingApproval"
+
+        with pytest.raises(RefusedError) as refused:
+            await plan.approve(WRONG, wait=False)
+        assert refused.value.reason == "DigestMismatch"
+        mine = await plan.approve(review.digest, timeout=60)  # the creator's: seen, not counted
+        assert not mine.done and mine.phase is PlanCommitPhase.AWAITING_APPROVAL
+        [decision] = (await client.plancommit_review(review.plancommit)).approvals
+        assert (decision.user, decision.counted, decision.reason) == (ADMIN, False, "Creator")
         assert not (sources["data"] / "new.txt").exists()
 
-        result = await plan.approve(review.digest, timeout=90)
+        async with SandboxClient(
+            kubeconfig=env.kubeconfig, namespace=env.namespace, impersonate="alice"
+        ) as alice:
+            assert (await alice.whoami()).user == "alice"
+            result = await Plan(alice, "rev-plan", client.namespace).approve(
+                review.digest, timeout=90
+            )
         assert result.committed, result.conditions
+        assert result.raw["status"]["approvedBy"] == "alice"
+        assert result.raw["spec"]["approvals"][-1]["user"] == "alice"
         assert (sources["data"] / "new.txt").read_text() == "n1\n"
+        assert await plan.pending() == []
