@@ -375,7 +375,7 @@ def _review_text(review: PlanReview, wide: bool) -> str:
 @click.option(
     "--web",
     is_flag=True,
-    help="Serve a local review page (127.0.0.1, random port, one-time token in the URL) with "
+    help="Serve a local review page (127.0.0.1, random port, a token for this run in the URL) with "
     "every diff and Approve / Reject buttons acting as you; until Ctrl-C.",
 )
 @_timeout_option("5m")

@@ -114,8 +114,9 @@ def approval_state(obj: dict[str, Any]) -> str | None:
     moved past ``AwaitingApproval`` to the commit), ``"expired"`` when it ended without one,
     ``"ended"`` for another end (failed before any approval), None while it waits.
 
-    The one place that reads how an approval is recorded (today ``spec.approvedDigest``,
-    matched by the operator into ``Approved=True DigestMatched`` and phase ``Committing``).
+    The one place that reads how an approval is recorded: the operator's ``Approved``
+    condition, True (reason ``Approved``) once enough people's named approvals count, or
+    ``DigestMatched`` for the older ``spec.approvedDigest``; then phase ``Committing``.
     """
     result = PlanCommitResult.from_object(obj)
     approved = find(result.conditions, "Approved")

@@ -1,16 +1,16 @@
 """The review page of ``kubectl sandbox review --web PLAN``: a local web page where a person
 reads a plan's changes and approves or rejects them as themself (docs/approvals.md).
 
-:func:`serve` binds ``127.0.0.1`` on a random port and prints a URL with a one-time token
+:func:`serve` binds ``127.0.0.1`` on a random port and prints a URL with a token made for this run
 (``secrets.token_urlsafe``, 32 bytes): every request without it is refused (403), so another
 local user who finds the port can neither read the plan nor act. The page shows, for the
 PlanCommit waiting for the plan's approval (or the newest reviewed one): the digest, its
 creator, phase and conditions, every recorded decision (who, on which digest, counted or why
-not), and per reviewed sandbox its counts, conflicts, database statements and its diff, one
-block per file, highlighted by Pygments (its ``DiffLexer``; everything escaped). Approve and
-Reject are two forms posting back with the token; they call
-:meth:`~sandbox_client.client.SandboxClient.decide` with the page's client, i.e. the user's
-own kube credentials, so the admission policy records exactly that user.
+not), and per reviewed sandbox its counts, the reviewed paths or database statements, its
+conflicts and its current diff, one block per file, highlighted by Pygments (its
+``DiffLexer``; everything escaped). Approve and Reject are two forms posting back with the
+token; they call :meth:`~sandbox_client.client.SandboxClient.decide` with the page's client,
+i.e. the user's own kube credentials, so the admission policy records exactly that user.
 
 No script runs on the page (``Content-Security-Policy: default-src 'none'``), every value
 from the cluster is HTML-escaped, and the server answers only its own ``Host``.
@@ -208,6 +208,9 @@ class ReviewPage:
             f"{row.statements} database statement(s); digest "
             f"<span class='digest'>{_e(row.digest)}</span></p>"
         )
+        listed = "".join(f"<li>{_e(p)}</li>" for p in row.paths)
+        if listed:  # as reviewed: the first paths (A/M/D), or a database's statements
+            head += f"<p>Reviewed changes:</p><ul class='reviewed'>{listed}</ul>"
         conflicts = "".join(f"<li class='refused'>{_e(c)}</li>" for c in row.conflicts)
         if conflicts:
             head += f"<p>Conflicts (the commit would be refused now):</p><ul>{conflicts}</ul>"
@@ -219,16 +222,12 @@ class ReviewPage:
         try:
             diff = self.client.sandbox(row.name, self.namespace).diff()
         except SandboxClientError as exc:
-            listed = "".join(f"<li>{_e(p)}</li>" for p in row.paths)
-            return (
-                f"<p>Diff not available ({_e(exc.reason)}: {_e(exc.message)}); "
-                f"the reviewed changes:</p><ul>{listed}</ul>"
-            )
+            return f"<p>Diff not available ({_e(exc.reason)}: {_e(exc.message)}).</p>"
         if len(diff) > MAX_DIFF_CHARS:
             diff = diff[:MAX_DIFF_CHARS] + "\n... (cut)\n"
         files = split_files(diff)
         if not files:
-            return "<p>(no changes)</p>"
+            return "<p>(no changes now: the sandbox equals its original)</p>"
         return "".join(
             f"<details class='file' open data-file='{_e(path)}'><summary>{_e(path or name)}"
             f"</summary>{highlight_diff(text)}</details>"
@@ -300,7 +299,7 @@ def _handler(page: ReviewPage, token: str, host: str) -> type[BaseHTTPRequestHan
 
 class ReviewServer:
     """The page served on ``127.0.0.1`` (a random free port unless ``port``); :attr:`url`
-    carries the one-time token. Use :meth:`serve_forever` (blocking) and :meth:`close`."""
+    carries the token. Use :meth:`serve_forever` (blocking) and :meth:`close`."""
 
     def __init__(self, page: ReviewPage, port: int = 0) -> None:
         self.token = secrets.token_urlsafe(32)

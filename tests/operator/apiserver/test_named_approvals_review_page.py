@@ -13,7 +13,10 @@ recorded as alice and commits.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -129,6 +132,30 @@ def test_the_client_records_who_approves_and_refuses_the_engine_and_the_creator(
     assert (entry["user"], entry["groups"]) == ("alice", who.groups)
     assert result.raw["status"]["approvedBy"] == "alice"
     assert (data / "g.txt").read_text() == "d1\n"
+    # The plugin serves the page with the user's credentials; the URL alone opens it.
+    command = [
+        sys.executable, "-c", "from sandbox_client.kubectl_plugin import main; main()",
+        "review", "--web", "plan-cl", "-n", cluster.namespace, "--as", "bob",
+        "--kubeconfig", str(local_apiserver.kubeconfig_path),
+    ]  # fmt: skip
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, f"{root}/operator"])}
+    web = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert web.stdout is not None
+        url = web.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:") and "token=" in url
+        with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 - checked above
+            page = reply.read().decode()
+            assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
+        assert "<b id='whoami'>bob</b>" in page and review.digest in page
+        assert "id='approve'" not in page  # committed: nothing left to decide
+        assert "&lt;img src=x onerror=alert(1)&gt;.txt" in page and "<img" not in page
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
+        if web.stdout is not None:
+            web.stdout.close()
 
 
 def test_the_review_page_shows_the_diff_and_records_alices_approval(
