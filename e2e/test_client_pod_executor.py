@@ -74,6 +74,35 @@ def engine_kubeconfig(kube: Kube, namespace: str, work: Path) -> str:
     return str(path)
 
 
+def approver(kube: Kube, namespace: str) -> str:
+    """The user alice, who may read and approve PlanCommits of ``namespace``; her name."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "plancommit-approver"},
+        "rules": [
+            {
+                "apiGroups": ["sandbox.cleveragents.io"],
+                "resources": ["plancommits"],
+                "verbs": ["get", "list", "watch", "patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "plancommit-approver"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "plancommit-approver",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }
+    kube.apply(namespace, role, binding)
+    return "alice"
+
+
 def test_client_flow_through_the_workspace_agents(
     kube: Kube, namespace: str, originals: Originals, tmp_path: Path
 ) -> None:
@@ -112,8 +141,11 @@ def test_client_flow_through_the_workspace_agents(
     review = plan.review(message="e2e: client flow")
     assert review.digest.startswith("sha256:") and not review.has_conflicts
     assert len(review.sandboxes) == 3
-    result = plan.approve(review.digest, timeout=300)
+    # A person approves, not the identity that asked for the review (docs/approvals.md).
+    with SandboxClient(namespace=namespace, impersonate=approver(kube, namespace)) as person:
+        result = Plan(person, plan.plan_id, namespace).approve(review.digest, timeout=300)
     assert result.committed, result.conditions
+    assert result.raw["status"]["approvedBy"] == "alice"
     assert originals.read("repos/app/f.txt") == "line1\nline2\n"
     assert originals.read("repos/app/src/new.py") == "x = 1\n"
     assert originals.read("data/g.txt") == "d1\n"

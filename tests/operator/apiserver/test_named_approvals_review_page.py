@@ -204,3 +204,38 @@ def test_the_review_page_shows_the_diff_and_records_alices_approval(
     assert status["approvedBy"] == "alice"
     assert [(a["user"], a["decision"]) for a in status["approvals"]] == [("alice", "Approve")]
     assert (data / "g.txt").read_text() == "d1\n"
+
+
+def test_a_rejection_on_the_page_ends_the_plancommit_with_alices_comment(
+    local_apiserver: Any,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    browser: webdriver.Chrome,
+) -> None:
+    operator.start()
+    data = edited_plan(cluster, tmp_path, "plan-no")
+    with client_as(local_apiserver, cluster, "carol") as carol:
+        review = Plan(carol, "plan-no").review(timeout=90)
+    with client_as(local_apiserver, cluster, "alice") as alice:
+        server = ReviewServer(ReviewPage(alice, "plan-no"))
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            browser.get(server.url)
+            browser.find_element(By.ID, "comment").send_keys("<b>not</b> this one")
+            browser.find_element(By.ID, "reject").click()
+            assert browser.find_element(By.ID, "notice").text.startswith("rejected plan digest")
+            status = cluster.wait_phase("pcommit", review.plancommit, {"Committed", "Failed"})
+            browser.get(server.url)
+            decisions = browser.find_element(By.ID, "decisions").text
+            assert "alice Reject" in decisions and "<b>not</b> this one" in decisions
+            assert not browser.find_elements(By.CSS_SELECTOR, "#decisions b")
+            assert not browser.find_elements(By.ID, "approve")  # decided: no buttons
+        finally:
+            server.close()
+    assert status["phase"] == "Failed", status
+    approved = cluster.condition("pcommit", review.plancommit, "Approved") or {}
+    assert approved["reason"] == "Rejected" and "alice" in approved["message"]
+    assert "<b>not</b> this one" in approved["message"]
+    assert (data / "g.txt").read_text() == "d0\n"
