@@ -821,8 +821,20 @@ def _roll_back_one(step: JournalStep, sandbox: Any, *, recovering: bool) -> None
     """Compensate one step; in recovery a sandbox already ROLLED_BACK counts as done."""
     if sandbox is None:
         raise SandboxError(f"sandbox {step.sandbox_id} cannot be found to roll back")
-    if recovering and getattr(sandbox, "status", None) is SandboxStatus.ROLLED_BACK:
+    status = getattr(sandbox, "status", None)
+    if recovering and status is SandboxStatus.ROLLED_BACK:
         return
+    if status in (SandboxStatus.CREATED, SandboxStatus.ACTIVE):
+        # The journal says this step committed, but the sandbox's record lags: the process
+        # that found the commit landed (or made it) died before saving the record. A rollback
+        # of an ACTIVE sandbox would only discard its copy and leave the original committed
+        # while the plan reports it rolled back; adopt the commit so the rollback undoes it.
+        logger.warning(
+            "sandbox %s: the journal says committed, its record %s; adopting the commit",
+            step.sandbox_id,
+            status.value,
+        )
+        adopt_landed_commit(sandbox)
     sandbox.rollback()
 
 

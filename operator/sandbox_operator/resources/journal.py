@@ -136,6 +136,24 @@ def plancommit_conditions(
     )
 
 
+_CAUSE_CHARS = 300
+_CAUSES_SHOWN = 3
+
+
+def _compensation_errors(state: JournalState, names: Mapping[str, str]) -> str:
+    """Why each failed compensation failed, bounded: the reader must see the cause, not only
+    the ids (a condition message stays short; the journal keeps the whole text)."""
+    failed = set(state.failed_rollback_ids)
+    causes = [
+        f"{_step_label(step, names)}: {(step.error or 'unknown error')[:_CAUSE_CHARS]}"
+        for step in state.steps
+        if step.sandbox_id in failed
+    ]
+    shown = causes[:_CAUSES_SHOWN]
+    more = f"; and {len(causes) - len(shown)} more" if len(causes) > len(shown) else ""
+    return f" ({'; '.join(shown)}{more})" if shown else ""
+
+
 def _plancommit_conditions(
     state: JournalState,
     action: PlanCommitAction,
@@ -222,7 +240,8 @@ def _plancommit_conditions(
             "RollbackFailed",
             "True",
             "CompensationFailed",
-            f"rollback failed for sandboxes: {failed_ids}{retrying}",
+            f"rollback failed for sandboxes: {failed_ids}{retrying}"
+            f"{_compensation_errors(state, names)}",
             generation,
         )
     else:
