@@ -276,10 +276,12 @@ class PodExecutor:
             self._ensure(build_network_policy(target, self.settings), owner, target)
         pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
         claim = self._ensure(pvc, owner, target)
-        pod = build_workspace_pod(
-            target, self.settings, claim, token_secret=secret, placement=self.placement(target)
-        )
-        name = self._ensure(pod, owner, target)
+        name = self.owned_child("Pod", target)
+        if name is None:  # placement matters, and costs a Pod list, only for a new Pod
+            pod = build_workspace_pod(
+                target, self.settings, claim, token_secret=secret, placement=self.placement(target)
+            )
+            name = self._ensure(pod, owner, target)
         self._pods[target.uid] = name
         return name
 

@@ -8,6 +8,7 @@ once per distinct id, and clean up everything on deletion without touching the o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping, MutableMapping
@@ -61,8 +62,9 @@ WORKSPACE_ANNOTATION = "workspace.sandbox.cleveragents.io/pod"
 def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """``(namespace, sandbox name, annotation value)`` for a workspace Pod's watch event.
 
-    The value is ``<pod uid>:<Ready|NotReady|Unschedulable|Terminating|Failed|Deleted>``; None
-    for a Pod no Sandbox owns.
+    The value is ``<pod uid>:<Ready|NotReady|Terminating|Failed|Deleted>``, or
+    ``<pod uid>:<digest of the scheduler's reason>:Unschedulable``; None for a Pod no Sandbox
+    owns.
     """
     pod = event.get("object") or {}
     metadata = pod.get("metadata") or {}
@@ -78,8 +80,11 @@ def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | Non
         state = "Terminating"
     elif phase in ("Failed", "Succeeded"):
         state = "Failed"  # evicted by the kubelet: the object stays until someone deletes it
-    elif unschedulable_reason(pod):
-        state = "Unschedulable"  # the scheduler found no node: the Sandbox says why at once
+    elif unplaced := unschedulable_reason(pod):
+        # The scheduler found no node: the Sandbox says why at once. A digest of the reason
+        # changes the value when the scheduler's reason changes, so the Sandbox's follows.
+        digest = hashlib.sha256(unplaced.encode()).hexdigest()[:8]
+        state = f"{digest}:Unschedulable"
     else:
         state = "Ready" if pod_is_ready(pod) else "NotReady"
     return str(metadata.get("namespace")), str(owner["name"]), f"{metadata.get('uid')}:{state}"

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import yaml
-from sandbox_operator.executors.placement import SOURCE_CLAIM_LABEL
+from sandbox_operator.executors.placement import SOURCE_CLAIM_LABEL, unschedulable_reason
 
 from tests.support.apiserver.multinode import (
     HOSTNAME_LABEL,
@@ -161,7 +161,8 @@ def test_a_workspace_pod_that_cannot_be_placed_says_why_within_seconds(
     nodes: MultiNodeCluster, cluster: Cluster, pod_operator: OperatorProcess
 ) -> None:
     """The claim is held on the first node and the Sandbox asks for the second one: no node
-    fits, and the Sandbox's Ready condition carries the scheduler's reason within seconds."""
+    fits, and the Sandbox's Ready condition carries the scheduler's reason within seconds of
+    the scheduler's refusal (not after a time-out)."""
     source_claim(nodes, cluster, "held", "ReadWriteOnce")
     nodes.apply([app_pod("holder", "held", nodes.nodes[0])], cluster.namespace)
     nodes.wait(
@@ -173,17 +174,30 @@ def test_a_workspace_pod_that_cannot_be_placed_says_why_within_seconds(
     wanted = sandbox("elsewhere", "held", nodeSelector={HOSTNAME_LABEL: nodes.nodes[1]})
     nodes.apply([wanted], cluster.namespace)
 
+    def refused() -> bool:
+        pods = nodes.pods(cluster.namespace, WORKSPACE)
+        return bool(pods) and unschedulable_reason(pods[0]) is not None
+
+    nodes.wait(refused, 60, "the workspace Pod refused by the scheduler")
+    refused_at = time.monotonic()
+
     def reason() -> dict[str, Any] | None:
         ready = cluster.condition("sandbox", "elsewhere", "Ready") or {}
-        return ready if ready.get("reason") == "WorkspacePodUnschedulable" else None
+        unplaced = ready.get("reason") == "WorkspacePodUnschedulable"
+        # The first attempt may be refused for the scratch claim not bound yet; the Sandbox
+        # follows the scheduler's current reason.
+        return ready if unplaced and "didn't match" in ready.get("message", "") else None
 
     ready = nodes.wait(reason, 30, "Ready=False reason WorkspacePodUnschedulable")
-    seconds = time.monotonic() - began
-    print(f"unschedulable reason on the Sandbox after {seconds:.1f}s")
-    assert seconds < 15
+    now = time.monotonic()
+    print(
+        f"the scheduler's reason on the Sandbox {now - refused_at:.1f}s after the scheduler "
+        f"refused the Pod ({now - began:.1f}s after the apply, operator start included)"
+    )
+    assert now - refused_at < 10
     assert ready["status"] == "False"
     assert "0/3 nodes are available" in ready["message"], ready
-    assert "node affinity" in ready["message"] or "node(s) didn't match" in ready["message"]
+    assert "node(s) didn't match Pod's node affinity/selector" in ready["message"], ready
     assert cluster.status("sandbox", "elsewhere")["phase"] == "Pending"
 
 

@@ -547,7 +547,10 @@ def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -
     unplaced["object"]["status"]["conditions"].append(
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
     )
-    assert pod_event_annotation(unplaced)[2] == "p1:Unschedulable"
+    first = pod_event_annotation(unplaced)[2]
+    assert first.startswith("p1:") and first.endswith(":Unschedulable")
+    unplaced["object"]["status"]["conditions"][-1]["message"] = "another reason"
+    assert pod_event_annotation(unplaced)[2] != first  # a new reason wakes the Sandbox again
     orphan = event("ADDED", "Running", "True")
     orphan["object"]["metadata"]["ownerReferences"] = []
     assert pod_event_annotation(orphan) is None
