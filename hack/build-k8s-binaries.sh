@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build the Kubernetes binaries the tests need (kube-apiserver, kubectl, etcd, helm and,
-# with --all, the rest of a control plane plus kubelet, kube-proxy and a NetworkPolicy
-# controller) from the Go module proxy only, and cache them outside the repository.
+# Build the Kubernetes binaries the tests need (kube-apiserver, kube-scheduler,
+# kube-controller-manager, kubectl, etcd, helm and, with --all, kubelet, kube-proxy and a
+# NetworkPolicy controller) from the Go module proxy only, and cache them outside the repository.
 #
 # Usage: hack/build-k8s-binaries.sh [--all] [--force] [--help]
 #
-#   --all     also build kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
-#             kube-network-policies (the e2e cluster's NetworkPolicy enforcement)
+#   --all     also build kubelet, kube-proxy and kube-network-policies (the e2e cluster's
+#             NetworkPolicy enforcement)
 #   --force   rebuild even when the cache is warm
 #
 # Environment:
@@ -78,8 +78,10 @@ STAMP="$VERSION_DIR/stamp"
 MOD_DIR="$VERSION_DIR/modules"
 mkdir -p "$BIN_DIR" "$MOD_DIR"
 
-CORE_BINS=(kube-apiserver kubectl)
-ALL_BINS=(kube-controller-manager kube-scheduler kubelet kube-proxy)
+# The scheduler and controller-manager run in the multi-node test tier
+# (tests/support/apiserver/multinode.py), so every machine that runs the tests builds them.
+CORE_BINS=(kube-apiserver kubectl kube-scheduler kube-controller-manager)
+ALL_BINS=(kubelet kube-proxy)
 ETCD_BINS=(etcd etcdctl)
 HELM_BINS=(helm)
 NETPOL_BINS=(kube-network-policies)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine (idempotent, safe to re-run):
 # system packages, the Python virtualenv with the project installed, PostgreSQL, and the
-# Kubernetes binaries (kube-apiserver, etcd, kubectl, helm) built from the Go module proxy.
+# Kubernetes binaries (kube-apiserver, kube-scheduler, kube-controller-manager, etcd, kubectl, helm)
+# built from the Go module proxy.
 # Prints nothing but progress; sourcing hack/env.sh afterwards gives the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."

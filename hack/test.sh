@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test tier that can run on this machine: lint, types, the core (real git, real
-# directories, real OverlayFS, real PostgreSQL), the real API server tier, and, when no pytest
+# directories, real OverlayFS, real PostgreSQL), the real API server tier, the multi-node tier
+# (real kube-scheduler and kube-controller-manager on fake Nodes), and, when no pytest
 # arguments are given, the real-cluster tier (hack/e2e.sh).
 # This is the README's test command; .ci/run calls it.
 set -euo pipefail
@@ -17,7 +18,7 @@ echo "== lint-imports (the layers: who may import what, .importlinter)"
 # The operator lives in operator/: both roots on the path, so this tree is what is analysed.
 PYTHONPATH="$PWD:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}" lint-imports --no-cache --no-logo
 echo "== unasync: the blocking client is generated from the async one" && python hack/unasync.py --check
-echo "== pytest (tiers 1 and 2)"
+echo "== pytest (tiers 1 and 2, and the multi-node tier)"
 # A kernel-overlay sandbox an earlier run left mounted under pytest's temporary root would make
 # pytest's pruning of old runs fail (EBUSY); the suite unmounts its own at the end (tests/conftest.py).
 python -c 'import getpass, pathlib, tempfile; from tests.support.mounts import unmount_beneath

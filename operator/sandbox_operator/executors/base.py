@@ -71,6 +71,16 @@ class WorkspaceNotReady(Exception):  # noqa: N818 - a state, not a failure
     the Pod's own events resume the work (no fixed sleep).
     """
 
+    reason = "WorkspacePodStarting"
+
+
+class WorkspaceUnschedulable(WorkspaceNotReady):
+    """The workspace Pod cannot be placed on any node now; the message is the scheduler's
+    (the Pod's ``PodScheduled=False`` condition). Still a wait: the scheduler retries when the
+    cluster changes. Recorded as ``Ready=False`` with reason ``WorkspacePodUnschedulable``."""
+
+    reason = "WorkspacePodUnschedulable"
+
 
 @dataclass(frozen=True)
 class SandboxState:

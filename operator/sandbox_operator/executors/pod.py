@@ -41,6 +41,13 @@ from sandbox_operator.executors.base import (
     SandboxState,
     SandboxTarget,
     WorkspaceNotReady,
+    WorkspaceUnschedulable,
+)
+from sandbox_operator.executors.placement import (
+    Placement,
+    plan_placement,
+    shared_across_nodes,
+    unschedulable_reason,
 )
 from sandbox_operator.executors.pod_manifests import (
     build_network_policy,
@@ -183,6 +190,40 @@ class PodExecutor:
         size = requests.get("storage")
         return str(size) if size else None
 
+    def placement(self, target: SandboxTarget) -> Placement | None:
+        """Where ``target``'s workspace Pod may run for its source claim
+        (:mod:`~sandbox_operator.executors.placement`): the claim's access modes (of the bound
+        volume, else requested) and the namespace's Pods now; None for a Secret source. A
+        claim that does not exist yet is placed as ReadWriteOnce (the Pod waits for it).
+
+        Raises:
+            ApiException: reading the claim (other than 404) or listing the Pods failed."""
+        pvc = target.source.persistent_volume_claim
+        if pvc is None:
+            return None
+        modes: list[str] = []
+        try:
+            claim = self.api.core.read_namespaced_persistent_volume_claim(
+                pvc.claim_name, target.namespace
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        else:  # modes of the bound volume, else the requested ones
+            modes = list(
+                (claim.status.access_modes if claim.status else None)
+                or (claim.spec.access_modes if claim.spec else None)
+                or []
+            )
+        pods: list[dict[str, Any]] = []
+        if not shared_across_nodes(modes):  # unknown (no claim yet) counts as one node
+            listed = self.api.core.list_namespaced_pod(target.namespace)
+            pods = [
+                cast(dict[str, Any], self.api.api_client.sanitize_for_serialization(p))  # type: ignore[no-untyped-call]
+                for p in listed.items
+            ]
+        return plan_placement(pvc.claim_name, modes, pods)
+
     def keys(self) -> AgentKeys:
         """The agent keys, read once: from Secret ``settings.agent_key_secret`` of the
         operator's namespace (made when absent), else from ``settings.agent_key_file``."""
@@ -235,8 +276,12 @@ class PodExecutor:
             self._ensure(build_network_policy(target, self.settings), owner, target)
         pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
         claim = self._ensure(pvc, owner, target)
-        pod = build_workspace_pod(target, self.settings, claim, token_secret=secret)
-        name = self._ensure(pod, owner, target)
+        name = self.owned_child("Pod", target)
+        if name is None:  # placement matters, and costs a Pod list, only for a new Pod
+            pod = build_workspace_pod(
+                target, self.settings, claim, token_secret=secret, placement=self.placement(target)
+            )
+            name = self._ensure(pod, owner, target)
         self._pods[target.uid] = name
         return name
 
@@ -252,6 +297,7 @@ class PodExecutor:
         ownerReference is the Sandbox's uid: ``status.workspacePod`` is output, never input.
 
         Raises:
+            WorkspaceUnschedulable: not placed: no node fits (the scheduler's reason).
             WorkspaceNotReady: absent, being deleted, or not Ready yet.
             ChildNameTaken: the Pod's name is held by a Pod the Sandbox does not control.
         """
@@ -269,6 +315,9 @@ class PodExecutor:
                 continue
             self._pods[target.uid] = name
             if not pod_is_ready(pod):
+                unplaced = unschedulable_reason(pod)
+                if unplaced:
+                    raise WorkspaceUnschedulable(f"workspace pod {name} is not placed: {unplaced}")
                 phase = (pod.get("status") or {}).get("phase") or "Unknown"
                 raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
             return str(pod["status"]["podIP"])

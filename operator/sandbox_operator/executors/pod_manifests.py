@@ -29,6 +29,7 @@ from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL, PLAN_LABEL
 from sandbox_api.naming import AGENT_TOKEN_KEY, child_object_name
 from sandbox_core.agent import wire
 from sandbox_operator.executors.base import SandboxTarget
+from sandbox_operator.executors.placement import SOURCE_CLAIM_LABEL, Placement, merged_affinity
 from sandbox_operator.settings import Settings
 
 SOURCE_MOUNT = "/workspace/source"
@@ -196,11 +197,15 @@ def build_workspace_pod(
     settings: Settings,
     scratch_claim: str | None,
     token_secret: str | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """The workspace Pod manifest of ``target`` (pure; adopt it before creating).
 
     ``scratch_claim`` and ``token_secret`` name the claim and Secret the Pod mounts (the ones
     the Sandbox controls; ``token_secret`` defaults to the current name of its token Secret).
+    ``placement`` (:func:`~sandbox_operator.executors.placement.plan_placement`) labels the Pod
+    with its source claim and adds the affinity that keeps it where the claim can attach,
+    merged with ``spec.workspace.affinity``.
 
     Raises:
         ValueError: the Sandbox's source is not a PersistentVolumeClaim and not a Secret.
@@ -293,7 +298,9 @@ def build_workspace_pod(
     optional = {
         "nodeSelector": workspace.node_selector,
         "tolerations": workspace.tolerations,
-        "affinity": workspace.affinity,
+        "affinity": merged_affinity(workspace.affinity, placement)
+        if placement
+        else workspace.affinity,
         "runtimeClassName": workspace.runtime_class_name,
         "priorityClassName": workspace.priority_class_name,
         "imagePullSecrets": workspace.image_pull_secrets,
@@ -304,6 +311,8 @@ def build_workspace_pod(
         COMPONENT_LABEL: WORKSPACE_COMPONENT,
         SANDBOX_UID_LABEL: target.uid,
     }
+    if placement and placement.claim_label:
+        labels[SOURCE_CLAIM_LABEL] = placement.claim_label
     return {
         "apiVersion": "v1",
         "kind": "Pod",

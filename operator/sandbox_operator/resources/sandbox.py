@@ -8,6 +8,7 @@ once per distinct id, and clean up everything on deletion without touching the o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping, MutableMapping
@@ -39,6 +40,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
+from sandbox_operator.executors.placement import unschedulable_reason
 from sandbox_operator.executors.pod_manifests import pod_is_ready
 from sandbox_operator.kube import metrics, redaction
 from sandbox_operator.kube.api import Api
@@ -60,8 +62,9 @@ WORKSPACE_ANNOTATION = "workspace.sandbox.cleveragents.io/pod"
 def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """``(namespace, sandbox name, annotation value)`` for a workspace Pod's watch event.
 
-    The value is ``<pod uid>:<Ready|NotReady|Terminating|Failed|Deleted>``; None for a Pod no
-    Sandbox owns.
+    The value is ``<pod uid>:<Ready|NotReady|Terminating|Failed|Deleted>``, or
+    ``<pod uid>:<digest of the scheduler's reason>:Unschedulable``; None for a Pod no Sandbox
+    owns.
     """
     pod = event.get("object") or {}
     metadata = pod.get("metadata") or {}
@@ -77,6 +80,11 @@ def pod_event_annotation(event: Mapping[str, Any]) -> tuple[str, str, str] | Non
         state = "Terminating"
     elif phase in ("Failed", "Succeeded"):
         state = "Failed"  # evicted by the kubelet: the object stays until someone deletes it
+    elif unplaced := unschedulable_reason(pod):
+        # The scheduler found no node: the Sandbox says why at once. A digest of the reason
+        # changes the value when the scheduler's reason changes, so the Sandbox's follows.
+        digest = hashlib.sha256(unplaced.encode()).hexdigest()[:8]
+        state = f"{digest}:Unschedulable"
     else:
         state = "Ready" if pod_is_ready(pod) else "NotReady"
     return str(metadata.get("namespace")), str(owner["name"]), f"{metadata.get('uid')}:{state}"
@@ -290,7 +298,7 @@ class SandboxLogic:
             try:
                 state = self.executor.provision(target)
             except WorkspaceNotReady as waiting:
-                self._set_waiting(body, patch, "WorkspacePodStarting", str(waiting))
+                self._set_waiting(body, patch, waiting.reason, str(waiting))
                 return
             except Exception as exc:
                 outcome.set("error")
@@ -365,7 +373,9 @@ class SandboxLogic:
         """The workspace Pod's readiness changed (annotation ``WORKSPACE_ANNOTATION``).
 
         ``Ready``: provision (re-opens the sandbox from its scratch claim after a recreated
-        Pod) and mirror. ``NotReady``: ``Ready=False`` (reason ``WorkspacePodNotReady``).
+        Pod) and mirror. ``Unschedulable``: ``Ready=False`` reason
+        ``WorkspacePodUnschedulable`` with the scheduler's message. ``NotReady``:
+        ``Ready=False`` (reason ``WorkspacePodNotReady``).
         ``Terminating``: ``Ready=False``. ``Failed`` (evicted): delete the Pod object.
         ``Deleted``: make the Pod again; ``Ready=False`` meanwhile.
         Nothing happens for a suspended or deleted Sandbox.
@@ -383,7 +393,8 @@ class SandboxLogic:
             target = target_from_body(body, self.settings, self.api)
         except PermanentError:
             return
-        if state == "Ready":
+        if state in ("Ready", "Unschedulable"):
+            # Unschedulable: provisioning reads the Pod and records the scheduler's reason.
             self._provision(body, patch, target, retry)
         elif state in ("NotReady", "Terminating"):
             starting = phase in (None, SandboxPhase.PENDING.value) and state == "NotReady"

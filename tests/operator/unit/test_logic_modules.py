@@ -543,6 +543,14 @@ def test_a_workspace_pod_event_becomes_a_readiness_annotation_of_its_sandbox() -
     assert pod_event_annotation(terminating) == ("ns", "s1", "p1:Terminating")
     assert pod_event_annotation(event("MODIFIED", "Failed", "False"))[2] == "p1:Failed"
     assert pod_event_annotation(event("DELETED", "Running", "True"))[2] == "p1:Deleted"
+    unplaced = event("MODIFIED", "Pending", "False")
+    unplaced["object"]["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+    )
+    first = pod_event_annotation(unplaced)[2]
+    assert first.startswith("p1:") and first.endswith(":Unschedulable")
+    unplaced["object"]["status"]["conditions"][-1]["message"] = "another reason"
+    assert pod_event_annotation(unplaced)[2] != first  # a new reason wakes the Sandbox again
     orphan = event("ADDED", "Running", "True")
     orphan["object"]["metadata"]["ownerReferences"] = []
     assert pod_event_annotation(orphan) is None
