@@ -13,6 +13,7 @@ fields while pruning undeclared ones (case 15).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -211,6 +212,19 @@ def test_every_field_has_a_description(kind: str) -> None:
     ]
     assert root.get("description"), f"{kind}: the root schema has no description"
     assert missing == [], f"{kind}: fields without a description: {missing}"
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
+def test_field_names_are_lower_camel_case(kind: str) -> None:
+    """The API conventions' field names (v1beta1 review: nothing to rename). Map keys
+    (``additionalProperties``) and the preserved core record are data, not fields."""
+    bad = [
+        path
+        for path, _ in _walk(_root(kind))
+        if not re.fullmatch(r"[a-z][a-zA-Z0-9]*", path.rsplit(".", 1)[-1].removesuffix("[]"))
+        and not path.endswith("{}")
+    ]
+    assert bad == []
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
