@@ -115,6 +115,10 @@ PLANCOMMIT = {
 }  # fmt: skip
 OBJECTS = {("Sandbox", "s"): SANDBOX, ("Checkpoint", "ck"): CHECKPOINT,
            ("PlanCommit", "pc"): PLANCOMMIT}  # fmt: skip
+METADATA = {
+    "labels": {"team": "platform"}, "annotations": {"example.com/note": "kept"},
+    "finalizers": ["example.com/keep"],
+}  # fmt: skip
 # What a rewrite may change: the version it is read in, its resourceVersion and who wrote it.
 VOLATILE_METADATA = ("resourceVersion", "managedFields")
 
@@ -209,7 +213,8 @@ def test_objects_stored_as_v1alpha1_are_migrated_to_v1beta1_losing_nothing(
     for (kind, name), content in OBJECTS.items():
         # Approvals are added after creation by another user (the approval policy).
         spec = {k: v for k, v in content["spec"].items() if k != "approvals"}
-        body = {"apiVersion": OLD, "kind": kind, "metadata": {"name": name}, "spec": spec}
+        body = {"apiVersion": OLD, "kind": kind, "metadata": {**METADATA, "name": name},
+                "spec": spec}  # fmt: skip
         created = _create(own_server, namespace, body)
         assert created.returncode == 0, created.stderr
         if "approvals" in content["spec"]:
@@ -227,6 +232,10 @@ def test_objects_stored_as_v1alpha1_are_migrated_to_v1beta1_losing_nothing(
         read = _read(own_server, kind, OLD, namespace, name)
         # Every field was declared by the old CRD: nothing sent was pruned.
         assert (read["spec"], read["status"]) == (content["spec"], content["status"]), kind
+        # (The previous chart stamps a PlanCommit's creator in one more annotation.)
+        assert read["metadata"]["annotations"].items() >= METADATA["annotations"].items()
+        assert (read["metadata"]["labels"], read["metadata"]["finalizers"]) == (
+            METADATA["labels"], METADATA["finalizers"])  # fmt: skip
         assert _stored_api_version(own_server, kind, namespace, name) == OLD
         before[kind, name] = read
 
