@@ -150,7 +150,7 @@ def agent_row(server: LocalApiServer, work: Path, calls: int, runs: int) -> str:
             "-p", json.dumps({"status": pod_status}),
         )  # fmt: skip
         sandbox_object = {
-            "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+            "apiVersion": "sandbox.cleveragents.io/v1beta1",
             "kind": "Sandbox",
             "metadata": {"name": info.name},
             "spec": info.raw["spec"],

@@ -184,7 +184,7 @@ class SandboxWatch:
         stream = self._watch.stream(
             self._api.list_namespaced_custom_object,
             "sandbox.cleveragents.io",
-            "v1alpha1",
+            "v1beta1",
             self.namespace,
             "sandboxes",
             timeout_seconds=3600,

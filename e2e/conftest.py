@@ -263,7 +263,7 @@ def sandbox_manifest(
     if options:
         spec["options"] = options
     return {
-        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "apiVersion": "sandbox.cleveragents.io/v1beta1",
         "kind": "Sandbox",
         "metadata": {"name": name},
         "spec": spec,
@@ -280,7 +280,7 @@ def plancommit_manifest(
 ) -> dict[str, Any]:
     """A PlanCommit of every Sandbox of ``plan`` (``mode`` unset: the CRD's default, TwoPhase)."""
     manifest: dict[str, Any] = {
-        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "apiVersion": "sandbox.cleveragents.io/v1beta1",
         "kind": "PlanCommit",
         "metadata": {"name": name},
         "spec": {

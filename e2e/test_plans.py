@@ -132,7 +132,7 @@ def test_checkpoint_restore_round_trip(kube: Kube, namespace: str, originals: Or
     kube.apply(
         namespace,
         {
-            "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+            "apiVersion": "sandbox.cleveragents.io/v1beta1",
             "kind": "Checkpoint",
             "metadata": {"name": "app-pre-execute"},
             "spec": {"sandboxName": "app", "phase": "pre_execute", "metadata": {"step": "1"}},

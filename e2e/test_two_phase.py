@@ -120,7 +120,7 @@ def _answers(kube: Kube, namespace: str) -> bool:
 def db_sandbox(name: str, plan: str, pod_ip: str) -> dict[str, Any]:
     """A transaction_rollback Sandbox of the server; egress opened to it alone."""
     return {
-        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "apiVersion": "sandbox.cleveragents.io/v1beta1",
         "kind": "Sandbox",
         "metadata": {"name": name},
         "spec": {

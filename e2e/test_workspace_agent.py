@@ -211,7 +211,7 @@ def test_no_password_in_sight_and_the_operator_cannot_exec_or_read_secrets(
         "stringData": {"dsn": dsn},
     }
     sandbox = {
-        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "apiVersion": "sandbox.cleveragents.io/v1beta1",
         "kind": "Sandbox",
         "metadata": {"name": "s-db"},
         "spec": {

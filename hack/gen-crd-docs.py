@@ -100,12 +100,38 @@ def walk(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any
             yield from walk(items, f"{child_path}[]")
 
 
+def _other_versions(spec: dict[str, Any], stored: dict[str, Any]) -> list[str]:
+    """One paragraph per other served version: deprecated or not, and whether it has the
+    stored version's fields (the same schema, so the API server's None conversion is
+    lossless). A version with another schema is refused: this page documents one schema."""
+    lines: list[str] = []
+    for version in spec["versions"]:
+        if version is stored or not version.get("served"):
+            continue
+        if version["schema"] != stored["schema"]:
+            raise SystemExit(
+                f"{spec['names']['kind']} {version['name']}: another schema than the stored "
+                f"{stored['name']}; document it before serving it"
+            )
+        state = "served, deprecated" if version.get("deprecated") else "served"
+        warning = version.get("deprecationWarning")
+        lines += [
+            f"Also `{spec['group']}/{version['name']}` ({state}; conversion "
+            f"`{spec.get('conversion', {}).get('strategy', 'None')}`): the same fields, "
+            "descriptions and rules."
+            + (f" Its requests get the warning: {_cell(warning)}" if warning else ""),
+            "",
+        ]
+    return lines
+
+
 def render_crd(crd: dict[str, Any]) -> list[str]:
     """The Markdown section of one CRD."""
     spec = crd["spec"]
     names = spec["names"]
     lines: list[str] = []
-    for version in spec["versions"]:
+    stored = [v for v in spec["versions"] if v.get("storage")]
+    for version in stored:
         root = version["schema"]["openAPIV3Schema"]
         lines += [
             f"## {names['kind']}",
@@ -117,6 +143,7 @@ def render_crd(crd: dict[str, Any]) -> list[str]:
             f"Status subresource: {'yes' if 'status' in version.get('subresources', {}) else 'no'}"
             ".",
             "",
+            *_other_versions(spec, version),
             _cell(root.get("description", "")),
             "",
             "Printer columns (`kubectl get`; priority 1 only with `-o wide`):",

@@ -16,7 +16,13 @@ from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.catalogue import rollbackable_strategies
 
 GROUP = "sandbox.cleveragents.io"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"
+"""The version the operator and the client read and write, and the CRDs' storage version."""
+SERVED_VERSIONS = ("v1beta1", "v1alpha1")
+"""Every version the CRDs serve, newest first. They declare the same fields (one schema in
+``crds/``), so the API server's ``None`` conversion is lossless (docs/api-evolution.md)."""
+DEPRECATED_VERSIONS = ("v1alpha1",)
+"""Served versions the API server answers with a deprecation warning."""
 SANDBOX_PLURAL = "sandboxes"
 CHECKPOINT_PLURAL = "checkpoints"
 PLANCOMMIT_PLURAL = "plancommits"

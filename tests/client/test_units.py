@@ -123,6 +123,22 @@ def test_sandbox_manifest_is_the_operators_spec_in_camel_case() -> None:
     assert refused.value.reason == "InvalidSpec"
 
 
+def test_manifests_are_written_in_v1beta1_and_v1alpha1_objects_still_read() -> None:
+    """The client writes the stored version; an object a v1alpha1 client wrote (the same
+    fields: docs/api-evolution.md) reads the same as its v1beta1 form."""
+    sandbox = _logic.sandbox_manifest("n", "plan-1", "repo", "overlay", "/src")
+    checkpoint = _logic.checkpoint_manifest("n", "pre_execute", None, None)
+    plancommit = _logic.plancommit_manifest("plan-1", models.PlanCommitAction.COMMIT, None)
+    for body in (sandbox, checkpoint, plancommit):
+        assert body["apiVersion"] == "sandbox.cleveragents.io/v1beta1"
+    status = {"phase": "Active", "sandboxId": "01J", "sandboxPath": "/s"}
+    new = {**sandbox, "metadata": {"name": "n", "namespace": "ns"}, "status": status}
+    old = {**new, "apiVersion": "sandbox.cleveragents.io/v1alpha1"}
+    read_old, read_new = SandboxInfo.from_object(old), SandboxInfo.from_object(new)
+    assert read_old.model_dump(exclude={"raw"}) == read_new.model_dump(exclude={"raw"})
+    assert SandboxInfo.from_object(old).phase is models.SandboxPhase.ACTIVE
+
+
 def test_plancommit_manifest_uses_generate_name() -> None:
     body = _logic.plancommit_manifest("Plan_1", models.PlanCommitAction.ROLLBACK, None)
     assert body["metadata"]["generateName"].endswith("-rollback-")

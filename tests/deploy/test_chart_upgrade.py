@@ -9,6 +9,7 @@ the Deployment's rollout would.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
 PREVIOUS_CHART_COMMIT = "8088162"
 """The last commit of chart 0.1.0 (CRDs in charts/sandbox-operator/crds/, install-only)."""
+PREVIOUS_OPERATOR_COMMIT = "ea69d88"
+"""The last commit whose operator watches v1alpha1 (run before the upgrade)."""
 CRDS = [f"{p}.sandbox.cleveragents.io" for p in ("sandboxes", "checkpoints", "plancommits")]
 
 
@@ -42,6 +45,13 @@ def previous_chart(into: Path) -> Path:
     chart = chart / "charts" / "sandbox-operator"
     assert (chart / "crds" / "sandboxes.yaml").is_file()
     return chart
+
+
+def previous_operator(into: Path) -> str:
+    """The operator at :data:`PREVIOUS_OPERATOR_COMMIT` (with its core and contract): a
+    PYTHONPATH."""
+    files_at(PREVIOUS_OPERATOR_COMMIT, ["operator", "sandbox_core", "sandbox_api"], into)
+    return os.pathsep.join([str(into / "operator"), str(into)])
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +84,11 @@ def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
     operator = OperatorProcess(own_server, namespace, work)
     cluster.operator = operator
     repo = make_repo(tmp_path / "repo", {"f.txt": "v1\n"})
-    operator.start()
+    # The old chart's CRDs serve v1alpha1 only: the operator of that time watches it.
+    operator.start({"PYTHONPATH": previous_operator(tmp_path / "previous")})
     try:
-        cluster.create(sandbox_manifest("s1", "plan-up", "git_worktree", repo))
+        old_sandbox = sandbox_manifest("s1", "plan-up", "git_worktree", repo)
+        cluster.create({**old_sandbox, "apiVersion": "sandbox.cleveragents.io/v1alpha1"})
         status = cluster.wait_phase("sandbox", "s1", {"Active", "Errored"})
         assert status["phase"] == "Active"
 
@@ -103,7 +115,7 @@ def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
             time.sleep(1)
         assert explain.returncode == 0, explain.stderr
 
-        # The rollout: a new operator process; the old object keeps reconciling.
+        # The rollout: this tree's operator (v1beta1); the old object keeps reconciling.
         operator.stop()
         operator.start()
         (Path(status["sandboxPath"]) / "f.txt").write_text("v2\n")

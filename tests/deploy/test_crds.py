@@ -13,6 +13,7 @@ fields while pruning undeclared ones (case 15).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -23,13 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
+from sandbox_api import models
 from tests.support.apiserver.harness import LocalApiServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO_ROOT / "crds"
 EXAMPLES_DIR = REPO_ROOT / "examples"
 GROUP = "sandbox.cleveragents.io"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"
+OLD_VERSION = "v1alpha1"
 
 EXPECTED_NAMES = {
     "Sandbox": ("sandboxes", "sbx"),
@@ -105,8 +108,8 @@ def _load_crds() -> dict[str, dict[str, Any]]:
 CRDS = _load_crds()
 
 
-def _version(kind: str) -> dict[str, Any]:
-    (version,) = CRDS[kind]["spec"]["versions"]
+def _version(kind: str, name: str = VERSION) -> dict[str, Any]:
+    (version,) = [v for v in CRDS[kind]["spec"]["versions"] if v["name"] == name]
     return version  # type: ignore[no-any-return]
 
 
@@ -166,6 +169,36 @@ def test_one_file_per_crd_with_contract_names() -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
+def test_v1alpha1_served_deprecated_and_converted_losslessly(kind: str) -> None:
+    """v1beta1 is stored; v1alpha1 is served with a deprecation warning. ``None`` conversion
+    only rewrites apiVersion, so it is lossless only while both versions declare the same
+    schema (every field, description and CEL rule), the same printer columns and subresources."""
+    spec = CRDS[kind]["spec"]
+    assert [v["name"] for v in spec["versions"]] == [VERSION, OLD_VERSION]
+    assert spec["conversion"] == {"strategy": "None"}
+    old, new = _version(kind, OLD_VERSION), _version(kind)
+    assert (old["served"], old["storage"], old["deprecated"]) == (True, False, True)
+    assert "deprecated" not in new
+    assert old["deprecationWarning"] == (
+        f"{GROUP}/{OLD_VERSION} {kind} is deprecated; "
+        f"use {GROUP}/{VERSION} {kind} (the same fields)"
+    )
+    for key in ("schema", "additionalPrinterColumns", "subresources"):
+        assert old[key] == new[key], f"{kind}: {key} differs between the versions"
+
+
+def test_versions_follow_the_contract_module() -> None:
+    """sandbox_api.models names the version everybody reads and writes, and the served ones."""
+    for crd in CRDS.values():
+        versions = crd["spec"]["versions"]
+        assert tuple(v["name"] for v in versions) == models.SERVED_VERSIONS
+        assert [v["name"] for v in versions if v["storage"]] == [models.VERSION]
+        assert tuple(v["name"] for v in versions if v.get("deprecated")) == (
+            models.DEPRECATED_VERSIONS
+        )
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
 def test_every_field_has_a_description(kind: str) -> None:
     root = _root(kind)
     # Scalar array items and map values are described by their array/map (kubectl explain);
@@ -179,6 +212,19 @@ def test_every_field_has_a_description(kind: str) -> None:
     ]
     assert root.get("description"), f"{kind}: the root schema has no description"
     assert missing == [], f"{kind}: fields without a description: {missing}"
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))
+def test_field_names_are_lower_camel_case(kind: str) -> None:
+    """The API conventions' field names (v1beta1 review: nothing to rename). Map keys
+    (``additionalProperties``) and the preserved core record are data, not fields."""
+    bad = [
+        path
+        for path, _ in _walk(_root(kind))
+        if not re.fullmatch(r"[a-z][a-zA-Z0-9]*", path.rsplit(".", 1)[-1].removesuffix("[]"))
+        and not path.endswith("{}")
+    ]
+    assert bad == []
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_NAMES))

@@ -45,7 +45,7 @@ def files_at(commit: str, paths: list[str], into: Path) -> Path:
 
 
 CRD_DIR = REPO_ROOT / "crds"
-API = "sandbox.cleveragents.io/v1alpha1"
+API = "sandbox.cleveragents.io/v1beta1"
 
 T = TypeVar("T")
 
@@ -405,7 +405,7 @@ def secret_manifest(name: str, dsn: str) -> dict[str, Any]:
 def db_sandbox(name: str, plan: str, secret: str) -> dict[str, Any]:
     """A transaction_rollback Sandbox reading its DSN from Secret ``secret``."""
     return {
-        "apiVersion": "sandbox.cleveragents.io/v1alpha1",
+        "apiVersion": "sandbox.cleveragents.io/v1beta1",
         "kind": "Sandbox",
         "metadata": {"name": name},
         "spec": {
