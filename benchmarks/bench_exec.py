@@ -5,12 +5,15 @@ Two figures, each with its anchor from the same run (docs/benchmarks.md):
 - one ``true``: ``POST .../exec`` to a real agent on 127.0.0.1 (jail, git metadata copy, audit
   append, NDJSON stream), against ``subprocess.run(["true"])`` in this process, and against the
   same command in the jail without the agent (:class:`CommandRunner`, the local executor's path);
-- 100 MiB of output (``head -c``): streamed through the agent as NDJSON and decoded, against
-  ``head -c ... | cat > /dev/null``-style reading of a local pipe in this process.
+- 100 MiB of output (``head -c``): streamed through the agent as NDJSON and decoded, as binary
+  frames read by a plain ``http.client`` reader, and as frames read by the client's own reader
+  (``AgentActor.exec_stream`` over ``DirectTransport``), against ``head -c ... | cat >
+  /dev/null``-style reading of a local pipe in this process.
 
 No cluster: the pod proxy and ``kubectl exec`` are not in these figures (tier 3 measures them).
 
-Usage: ``.venv/bin/python benchmarks/bench_exec.py [--calls 20] [--mib 100]``; prints a
+Usage: ``.venv/bin/python benchmarks/bench_exec.py [--calls 20] [--mib 100] [--streams 3]``;
+prints a
 Markdown table.
 """
 
@@ -29,11 +32,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "operator")]
 
+from sandbox_client.actor import AgentActor  # noqa: E402
+from sandbox_client.agent_files import DirectTransport  # noqa: E402
 from sandbox_core.actor.exec import CommandRunner, ExecRequest  # noqa: E402
 from sandbox_core.agent import wire  # noqa: E402
 from sandbox_core.host.host import SandboxHost  # noqa: E402
 from sandbox_core.host.store import SandboxStore  # noqa: E402
-from tests.support.agent import SANDBOX_ID, AgentProcess  # noqa: E402
+from tests.support.agent import AgentProcess  # noqa: E402
+from tests.support.client_agent import SANDBOX_ID, sandbox_info  # noqa: E402
 from tests.support.exec_stream import ExecStream  # noqa: E402
 from tests.support.gitrepo import GIT_ENV, make_repo  # noqa: E402
 
@@ -60,6 +66,20 @@ def through_agent(
     return time.perf_counter() - start, size
 
 
+def through_client(agent: AgentProcess, size: int) -> float:
+    """Seconds for ``head -c size`` through the client's own reader (``AgentActor.exec_stream``
+    over ``DirectTransport``: frames, no API server), every chunk counted."""
+    actor = AgentActor(DirectTransport(agent.url, agent.token_file.read_text()))
+    argv = ["head", "-c", str(size), "/dev/zero"]
+    start = time.perf_counter()
+    got = 0
+    for chunk in actor.exec_stream(sandbox_info(), argv, max_output_bytes=size, timeout=120):
+        got += len(chunk.data or b"") if chunk.kind == "stdout" else 0
+    seconds = time.perf_counter() - start
+    assert got == size, (got, size)
+    return seconds
+
+
 def local_pipe(size: int) -> float:
     start = time.perf_counter()
     with subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE) as proc:
@@ -73,6 +93,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--streams", type=int, default=3)
     args = parser.parse_args()
     os.environ.update(GIT_ENV)
     size = args.mib * 1024 * 1024
@@ -98,24 +119,32 @@ def main() -> int:
                 runner.run(sandbox, ExecRequest(argv=("true",)))
                 jail_true.append(time.perf_counter() - start)
             big = {"argv": ["head", "-c", str(size), "/dev/zero"], "max_output_bytes": size}
-            stream_s, got = through_agent(agent, big, "big")
-            assert got == size, (got, size)
-            frames_s, got = through_agent(agent, big, "big-frames", frames=True)
-            assert got == size, (got, size)
-            pipe_s = local_pipe(size)
+            ndjson, framed, client, pipe = [], [], [], []
+            for n in range(args.streams):
+                seconds, got = through_agent(agent, big, f"big-{n}")
+                assert got == size, (got, size)
+                ndjson.append(seconds)
+                seconds, got = through_agent(agent, big, f"big-frames-{n}", frames=True)
+                assert got == size, (got, size)
+                framed.append(seconds)
+                client.append(through_client(agent, size))
+                pipe.append(local_pipe(size))
         finally:
             agent.stop()
     a, loc, j = (statistics.median(x) * 1000 for x in (agent_true, local_true, jail_true))
-    agent_mib, pipe_mib = args.mib / stream_s, args.mib / pipe_s
-    frames_mib = args.mib / frames_s
-    print(f"| figure (median of {args.calls}) | through the agent | anchor | ratio |")
+    agent_mib, frames_mib, client_mib, pipe_mib = (
+        args.mib / statistics.median(x) for x in (ndjson, framed, client, pipe)
+    )
+    print(f"| figure (median of {args.calls}; streams: of {args.streams}) | through the agent "
+          f"| anchor | ratio |")  # fmt: skip
     print("| --- | --- | --- | --- |")
     print(f"| one `true` | {a:.1f} ms | local subprocess {loc:.2f} ms | {a / loc:.0f}x |")
     print(f"| one `true` | {a:.1f} ms | the jail without the agent {j:.1f} ms | {a / j:.2f}x |")
-    print(f"| {args.mib} MiB of stdout streamed, NDJSON | {agent_mib:.0f} MiB/s | local pipe "
-          f"{pipe_mib:.0f} MiB/s | {agent_mib / pipe_mib:.2f}x |")  # fmt: skip
-    print(f"| {args.mib} MiB of stdout streamed, frames | {frames_mib:.0f} MiB/s | local pipe "
-          f"{pipe_mib:.0f} MiB/s | {frames_mib / pipe_mib:.2f}x |")  # fmt: skip
+    for what, mib in (("NDJSON", agent_mib), ("frames", frames_mib),
+                      ("frames, the client's reader", client_mib)):  # fmt: skip
+        print(f"| {args.mib} MiB of stdout streamed, {what} | {mib:.0f} MiB/s | local pipe "
+              f"{pipe_mib:.0f} MiB/s | {mib / pipe_mib:.2f}x |")  # fmt: skip
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -256,7 +256,7 @@ class ExecStream:
         self.what = what
         self.collect = collect
         self.framed = framed
-        self.buffer = b""
+        self.buffer = bytearray()
         self.stdout: list[bytes] = []
         self.stderr: list[bytes] = []
         self.result: ExecResult | None = None
@@ -264,28 +264,43 @@ class ExecStream:
         self.replayed = False
 
     def feed(self, data: bytes) -> list[ExecChunk]:
-        """The events complete in ``data`` (with what was fed before)."""
+        """The events complete in ``data`` (with what was fed before).
+
+        The buffer is a ``bytearray`` consumed from the front once per call, so a megabyte
+        frame arriving in many reads is copied into it once and out of it once (not once per
+        read, as re-joining ``bytes`` would).
+        """
         self.buffer += data
         out: list[ExecChunk] = []
-        while self.framed and len(self.buffer) >= FRAME_HEADER_BYTES:
-            size = int.from_bytes(self.buffer[1:FRAME_HEADER_BYTES], "big")
-            if len(self.buffer) < FRAME_HEADER_BYTES + size:
-                break
-            tag = self.buffer[:1]
-            payload = self.buffer[FRAME_HEADER_BYTES : FRAME_HEADER_BYTES + size]
-            self.buffer = self.buffer[FRAME_HEADER_BYTES + size :]
-            if tag == wire.FRAME_EVENT:
-                out.append(self._event(payload))
-            elif tag in (wire.FRAME_STDOUT, wire.FRAME_STDERR):
-                out.append(
-                    self._output("stdout" if tag == wire.FRAME_STDOUT else "stderr", payload)
-                )
-            else:
-                raise OperationFailedError("IOError", f"{self.what}: an unknown frame {tag!r}")
-        while not self.framed and b"\n" in self.buffer:
-            line, self.buffer = self.buffer.split(b"\n", 1)
-            if line.strip():
-                out.append(self._event(line))
+        buffer = self.buffer
+        view = memoryview(buffer)
+        at = 0
+        try:
+            while self.framed and len(buffer) - at >= FRAME_HEADER_BYTES:
+                size = int.from_bytes(view[at + 1 : at + FRAME_HEADER_BYTES], "big")
+                end = at + FRAME_HEADER_BYTES + size
+                if len(buffer) < end:
+                    break
+                tag = bytes(view[at : at + 1])
+                payload = bytes(view[at + FRAME_HEADER_BYTES : end])
+                at = end
+                if tag == wire.FRAME_EVENT:
+                    out.append(self._event(payload))
+                elif tag in (wire.FRAME_STDOUT, wire.FRAME_STDERR):
+                    kind: Literal["stdout", "stderr"] = (
+                        "stdout" if tag == wire.FRAME_STDOUT else "stderr"
+                    )
+                    out.append(self._output(kind, payload))
+                else:
+                    raise OperationFailedError("IOError", f"{self.what}: an unknown frame {tag!r}")
+            while not self.framed and (newline := buffer.find(b"\n", at)) >= 0:
+                line = bytes(view[at:newline])
+                at = newline + 1
+                if line.strip():
+                    out.append(self._event(line))
+        finally:
+            view.release()
+            del buffer[:at]
         return out
 
     def _event(self, line: bytes) -> ExecChunk:

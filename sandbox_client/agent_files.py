@@ -59,7 +59,7 @@ from sandbox_core.paths import TRAVERSAL_MESSAGE
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
-STREAM_CHUNK_BYTES = 64 * 1024
+STREAM_CHUNK_BYTES = 1024 * 1024  # a read of a streamed reply takes what has come, up to this
 _HIDDEN = frozenset({".git"})
 _WRITABLE = (SandboxPhase.ACTIVE, SandboxPhase.CREATED, SandboxPhase.ROLLED_BACK)
 

@@ -35,7 +35,7 @@ BASE_IMAGE="localhost/sandbox-e2e/debian:bookworm"
 PROJECT_IMAGE="localhost/sandbox-operator:e2e"
 POSTGRES_IMAGE="localhost/sandbox-e2e/postgres:15"
 # The Dockerfile's runtime packages, plus python3 itself (the Dockerfile's base image has it).
-BASE_PACKAGES="python3,python3-venv,git,rsync,tini,ca-certificates"
+BASE_PACKAGES="python3,python3-venv,python-is-python3,git,rsync,tini,ca-certificates,bubblewrap"
 SUITE="bookworm"
 # Fixed timestamps make the image digests depend on the content only.
 EPOCH="2026-01-01T00:00:00Z"

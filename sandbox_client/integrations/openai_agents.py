@@ -31,7 +31,9 @@ What differs from a throwaway backend:
 - The sandbox is durable, so sessions take no SDK snapshot (a given snapshot spec, including the
   Runner's default local one, is replaced by ``NoopSnapshot``), and ``resume`` reattaches by the
   sandbox id in the serialized state. :meth:`OperatorSandboxSession.persist_workspace` returns a
-  tar of the root (without ``.git``) through one command; ``hydrate_workspace`` is refused.
+  tar of the root (without ``.git``) through one command; ``hydrate_workspace`` extracts such a
+  tar over the root through the door (uploads and commands, checked first by the SDK's tar
+  policy), so its files land in the sandbox like any other write.
 - Exposed ports, manifest users and groups, ``run_as`` (``user=``; commands run as the jail's
   one user) and PTY sessions are refused with a clear error.
 - A command's stdout and stderr come back joined, in ``ExecResult.stdout``.
@@ -44,7 +46,9 @@ import base64
 import binascii
 import io
 import shlex
+import tarfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -65,6 +69,11 @@ from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandbox
 from agents.sandbox.session.workspace_payloads import coerce_write_payload
 from agents.sandbox.snapshot import NoopSnapshot, SnapshotBase, SnapshotSpec
 from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
+from agents.sandbox.util.tar_utils import (
+    UnsafeTarMemberError,
+    safe_tar_member_rel_path,
+    validate_tarfile,
+)
 
 from sandbox_client.integrations.actions import SandboxActions
 
@@ -229,13 +238,16 @@ class OperatorSandboxSession(BaseSandboxSession):
             raise WorkspaceArchiveWriteError(path=target, context={"reason": outcome.error})
 
     async def persist_workspace(self) -> io.IOBase:
-        """A tar of the sandbox's root (members relative to it, ``.git`` left out).
+        """A tar of the sandbox's root (members relative to it; ``.git`` and the paths the SDK
+        registered to skip left out).
 
         Raises:
             WorkspaceArchiveReadError: tar failed, or its output passed the door's cap.
         """
         root = Path(self.actions.root)
-        line = "tar -cf - --exclude=./.git . | base64 -w0"
+        skipped = sorted(p.as_posix() for p in self._persist_workspace_skip_relpaths())
+        excludes = [f"--exclude=./{rel}" for rel in [".git", *skipped]]
+        line = shlex.join(["tar", "-cf", "-", *excludes, "."]) + " | base64 -w0"
         outcome = await asyncio.to_thread(self.actions.run, line, None)
         if outcome.exit_code != 0 or outcome.truncated or outcome.timed_out:
             raise WorkspaceArchiveReadError(
@@ -253,19 +265,114 @@ class OperatorSandboxSession(BaseSandboxSession):
             raise WorkspaceArchiveReadError(path=root, cause=error) from error
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
-        """Refused: the sandbox is the durable state (reattach with ``resume``).
+        """Extract a tar (as :meth:`persist_workspace` gives) over the sandbox's root, through
+        the door: directories by ``mkdir -p``, regular files by one batch upload (an owner's
+        execute bit kept by ``chmod``), symlinks by ``ln -s`` after them, as the SDK's
+        ``unix_local`` backend does. Files already there and not in the tar stay; every write
+        lands in the sandbox, its diff and its audit, never in the original.
+
+        The tar is checked whole first with the SDK's own policy (``validate_tarfile``):
+        absolute or ``..`` members, hardlinks, devices and FIFOs, members under a symlink of the
+        tar, symlinks whose target leaves the root, and members under ``.git`` are refused, and
+        nothing is written.
 
         Raises:
-            WorkspaceArchiveWriteError: always.
+            WorkspaceArchiveWriteError: the stream is not a tar, a member is refused (context
+                ``reason`` and ``member``), or the door refused a write or a command failed.
         """
-        raise WorkspaceArchiveWriteError(
-            path=Path(self.actions.root),
-            context={"reason": "hydrate_unsupported", "backend": BACKEND_ID},
-            message=(
-                "a sandbox of this product keeps its own files; it is not restored from an SDK "
-                "snapshot (resume the session by its sandbox id)"
-            ),
-        )
+        root = Path(self.actions.root)
+        try:
+            plan = await asyncio.to_thread(_hydration_plan, data)
+        except UnsafeTarMemberError as error:
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"reason": error.reason, "member": error.member}, cause=error
+            ) from error
+        except (tarfile.TarError, OSError, TypeError) as error:
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"reason": "invalid_tar"}, cause=error
+            ) from error
+        if plan.directories:
+            await self._hydrate_command(
+                root, shlex.join(["mkdir", "-p", "--", *(str(root / d) for d in plan.directories)])
+            )
+        if plan.files:
+            uploads = [(str(root / rel), body) for rel, body in plan.files]
+            outcomes = await asyncio.to_thread(self.actions.upload, uploads)
+            refused = [o for o in outcomes if o.error is not None]
+            if refused:
+                raise WorkspaceArchiveWriteError(
+                    path=root,
+                    context={"reason": refused[0].error, "member": refused[0].path},
+                )
+        if plan.executables:
+            await self._hydrate_command(
+                root, shlex.join(["chmod", "u+x", "--", *(str(root / e) for e in plan.executables)])
+            )
+        for link, target in plan.symlinks:
+            where = str(root / link)
+            await self._hydrate_command(
+                root,
+                f"rm -f -- {shlex.quote(where)} && ln -s -- {shlex.quote(target)} "
+                f"{shlex.quote(where)}",
+            )
+
+    async def _hydrate_command(self, root: Path, line: str) -> None:
+        outcome = await asyncio.to_thread(self.actions.run, line, None)
+        if outcome.exit_code != 0 or outcome.timed_out:
+            raise WorkspaceArchiveWriteError(
+                path=root,
+                context={
+                    "reason": "command_failed",
+                    "exit_code": outcome.exit_code,
+                    "output": outcome.output[-2000:],
+                },
+            )
+
+
+@dataclass(frozen=True)
+class _HydrationPlan:
+    directories: list[str]
+    files: list[tuple[str, bytes]]
+    executables: list[str]
+    symlinks: list[tuple[str, str]]
+
+
+def _hydration_plan(data: io.IOBase) -> _HydrationPlan:
+    """The tar's members by kind, relative to the root, after the SDK's safety check.
+
+    Raises:
+        UnsafeTarMemberError: a member the SDK's policy or ``.git`` refuses.
+        tarfile.TarError: not a tar.
+        TypeError: the stream gives neither bytes nor text.
+    """
+    raw = data.read()
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    if not isinstance(raw, bytes | bytearray):
+        raise TypeError("a workspace archive is a byte stream")
+    directories: list[str] = []
+    files: list[tuple[str, bytes]] = []
+    executables: list[str] = []
+    symlinks: list[tuple[str, str]] = []
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tar:
+        validate_tarfile(tar, reject_rel_paths=[".git"], allow_external_symlink_targets=False)
+        for member in tar.getmembers():
+            rel = safe_tar_member_rel_path(member, allow_symlinks=True)
+            if rel is None:
+                continue
+            name = rel.as_posix()
+            if member.isdir():
+                directories.append(name)
+            elif member.issym():
+                symlinks.append((name, member.linkname))
+            else:
+                payload = tar.extractfile(member)
+                if payload is None:
+                    raise UnsafeTarMemberError(member=member.name, reason="missing file payload")
+                files.append((name, payload.read()))
+                if member.mode & 0o100:
+                    executables.append(name)
+    return _HydrationPlan(directories, files, executables, symlinks)
 
 
 class OperatorSandboxClient(BaseSandboxClient[OperatorSandboxClientOptions]):

@@ -40,6 +40,8 @@ per command would cost a Pod start.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +71,13 @@ GIT_COPIED_DIRS = ("refs", "info", "logs")
 
 
 class JailUnavailableError(SandboxError):
-    """No jail can be built here (no ``bwrap``); commands are refused, never run unjailed."""
+    """No jail can be built here (no ``bwrap``, or it cannot create its namespaces); commands
+    are refused, never run unjailed."""
+
+
+PROBE_TIMEOUT_SECONDS = 30.0
+# (bwrap path, uid, gid) whose empty jail ran in this process: no probe again.
+_WORKING: set[tuple[str, int, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -124,8 +132,62 @@ class Jail:
             network: overrides :attr:`network`.
 
         Raises:
-            JailUnavailableError: no ``bwrap``.
+            JailUnavailableError: no ``bwrap``, or it cannot build its namespaces here
+                (:meth:`check`).
         """
+        self.check()
+        return self._argv(work_tree, cwd, command, env, binds, network)
+
+    def check(self) -> None:
+        """Build one jail running ``true`` (once per ``bwrap`` and identity in this process,
+        when it works): a ``bwrap`` that is installed but cannot create its namespaces (a
+        container whose seccomp profile refuses ``unshare``/``clone`` of a user namespace,
+        whose ``/proc`` is masked so a fresh one cannot be mounted, or a node without user
+        namespaces) refuses every command with its own message, rather than letting each
+        command fail with ``bwrap``'s exit status as if the command had.
+
+        Raises:
+            JailUnavailableError: no ``bwrap``, or the probe failed (its stderr in the
+                message; docs/security.md says what a workspace Pod needs).
+        """
+        key = (self.executable(), self.uid, self.gid)
+        if key in _WORKING:
+            return
+        with tempfile.TemporaryDirectory(prefix="jail-probe-") as where:
+            argv = self._argv(where, where, ["true"], dict(BASE_ENV), network=False)
+            try:
+                probe = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=PROBE_TIMEOUT_SECONDS,
+                    check=False,
+                    env={},
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise JailUnavailableError(
+                    f"cannot isolate commands: bwrap did not finish an empty jail within "
+                    f"{PROBE_TIMEOUT_SECONDS:.0f} s; commands are never run without isolation"
+                ) from exc
+        if probe.returncode != 0:
+            said = probe.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise JailUnavailableError(
+                f"cannot isolate commands: bwrap cannot build its namespaces here ({said}); "
+                "a container needs user namespaces allowed by its seccomp profile and a /proc "
+                "that can be mounted again (procMount: Unmasked; docs/security.md); commands "
+                "are never run without isolation"
+            )
+        _WORKING.add(key)
+
+    def _argv(
+        self,
+        work_tree: str,
+        cwd: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        binds: Sequence[tuple[str, str, str]] = (),
+        network: bool | None = None,
+    ) -> list[str]:
         share_net = self.network if network is None else network
         args = [
             self.executable(),

@@ -334,17 +334,20 @@ class Agent:
         encode = _encoder(request)
         frames = encode is _frame
 
-        def take() -> bytes | None:
+        def take() -> tuple[bytes, bytes] | None:
+            """The next chunk as (head, body): a frame's header and the raw bytes, written
+            apart so that a megabyte of output is not copied once more to prefix five bytes."""
             with lock:
                 chunk = next(chunks, None)
             if chunk is None:
                 return None
             if frames:
                 tag = wire.FRAME_STDOUT if chunk.stream == "stdout" else wire.FRAME_STDERR
-                return tag + len(chunk.data).to_bytes(4, "big") + chunk.data
+                return tag + len(chunk.data).to_bytes(4, "big"), chunk.data
             # base64 never needs JSON escaping: the line is built without json.dumps
             data = base64.b64encode(chunk.data)
-            return b'{"event": "' + chunk.stream.encode() + b'", "data_b64": "' + data + b'"}\n'
+            head = b'{"event": "' + chunk.stream.encode() + b'", "data_b64": "'
+            return b"", head + data + b'"}\n'
 
         def drain() -> None:
             with lock:
@@ -365,8 +368,11 @@ class Agent:
         try:
             response = await self._stream_start(request)
             await response.write(encode({"event": "started", "exec_id": execution.exec_id}))
-            while (line := await loop.run_in_executor(self.exec_pool, take)) is not None:
-                await response.write(line)
+            while (piece := await loop.run_in_executor(self.exec_pool, take)) is not None:
+                head, body = piece
+                if head:
+                    await response.write(head)
+                await response.write(body)
             finished = True
         finally:
             watcher.cancel()

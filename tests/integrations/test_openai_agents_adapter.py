@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -157,19 +158,89 @@ async def test_git_control_files_are_refused_by_the_door(session: SandboxSession
     assert not (root / ".git").exists()
 
 
-async def test_persist_gives_a_tar_of_the_root_and_hydrate_is_refused(
-    session: SandboxSession,
-) -> None:
+async def test_persist_gives_a_tar_of_the_root(session: SandboxSession) -> None:
     root = Path(session.state.manifest.root)
     await session.write(root / "sub" / "f.bin", io.BytesIO(b"\x00\xff"))
+    await session.write(root / "cache" / "skip.txt", io.BytesIO(b"skip"))
+    session.register_persist_workspace_skip_path("cache")
     archive = await session.persist_workspace()
     with tarfile.open(fileobj=archive) as tar:
         names = {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
         member = tar.extractfile("./sub/f.bin")
         assert member is not None and member.read() == b"\x00\xff"
     assert names == {"README.md", "sub/f.bin"}
-    with pytest.raises(WorkspaceArchiveWriteError, match="keeps its own files"):
-        await session.hydrate_workspace(io.BytesIO(b""))
+
+
+async def test_hydrate_puts_a_persisted_tree_back_into_the_sandbox_only(
+    session: SandboxSession, tmp_path: Path
+) -> None:
+    root = Path(session.state.manifest.root)
+    await session.write(root / "src" / "run.sh", io.BytesIO(b"#!/bin/sh\necho ran\n"))
+    made = await session.exec("chmod +x src/run.sh && mkdir -p empty/dir && ln -s src/run.sh go")
+    assert made.exit_code == 0
+    archive = await session.persist_workspace()
+    wiped = await session.exec("rm -rf src empty go && echo changed > README.md")
+    assert wiped.exit_code == 0
+    await session.write(root / "kept.txt", io.BytesIO(b"kept"))
+
+    await session.hydrate_workspace(archive)
+
+    assert (root / "README.md").read_text() == "the original\n"
+    assert (root / "src" / "run.sh").stat().st_mode & 0o100
+    assert (root / "empty" / "dir").is_dir()
+    assert os.readlink(root / "go") == "src/run.sh"
+    assert (root / "kept.txt").read_bytes() == b"kept"
+    assert (await session.exec("./go")).stdout == b"ran\n"
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md"]
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, body in members:
+            info.size = len(body or b"")
+            tar.addfile(info, io.BytesIO(body) if body is not None else None)
+    buffer.seek(0)
+    return buffer
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (_member("../escape.txt"), "parent traversal"),
+        (_member("/abs.txt"), "absolute path"),
+        (_member(".git/config"), "protected path"),
+        (_member("out", tarfile.SYMTYPE, "/etc"), "absolute symlink target"),
+        (_member("up", tarfile.SYMTYPE, "../.."), "escapes archive root"),
+        (_member("hard", tarfile.LNKTYPE, "README.md"), "hardlink"),
+    ],
+)
+async def test_hydrate_refuses_an_unsafe_tar_and_writes_nothing(
+    session: SandboxSession, tmp_path: Path, bad: tarfile.TarInfo, reason: str
+) -> None:
+    root = Path(session.state.manifest.root)
+    before = _paths(root)
+    body = None if bad.issym() or bad.islnk() else b"x"
+    archive = _tar((_member("first.txt"), b"first"), (bad, body))
+    with pytest.raises(WorkspaceArchiveWriteError) as refused:
+        await session.hydrate_workspace(archive)
+    assert reason in str(refused.value.context["reason"])
+    assert _paths(root) == before
+    assert not (tmp_path / "escape.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md"]
+
+
+async def test_hydrate_refuses_what_is_not_a_tar(session: SandboxSession) -> None:
+    with pytest.raises(WorkspaceArchiveWriteError) as refused:
+        await session.hydrate_workspace(io.BytesIO(b"not a tar at all" * 64))
+    assert refused.value.context["reason"] == "invalid_tar"
 
 
 async def test_exposed_ports_and_foreign_roots_are_refused(

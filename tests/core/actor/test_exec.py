@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import statistics
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from sandbox_core.actor import exec as exec_module
 from sandbox_core.actor.exec import (
+    READ_BYTES,
     CommandRunner,
     ExecLimitError,
     ExecRefusedError,
@@ -46,6 +49,49 @@ def test_output_streams_as_the_command_writes_it_and_the_exit_code_comes_last(
         False,
     )
     assert (result.stdout_bytes, result.stderr_bytes) == (4, 4)
+
+
+def test_output_written_within_the_window_leaves_as_one_chunk_and_a_pause_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(exec_module, "COALESCE_SECONDS", 0.5)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        os.write(write_end, b"a" * 4096)
+
+        def later() -> None:
+            time.sleep(0.05)
+            os.write(write_end, b"b" * 4096)
+
+        writer = threading.Thread(target=later)
+        writer.start()
+        started = time.monotonic()
+        data, ended = exec_module._gather(read_end)
+        waited = time.monotonic() - started
+        writer.join()
+        assert (data, ended) == (b"a" * 4096 + b"b" * 4096, False)
+        assert 0.05 <= waited < 5  # it waited for the second write, then for the window
+        os.write(write_end, b"c")
+        os.close(write_end)
+        write_end = -1
+        assert exec_module._gather(read_end) == (b"c", True)  # the end is seen at once
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+def test_a_fast_writers_small_writes_leave_as_large_chunks(
+    layout: Layout, make_sandbox: MakeSandbox
+) -> None:
+    sandbox = make_sandbox("copy_on_write")
+    size = 8 * 1024 * 1024
+    request = ExecRequest(argv=("head", "-c", str(size), "/dev/zero"), max_output_bytes=size)
+    sizes = [len(chunk.data) for chunk in layout.runner().start(sandbox, request)]
+    assert sum(sizes) == size
+    assert max(sizes) <= READ_BYTES
+    assert statistics.median(sizes) >= 64 * 1024, sizes  # head writes 4-8 KiB at a time
 
 
 def test_argv_stdin_environment_and_a_working_directory_in_the_sandbox(
@@ -234,6 +280,31 @@ def test_no_bubblewrap_means_no_command_rather_than_an_unjailed_one(
     assert runner.running(sandbox.sandbox_id) == 0
     runs = layout.state / "actor" / sandbox.sandbox_id / "runs"
     assert not runs.exists() or not list(runs.iterdir())
+
+
+def test_a_bubblewrap_that_cannot_build_its_namespaces_refuses_every_command(
+    layout: Layout, make_sandbox: MakeSandbox
+) -> None:
+    """What ``bwrap`` says in a container whose /proc is masked (procMount: Default)."""
+    from sandbox_core.actor.jail import Jail, JailUnavailableError
+
+    fake = layout.root / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted" >&2\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    sandbox = make_sandbox("copy_on_write")
+    runner = CommandRunner(layout.state, jail=Jail(bwrap=str(fake)))
+    for _ in range(2):  # a failed probe is not remembered as working
+        with pytest.raises(JailUnavailableError) as refused:
+            runner.start(sandbox, ExecRequest(shell_line="touch ran"))
+        assert "Can't mount proc" in str(refused.value)
+        assert "procMount: Unmasked" in str(refused.value)
+    assert not Path(sandbox.get_path("ran")).exists()
+    assert runner.running(sandbox.sandbox_id) == 0
 
 
 def test_a_command_activates_a_created_sandbox_through_the_local_door(layout: Layout) -> None:
