@@ -79,6 +79,7 @@ from sandbox_core.tree.sync import (
     Meta,
     forget_written,
     moved_since,
+    pending_syncs,
     record_written,
     recover_sync,
     root_meta,
@@ -394,6 +395,14 @@ def finish_interrupted(
     if syncs:
         with lock_tree(original):
             recover_sync(original)
+
+
+def has_interrupted(sandbox: BaseSandbox, home: Path, original: Path) -> bool:
+    """Whether :func:`finish_interrupted` may write ``original``: an apply to roll forward
+    (:func:`unfinished_applies`) or a one-shot sync's staging area beside it."""
+    if not original.is_dir():
+        return False
+    return bool(pending_syncs(original) or unfinished_applies(sandbox, home, original))
 
 
 def discard_all(sandbox: BaseSandbox, original: Path) -> None:

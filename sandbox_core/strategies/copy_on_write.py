@@ -285,6 +285,9 @@ class CopyOnWriteSandbox(BaseSandbox):
 
         self._reset_tree(restore_original=undo_commit, meanwhile=drop_backup)
 
+    def _has_interrupted(self) -> bool:
+        return _directory.has_interrupted(self, self.base_dir, self._source())
+
     def _do_finish_interrupted(self) -> None:
         _directory.finish_interrupted(self, self.base_dir, self._source(), self._roll_forward_apply)
 

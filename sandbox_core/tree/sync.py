@@ -577,6 +577,12 @@ def _recover_one(
             os.close(lock_fd)
 
 
+def pending_syncs(target: StrPath) -> list[str]:
+    """The staging areas of one-shot syncs of ``target`` that :func:`recover_sync` would look
+    at (an interrupted sync, or one running now), sorted; two directory listings."""
+    return _staging_dirs(os.path.abspath(target))
+
+
 def recover_sync(target: StrPath) -> list[str]:
     """Finish or undo every interrupted :func:`sync_tree` of ``target`` (case 09 variant C).
 

@@ -692,6 +692,9 @@ class OverlaySandbox(BaseSandbox):
 
     # -- cleanup and reopen -----------------------------------------------------------------
 
+    def _has_interrupted(self) -> bool:
+        return _directory.has_interrupted(self, self.base_path, self._original())
+
     def _do_finish_interrupted(self) -> None:
         """A decided apply is rolled forward (it unmounts and remounts itself); an interrupted
         one-shot sync is finished or undone, never while the lower directory is mounted (the
