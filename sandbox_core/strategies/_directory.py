@@ -74,7 +74,17 @@ from sandbox_core.tree.staging import (
     staged_state,
     verify_staged,
 )
-from sandbox_core.tree.sync import Meta, recover_sync, root_meta
+from sandbox_core.tree.sync import (
+    WRITTEN,
+    Meta,
+    forget_written,
+    moved_since,
+    pending_syncs,
+    record_written,
+    recover_sync,
+    root_meta,
+    undo_sync,
+)
 from sandbox_core.tree.textdiff import change_stats
 
 PREPARED, APPLYING, APPLIED = "prepared", "applying", "applied"
@@ -387,6 +397,14 @@ def finish_interrupted(
             recover_sync(original)
 
 
+def has_interrupted(sandbox: BaseSandbox, home: Path, original: Path) -> bool:
+    """Whether :func:`finish_interrupted` may write ``original``: an apply to roll forward
+    (:func:`unfinished_applies`) or a one-shot sync's staging area beside it."""
+    if not original.is_dir():
+        return False
+    return bool(pending_syncs(original) or unfinished_applies(sandbox, home, original))
+
+
 def discard_all(sandbox: BaseSandbox, original: Path) -> None:
     """Cleanup: remove every staged area of this sandbox (a plan journal lost); one whose
     renames all landed only has its bookkeeping finished.
@@ -460,64 +478,40 @@ def tidy_after_fault(original: Path) -> None:
 # -- rollback from COMMITTED: has the original moved since the commit? (case 43 B) --------------
 #
 # Right after a commit (one-shot or two-phase apply) the stamps of every path it wrote are kept
-# beside its undo record (``committed.json`` in the backup); a rollback from COMMITTED compares
-# them with the original first and refuses, naming the paths, when any moved: putting the old
-# entries back would discard a write made after the commit (docs/concurrency.md).
+# beside its undo record (``written.json`` in the backup: ``tree.sync.record_written``). A
+# rollback from COMMITTED compares them with the original first and refuses, naming the paths,
+# when any moved; the undo then compares each path with them again right before it replaces
+# or removes it (``tree.sync.undo_sync``), so a write made while the undo runs is a conflict
+# too: what the undo had put back is undone in turn, the original is as the commit left it
+# plus that write, and the sandbox stays COMMITTED (docs/concurrency.md).
 
-COMMITTED_STAMPS = "committed.json"
+LEGACY_STAMPS = "committed.json"
+"""The stamps an earlier version kept (a different format): compared up front only."""
 _UNDO_RECORD = "undo.json"
 
-Stamp = list[Any]
 
-
-def _stamp(st: os.stat_result) -> Stamp:
-    """What shows a later write: the type, and for a non-directory its inode, size, mtime and
-    ctime (any write, chmod, chown, link or rename moves the ctime); a directory's own entry
-    keeps mode and owner (its children are stamped one by one)."""
-    if stat.S_ISDIR(st.st_mode):
-        return ["d", st.st_mode, st.st_uid, st.st_gid]
-    return ["f", st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def _written_stamps(original: Path, record: dict[str, Any]) -> dict[str, Stamp | None]:
-    """The stamps of every path the commit of ``record`` (its undo record) wrote, as the
-    original has them now: each op's path, and every entry below a directory it put in place
-    (an entry that is missing is ``None``)."""
-    stamps: dict[str, Stamp | None] = {}
-    top = str(original).rstrip("/")
-    for op in record.get("ops", []):
-        rel = str(op["path"])
-        try:
-            st = os.lstat(f"{top}/{rel}")
-        except FileNotFoundError:
-            stamps[rel] = None
-            continue
-        stamps[rel] = _stamp(st)
-        if op.get("meta") or op.get("chmod") or not stat.S_ISDIR(st.st_mode):
-            continue  # a metadata-only op: the directory's other children are not the commit's
-        for parent, dirs, files in os.walk(f"{top}/{rel}"):
-            for name in dirs + files:
-                path = f"{parent}/{name}"
-                stamps[os.path.relpath(path, top)] = _stamp(os.lstat(path))
-    return stamps
-
-
-def record_committed(backup_dir: Path, original: Path, *, again: bool = False) -> None:
+def record_committed(backup_dir: Path, original: Path) -> None:
     """Keep the stamps of what the commit whose undo record is in ``backup_dir`` wrote (call
-    right after the commit; nothing when it kept no undo record, or already recorded unless
-    ``again``: after an undo that failed and put every entry back, which moved their ctimes)."""
-    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
-    if not undo.exists() or (kept.exists() and not again):
-        return
-    record = json.loads(undo.read_text("utf-8"))
+    right after the commit; nothing when it kept no undo record, or kept them already)."""
     try:
-        write_json_atomic(kept, _written_stamps(original, record), durable=False, pretty=False)
+        record_written(backup_dir, original)
     except OSError as exc:
         # The commit has landed; a full or read-only disk only costs the later rollback its
-        # check for writes made since (it then goes on, as for a commit that kept no stamps).
+        # checks for writes made since (it then goes on, as for a commit that kept no stamps).
         if resource_fault(exc) is None:
             raise
+        with contextlib.suppress(OSError):
+            Path(backup_dir, f"{WRITTEN}.tmp").unlink(missing_ok=True)
         logger.warning("stamps of the commit into %s not kept: %s", original, exc)
+
+
+def _conflict(sandbox: BaseSandbox, original: Path, moved: list[str], when: str, then: str) -> None:
+    raise SandboxRollbackConflictError(
+        f"rollback of sandbox {sandbox.sandbox_id} refused: {len(moved)} path(s) of "
+        f"{original} changed {when}: {', '.join(moved[:10])}; undoing the commit would "
+        f"discard those later writes. {then}; the sandbox stays COMMITTED",
+        conflicts=moved,
+    )
 
 
 def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> None:
@@ -528,20 +522,79 @@ def refuse_if_moved(sandbox: BaseSandbox, backup_dir: Path, original: Path) -> N
     Raises:
         SandboxRollbackConflictError: ``conflicts`` are the moved paths; nothing was changed.
     """
-    undo, kept = backup_dir / _UNDO_RECORD, backup_dir / COMMITTED_STAMPS
-    if not undo.exists() or not kept.exists():
+    if not (backup_dir / _UNDO_RECORD).exists():
         return
-    then: dict[str, Stamp | None] = json.loads(kept.read_text("utf-8"))
-    now = _written_stamps(original, json.loads(undo.read_text("utf-8")))
-    moved = sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+    moved = moved_since(backup_dir, original)
+    if moved is None:
+        moved = _legacy_moved(backup_dir, original)
     if moved:
-        raise SandboxRollbackConflictError(
-            f"rollback of sandbox {sandbox.sandbox_id} refused: {len(moved)} path(s) of "
-            f"{original} changed since the commit: {', '.join(moved[:10])}; undoing the "
-            "commit would discard those later writes. Nothing was changed; the sandbox stays "
-            "COMMITTED",
-            conflicts=moved,
-        )
+        _conflict(sandbox, original, moved, "since the commit", "Nothing was changed")
+
+
+def undo_commit(
+    sandbox: BaseSandbox, backup_dir: Path, original: Path, restored: Callable[[], None]
+) -> bool:
+    """Undo the commit whose backup is ``backup_dir`` (``tree.sync.undo_sync``; ``restored``
+    as its ``on_applied``), first finishing or undoing a sync of ``original`` a crash cut
+    (case 20: only a finished one leaves an undo record). Call with nothing mounted on
+    ``original``. Returns whether a commit was undone (False: it kept no undo record).
+
+    Raises:
+        SandboxRollbackConflictError: another writer changed, created or removed a path the
+            undo puts back, found right before that path was replaced (also while the undo
+            ran); what the undo had put back was undone in turn: the original is as the
+            commit left it plus that write (``conflicts``: the paths).
+        OSError: the undo failed and was undone (the original as the commit left it).
+    """
+    recover_sync(original)
+    if not (backup_dir / _UNDO_RECORD).exists():
+        return False
+    try:
+        undo_sync(backup_dir, original, on_applied=restored)
+    except RefusedBeforeWriteError as exc:
+        _conflict(
+            sandbox, original, list(exc.paths), "while the rollback ran",
+            "What the rollback had put back was undone again: the original is as the commit "
+            "left it, with those writes",
+        )  # fmt: skip
+    # Undone: a retry (the backup's removal failed) must not compare again.
+    forget_written(backup_dir)
+    (backup_dir / LEGACY_STAMPS).unlink(missing_ok=True)
+    return True
+
+
+Stamp = list[Any]
+
+
+def _legacy_stamp(st: os.stat_result) -> Stamp:
+    if stat.S_ISDIR(st.st_mode):
+        return ["d", st.st_mode, st.st_uid, st.st_gid]
+    return ["f", st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _legacy_moved(backup_dir: Path, original: Path) -> list[str]:
+    """The moved paths by the stamps of an earlier version (``committed.json``), if any."""
+    kept = backup_dir / LEGACY_STAMPS
+    if not kept.exists():
+        return []
+    then: dict[str, Stamp | None] = json.loads(kept.read_text("utf-8"))
+    now: dict[str, Stamp | None] = {}
+    top = str(original).rstrip("/")
+    for op in json.loads((backup_dir / _UNDO_RECORD).read_text("utf-8")).get("ops", []):
+        rel = str(op["path"])
+        try:
+            st = os.lstat(f"{top}/{rel}")
+        except FileNotFoundError:
+            now[rel] = None
+            continue
+        now[rel] = _legacy_stamp(st)
+        if op.get("meta") or op.get("chmod") or not stat.S_ISDIR(st.st_mode):
+            continue
+        for parent, dirs, files in os.walk(f"{top}/{rel}"):
+            for name in dirs + files:
+                path = f"{parent}/{name}"
+                now[os.path.relpath(path, top)] = _legacy_stamp(os.lstat(path))
+    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
 
 
 # -- sandboxes in use ------------------------------------------------------------------------

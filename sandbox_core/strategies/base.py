@@ -65,6 +65,7 @@ from sandbox_core.strategies.resource_faults import resource_error, resource_fau
 from sandbox_core.tree.guards import RefusedBeforeWriteError
 from sandbox_core.tree.original_lock import (
     LONE_WAIT_SECONDS,
+    OriginalLockedError,
     clear_if_free,
     held_by_process,
     held_here,
@@ -302,7 +303,7 @@ class BaseSandbox:
                 (case 21: a compensation is retried once its cause is gone).
         """
         with self._lock:
-            self.finish_interrupted()  # the status it leaves decides what is undone
+            self._finish_interrupted("rollback")  # the status it leaves decides what is undone
             undoing_commit = self._status is SandboxStatus.COMMITTED
             if self._status is SandboxStatus.ACTIVE:
                 action = self._do_rollback
@@ -346,7 +347,7 @@ class BaseSandbox:
         with self._lock:
             if self._status is SandboxStatus.CLEANED_UP:
                 return
-            self.finish_interrupted()
+            self._finish_interrupted("cleanup")
             try:
                 self._do_cleanup()
             except SandboxError:
@@ -371,10 +372,24 @@ class BaseSandbox:
         ``_do_finish_interrupted`` hook does the work; strategies whose commit is one atomic
         step have nothing to do.
 
+        It writes the original, so it holds the original's lock as a lone commit does
+        (docs/concurrency.md): while another process's commit or rollback holds it, it waits
+        (up to ``LONE_WAIT_SECONDS``); another plan's prepared hold, or a longer wait, refuses
+        it with nothing written. The one hold it goes on under is a prepared hold of its own
+        plan that names this sandbox: the apply it rolls forward is that plan's decided work.
+        Nothing is taken when nothing was left (``_has_interrupted``: a few ``stat`` calls).
+
         Raises:
+            OriginalLockedError: another plan or process holds the original (nothing written;
+                :class:`SandboxRollbackLockedError` when run by ``rollback``).
             SandboxError: the interrupted operation could not be finished nor undone (the
                 original is as the interrupted operation left it; retry).
         """
+        self._finish_interrupted("finish")
+
+    def _finish_interrupted(self, action: str) -> None:
+        """:meth:`finish_interrupted` for ``action`` (``"rollback"``, ``"cleanup"``,
+        ``"finish"``: which lock error a refusal is)."""
         with self._lock:
             if self._context is None or self._status in (
                 SandboxStatus.PENDING,
@@ -382,13 +397,45 @@ class BaseSandbox:
             ):
                 return
             try:
-                self._do_finish_interrupted()
+                if not self._has_interrupted():
+                    return
+                with self._finishing_held(action):
+                    self._do_finish_interrupted()
             except SandboxError:
                 raise
             except (OSError, ValueError) as exc:
                 raise SandboxError(
                     f"sandbox {self._sandbox_id}: cannot finish the interrupted commit: {exc}"
                 ) from exc
+
+    @contextlib.contextmanager
+    def _finishing_held(self, action: str) -> Iterator[None]:
+        """The original's lock for finishing an interrupted operation (see
+        :meth:`finish_interrupted`).
+
+        Raises:
+            OriginalLockedError: refused (``SandboxRollbackLockedError`` for ``"rollback"``).
+        """
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._original_held("finish"))
+            except OriginalLockedError as exc:
+                holder = exc.holder
+                own_plan = holder.get("kind") == "prepared" and self._sandbox_id in (
+                    holder.get("sandboxes") or []
+                )
+                if not own_plan:
+                    if action != "rollback":
+                        raise
+                    refused = SandboxRollbackLockedError(str(exc), refused=True)
+                    refused.lock_path = exc.lock_path
+                    raise refused from exc
+                logger.info(
+                    "sandbox %s: finishing the apply of its own plan %s under its prepared hold",
+                    self._sandbox_id,
+                    holder.get("plan_id"),
+                )
+            yield
 
     def cleanup_interrupted_create(self) -> None:
         """Remove what a create of this sandbox id left when it never finished (case 18).
@@ -803,6 +850,11 @@ class BaseSandbox:
     def _do_finish_interrupted(self) -> None:
         """Finish or undo an interrupted commit/apply (see :meth:`finish_interrupted`);
         default: nothing (a commit that is one atomic step leaves nothing half done)."""
+
+    def _has_interrupted(self) -> bool:
+        """Whether ``_do_finish_interrupted`` may have something to do (cheap: a few ``stat``
+        calls); a strategy that finishes something overrides it. Default: True."""
+        return True
 
     def _roll_forward_apply(self, txid: str) -> None:
         """For ``_do_finish_interrupted``: finish the decided apply of ``txid`` (COMMITTED when

@@ -8,8 +8,9 @@ Layout under ``<sandbox_root>/cow/<sandbox_id>/``:
   ctime, inode and link count, so any change shows, xattrs and links included) at create, so
   that commit can tell the sandbox's changes from concurrent changes to the original;
 - ``precommit/``: the entries a commit replaced (``old/`` + ``undo.json``) and the stamps of
-  what it wrote (``committed.json``: a rollback refuses when the original moved since, case
-  43), for rollback from COMMITTED;
+  what it wrote (``written.json``: a rollback refuses when the original moved since, checked
+  up front and again right before each path is put back, case 43), for rollback from
+  COMMITTED;
 - ``git-admin/``: private git admin state when the original is a linked git worktree (case 05).
 
 Policies:
@@ -65,7 +66,7 @@ from sandbox_core.tree.guards import lock_tree, refuse_mount_points
 from sandbox_core.tree.scan import TreeChanges
 from sandbox_core.tree.snapshot import compute_changes_at, link_closure
 from sandbox_core.tree.staging import change_digest
-from sandbox_core.tree.sync import Meta, recover_sync, root_change, sync_tree, undo_sync
+from sandbox_core.tree.sync import Meta, recover_sync, root_change, sync_tree
 
 GIT_ADMIN_PRIVATE = "private"
 
@@ -274,21 +275,18 @@ class CopyOnWriteSandbox(BaseSandbox):
             with lock_tree(source):
                 # A commit killed mid-sync is finished or undone first (its backup then says
                 # what to undo); else the reset would copy a half-applied original (case 20).
-                recover_sync(source)
-                if (self._backup_dir / "undo.json").exists():
-                    try:
-                        undo_sync(self._backup_dir, source, on_applied=restored)
-                    except OSError:  # undone in turn: the committed state, with new ctimes
-                        _directory.record_committed(self._backup_dir, source, again=True)
-                        raise
-                    # Undone: a retry (the backup's removal failed) must not compare again.
-                    (self._backup_dir / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
+                # Each path is compared right before it is put back: a write of another writer
+                # since the commit, also one made while this runs, is a conflict (case 43 B).
+                _directory.undo_commit(self, self._backup_dir, source, restored)
 
         def drop_backup() -> None:
             if self._backup_dir.exists():
                 shutil.rmtree(self._backup_dir)
 
         self._reset_tree(restore_original=undo_commit, meanwhile=drop_backup)
+
+    def _has_interrupted(self) -> bool:
+        return _directory.has_interrupted(self, self.base_dir, self._source())
 
     def _do_finish_interrupted(self) -> None:
         _directory.finish_interrupted(self, self.base_dir, self._source(), self._roll_forward_apply)

@@ -289,10 +289,11 @@ def stage_sync(
         abort_staged(target_s, key)  # raises FileExistsError once an apply has begun
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
-    refuse_flagged(target_s, ops)
-    # What was checked, read before anything is copied: a write of another writer that lands
-    # while the entries are staged differs from it at apply (docs/concurrency.md).
+    # What was checked, read before anything else opens the original's entries or copies
+    # them: a write of another writer that lands from here on differs from it at apply
+    # (docs/concurrency.md).
     guard = take(target_s, [op.path for op in ops if op.meta is None])
+    refuse_flagged(target_s, ops)
     staging = prepared_dir_for(target_s, key)
     os.mkdir(staging, 0o700)
     try:

@@ -44,9 +44,24 @@ def stamp_text(st: os.stat_result, link: Callable[[], str]) -> str:
     return signature(entry) + _stamp(st)
 
 
-def take(target: str, paths: Iterable[str]) -> Guard:
+def _own_dir_text(st: os.stat_result) -> str:
+    """A directory's own stamp: type, mode, owner and inode (not its size, mtime, ctime or
+    link count, which move whenever a child is added or removed)."""
+    return f"d {stat.S_IMODE(st.st_mode):o} {st.st_uid} {st.st_gid} {st.st_ino}"
+
+
+def _text(st: os.stat_result, link: Callable[[], str], own_dirs: bool) -> str:
+    if own_dirs and stat.S_ISDIR(st.st_mode):
+        return _own_dir_text(st)
+    return stamp_text(st, link)
+
+
+def take(target: str, paths: Iterable[str], *, own_dirs: bool = False) -> Guard:
     """The guard of ``paths`` (the replace roots of a sync) in ``target``, read by path: each
-    path's stamp (``None`` when missing) and, below a directory, every entry's.
+    path's stamp (``None`` when missing) and, below a directory, every entry's. ``own_dirs``:
+    a directory's stamp is its own only (:func:`_own_dir_text`), so a child it gains or
+    loses shows at that child alone (the undo of a sync names the child; pass the same to
+    :class:`Expected`).
 
     Raises:
         OSError: a path cannot be read.
@@ -59,12 +74,13 @@ def take(target: str, paths: Iterable[str]) -> Guard:
         except (FileNotFoundError, NotADirectoryError):
             guard[rel] = None
             continue
-        guard[rel] = stamp_text(st, lambda p=path: os.readlink(p))  # type: ignore[misc]
+        guard[rel] = _text(st, lambda p=path: os.readlink(p), own_dirs)  # type: ignore[misc]
         if stat.S_ISDIR(st.st_mode):
             for sub, sub_path, sub_st in _walk(path, ()):
-                guard[f"{rel}/{sub}"] = stamp_text(
+                guard[f"{rel}/{sub}"] = _text(
                     sub_st,
                     lambda p=sub_path: os.readlink(p),  # type: ignore[misc]
+                    own_dirs,
                 )
     return guard
 
@@ -86,9 +102,11 @@ def _walk_at(fd: int, prefix: str) -> Iterator[tuple[str, int, str, os.stat_resu
 
 class Expected:
     """A guard ready to be compared: ``roots`` are the paths replaced (each checked on its
-    own, right before its replacement), the guard's other paths lie below them."""
+    own, right before its replacement), the guard's other paths lie below them.
+    ``own_dirs``: the guard was taken with it (:func:`take`)."""
 
-    def __init__(self, guard: Guard, roots: Iterable[str]) -> None:
+    def __init__(self, guard: Guard, roots: Iterable[str], *, own_dirs: bool = False) -> None:
+        self._own_dirs = own_dirs
         self._top: dict[str, str | None] = {}
         self._below: dict[str, dict[str, str]] = {}
         self._renamed: set[tuple[int, int]] = set()  # hard-linked inodes this sync moved
@@ -123,7 +141,7 @@ class Expected:
             SwappedPathError: a parent of ``rel`` is a symlink or no directory.
         """
         st = fds.lstat(rel)
-        now = None if st is None else stamp_text(st, lambda: fds.readlink(rel))
+        now = None if st is None else _text(st, lambda: fds.readlink(rel), self._own_dirs)
         was = self._top.get(rel)
         if now != was and not (st is not None and self._same_but_ctime(st, now, was)):
             return [rel]
@@ -135,7 +153,11 @@ class Expected:
         fd = fds.open_dir(rel)
         try:
             seen = {
-                sub: stamp_text(sub_st, lambda p=parent, n=name: os.readlink(n, dir_fd=p))  # type: ignore[misc]
+                sub: _text(
+                    sub_st,
+                    lambda p=parent, n=name: os.readlink(n, dir_fd=p),  # type: ignore[misc]
+                    self._own_dirs,
+                )
                 for sub, parent, name, sub_st in _walk_at(fd, f"{rel}/")
             }
         finally:

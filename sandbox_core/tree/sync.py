@@ -1,4 +1,4 @@
-# ruff: noqa: PTH100, PTH102, PTH103, PTH104, PTH110, PTH112, PTH116, PTH118, PTH120
+# ruff: noqa: PTH100, PTH102, PTH103, PTH104, PTH108, PTH110, PTH112, PTH116, PTH118, PTH120
 # Why: this module works on str paths with os-level calls (scandir, lstat, rename) on purpose:
 # scans and syncs of 5,000+ entry trees are measured against cp/rsync, and pathlib objects per
 # entry cost time for nothing here.
@@ -68,6 +68,8 @@ _LOCK = "lock"
 _UNDO = "undo.json"
 _KEPT = "old"
 """In a sync's ``backup_dir``: the replaced entries, named by the index of their op."""
+WRITTEN = "written.json"
+"""In a sync's ``backup_dir``: the stamps of what the sync wrote (:func:`record_written`)."""
 
 #: Test-only fault hook: called with the relative path after each path is swapped into the target
 #: by :func:`sync_tree`, and with ``""`` once the journal says every path is in (case 09 variant C
@@ -388,9 +390,11 @@ def _apply(
         raise SwappedPathError(fds.root, moved)
 
 
-def _undo(fds: Beneath, area: Beneath, ops: list[dict[str, Any]]) -> None:
+def _undo(fds: Beneath, area: Beneath, ops: list[dict[str, Any]]) -> list[str]:
     """Put every op of an interrupted apply back, newest first (idempotent), through the same
-    kind of descriptors as :func:`_apply` (the directories it wrote into, wherever they are)."""
+    kind of descriptors as :func:`_apply` (the directories it wrote into, wherever they are).
+    Returns the paths whose replaced entry it moved back into ``fds`` (their ctimes moved)."""
+    back: list[str] = []
     for index in reversed(range(len(ops))):
         op = ops[index]
         rel = op["path"]
@@ -406,6 +410,8 @@ def _undo(fds: Beneath, area: Beneath, ops: list[dict[str, Any]]) -> None:
             beneath.rename(fds, rel, area, staged_new, replace=True)
         if op["old"] and area.lstat(kept_old) is not None:
             beneath.rename(area, kept_old, fds, rel, replace=True)
+            back.append(rel)
+    return back
 
 
 def _finish(staging: str, journal: dict[str, Any]) -> None:
@@ -453,14 +459,17 @@ def _run(
     *,
     keep_backup: str | None,
     progress: ProgressCallback | None,
-    guard: Guard,
+    expected: Expected,
     on_applied: Callable[[], None] | None = None,
+    renew: str | None = None,
 ) -> None:
     """Stage, journal, apply, finish; on an error undo to the old state and re-raise.
-    ``guard``: the stamps of the replaced paths at check time (:func:`stamps.take`), compared
-    right before each replacement. ``on_applied`` is called once every path is swapped in
-    (``target`` then holds its new state), before the journal records it and the staging area
-    is removed."""
+    ``expected``: the stamps of the replaced paths at check time (:func:`stamps.take`),
+    compared right before each replacement. ``on_applied`` is called once every path is
+    swapped in (``target`` then holds its new state), before the journal records it and the
+    staging area is removed. ``renew``: the backup whose kept stamps (:func:`record_written`)
+    are renewed for the entries an undo of this run moves back (:func:`undo_sync`; the
+    journal names it, so an undo after a crash renews them too)."""
     fds = Beneath(target, follow_root=True)
     try:
         staging = staging_dir_for(target)
@@ -484,8 +493,9 @@ def _run(
             "keep_backup": keep_backup,
             "ops": _journal_ops(ops),
         }
+        if renew is not None:
+            journal["renew"] = renew
         _write_journal(os.path.join(staging, _JOURNAL), journal)
-        expected = Expected(guard, [op.path for op in ops if op.meta is None])
         _apply(fds, area, journal["ops"], progress, expected)
         if on_applied is not None:
             on_applied()
@@ -557,12 +567,20 @@ def _recover_one(
                 fds = stack.enter_context(Beneath(target, follow_root=True))
             if area is None:
                 area = stack.enter_context(Beneath(staging))
-            _undo(fds, area, journal["ops"])
+            back = _undo(fds, area, journal["ops"])
+        if journal.get("renew") and back:
+            _renew_written(journal["renew"], target, back)
         shutil.rmtree(staging)
         return "rolled_back"
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+def pending_syncs(target: StrPath) -> list[str]:
+    """The staging areas of one-shot syncs of ``target`` that :func:`recover_sync` would look
+    at (an interrupted sync, or one running now), sorted; two directory listings."""
+    return _staging_dirs(os.path.abspath(target))
 
 
 def recover_sync(target: StrPath) -> list[str]:
@@ -653,11 +671,13 @@ def sync_tree(
         changes = compute_changes(target_s, source_s, exclude=exclude)
     paths = link_closure(source_s, target_s, changes.paths) if expand_links else changes.paths
     ops = _plan(source_s, target_s, paths) + _root_ops(target_s, root)
+    # What was checked, read before the entries are opened (refuse_flagged) or copied.
+    guard = take(target_s, [op.path for op in ops if op.meta is None])
     refuse_flagged(target_s, ops)
-    guard = take(target_s, [op.path for op in ops if op.meta is None])  # what was checked
     if keep is not None:
         os.makedirs(keep)
-    _run(target_s, ops, keep_backup=keep, progress=on_progress, guard=guard)
+    expected = Expected(guard, [op.path for op in ops if op.meta is None])
+    _run(target_s, ops, keep_backup=keep, progress=on_progress, expected=expected)
     return changes
 
 
@@ -670,8 +690,21 @@ def undo_sync(
     its restored state (before the journal records it): a caller may start reading ``target``
     then (see :func:`reset_copy`).
 
+    When :func:`record_written` kept the stamps of what the sync wrote, each path is compared
+    with them right before the undo replaces or removes it (through directory descriptors,
+    never following a link): a write of another writer since the sync, also one made while
+    the undo runs, stops the undo with :class:`ChangedMeanwhileError`, and what the undo had
+    already put back is undone in turn, so ``target`` is exactly as the sync left it plus that
+    write (docs/concurrency.md). The kept stamps of the entries it moved back are renewed
+    (a rename moves an entry's ctime), so a retry compares them again. Without kept stamps the
+    stamps are read when the undo starts.
+
     Raises:
         FileNotFoundError: ``backup_dir`` holds no ``undo.json``.
+        ChangedMeanwhileError: a path the undo would replace changed since the sync (its
+            ``paths``, relative to ``target``); ``target`` is as the sync left it.
+        SwappedPathError: a folder of ``target`` became a symlink or moved while the undo ran;
+            nothing was written through it, ``target`` is as the sync left it.
         OSError: the undo failed; ``target`` is unchanged.
     """
     keep, target_s = os.path.abspath(backup_dir), os.path.abspath(target)
@@ -701,5 +734,94 @@ def undo_sync(
         )
     # Metadata last, as in a sync: a directory made read-only must not block the renames.
     ops = [op for op in ops if op.meta is None] + [op for op in ops if op.meta is not None]
-    guard = take(target_s, [op.path for op in ops if op.meta is None])
-    _run(target_s, ops, keep_backup=None, progress=None, guard=guard, on_applied=on_applied)
+    roots = [op.path for op in ops if op.meta is None]
+    written = _read_written(keep)
+    if written is None:
+        expected = Expected(take(target_s, roots), roots)
+    else:
+        expected = Expected(written, roots, own_dirs=True)
+    _run(
+        target_s, ops, keep_backup=None, progress=None, expected=expected,
+        on_applied=on_applied, renew=keep if written is not None else None,
+    )  # fmt: skip
+
+
+def record_written(backup_dir: StrPath, target: StrPath, *, again: bool = False) -> bool:
+    """Keep, in ``backup_dir``, the stamps of what the :func:`sync_tree` that filled it wrote
+    into ``target`` (:func:`~sandbox_core.tree.stamps.take` of every path it replaced, and of
+    every entry below a folder it put in place; a folder's own stamp leaves out what moves
+    with its children, so a later write inside shows at that child): :func:`undo_sync`
+    compares each path with them right before it undoes it, and :func:`moved_since` tells a
+    caller up front. Call right after the sync. One ``lstat`` per entry written.
+
+    Returns:
+        False when there is nothing to keep (no undo record), or the stamps are already kept
+        and ``again`` is not set.
+
+    Raises:
+        OSError: the stamps cannot be read or written.
+    """
+    keep, target_s = os.path.abspath(backup_dir), os.path.abspath(target)
+    record_path, kept = os.path.join(keep, _UNDO), os.path.join(keep, WRITTEN)
+    if not os.path.exists(record_path) or (os.path.exists(kept) and not again):
+        return False
+    with open(record_path, encoding="utf-8") as handle:
+        record = json.load(handle)
+    roots = [op["path"] for op in record["ops"] if _journal_meta(op) is None]
+    _write_journal(kept, take(target_s, roots, own_dirs=True), durable=False)
+    return True
+
+
+def moved_since(backup_dir: StrPath, target: StrPath) -> list[str] | None:
+    """The paths of ``target`` changed since :func:`record_written` kept the stamps of the sync
+    that filled ``backup_dir`` (sorted, relative; below a folder the sync put in place too),
+    or None when no stamps were kept. Reads the same entries by path, one ``lstat`` each.
+
+    Raises:
+        OSError: a path cannot be read.
+    """
+    keep, target_s = os.path.abspath(backup_dir), os.path.abspath(target)
+    then = _read_written(keep)
+    if then is None:
+        return None
+    with open(os.path.join(keep, _UNDO), encoding="utf-8") as handle:
+        record = json.load(handle)
+    roots = [op["path"] for op in record["ops"] if _journal_meta(op) is None]
+    now = take(target_s, roots, own_dirs=True)
+    return sorted(rel for rel in then.keys() | now.keys() if then.get(rel) != now.get(rel))
+
+
+def forget_written(backup_dir: StrPath) -> None:
+    """Drop the stamps :func:`record_written` kept (the sync was undone: nothing to compare)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(os.path.abspath(backup_dir), WRITTEN))
+
+
+def _read_written(keep: str) -> Guard | None:
+    try:
+        with open(os.path.join(keep, WRITTEN), encoding="utf-8") as handle:
+            found: Guard = json.load(handle)
+    except FileNotFoundError:
+        return None
+    return found
+
+
+def _renew_written(keep: str, target: str, roots: list[str]) -> None:
+    """After an undo of :func:`undo_sync` put the entries at ``roots`` back as the sync left
+    them: their kept stamps (and those below them) are read again, since the renames moved
+    their ctimes; a write of another writer elsewhere keeps its old stamp, so a retry still
+    sees it. Best effort: a failure only makes the retry refuse these paths too."""
+    written = _read_written(keep)
+    if written is None:
+        return
+    again = set(roots)
+    renewed = {
+        rel: value
+        for rel, value in written.items()
+        if rel not in again and not any(anc in again for anc in _ancestors(rel))
+    }
+    try:
+        renewed.update(take(target, roots, own_dirs=True))
+        _write_journal(os.path.join(keep, WRITTEN), renewed, durable=False)
+    except OSError:
+        return

@@ -437,6 +437,12 @@ class GitWorktreeSandbox(PreparedMergeBack):
 
     # -- interrupted moves ------------------------------------------------------------------
 
+    def _has_interrupted(self) -> bool:
+        """A move of the original was cut: its marker is there (one ``stat``)."""
+        if not Path(str(self._meta()["git_common_dir"])).is_dir():
+            return False
+        return self._moving_marker().exists()
+
     def _do_finish_interrupted(self) -> None:
         """A commit, apply or undo cut between the original's files and its ref is put back
         (or, a decided two-phase apply, rolled forward): see ``_finish_interrupted_move``."""

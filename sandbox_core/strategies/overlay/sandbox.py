@@ -599,16 +599,10 @@ class OverlaySandbox(BaseSandbox):
         def undo_commit(restored: Callable[[], None]) -> None:
             # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
             # mid-sync is finished or undone first (case 20): only a finished one leaves an
-            # undo record in the backup.
-            recover_sync(self._original())
-            if (area / "backup" / "undo.json").exists():
-                try:
-                    undo_sync(area / "backup", self._original(), on_applied=restored)
-                except OSError:  # undone in turn: the committed state, with new ctimes
-                    _directory.record_committed(area / "backup", self._original(), again=True)
-                    raise
-                # Undone: a retry (the area's removal failed) must not compare again.
-                (area / "backup" / _directory.COMMITTED_STAMPS).unlink(missing_ok=True)
+            # undo record in the backup. Each path is compared right before it is put back: a
+            # write of another writer since the commit, also one made while this runs, is a
+            # conflict (case 43 B).
+            if _directory.undo_commit(self, area / "backup", self._original(), restored):
                 generation = int(self._meta("lower_generation") or 1)
                 self._set_meta(lower_generation=generation - 1, lower_generation_txid=None)
 
@@ -697,6 +691,9 @@ class OverlaySandbox(BaseSandbox):
             shutil.rmtree(directory, ignore_errors=True)
 
     # -- cleanup and reopen -----------------------------------------------------------------
+
+    def _has_interrupted(self) -> bool:
+        return _directory.has_interrupted(self, self.base_path, self._original())
 
     def _do_finish_interrupted(self) -> None:
         """A decided apply is rolled forward (it unmounts and remounts itself); an interrupted

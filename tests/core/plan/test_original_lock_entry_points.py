@@ -281,3 +281,120 @@ def test_a_lone_commit_queues_behind_another_process_commit_and_then_lands(
         assert box.commit("lone").success
     assert (src / "a.txt").read_text() == "a by the lone commit\n"
     box.cleanup()
+
+
+class _Died(BaseException):
+    """The process dies here (nothing of the product's own undo runs)."""
+
+
+def _cut_commit(box: BaseSandbox, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-shot commit of ``box`` cut in the middle of writing the original, as by a crash:
+    directories after the first path swapped in (its own undo never runs), git after the
+    files were written and before the ref moved (its marker stays)."""
+    from sandbox_core.strategies.git_worktree.git import GitCommand
+    from sandbox_core.tree import sync
+
+    if kind == "git_worktree":
+        real_run = GitCommand.run
+
+        def run(self: GitCommand, *args: str, **kwargs: Any) -> Any:
+            if args and args[0] == "update-ref":
+                raise _Died
+            return real_run(self, *args, **kwargs)
+
+        monkeypatch.setattr(GitCommand, "run", run)
+    else:
+
+        def die(rel: str) -> None:
+            raise _Died
+
+        monkeypatch.setattr(sync, "fault_hook", die)
+        monkeypatch.setattr(sync, "_undo_or_fail", lambda *args, **kwargs: None)
+    with pytest.raises(_Died):
+        box.commit("cut")
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("action", ["cleanup", "rollback"])
+def test_finishing_an_interrupted_commit_waits_for_the_original_lock_and_writes_nothing_meanwhile(
+    tmp_path: Path, kind: str, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit cut half-way leaves the original half-written; the sandbox's cleanup or
+    rollback first finishes or undoes it (``finish_interrupted``), which writes the original,
+    so it takes the original's lock as a lone commit does. While another process's commit
+    holds it, it waits (here 0.3 s instead of LONE_WAIT_SECONDS), then is refused with a lock
+    error naming the holder: the original is exactly as the cut commit left it and the
+    sandbox keeps its status. Once the holder lets go the same call undoes the cut commit.
+    Failed before: the half-written original was written under the other process's hold."""
+    src = _original(tmp_path, kind)
+    box = _sandbox(kind, src, tmp_path / "root")
+    Path(box.get_path("a.txt")).write_text("a by the cut commit\n")
+    Path(box.get_path("b.txt")).write_text("b by the cut commit\n")
+    _cut_commit(box, kind, monkeypatch)
+    status = box.status
+    assert (src / "a.txt").read_text() == "a by the cut commit\n", "nothing was half written"
+    half = sorted(os.listdir(src.parent)), (src / "a.txt").read_text(), (src / "b.txt").read_text()
+    monkeypatch.setattr("sandbox_core.strategies.base.LONE_WAIT_SECONDS", 0.3)
+    expected = SandboxRollbackLockedError if action == "rollback" else OriginalLockedError
+    with another_process_holds(src, "process"), pytest.raises(expected) as refused:
+        getattr(box, action)()
+    _refusal_names_the_holder(refused.value, src)
+    assert box.status is status
+    assert (sorted(os.listdir(src.parent)), (src / "a.txt").read_text(),
+            (src / "b.txt").read_text()) == half  # fmt: skip
+    getattr(box, action)()  # the holder let go
+    assert (src / "a.txt").read_text() == "a0\n" and (src / "b.txt").read_text() == "b0\n"
+    assert sorted(os.listdir(src.parent)) == ["root", "src"]
+    if kind == "git_worktree":
+        assert git(src, "status", "--porcelain").strip() == ""
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-plan", "other-plan"])
+def test_finishing_a_decided_apply_goes_on_under_its_own_plans_prepared_hold_only(
+    tmp_path: Path, own: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A two-phase apply cut after its first rename (the plan decided), its plan's prepared
+    hold still on the original (no recovery ran): the sandbox's cleanup rolls the apply
+    forward when that hold names this sandbox (the plan's own decided work), and is refused
+    at once, nothing written, when the prepared hold is another plan's."""
+    from sandbox_core.tree import sync
+    from sandbox_core.tree.original_lock import Hold
+
+    src = _original(tmp_path, "copy_on_write")
+    box = _sandbox("copy_on_write", src, tmp_path / "root")
+    Path(box.get_path("a.txt")).write_text("a by the plan\n")
+    Path(box.get_path("b.txt")).write_text("b by the plan\n")
+    box.prepare("tx-cut", "plan")
+
+    def die(rel: str) -> None:
+        raise _Died
+
+    monkeypatch.setattr(sync, "fault_hook", die)
+    with pytest.raises(_Died):
+        box.apply_prepared("tx-cut")
+    monkeypatch.undo()
+    half = (src / "a.txt").read_text(), (src / "b.txt").read_text()
+    assert half == ("a by the plan\n", "b0\n")
+    lock = OriginalLock(str(src))
+    holder = "tx-cut" if own else "tx-other"
+    lock.acquire(
+        Hold(holder=holder, plan_id="lone" if own else "other-plan", kind="prepared",
+             sandbox_id=box.sandbox_id if own else "another-sandbox", txid=holder)
+    )  # fmt: skip
+    try:
+        if own:
+            box.cleanup()
+            assert (src / "a.txt").read_text() == "a by the plan\n"
+            assert (src / "b.txt").read_text() == "b by the plan\n"
+        else:
+            with pytest.raises(OriginalLockedError) as refused:
+                box.cleanup()
+            assert "other-plan" in str(refused.value)
+            assert ((src / "a.txt").read_text(), (src / "b.txt").read_text()) == half
+            assert box.status is SandboxStatus.ACTIVE
+    finally:
+        lock.release(holder)
+    if not own:
+        box.cleanup()  # the other plan let go: rolled forward, then cleaned up
+        assert (src / "b.txt").read_text() == "b by the plan\n"

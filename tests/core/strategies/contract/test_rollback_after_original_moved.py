@@ -20,6 +20,7 @@ import pytest
 from sandbox_core.errors import SandboxRollbackConflictError, SandboxRollbackError
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
+from sandbox_core.tree import beneath
 from tests.support.directory_sandboxes import STRATEGIES, Make
 from tests.support.fidelity_tree import tree_state
 
@@ -161,3 +162,51 @@ def test_rollback_is_retried_once_the_later_write_is_undone(tmp_path: Path, make
     box.rollback()
     assert box.status is SandboxStatus.ROLLED_BACK
     assert (src / "ledger").read_text() == "seed\n" and not (src / "newdir").exists()
+
+
+@strategies
+@HOW
+def test_a_write_met_while_the_undo_runs_refuses_with_the_commit_whole_and_a_retry_runs(
+    tmp_path: Path, make: Make, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is made right before each path is put back, not once up front: the undo
+    puts ``newdir`` and ``ledger`` back first, then, right before it would remove ``gone``
+    (which the commit deleted), finds that the application made it again. Refused, naming
+    ``gone``; what the undo had put back is undone in turn, so the original is exactly as
+    the commit left it plus the application's file; the sandbox stays COMMITTED. Once the
+    application's file is gone the rollback is retried and runs (the undo's own renames,
+    which moved the ctimes of the paths it put back, are no conflict then). Failed before:
+    the application's ``gone`` was replaced by the old one."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, how)
+    committed = tree_state(src)
+    met: list[str] = []
+
+    def write_meanwhile(call: str, rel: str) -> None:
+        if call == "stat" and rel == "gone" and not met:
+            met.append(rel)
+            (src / "gone").write_text("the application's\n")
+
+    monkeypatch.setattr(beneath, "fault_hook", write_meanwhile)
+    with pytest.raises(SandboxRollbackConflictError) as refused:
+        box.rollback()
+    monkeypatch.setattr(beneath, "fault_hook", None)
+    assert met == ["gone"]
+    assert refused.value.conflicts == ["gone"]
+    assert "while the rollback ran" in str(refused.value)
+    assert box.status is SandboxStatus.COMMITTED
+    assert (src / "gone").read_text() == "the application's\n"
+    assert {k: v for k, v in tree_state(src).items() if k != b"gone"} == {
+        k: v for k, v in committed.items() if k != "gone"
+    }
+    assert not [p for p in src.parent.iterdir() if p.name != "src"], "staging left behind"
+    (src / "gone").unlink()
+    box.rollback()
+    assert box.status is SandboxStatus.ROLLED_BACK
+    assert (src / "ledger").read_text() == "seed\n"
+    assert (src / "gone").read_text() == "gone\n"
+    assert not (src / "newdir").exists()
