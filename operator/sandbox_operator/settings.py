@@ -91,6 +91,11 @@ class Settings(BaseSettings):
             ``key`` and, during a rotation, ``previous``); the operator makes it with a random
             key when absent (the chart sets it; ``executors.agent_keys``).
         agent_port: port of the workspace agent in workspace Pods.
+        agent_token_lifetime_seconds: seconds a workspace agent accepts a Sandbox's token,
+            measured by the agent from the moment it first reads it; the operator writes a
+            new token every half lifetime (``sandbox_core.agent.tokens``). 0: tokens never
+            expire.
+        agent_token_renew_interval_seconds: period of the timer that renews tokens.
         pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
             only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
         network_policy: create a NetworkPolicy per workspace Pod (ingress only from the
@@ -151,6 +156,8 @@ class Settings(BaseSettings):
     agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
     agent_key_secret: str = ""
     agent_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
+    agent_token_lifetime_seconds: Annotated[int, Field(ge=0)] = 86400
+    agent_token_renew_interval_seconds: Annotated[float, Field(gt=0)] = 300.0
     pod_labels: str = ""
     network_policy: bool = True
     workspace_defaults: str = "{}"

@@ -20,6 +20,7 @@ A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refuse
                          message names the field); every refusal of the HTTP layer (404 no
                          route, 405, 413 too large) is JSON of this shape too
     401  Unauthorized    no token, or not this Pod's
+    401  TokenExpired    this Pod's token, held longer than its lifetime (``agent.tokens``)
     404  NotFound        no such sandbox, checkpoint, file or directory (an actor's file
                          operation: SandboxFileNotFoundError)
     409  <core error>    SandboxCommitError and its kinds (``conflicts``; the two digests of a
@@ -274,6 +275,7 @@ ROUTES = ROUTES + ACTOR_ROUTES
 
 BAD_REQUEST = 400
 UNAUTHORIZED = 401
+TOKEN_EXPIRED = "TokenExpired"  # noqa: S105 - the error type of a 401 for an expired token
 NOT_FOUND = 404
 CONFLICT = 409
 UNPROCESSABLE = 422

@@ -619,6 +619,18 @@ class SandboxLogic:
             )
         return checkpoint_info_from_body(body, target), str(body["metadata"]["uid"])
 
+    def renew_agent_token(self, body: Mapping[str, Any]) -> None:
+        """Renew the Sandbox's workspace-agent token when its window changed (a timer; the
+        pod executor writes its token Secret). Nothing for a Sandbox being deleted or with an
+        invalid spec."""
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except PermanentError:
+            return
+        self.executor.renew_token(target)
+
     def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
