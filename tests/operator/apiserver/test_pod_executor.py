@@ -9,8 +9,8 @@ API server, the agent process, a SQLite database (strategy transaction_rollback)
 
 Issue 8: a starting Pod is a normal wait (Pending, no Warning), provisioning wakes on the Pod's
 readiness, the token is an HMAC over the Sandbox uid and its renewal window, a deleted Pod is
-made again and the sandbox re-opened, suspend/resume, ``Finished`` on the PlanCommit, and no token or DSN in any status,
-Event or log line.
+made again and the sandbox re-opened, suspend/resume, ``Finished`` on the PlanCommit, and no
+token or DSN in any status, Event or log line.
 """
 
 from __future__ import annotations
