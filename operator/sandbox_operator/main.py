@@ -26,6 +26,7 @@ from sandbox_operator.kube import api as k8s
 from sandbox_operator.kube import metrics
 from sandbox_operator.kube.diffbase import StatusDiffBase
 from sandbox_operator.kube.events import EventRecorder, NamespaceGate, install_kopf_filter
+from sandbox_operator.kube.fence import install_kopf_fence
 from sandbox_operator.kube.leader import LeaderElector
 from sandbox_operator.kube.logs import configure_logging
 
@@ -71,6 +72,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
     metrics.serve(SETTINGS.metrics_port)
     if SETTINGS.leader_election:
+        install_kopf_fence()  # kopf's writes too stop when the lead may be lost
         elector = LeaderElector(SETTINGS)
         try:
             leading = await asyncio.to_thread(elector.acquire)

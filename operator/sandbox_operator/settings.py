@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 from sandbox_core.agent.wire import DEFAULT_PORT
 
 PREFIX = "SANDBOX_OPERATOR_"
+# Least lease_duration - renew_deadline: a leader stops writing this long before any takeover.
+LEASE_MARGIN_SECONDS = 2.0
 
 
 class ExecutorKind(StrEnum):
@@ -200,9 +202,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> Self:
-        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+        if self.renew_deadline_seconds + LEASE_MARGIN_SECONDS > self.lease_duration_seconds:
             raise ValueError(
-                f"{PREFIX}RENEW_DEADLINE_SECONDS must be below {PREFIX}LEASE_DURATION_SECONDS"
+                f"{PREFIX}RENEW_DEADLINE_SECONDS must be at least {LEASE_MARGIN_SECONDS:g} s "
+                f"below {PREFIX}LEASE_DURATION_SECONDS (the leader stops that long before a "
+                "standby may take over)"
             )
         return self
 
