@@ -23,7 +23,7 @@ import kopf
 from sandbox_api.models import FINALIZER, GROUP
 from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.kube import api as k8s
-from sandbox_operator.kube import metrics
+from sandbox_operator.kube import clock, metrics
 from sandbox_operator.kube.diffbase import StatusDiffBase
 from sandbox_operator.kube.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.kube.fence import install_kopf_fence
@@ -82,6 +82,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         if not leading:
             raise asyncio.CancelledError
     api = k8s.Api()
+    # Times written for later comparison (TTLs) are on the API server's clock.
+    clock.install(clock.ApiServerClock(lambda: clock.server_date(api.api_client)))
     gate = NamespaceGate(api.namespace)
     install_kopf_filter(gate)
     _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]

@@ -40,7 +40,7 @@ from sandbox_operator.executors.base import (
     WorkspaceNotReady,
 )
 from sandbox_operator.executors.pod_manifests import pod_is_ready
-from sandbox_operator.kube import metrics, redaction
+from sandbox_operator.kube import clock, metrics, redaction
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -702,7 +702,8 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
     """True when a terminal Sandbox's ``ttlSecondsAfterFinished`` has passed.
 
     The finish time is the Ready condition's ``lastTransitionTime`` (it moved when the phase
-    became terminal).
+    became terminal); both it and ``now`` (default) are on the API server's clock
+    (:mod:`~sandbox_operator.kube.clock`), so replicas whose clocks differ agree.
     """
     ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
     status = body.get("status") or {}
@@ -712,7 +713,7 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
     if ready is None or not ready.get("lastTransitionTime"):
         return False
     finished = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
-    now = now or datetime.now(UTC)
+    now = now or clock.now()
     return (now - finished).total_seconds() >= float(ttl)
 
 
