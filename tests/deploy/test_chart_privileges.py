@@ -239,8 +239,20 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def test_hook_pod_is_not_an_operator_pod(helm: Path) -> None:
-    objects = _render(helm)
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("nameOverride=ops",),
+        ("fullnameOverride=ops",),
+        ("podLabels.app\\.kubernetes\\.io/component=uninstall-hook",),
+        ("executor=local", "watchNamespaces={team-a,team-b}"),
+    ],
+)
+def test_hook_pod_is_not_an_operator_pod(helm: Path, sets: tuple[str, ...]) -> None:
+    """``helm template``: the pre-delete Job's Pod never matches the Deployment's selector, the
+    Service's, or the workspace Pods' ingress peers, whatever the names and extra Pod labels."""
+    objects = _render(helm, *sets)
     deployment = _one(objects, "Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
     operator_labels = deployment["spec"]["template"]["metadata"]["labels"]
