@@ -500,6 +500,9 @@ class Agent:
         async def review(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.review(sid(request)), False)
 
+        async def target_identity(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.target_identity(sid(request)), False)
+
         async def landed(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.commit_landed(sid(request)), False)
 
@@ -531,6 +534,7 @@ class Agent:
             wire.RESTORE: restore,
             wire.REVIEW: review,
             wire.COMMIT_LANDED: landed,
+            wire.TARGET_IDENTITY: target_identity,
             wire.PREPARE: two_phase(ops.prepare),
             wire.APPLY_PREPARED: two_phase(ops.apply_prepared),
             wire.ABORT_PREPARED: two_phase(ops.abort_prepared),

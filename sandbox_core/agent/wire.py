@@ -138,6 +138,9 @@ PREPARE = Route("POST", "/v1/sandboxes/{sid}/prepare")  # {"txid", "message"} ->
 APPLY_PREPARED = Route("POST", "/v1/sandboxes/{sid}/apply-prepared")  # {"txid"} -> CommitResult
 ABORT_PREPARED = Route("POST", "/v1/sandboxes/{sid}/abort-prepared")  # {"txid"}
 COMMIT_LANDED = Route("GET", "/v1/sandboxes/{sid}/commit-landed")  # {"landed"}: recovery probe
+# {"identity"}: what the original is (a database's system identifier and name; "" when the
+# sandbox reports none): approvals are bound to it (docs/approvals.md)
+TARGET_IDENTITY = Route("GET", "/v1/sandboxes/{sid}/target-identity")
 
 ROUTES: tuple[Route, ...] = (
     HEALTHZ,
@@ -159,6 +162,7 @@ ROUTES: tuple[Route, ...] = (
     APPLY_PREPARED,
     ABORT_PREPARED,
     COMMIT_LANDED,
+    TARGET_IDENTITY,
 )
 
 # -- the actor's door: commands and the audit log (docs/actor.md) -------------------------------
