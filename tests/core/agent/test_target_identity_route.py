@@ -11,16 +11,50 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from sandbox_operator.executors.base import SandboxTarget
+from sandbox_operator.executors.remote import RemoteSandbox
 from sandbox_operator.resources.target_identity import BoundHandle, bind_digest
 
-from tests.core.agent.test_two_phase_routes import create, handle
-from tests.support.agent import AgentProcess
+from tests.support.agent import SANDBOX_ID, UID, AgentProcess
 from tests.support.postgres import postgres_dsn  # noqa: F401 - the session fixture
 
 K8S_IDENTITY = "sandbox=ns/s/uid-1"
+
+
+class DirectExecutor:
+    """The pod executor's ``call`` without the Pod lookup: straight to the agent process."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        self.agent = agent
+
+    def call(
+        self, target: SandboxTarget, method: str, path: str, body: Any = None, **kw: Any
+    ) -> dict[str, Any]:
+        return self.agent.client().call(method, path, body, **kw)
+
+
+def create(agent: AgentProcess, strategy: str, original: str) -> None:
+    body = {
+        "plan_id": "plan-a", "resource_id": "r", "strategy": strategy, "original": original,
+        "sandbox_id": SANDBOX_ID,
+    }  # fmt: skip
+    agent.client().call("POST", "/v1/sandboxes", body, request_id="create-i")
+    agent.client().call("POST", f"/v1/sandboxes/{SANDBOX_ID}/activate", request_id="act-i")
+
+
+def handle(agent: AgentProcess, strategy: str) -> RemoteSandbox:
+    """The pod executor's handle (status read now), as the plan coordinator opens one."""
+    target = SandboxTarget(
+        name="s", namespace="ns", uid=UID, sandbox_id=SANDBOX_ID, plan_id="plan-a",
+        resource_id="r", strategy=strategy, original="",
+    )  # fmt: skip
+    executor = DirectExecutor(agent)
+    reply = executor.call(target, "GET", f"/v1/sandboxes/{SANDBOX_ID}")
+    return RemoteSandbox(executor, target, reply)  # type: ignore[arg-type]  # duck-typed
 
 
 @pytest.fixture
