@@ -456,16 +456,30 @@ class PodProxyTransport:
             self._tokens[key] = token
         return token
 
+    def _forget(self, sandbox: SandboxInfo, token: str) -> bool:
+        """Drop the cached ``token`` after the agent refused it (the operator renews tokens:
+        docs/operations.md, "Agent tokens expire"); True when the Secret now holds another."""
+        with self._lock:
+            if self._tokens.get(_cache_key(sandbox)) == token:
+                del self._tokens[_cache_key(sandbox)]
+        return self.token(sandbox) != token
+
     def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
-        """As :meth:`AgentTransport.send` (one HTTPS request to the API server)."""
-        status, body = self.kube.proxy(
-            request.method,
-            proxy_path(sandbox, request),
-            request.params(),
-            request.headers(self.token(sandbox)),
-            request.body,
-            self.timeout_seconds,
-        )
+        """As :meth:`AgentTransport.send` (one HTTPS request to the API server). A 401 is
+        sent once more with the Secret's current token when it changed (renewed): the agent
+        checks the token before doing anything."""
+        for _ in range(2):
+            token = self.token(sandbox)
+            status, body = self.kube.proxy(
+                request.method,
+                proxy_path(sandbox, request),
+                request.params(),
+                request.headers(token),
+                request.body,
+                self.timeout_seconds,
+            )
+            if status != wire.UNAUTHORIZED or not self._forget(sandbox, token):
+                break
         return AgentReply(status, body)
 
     def stream(
@@ -481,6 +495,9 @@ class PodProxyTransport:
             request.read_timeout or self.timeout_seconds,
         )
         for status, data in chunks:
+            if status == wire.UNAUTHORIZED:
+                with self._lock:  # renewed since: the next request reads the Secret again
+                    self._tokens.pop(_cache_key(sandbox), None)
             yield AgentReply(status, data)
 
 
@@ -519,16 +536,23 @@ class AsyncPodProxyTransport:
         return self._tokens[key]
 
     async def send(self, sandbox: SandboxInfo, request: AgentRequest) -> AgentReply:
-        """As :meth:`AgentTransport.send`."""
-        headers = request.headers(await self.token(sandbox))
-        status, body = await self.kube.proxy(
-            request.method,
-            proxy_path(sandbox, request),
-            request.params(),
-            headers,
-            request.body,
-            self.timeout_seconds,
-        )
+        """As :meth:`PodProxyTransport.send` (a 401 retried once with a renewed token)."""
+        for _ in range(2):
+            token = await self.token(sandbox)
+            status, body = await self.kube.proxy(
+                request.method,
+                proxy_path(sandbox, request),
+                request.params(),
+                request.headers(token),
+                request.body,
+                self.timeout_seconds,
+            )
+            if status != wire.UNAUTHORIZED:
+                break
+            if self._tokens.get(_cache_key(sandbox)) == token:
+                del self._tokens[_cache_key(sandbox)]
+            if await self.token(sandbox) == token:
+                break
         return AgentReply(status, body)
 
     async def stream(
@@ -545,6 +569,8 @@ class AsyncPodProxyTransport:
             request.read_timeout or self.timeout_seconds,
         )
         async for status, data in chunks:
+            if status == wire.UNAUTHORIZED:
+                self._tokens.pop(_cache_key(sandbox), None)  # the next request reads it again
             yield AgentReply(status, data)
 
 

@@ -23,9 +23,10 @@ import kopf
 from sandbox_api.models import FINALIZER, GROUP
 from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.kube import api as k8s
-from sandbox_operator.kube import metrics
+from sandbox_operator.kube import clock, metrics
 from sandbox_operator.kube.diffbase import StatusDiffBase
 from sandbox_operator.kube.events import EventRecorder, NamespaceGate, install_kopf_filter
+from sandbox_operator.kube.fence import install_kopf_fence
 from sandbox_operator.kube.leader import LeaderElector
 from sandbox_operator.kube.logs import configure_logging
 
@@ -71,6 +72,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Metrics first: a standby's endpoint answers too (sandbox_operator_leader is 0 there).
     metrics.serve(SETTINGS.metrics_port)
     if SETTINGS.leader_election:
+        install_kopf_fence()  # kopf's writes too stop when the lead may be lost
         elector = LeaderElector(SETTINGS)
         try:
             leading = await asyncio.to_thread(elector.acquire)
@@ -80,6 +82,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         if not leading:
             raise asyncio.CancelledError
     api = k8s.Api()
+    # Times written for later comparison (TTLs) are on the API server's clock.
+    clock.install(clock.ApiServerClock(lambda: clock.server_date(api.api_client)))
     gate = NamespaceGate(api.namespace)
     install_kopf_filter(gate)
     _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]

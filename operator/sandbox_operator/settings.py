@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 from sandbox_core.agent.wire import DEFAULT_PORT
 
 PREFIX = "SANDBOX_OPERATOR_"
+# Least lease_duration - renew_deadline: a leader stops writing this long before any takeover.
+LEASE_MARGIN_SECONDS = 2.0
 
 
 class ExecutorKind(StrEnum):
@@ -91,6 +93,11 @@ class Settings(BaseSettings):
             ``key`` and, during a rotation, ``previous``); the operator makes it with a random
             key when absent (the chart sets it; ``executors.agent_keys``).
         agent_port: port of the workspace agent in workspace Pods.
+        agent_token_lifetime_seconds: seconds a workspace agent accepts a Sandbox's token,
+            measured by the agent from the moment it first reads it; the operator writes a
+            new token every half lifetime (``sandbox_core.agent.tokens``). 0: tokens never
+            expire.
+        agent_token_renew_interval_seconds: period of the timer that renews tokens.
         pod_labels: ``k=v,k=v`` labels of the operator's Pods; workspace Pods admit ingress
             only from Pods with these labels in ``pod_namespace`` (NetworkPolicy peers).
         network_policy: create a NetworkPolicy per workspace Pod (ingress only from the
@@ -151,6 +158,8 @@ class Settings(BaseSettings):
     agent_key_file: Path = Path("/etc/sandbox-operator/agent/key")
     agent_key_secret: str = ""
     agent_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
+    agent_token_lifetime_seconds: Annotated[int, Field(ge=0)] = 86400
+    agent_token_renew_interval_seconds: Annotated[float, Field(gt=0)] = 300.0
     pod_labels: str = ""
     network_policy: bool = True
     workspace_defaults: str = "{}"
@@ -193,9 +202,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> Self:
-        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+        if self.renew_deadline_seconds + LEASE_MARGIN_SECONDS > self.lease_duration_seconds:
             raise ValueError(
-                f"{PREFIX}RENEW_DEADLINE_SECONDS must be below {PREFIX}LEASE_DURATION_SECONDS"
+                f"{PREFIX}RENEW_DEADLINE_SECONDS must be at least {LEASE_MARGIN_SECONDS:g} s "
+                f"below {PREFIX}LEASE_DURATION_SECONDS (the leader stops that long before a "
+                "standby may take over)"
             )
         return self
 

@@ -496,6 +496,18 @@ class Operations:
             "audit": AuditLog(self.config.state_dir, sandbox_id).summary(),  # bounded
         }
 
+    def target_identity(self, sandbox_id: str) -> dict[str, str]:
+        """``{"identity"}``: the sandbox's ``target_identity()`` (a database's system
+        identifier, oid and name; never a DSN), "" for a sandbox that reports none. Read from
+        the original each time: a database replaced at the same DSN gives another value.
+
+        Raises:
+            SandboxError: no such sandbox, or the original cannot be queried.
+        """
+        sandbox = self.load(sandbox_id)
+        own = getattr(sandbox, "target_identity", None)
+        return {"identity": str(own()) if callable(own) else ""}
+
     def prepare(self, sandbox_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``{"prepared": PreparedCommit, "sandbox"}``: stage the commit under ``txid``.
 

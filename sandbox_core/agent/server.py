@@ -5,7 +5,9 @@ Security: every request except the health probe (``wire.HEALTHZ``) carries the P
 ``Authorization: Bearer <token>`` (or, through the API server's pod proxy, in
 ``wire.TOKEN_HEADER``); the token is read from a file (a Secret the operator creates per
 Sandbox, mounted as a file: never an environment variable or an argument) and compared in
-constant time. No token file, no service.
+constant time. No token file, no service. A token that carries a lifetime
+(:mod:`sandbox_core.agent.tokens`) is refused with 401 ``TokenExpired`` once this process has
+held it longer than that lifetime, measured on its own monotonic clock.
 
 Idempotency: a changing request (POST, PUT, DELETE) carries a request id
 (``wire.REQUEST_ID_HEADER``). Its reply is stored under the state directory before it is sent
@@ -46,6 +48,7 @@ from aiohttp import web
 from sandbox_core.actor.exec import CommandRunner, ExecLimitError, ExecRequest, Execution
 from sandbox_core.agent import wire
 from sandbox_core.agent.operations import AgentConfig, Operations
+from sandbox_core.agent.tokens import TokenAges
 from sandbox_core.durable import write_json_atomic
 
 logger = logging.getLogger("sandbox_core.agent")
@@ -183,6 +186,10 @@ class Agent:
             config.state_dir, on_finish=lambda sid, _result: self.ops.count_change(sid)
         )
         self.exec_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="exec")
+        self.token_ages = TokenAges()
+        start_token = self._token()
+        if start_token is not None:
+            self.token_ages.held(start_token)  # its lifetime runs from now
 
     def _token(self) -> bytes | None:
         try:
@@ -192,16 +199,32 @@ class Agent:
         return token or None
 
     def authorized(self, request: web.Request) -> bool:
-        """True when the request carries the token of this Pod (constant-time compare)."""
+        """True when the request carries the token of this Pod, still valid (constant-time
+        compare; :meth:`refusal`)."""
+        return self.refusal(request) is None
+
+    def refusal(self, request: web.Request) -> dict[str, str] | None:
+        """None when the request carries this Pod's valid token; else the error object of the
+        401: ``Unauthorized`` (no token, or not this Pod's) or ``TokenExpired`` (this Pod's
+        token, held longer than its lifetime: the operator has not renewed it)."""
         expected = self._token()
         header = request.headers.get(wire.AUTHORIZATION_HEADER, "")
         if header.startswith(wire.BEARER_PREFIX):
             offered = header[len(wire.BEARER_PREFIX) :].strip()
         else:
             offered = request.headers.get(wire.TOKEN_HEADER, "").strip()
-        if expected is None or not offered:
-            return False
-        return hmac.compare_digest(offered.encode(), expected)
+        if expected is None or not offered or not hmac.compare_digest(offered.encode(), expected):
+            return {"type": "Unauthorized", "message": "bad or no token"}
+        expired = self.token_ages.expired(expected)
+        if expired is not None:
+            held, lifetime = expired
+            message = (
+                f"the agent token expired: held {held:.0f} s, lifetime {lifetime} s; the "
+                "operator renews it in the Sandbox's Secret before it runs out, and the "
+                "kubelet brings the new one to this Pod"
+            )
+            return {"type": wire.TOKEN_EXPIRED, "message": message}
+        return None
 
     async def _run(
         self,
@@ -410,9 +433,9 @@ class Agent:
         async def auth(
             request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
-            if request.path == wire.HEALTHZ.template or self.authorized(request):
+            refused = None if request.path == wire.HEALTHZ.template else self.refusal(request)
+            if refused is None:
                 return await handler(request)
-            refused = {"type": "Unauthorized", "message": "bad or no token"}
             return _json(wire.UNAUTHORIZED, {"error": refused})
 
         app = web.Application(middlewares=[_json_errors, auth], client_max_size=wire.MAX_BODY_BYTES)
@@ -483,6 +506,9 @@ class Agent:
         async def review(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.review(sid(request)), False)
 
+        async def target_identity(request: web.Request) -> web.Response:
+            return await self._run(request, lambda: ops.target_identity(sid(request)), False)
+
         async def landed(request: web.Request) -> web.Response:
             return await self._run(request, lambda: ops.commit_landed(sid(request)), False)
 
@@ -514,6 +540,7 @@ class Agent:
             wire.RESTORE: restore,
             wire.REVIEW: review,
             wire.COMMIT_LANDED: landed,
+            wire.TARGET_IDENTITY: target_identity,
             wire.PREPARE: two_phase(ops.prepare),
             wire.APPLY_PREPARED: two_phase(ops.apply_prepared),
             wire.ABORT_PREPARED: two_phase(ops.abort_prepared),

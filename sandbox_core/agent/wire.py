@@ -20,6 +20,7 @@ A refusal is ``{"error": {"type", "message"}}`` (plus ``conflicts`` for a refuse
                          message names the field); every refusal of the HTTP layer (404 no
                          route, 405, 413 too large) is JSON of this shape too
     401  Unauthorized    no token, or not this Pod's
+    401  TokenExpired    this Pod's token, held longer than its lifetime (``agent.tokens``)
     404  NotFound        no such sandbox, checkpoint, file or directory (an actor's file
                          operation: SandboxFileNotFoundError)
     409  <core error>    SandboxCommitError and its kinds (``conflicts``; the two digests of a
@@ -137,6 +138,9 @@ PREPARE = Route("POST", "/v1/sandboxes/{sid}/prepare")  # {"txid", "message"} ->
 APPLY_PREPARED = Route("POST", "/v1/sandboxes/{sid}/apply-prepared")  # {"txid"} -> CommitResult
 ABORT_PREPARED = Route("POST", "/v1/sandboxes/{sid}/abort-prepared")  # {"txid"}
 COMMIT_LANDED = Route("GET", "/v1/sandboxes/{sid}/commit-landed")  # {"landed"}: recovery probe
+# {"identity"}: what the original is (a database's system identifier and name; "" when the
+# sandbox reports none): approvals are bound to it (docs/approvals.md)
+TARGET_IDENTITY = Route("GET", "/v1/sandboxes/{sid}/target-identity")
 
 ROUTES: tuple[Route, ...] = (
     HEALTHZ,
@@ -158,6 +162,7 @@ ROUTES: tuple[Route, ...] = (
     APPLY_PREPARED,
     ABORT_PREPARED,
     COMMIT_LANDED,
+    TARGET_IDENTITY,
 )
 
 # -- the actor's door: commands and the audit log (docs/actor.md) -------------------------------
@@ -274,6 +279,7 @@ ROUTES = ROUTES + ACTOR_ROUTES
 
 BAD_REQUEST = 400
 UNAUTHORIZED = 401
+TOKEN_EXPIRED = "TokenExpired"  # noqa: S105 - the error type of a 401 for an expired token
 NOT_FOUND = 404
 CONFLICT = 409
 UNPROCESSABLE = 422

@@ -213,6 +213,40 @@ def test_agent_file_operations_through_the_pod_proxy(
 
 
 @pytest.mark.apiserver
+def test_a_renewed_token_is_read_again_after_the_agent_refuses_the_cached_one(
+    proxied: tuple[Cluster, Agent, Path],
+    local_apiserver: Any,
+) -> None:
+    """The operator renews agent tokens (docs/operations.md, "Agent tokens expire"): a client
+    that cached the old one gets the agent's 401, reads the Secret again and is served, sync and
+    async, with no error on the way."""
+    cluster, process, _ = proxied
+    info = sandbox_info(cluster.namespace)
+
+    def renew(token: str) -> None:
+        encoded = base64.b64encode(token.encode()).decode()
+        cluster.kubectl(
+            "patch", "secret", secret_name(info), "--type=merge",
+            "-p", json.dumps({"data": {"token": encoded}}),
+        )  # fmt: skip
+        process.token_file.write_text(token)
+
+    with SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+        client.agent_files.write_file(info, "r.txt", b"one\n")  # the token is cached now
+        renew("v2.1.86400." + "a" * 64)
+        assert client.agent_files.read_file(info, "r.txt") == b"one\n"
+
+    async def flow() -> None:
+        async with aio.SandboxClient(kubeconfig=str(local_apiserver.kubeconfig_path)) as client:
+            files = await client.files_for(info)
+            assert await files.read_file(info, "r.txt") == b"one\n"
+            renew("v2.2.86400." + "b" * 64)
+            assert await files.read_file(info, "r.txt") == b"one\n"
+
+    asyncio.run(flow())
+
+
+@pytest.mark.apiserver
 def test_async_agent_file_operations_through_the_pod_proxy(
     proxied: tuple[Cluster, Agent, Path],
     local_apiserver: Any,

@@ -238,7 +238,8 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     assert not verbs("", "pods/exec")
     assert verbs("", "pods/log") == {"get"}
     assert {"create", "delete", "get"} <= verbs("", "persistentvolumeclaims")
-    assert verbs("", "secrets") == {"create", "get"}
+    # patch: the renewed agent token only (the admission policy allows no other update).
+    assert verbs("", "secrets") == {"create", "get", "patch"}
     (key_rule,) = [r for r in rules if "get" in r["verbs"] and "secrets" in r["resources"]]
     assert key_rule["resourceNames"] == ["rel-sandbox-operator-agent-key"]
     assert verbs("networking.k8s.io", "networkpolicies") == {"get", "create", "delete"}

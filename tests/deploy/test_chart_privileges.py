@@ -58,12 +58,12 @@ def test_no_role_may_delete_list_or_watch_secrets(helm: Path, executor: str) -> 
         roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
         secret_verbs = _verbs(roles, "", "secrets")
         assert not secret_verbs & {"delete", "deletecollection", "list", "watch", "update"}
-        assert not secret_verbs & {"patch", "*"}
+        assert "*" not in secret_verbs
         cluster_wide = _verbs([r for r in roles if r["kind"] == "ClusterRole"], "", "secrets")
-        # get only for the local executor, which reads spec.source.secretRef itself.
-        assert cluster_wide == ({"create"} if executor == "pod" else {"create", "get"}) or (
-            sets and cluster_wide == set()
-        )
+        # get only for the local executor, which reads spec.source.secretRef itself; patch only
+        # for the pod executor's token renewal (the admission policy allows no other update).
+        expected = {"create", "patch"} if executor == "pod" else {"create", "get"}
+        assert cluster_wide == expected or (sets and cluster_wide == set())
 
 
 def test_the_agent_key_is_read_by_name_and_never_rendered_with_randomness(helm: Path) -> None:
@@ -239,8 +239,20 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def test_hook_pod_is_not_an_operator_pod(helm: Path) -> None:
-    objects = _render(helm)
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("nameOverride=ops",),
+        ("fullnameOverride=ops",),
+        ("podLabels.app\\.kubernetes\\.io/component=uninstall-hook",),
+        ("executor=local", "watchNamespaces={team-a,team-b}"),
+    ],
+)
+def test_hook_pod_is_not_an_operator_pod(helm: Path, sets: tuple[str, ...]) -> None:
+    """``helm template``: the pre-delete Job's Pod never matches the Deployment's selector, the
+    Service's, or the workspace Pods' ingress peers, whatever the names and extra Pod labels."""
+    objects = _render(helm, *sets)
     deployment = _one(objects, "Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
     operator_labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -69,6 +69,17 @@ class Kubelet:
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
 
+    def sync_token(self) -> bytes:
+        """Bring the token Secret's current value to the Pod's token file, as the kubelet does
+        for a Secret volume (a new file renamed over the old one); returns the value."""
+        secret = self.cluster.get("secret", self.secret)
+        assert secret is not None
+        value = base64.b64decode(secret["data"]["token"])
+        staged = self.work / "token.new"
+        staged.write_bytes(value)
+        staged.replace(self.work / "token")
+        return value
+
     def scratch_dir(self, pod: dict[str, Any]) -> Path:
         """The Pod's ``/workspace/scratch`` as the kubelet would give it: the claim's directory
         (the same for every Pod mounting the claim), or a new directory per Pod for an

@@ -141,12 +141,13 @@ each watched namespace (Role). docs/operations.md, "Privileges", lists every one
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# The per-Sandbox agent token Secret: written once, never read back, never deleted (it is
-# owned by its Sandbox and garbage-collected with it). A transaction_rollback DSN reaches the
-# workspace Pod through secretKeyRef: the kubelet reads it, the operator does not.
+# The per-Sandbox agent token Secret: created, its token renewed before it expires (patch; the
+# admission policy allows no other update), never read back, never deleted (it is owned by its
+# Sandbox and garbage-collected with it). A transaction_rollback DSN reaches the workspace Pod
+# through secretKeyRef: the kubelet reads it, the operator does not.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create"]
+  verbs: [{{ if eq .Values.executor "pod" }}"create", "patch"{{ else }}"create"{{ end }}]
 {{- if eq .Values.executor "local" }}
 # The local executor connects to the database itself, so it reads spec.source.secretRef.
 - apiGroups: [""]
@@ -162,5 +163,5 @@ each watched namespace (Role). docs/operations.md, "Privileges", lists every one
 # kopf posts Kubernetes Events for handler outcomes and failures.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: [{{ if eq .Values.executor "pod" }}"create", "patch"{{ else }}"create"{{ end }}]
 {{- end }}

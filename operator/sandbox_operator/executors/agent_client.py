@@ -26,15 +26,32 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from sandbox_core.agent import wire
+from sandbox_core.agent import tokens, wire
 from sandbox_operator.errors import ExecutorError
 
 AGENT_PORT = wire.DEFAULT_PORT
 
 
-def derive_token(key: bytes, uid: str) -> str:
-    """The bearer token of the Sandbox with ``uid`` (hex HMAC-SHA256)."""
-    return hmac.new(key, uid.encode(), hashlib.sha256).hexdigest()
+def derive_token(key: bytes, uid: str, serial: int | None = None, lifetime_seconds: int = 0) -> str:
+    """The bearer token of the Sandbox with ``uid``.
+
+    With ``serial`` (the renewal window, :func:`token_serial`) and a ``lifetime_seconds`` > 0:
+    a token that expires, ``v2.<serial>.<lifetime>.<hex HMAC-SHA256>``
+    (:mod:`sandbox_core.agent.tokens`); without: the bare hex HMAC-SHA256 of ``uid``, which
+    never expires (the tokens of Sandboxes made before tokens expired).
+    """
+    if serial is None or lifetime_seconds <= 0:
+        return hmac.new(key, uid.encode(), hashlib.sha256).hexdigest()
+    text = tokens.signed_text(uid, serial, lifetime_seconds)
+    mac = hmac.new(key, text, hashlib.sha256).hexdigest()
+    return tokens.format_token(serial, lifetime_seconds, mac)
+
+
+def token_serial(now_seconds: float, lifetime_seconds: int) -> int:
+    """The renewal window of ``now_seconds`` (this process's clock, in seconds): a new token is
+    minted every half lifetime. Only a label: the agent measures a token's age itself, so
+    another replica's clock, ahead or behind, makes at most one more renewal."""
+    return int(now_seconds // max(1, lifetime_seconds // 2))
 
 
 def request_id(*parts: object) -> str:
@@ -47,7 +64,13 @@ class AgentUnauthorized(ExecutorError):  # noqa: N818 - named for what the agent
     """The agent refused the token (HTTP 401): nothing was done (the token is checked first).
 
     Retryable: after a key rotation the previous key's token may be the one the Pod holds
-    (:mod:`~sandbox_operator.executors.agent_keys`)."""
+    (:mod:`~sandbox_operator.executors.agent_keys`), after a renewal the previous window's.
+    ``expired``: the agent knew the token and refused it as held past its lifetime
+    (``wire.TOKEN_EXPIRED``)."""
+
+    def __init__(self, message: str, *, expired: bool = False) -> None:
+        super().__init__(message, retryable=True)
+        self.expired = expired
 
 
 class AgentRefused(ExecutorError):  # noqa: N818 - named for what the agent did
@@ -128,7 +151,9 @@ class AgentClient:
             if exc.code == wire.NOT_FOUND:
                 raise AgentNotFound(message, error=error) from None
             if exc.code == wire.UNAUTHORIZED:
-                raise AgentUnauthorized(f"{what}: refused (token)", retryable=True) from None
+                expired = error.get("type") == wire.TOKEN_EXPIRED
+                why = "token expired" if expired else "token"
+                raise AgentUnauthorized(f"{what}: refused ({why})", expired=expired) from None
             if exc.code >= wire.SERVER_ERROR:
                 raise ExecutorError(message, retryable=True) from None
             raise AgentRefused(message, error=error) from None

@@ -220,6 +220,11 @@ class Executor(Protocol):
         """Remove the snapshot. Idempotent."""
         ...
 
+    def renew_token(self, target: SandboxTarget) -> None:
+        """Write a new workspace-agent token for ``target`` when its renewal window changed
+        (pod executor; the local executor has none)."""
+        ...
+
     def suspend(self, target: SandboxTarget) -> None:
         """Stop the workspace (delete its Pod) and keep every change (``spec.suspend``)."""
         ...

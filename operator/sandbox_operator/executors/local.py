@@ -383,6 +383,9 @@ class LocalExecutor:
 
     # -- suspend -------------------------------------------------------------------------------
 
+    def renew_token(self, target: SandboxTarget) -> None:
+        """No workspace agent, no token: nothing to renew."""
+
     def suspend(self, target: SandboxTarget) -> None:
         """Nothing runs per sandbox in-process: the record and artefacts simply stay."""
 

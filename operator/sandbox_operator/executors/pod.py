@@ -3,7 +3,10 @@
 DESIGN.md, "Where the work happens": the Sandbox's work runs in its workspace Pod
 (:mod:`~sandbox_operator.executors.pod_manifests` builds it and its children). Its main process is
 the workspace agent (``sandbox_core.agent``): the operator calls it over the pod network
-with a per-Sandbox token (HMAC of the Sandbox uid; handed over in a Secret mounted as a file),
+with a per-Sandbox token (an HMAC over the Sandbox uid; handed over in a Secret mounted as a
+file) that expires: the operator writes a new one into the Secret every half lifetime
+(:meth:`PodExecutor.renew_token`, a timer) and offers the new and the previous one, since the
+kubelet brings the new one to the Pod up to about a minute later (``sandbox_core.agent.tokens``),
 one HTTP round trip per operation, idempotent by request id
 (:mod:`~sandbox_operator.executors.remote`). There is no exec path.
 
@@ -19,12 +22,14 @@ only: the Pod is found by its owner, never by ``status.workspacePod``.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL
-from sandbox_api.naming import AGENT_SECRET_SUFFIX, child_object_names
+from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_names
 from sandbox_core import SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
 from sandbox_operator.errors import ChildNameTaken
@@ -34,6 +39,7 @@ from sandbox_operator.executors.agent_client import (
     AgentUnauthorized,
     derive_token,
     request_id,
+    token_serial,
 )
 from sandbox_operator.executors.agent_keys import AgentKeys, load_or_create, read_key_files
 from sandbox_operator.executors.base import (
@@ -88,12 +94,17 @@ class PodExecutor:
 
     kind = "pod"
 
-    def __init__(self, settings: Settings, api: Api) -> None:
+    def __init__(
+        self, settings: Settings, api: Api, clock: Callable[[], float] = time.time
+    ) -> None:
         self.settings = settings
         self.api = api
+        self._clock = clock  # labels renewal windows only (token_serial)
         self._keys: AgentKeys | None = None
-        # Sandbox uid -> index of the key whose token its agent last accepted (0: current).
-        self._accepted: dict[str, int] = {}
+        # Sandbox uid -> the token its agent last accepted.
+        self._accepted: dict[str, str] = {}
+        # Sandbox uid -> the renewal window whose token this process wrote into its Secret.
+        self._written: dict[str, int] = {}
         self._pods: dict[str, str] = {}
 
     # -- children -----------------------------------------------------------------------------
@@ -242,9 +253,60 @@ class PodExecutor:
                 self._keys = read_key_files(self.settings.agent_key_file)
         return self._keys
 
+    def _serial(self) -> int | None:
+        """The current renewal window; None when tokens never expire (lifetime 0)."""
+        lifetime = self.settings.agent_token_lifetime_seconds
+        return token_serial(self._clock(), lifetime) if lifetime > 0 else None
+
     def token(self, target: SandboxTarget) -> str:
-        """The agent token of ``target`` (HMAC of its uid with the operator's current key)."""
-        return derive_token(self.keys().current, target.uid)
+        """The agent token of ``target`` for the current renewal window, with the operator's
+        current key (:func:`derive_token`)."""
+        lifetime = self.settings.agent_token_lifetime_seconds
+        return derive_token(self.keys().current, target.uid, self._serial(), lifetime)
+
+    def candidate_tokens(self, target: SandboxTarget) -> list[str]:
+        """The tokens ``target``'s agent may hold, the likeliest first: the one it last
+        accepted; then, per key (current, previous), the current window's, the previous
+        window's (the kubelet has not brought the new one yet) and the one that never expires
+        (a Sandbox made before tokens expired)."""
+        lifetime = self.settings.agent_token_lifetime_seconds
+        serial = self._serial()
+        out: list[str] = []
+        for key in self.keys().all():
+            if serial is not None:
+                out.append(derive_token(key, target.uid, serial, lifetime))
+                out.append(derive_token(key, target.uid, serial - 1, lifetime))
+            out.append(derive_token(key, target.uid))
+        accepted = self._accepted.get(target.uid)
+        if accepted in out:
+            out.remove(accepted)
+            out.insert(0, accepted)
+        return out
+
+    def renew_token(self, target: SandboxTarget) -> None:
+        """Write the current window's token into ``target``'s token Secret, once per window
+        and process (a patch of key ``token`` only; the same value again changes nothing).
+
+        The Secret is the Sandbox's (current name, else the name before hashed names); one
+        that does not exist yet (the Sandbox is being made) is left to :meth:`ensure_children`.
+
+        Raises:
+            ApiException: the API refused the patch (other than 404).
+        """
+        serial = self._serial()
+        if serial is None or self._written.get(target.uid) == serial:
+            return
+        patch = {"stringData": {AGENT_TOKEN_KEY: self.token(target)}}
+        for name in child_object_names(target.name, CHILD_SUFFIXES["Secret"]):
+            try:
+                self.api.core.patch_namespaced_secret(name, target.namespace, patch)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            self._written[target.uid] = serial
+            logger.info("sandbox %s/%s: agent token renewed", target.namespace, target.name)
+            return
 
     def ensure_children(self, target: SandboxTarget, owner: dict[str, Any]) -> str:
         """Create the token Secret, NetworkPolicy, scratch claim and Pod when absent.
@@ -272,6 +334,7 @@ class PodExecutor:
             scratch.size if scratch else None,
         )
         secret = self._ensure(build_token_secret(target, self.token(target)), owner, target)
+        self.renew_token(target)  # a Secret made in an earlier window holds an older token
         if self.settings.network_policy:
             self._ensure(build_network_policy(target, self.settings), owner, target)
         pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
@@ -338,34 +401,39 @@ class PodExecutor:
         query: dict[str, str] | None = None,
         request_id: str = "",
     ) -> dict[str, Any]:
-        """One agent call in ``target``'s workspace Pod, with the token of the key its agent last
-        accepted first, then the other key's (after a rotation a Sandbox made before holds the
-        previous key's token: ``executors.agent_keys``).
+        """One agent call in ``target``'s workspace Pod, with the token its agent last accepted
+        first, then the others it may hold (:meth:`candidate_tokens`: after a renewal the Pod
+        may still hold the previous window's token, after a rotation the previous key's:
+        ``executors.agent_keys``). A 401 is given before anything runs.
 
         Raises:
             WorkspaceNotReady: the Pod is not Ready.
             AgentNotFound: the agent has no such sandbox or checkpoint.
-            AgentUnauthorized: the agent refused the token of every key (current, previous).
+            AgentUnauthorized: the agent refused every candidate token.
             ExecutorError: the agent refused or could not be reached.
         """
         address = self._ready_pod_ip(target)
         host = f"[{address}]" if ":" in address else address
-        keys = self.keys().all()
-        first = self._accepted.get(target.uid, 0) % len(keys)
-        order = [first, *(i for i in range(len(keys)) if i != first)]
-        for attempt, index in enumerate(order):
+        order = self.candidate_tokens(target)
+        expired = False
+        for attempt, token in enumerate(order):
             client = AgentClient(
                 f"http://{host}:{self.settings.agent_port}",
-                derive_token(keys[index], target.uid),
+                token,
                 self.settings.exec_timeout_seconds,
             )
             try:
                 reply = client.call(method, path, body, query=query, request_id=request_id)
-            except AgentUnauthorized:
-                if attempt == len(order) - 1:
-                    raise
-                continue  # refused before anything ran: offer the other key's token
-            self._accepted[target.uid] = index
+            except AgentUnauthorized as refused:
+                expired = expired or refused.expired
+                if attempt < len(order) - 1:
+                    continue  # refused before anything ran: offer the next candidate
+                if expired and not refused.expired:
+                    raise AgentUnauthorized(
+                        f"agent {method} {path}: refused (token expired)", expired=True
+                    ) from None
+                raise
+            self._accepted[target.uid] = token
             return reply
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
@@ -478,6 +546,7 @@ class PodExecutor:
             pass  # the agent has no such sandbox: nothing of it is left in the Pod
         self._delete_children(target, pod_only=False)
         self._accepted.pop(target.uid, None)
+        self._written.pop(target.uid, None)
 
     def _delete_children(self, target: SandboxTarget, *, pod_only: bool) -> None:
         """Delete ``target``'s Pod (and, unless ``pod_only``, its claim and NetworkPolicy),

@@ -197,6 +197,21 @@ class RemoteSandbox:
         self.reply = payload["sandbox"]
         return payload
 
+    def target_identity(self) -> str:
+        """``GET .../target-identity``: what the sandbox's original is, as the agent reads it
+        from the original now (a database's system identifier, oid and name); "" when it
+        reports none. The operator binds the digests people approve to it
+        (``resources.target_identity.BoundHandle``), as it does for the local executor.
+
+        Raises:
+            SandboxError: the agent could not read it (the database unreachable...).
+        """
+        try:
+            payload = self._call(wire.TARGET_IDENTITY)
+        except AgentRefused as exc:
+            raise wire.core_error(exc.error, exc.detail) from None
+        return str(payload.get("identity") or "")
+
     def review(self) -> ChangeSummary:
         """``GET .../review``: what a commit would change now (no locks, nothing changes).
 

@@ -20,6 +20,7 @@ from urllib3.util.retry import Retry
 
 from sandbox_api.models import GROUP, VERSION
 from sandbox_operator.kube import redaction
+from sandbox_operator.kube.fence import FencedApiClient
 
 
 def load_config() -> None:
@@ -50,7 +51,7 @@ class Api:
     """The few API calls the operator makes outside kopf (created after :func:`load_config`)."""
 
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
-        self.api_client = api_client or client.ApiClient()
+        self.api_client = api_client or FencedApiClient()
         self.custom = client.CustomObjectsApi(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
 

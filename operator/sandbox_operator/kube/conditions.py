@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, Literal
+
+from sandbox_operator.kube import clock
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -28,8 +29,9 @@ def fit_message(message: str) -> str:
 
 
 def now_rfc3339() -> str:
-    """Current UTC time as RFC 3339 with second precision (``2026-01-02T03:04:05Z``)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Current UTC time as RFC 3339 with second precision (``2026-01-02T03:04:05Z``), on the
+    API server's clock (:mod:`~sandbox_operator.kube.clock`): another replica compares it."""
+    return clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(

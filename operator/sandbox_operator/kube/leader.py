@@ -9,10 +9,16 @@ The policy is client-go's ``leaderelection`` in a few rules:
   monotonic clock* (no comparison of clocks across nodes), then takes it with an update carrying
   the resourceVersion it read (a 409 means another standby won: keep waiting). A Lease with no
   holder (released) is taken at once.
-- While it leads, a daemon thread renews every ``retry_period_seconds``. When no renewal has
-  succeeded for ``renew_deadline_seconds`` (below the lease duration), or the Lease names another
-  holder, the process exits at once (``os._exit``): it stops before a standby may take over, so
-  two replicas never run handlers at the same time.
+- While it leads, a daemon thread renews every ``retry_period_seconds``. The lead is sure until
+  the *start* of the last successful renewal (taken before its read was sent) plus
+  ``renew_deadline_seconds``: a standby cannot have seen that renewal before it started, so it
+  takes over no earlier than ``lease_duration_seconds`` after that start. The margin,
+  ``lease_duration - renew_deadline`` (at least ``settings.LEASE_MARGIN_SECONDS``), holds
+  however slow the API server answers. Every write checks that bound first
+  (:mod:`~sandbox_operator.kube.fence`: a later write is refused unsent, also in a paused
+  replica that resumes), and a watchdog thread exits the process (``os._exit``) when it passes
+  or the Lease names another holder: it stops before a standby may take over, so two replicas
+  never write at the same time.
 - At interpreter exit, after kopf's handler threads have been joined, the Lease is released
   (holder cleared) so that a standby takes over without waiting for the expiry. A SIGKILLed
   leader releases nothing: the standby waits one lease duration.
@@ -39,6 +45,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Gauge
 
+from sandbox_operator.kube.fence import FENCE, Fence
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger("sandbox_operator.leader")
@@ -118,7 +125,9 @@ class LeaderElector:
         self.identity = identity or f"{base}_{uuid.uuid4().hex[:8]}"
         self.stopping = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._released = False
+        self.fence: Fence = FENCE
 
     # -- acquiring ----------------------------------------------------------------------------
 
@@ -137,6 +146,7 @@ class LeaderElector:
         waiting_logged = False
         try:
             while not self.stopping.is_set():
+                started = time.monotonic()  # the lead, if taken now, is sure from here
                 try:
                     lease = self._read()
                     if lease is None:
@@ -171,8 +181,11 @@ class LeaderElector:
         logger.info("%s as %s (Lease %s/%s)", LEADING_MESSAGE, self.identity,
                     self.namespace, self.name)  # fmt: skip
         LEADER.set(1)
+        self.fence.bind(started + self.settings.renew_deadline_seconds)
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
         self._renewer.start()
+        self._watchdog = threading.Thread(target=self._watch, name="lease-watchdog", daemon=True)
+        self._watchdog.start()
         atexit.register(self.release)
         return True
 
@@ -260,6 +273,7 @@ class LeaderElector:
     # -- leading ------------------------------------------------------------------------------
 
     def _renew_once(self) -> None:
+        started = time.monotonic()
         lease = self._read()
         holder = None if lease is None else lease["spec"].get("holderIdentity")
         if lease is None or holder != self.identity:
@@ -268,6 +282,18 @@ class LeaderElector:
         spec = self._spec(int(lease["spec"].get("leaseTransitions") or 0), acquired=False)
         spec["acquireTime"] = lease["spec"].get("acquireTime")
         self._replace(lease, spec)
+        self.fence.bind(started + self.settings.renew_deadline_seconds)
+
+    def _watch(self) -> None:
+        """Exit when the sure lead has run out (the renewer may be stuck in a slow call)."""
+        while not self.stopping.is_set():
+            remaining = self.fence.remaining()
+            if remaining <= 0:
+                self._lost(
+                    f"no renewal started in the last {self.settings.renew_deadline_seconds:g}s "
+                    "succeeded"
+                )
+            self.stopping.wait(min(remaining, 0.1))
 
     def _renew_loop(self) -> None:
         last_renewed = time.monotonic()

@@ -98,3 +98,16 @@ def sandbox_ttl(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> 
     """Delete a terminal Sandbox ``ttlSecondsAfterFinished`` after it finished."""
     if ttl_expired(body):
         runtime().api.delete(SANDBOX_PLURAL, str(namespace), name)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    SANDBOX_PLURAL,
+    id="agent-token",
+    interval=SETTINGS.agent_token_renew_interval_seconds,
+    when=lambda **_: SETTINGS.executor == "pod" and SETTINGS.agent_token_lifetime_seconds > 0,
+)
+def sandbox_agent_token(body: kopf.Body, **_: Any) -> None:
+    """Renew the workspace agent's token before it runs out (pod executor)."""
+    runtime().sandboxes.renew_agent_token(body)

@@ -94,7 +94,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.kube import metrics
+from sandbox_operator.kube import clock, metrics
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -619,7 +619,7 @@ class PlanCommitLogic:
             self.events(body, "Warning", "ReviewFailed", text)
             return None
         metrics.PLAN_REVIEWS.labels("ok").inc()
-        recorded = review_status(review, journal.names, rfc3339(datetime.now(UTC)) or "")
+        recorded = review_status(review, journal.names, rfc3339(clock.now()) or "")
         text = review_message(recorded)
         conditions = set_condition(
             journal.status.get("conditions"),
@@ -671,8 +671,8 @@ class PlanCommitLogic:
         and return None. ``status.approvals`` and ``status.approvedBy`` show every recorded
         decision and who counts; each newly seen decision gets an ``ApprovalRecorded`` Event."""
         review = journal.status.get("review") or {}
-        reviewed_at = _parse_rfc3339(review.get("reviewedAt")) or datetime.now(UTC)
-        now = datetime.now(UTC)
+        now = clock.now()  # the API server's, as reviewedAt: replicas' clocks may differ
+        reviewed_at = _parse_rfc3339(review.get("reviewedAt")) or now
         creator = str(
             ((body.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY_ANNOTATION, "")
         )

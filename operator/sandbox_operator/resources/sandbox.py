@@ -42,7 +42,7 @@ from sandbox_operator.executors.base import (
 )
 from sandbox_operator.executors.placement import unschedulable_reason
 from sandbox_operator.executors.pod_manifests import pod_is_ready
-from sandbox_operator.kube import metrics, redaction
+from sandbox_operator.kube import clock, metrics, redaction
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -630,6 +630,18 @@ class SandboxLogic:
             )
         return checkpoint_info_from_body(body, target), str(body["metadata"]["uid"])
 
+    def renew_agent_token(self, body: Mapping[str, Any]) -> None:
+        """Renew the Sandbox's workspace-agent token when its window changed (a timer; the
+        pod executor writes its token Secret). Nothing for a Sandbox being deleted or with an
+        invalid spec."""
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        try:
+            target = target_from_body(body, self.settings, self.api)
+        except PermanentError:
+            return
+        self.executor.renew_token(target)
+
     def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
@@ -701,7 +713,8 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
     """True when a terminal Sandbox's ``ttlSecondsAfterFinished`` has passed.
 
     The finish time is the Ready condition's ``lastTransitionTime`` (it moved when the phase
-    became terminal).
+    became terminal); both it and ``now`` (default) are on the API server's clock
+    (:mod:`~sandbox_operator.kube.clock`), so replicas whose clocks differ agree.
     """
     ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
     status = body.get("status") or {}
@@ -711,7 +724,7 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
     if ready is None or not ready.get("lastTransitionTime"):
         return False
     finished = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
-    now = now or datetime.now(UTC)
+    now = now or clock.now()
     return (now - finished).total_seconds() >= float(ttl)
 
 

@@ -29,8 +29,9 @@ KEY_SECRET = "op-agent-key"
 NEW_KEY = "f" * 64
 
 
-def _token(key: bytes, uid: str) -> str:
-    return hmac.new(key, uid.encode(), hashlib.sha256).hexdigest()
+def _token(key: bytes, uid: str, serial: str, lifetime: str) -> str:
+    mac = hmac.new(key, f"{uid}|{serial}|{lifetime}".encode(), hashlib.sha256).hexdigest()
+    return f"v2.{serial}.{lifetime}.{mac}"
 
 
 def _secret_value(cluster: Cluster, name: str, key: str) -> bytes:
@@ -63,7 +64,8 @@ def test_the_operator_makes_the_key_and_a_rotation_keeps_the_sandbox_served(
     assert body is not None
     uid = body["metadata"]["uid"]
     token = _secret_value(cluster, child_object_name("s-db", "agent"), "token")
-    assert token.decode() == _token(old_key, uid)
+    _, serial, lifetime, _ = token.decode().split(".")
+    assert token.decode() == _token(old_key, uid, serial, lifetime)
     kubelet.start_container()
     kubelet.report_ready()
     status = cluster.wait_phase("sandbox", "s-db", {"Active", "Errored"}, timeout=60)

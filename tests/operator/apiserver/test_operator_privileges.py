@@ -6,7 +6,8 @@ The chart's ServiceAccount, roles and admission policy (``helm template`` of
 operator's ServiceAccount (``kubectl auth can-i --as`` and impersonated requests), what it may
 do:
 
-- RBAC: no Secret may be deleted, listed or read anywhere (but the agent key, by name); with
+- RBAC: no Secret may be deleted, listed or read anywhere (but the agent key, by name), and the
+  one update (patch) admitted is a renewed token in an agent-token Secret; with
   ``watchNamespaces`` nothing reaches a namespace outside them (no Pod created there);
 - admission (the ValidatingAdmissionPolicy, evaluated for real by a server-side dry run): the
   workspace Pod, token Secret and scratch claim the operator's own builders make pass; a Pod of
@@ -161,8 +162,11 @@ def test_no_secret_can_be_deleted_listed_or_read_anywhere(
 ) -> None:
     for release in (watched, everywhere):
         for namespace in (*release.watched, release.other, release.namespace, "default", None):
-            for verb in ("delete", "deletecollection", "list", "watch", "get", "update", "patch"):
+            for verb in ("delete", "deletecollection", "list", "watch", "get", "update"):
                 assert not release.can(verb, "secrets", namespace), (verb, namespace)
+        # patch (a token's renewal, bounded by the admission policy) only where it watches.
+        for namespace in (release.other, release.namespace, "default"):
+            assert release.can("patch", "secrets", namespace) == (not release.watched)
         # Only the agent key, by name, in the operator's own namespace.
         key = f"secrets/{release.fullname}-agent-key"
         assert release.can("get", key, release.namespace)
@@ -419,6 +423,54 @@ def test_only_token_secrets_and_the_agent_key_may_be_created(watched: Release) -
     assert watched.dry_run(key) == ""
     key["metadata"]["name"] = "something-else"
     assert "may create only agent-token Secrets" in watched.dry_run(key)
+
+
+def _patch_secret(release: Release, namespace: str, name: str, patch: dict[str, Any]) -> str:
+    """A server-side dry-run merge patch of Secret ``name`` as the operator (impersonated; a
+    patch is all it sends, no get): "" when admitted, else the API server's refusal."""
+    core = _core_as(release.server, release.user)
+    try:
+        core.patch_namespaced_secret(name, namespace, patch, dry_run="All")
+    except ApiException as exc:
+        return str(exc.body)
+    return ""
+
+
+def test_only_the_token_of_a_token_secret_may_be_renewed(watched: Release) -> None:
+    namespace = watched.watched[0]
+    target = _target(namespace, name=f"renew-{uuid.uuid4().hex[:6]}")
+    token = _adopted(build_token_secret(target, "t" * 64), target)
+    watched.server.kubectl("create", "-f", "-", input=json.dumps(token), check=True)
+    name = token["metadata"]["name"]
+    other = {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": f"db-{uuid.uuid4().hex[:6]}", "namespace": namespace},
+        "stringData": {"token": "the application's"},
+    }  # fmt: skip
+    watched.server.kubectl("create", "-f", "-", input=json.dumps(other), check=True)
+    # RBAC gives patch (the renewal) and nothing else that changes a Secret.
+    assert watched.can("patch", "secrets", namespace)
+    assert not watched.can("update", "secrets", namespace)
+    assert not watched.can("delete", "secrets", namespace)
+    # A new token is admitted.
+    assert _patch_secret(watched, namespace, name, {"stringData": {"token": "u" * 64}}) == ""
+    # Anything else in that Secret, and any other Secret, is refused by the policy.
+    refusals = [
+        _patch_secret(watched, namespace, name, {"stringData": {"tls.key": "x"}}),
+        _patch_secret(watched, namespace, name, {"metadata": {"labels": {"extra": "x"}}}),
+        _patch_secret(watched, namespace, name, {"metadata": {"ownerReferences": None}}),
+        _patch_secret(watched, namespace, other["metadata"]["name"], {"stringData": {"t": "x"}}),
+    ]
+    for refusal in refusals:
+        assert "updates only the token of a Sandbox's agent-token Secret" in refusal, refusal
+    # The administrator is not the policy's business.
+    admin = watched.server.kubectl(
+        "patch", "secret", other["metadata"]["name"], "-n", namespace, "--type=merge",
+        "--dry-run=server", "-p", json.dumps({"stringData": {"token": "x"}}),
+    )  # fmt: skip
+    assert admin.returncode == 0, admin.stderr
+    # Outside the watched namespaces RBAC refuses before any policy.
+    assert "forbidden" in _patch_secret(watched, watched.other, name, {"stringData": {}}).lower()
 
 
 def test_only_scratch_claims_may_be_created(watched: Release) -> None:

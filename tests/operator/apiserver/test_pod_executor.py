@@ -8,9 +8,9 @@ status subresource. Everything else is real: the operator (pod executor) as a su
 API server, the agent process, a SQLite database (strategy transaction_rollback).
 
 Issue 8: a starting Pod is a normal wait (Pending, no Warning), provisioning wakes on the Pod's
-readiness, the token is the HMAC of the Sandbox uid, a deleted Pod is made again and the sandbox
-re-opened, suspend/resume, ``Finished`` on the PlanCommit, and no token or DSN in any status,
-Event or log line.
+readiness, the token is an HMAC over the Sandbox uid and its renewal window, a deleted Pod is
+made again and the sandbox re-opened, suspend/resume, ``Finished`` on the PlanCommit, and no
+token or DSN in any status, Event or log line.
 """
 
 from __future__ import annotations
@@ -59,9 +59,14 @@ def test_the_pod_executor_wakes_on_pod_readiness_and_calls_the_agent(
     assert cluster.condition("sandbox", "s-db", "Degraded") is None
     body = cluster.get("sandbox", "s-db")
     assert body is not None
-    token = hmac.new(KEY.encode(), body["metadata"]["uid"].encode(), hashlib.sha256).hexdigest()
     secret = cluster.get("secret", SECRET)
-    assert secret is not None and base64.b64decode(secret["data"]["token"]).decode() == token
+    assert secret is not None
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    # v2.<window>.<lifetime>.<HMAC of uid|window|lifetime>: a token that expires.
+    _, serial, lifetime, mac = token.split(".")
+    signed = f"{body['metadata']['uid']}|{serial}|{lifetime}".encode()
+    assert mac == hmac.new(KEY.encode(), signed, hashlib.sha256).hexdigest()
+    assert lifetime == "86400"
     pod = cluster.get("pod", POD)
     assert pod is not None
     assert pod["metadata"]["ownerReferences"][0]["name"] == "s-db"

@@ -86,8 +86,10 @@ def test_after_a_rotation_the_previous_keys_token_still_reaches_the_agent(
 ) -> None:
     executor = DirectPodExecutor(agent, _keys(tmp_path, NEW_KEY, KEY))
     assert executor.keys() == AgentKeys(NEW_KEY, KEY)
-    # New Sandboxes get the new key's token.
-    assert executor.token(TARGET) == derive_token(NEW_KEY, UID)
+    # New Sandboxes get the new key's token (of the current renewal window).
+    token = executor.token(TARGET)
+    _, serial, lifetime, _ = token.split(".")
+    assert token == derive_token(NEW_KEY, UID, int(serial), int(lifetime))
     assert _status(executor) in ("created", "active")
     # The accepted key is remembered: the next call offers it first (one Pod lookup per call).
     calls = executor.agent_calls
