@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine (idempotent, safe to re-run):
 # system packages, the Python virtualenv with the project installed, PostgreSQL, and the
-# Kubernetes binaries (kube-apiserver, etcd, kubectl, helm) built from the Go module proxy.
+# Kubernetes binaries (kube-apiserver, etcd, kubectl, helm) and kube-score built from the Go
+# module proxy.
 # Prints nothing but progress; sourcing hack/env.sh afterwards gives the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,4 +55,8 @@ fi
 if [ -x hack/build-k8s-binaries.sh ]; then
   echo "setup: Kubernetes binaries (cached after the first build)"
   hack/build-k8s-binaries.sh >/dev/null
+fi
+if [ -x hack/build-kube-score.sh ]; then
+  echo "setup: kube-score (cached after the first build)"
+  hack/build-kube-score.sh >/dev/null
 fi
