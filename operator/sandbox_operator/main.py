@@ -33,6 +33,7 @@ from sandbox_operator.kube.logs import configure_logging
 from sandbox_operator.reconcilers import (  # noqa: F401
     checkpoint,
     metadata,
+    phases,
     plancommit,
     sandbox,
 )

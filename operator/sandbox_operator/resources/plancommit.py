@@ -94,7 +94,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.kube import metrics
+from sandbox_operator.kube import lifecycle_metrics, metrics
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -403,6 +403,7 @@ class PlanCommitLogic:
                 time.monotonic() - started
             )
             metrics.COMMITS.labels(spec.action.value, state.phase.value).inc()
+            lifecycle_metrics.observe_plan_phases(spec.action.value, body, journal.status)
             if spec.action is PlanCommitAction.COMMIT:
                 metrics.COMPENSATIONS.inc(len(state.rolled_back_ids))
                 metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))

@@ -40,7 +40,7 @@ from sandbox_operator.executors.base import (
     WorkspaceNotReady,
 )
 from sandbox_operator.executors.pod_manifests import pod_is_ready
-from sandbox_operator.kube import metrics, redaction
+from sandbox_operator.kube import lifecycle_metrics, metrics, redaction
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -277,6 +277,7 @@ class SandboxLogic:
         if (body.get("spec") or {}).get("suspend"):
             self._set_suspended(body, patch)
             return
+        lifecycle_metrics.SANDBOX_STARTUP.reconcile_started(body)
         self._provision(body, patch, target, retry)
 
     def _provision(
@@ -302,6 +303,8 @@ class SandboxLogic:
             body["metadata"].get("generation"),
         )
         patch.setdefault("status", {}).update(status)
+        if status["phase"] == SandboxPhase.ACTIVE.value:
+            lifecycle_metrics.SANDBOX_STARTUP.active(body)
         if target.strategy == "none":
             self.events(
                 body,
@@ -384,6 +387,7 @@ class SandboxLogic:
         except PermanentError:
             return
         if state == "Ready":
+            lifecycle_metrics.SANDBOX_STARTUP.pod_ready(str(body["metadata"].get("uid") or ""))
             self._provision(body, patch, target, retry)
         elif state in ("NotReady", "Terminating"):
             starting = phase in (None, SandboxPhase.PENDING.value) and state == "NotReady"
@@ -631,6 +635,7 @@ class SandboxLogic:
                 sandbox is still in use (:func:`errors.waiting`: backs off by ``retry``, logged
                 at INFO, no Event).
         """
+        lifecycle_metrics.SANDBOX_STARTUP.forget(str(body["metadata"]["uid"]))
         holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
         if holders:
             raise waiting(
