@@ -21,9 +21,9 @@ a controller is never claimed.
 Succeeded, or not Ready ``start_grace_seconds`` after creation, or Ready=False after having been
 Ready) and creates the missing ones (``generateName``).
 
-What is not built yet: handing a claimed Pod its Sandbox (the source and the agent token reach
-a running agent through an authenticated bind call instead of volumes) and the Sandbox
-provisioning that asks the pool first; docs/operator-design.md lists them.
+Not built yet (docs/operator-design.md, "Warm pool"): handing a claimed Pod its Sandbox (its
+agent token and its source, which no running Pod can mount later) and the provisioning that
+asks the pool first, so nothing in the operator calls this module yet.
 """
 
 from __future__ import annotations
