@@ -36,7 +36,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip
 fi
 echo "setup: installing the project into .venv"
-.venv/bin/pip install -q -e '.[operator,test,client]'
+.venv/bin/pip install -q -e '.[operator,test,client,tracing]'
 # The framework adapters' tier runs in a virtualenv of its own: the frameworks and their
 # conformance suites bring pytest plugins (pytest-asyncio, pytest-socket, ...) and model SDKs
 # that the rest of the suite must not load.

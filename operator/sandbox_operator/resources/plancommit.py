@@ -94,7 +94,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.kube import lifecycle_metrics, metrics
+from sandbox_operator.kube import lifecycle_metrics, metrics, tracing
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -391,7 +391,15 @@ class PlanCommitLogic:
                 generation,
             )
         try:
-            with metrics.reconcile_timer("PlanCommit", spec.action.value.lower()):
+            with (
+                tracing.span(
+                    f"plancommit.{spec.action.value.lower()}",
+                    namespace=str(body["metadata"].get("namespace") or ""),
+                    name=str(body["metadata"].get("name") or ""),
+                    plan=spec.plan_id,
+                ),
+                metrics.reconcile_timer("PlanCommit", spec.action.value.lower()),
+            ):
                 if spec.action is PlanCommitAction.COMMIT:
                     state = self._commit(spec, journal, targets, by_id, body, attempt)
                 else:

@@ -40,7 +40,7 @@ from sandbox_operator.executors.base import (
     WorkspaceNotReady,
 )
 from sandbox_operator.executors.pod_manifests import pod_is_ready
-from sandbox_operator.kube import lifecycle_metrics, metrics, redaction
+from sandbox_operator.kube import lifecycle_metrics, metrics, redaction, tracing
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -287,7 +287,16 @@ class SandboxLogic:
         target: SandboxTarget,
         retry: int,
     ) -> None:
-        with metrics.reconcile_timer("Sandbox", "provision") as outcome:
+        with (
+            tracing.span(
+                "sandbox.provision",
+                namespace=target.namespace,
+                name=target.name,
+                strategy=target.strategy,
+                executor=self.executor.kind,
+            ),
+            metrics.reconcile_timer("Sandbox", "provision") as outcome,
+        ):
             try:
                 state = self.executor.provision(target)
             except WorkspaceNotReady as waiting:
