@@ -2,7 +2,7 @@
 # Set up everything the project needs on a fresh Debian machine (idempotent, safe to re-run):
 # system packages, the Python virtualenv with the project installed, PostgreSQL, and the
 # Kubernetes binaries (kube-apiserver, kube-scheduler, kube-controller-manager, etcd, kubectl, helm)
-# built from the Go module proxy.
+# and kube-score built from the Go module proxy.
 # Prints nothing but progress; sourcing hack/env.sh afterwards gives the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip
 fi
 echo "setup: installing the project into .venv"
-.venv/bin/pip install -q -e '.[operator,test,client]'
+.venv/bin/pip install -q -e '.[operator,test,client,tracing]'
 # The framework adapters' tier runs in a virtualenv of its own: the frameworks and their
 # conformance suites bring pytest plugins (pytest-asyncio, pytest-socket, ...) and model SDKs
 # that the rest of the suite must not load.
@@ -57,4 +57,8 @@ fi
 if [ -x hack/build-k8s-binaries.sh ]; then
   echo "setup: Kubernetes binaries (cached after the first build)"
   hack/build-k8s-binaries.sh >/dev/null
+fi
+if [ -x hack/build-kube-score.sh ]; then
+  echo "setup: kube-score (cached after the first build)"
+  hack/build-kube-score.sh >/dev/null
 fi

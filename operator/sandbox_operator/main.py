@@ -23,7 +23,7 @@ import kopf
 from sandbox_api.models import FINALIZER, GROUP
 from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.kube import api as k8s
-from sandbox_operator.kube import clock, metrics
+from sandbox_operator.kube import clock, metrics, tracing
 from sandbox_operator.kube.diffbase import StatusDiffBase
 from sandbox_operator.kube.events import EventRecorder, NamespaceGate, install_kopf_filter
 from sandbox_operator.kube.fence import install_kopf_fence
@@ -34,6 +34,7 @@ from sandbox_operator.kube.logs import configure_logging
 from sandbox_operator.reconcilers import (  # noqa: F401
     checkpoint,
     metadata,
+    phases,
     plancommit,
     sandbox,
 )
@@ -66,6 +67,7 @@ def tune(settings: kopf.OperatorSettings) -> None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf, serve metrics, wait for the lead (leader election), build the runtime."""
     configure_logging(SETTINGS.log_format)
+    tracing.configure(SETTINGS.otel_exporter)  # "none" by default: no exporter
     install_quiet_waits()  # a finalizer waiting for a saga is not an error
     tune(settings)
     k8s.load_config()

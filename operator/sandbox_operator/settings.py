@@ -73,6 +73,9 @@ class Settings(BaseSettings):
         exec_timeout_seconds: limit of one ``sandbox-core`` call in a workspace Pod.
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
+        otel_exporter: ``none`` (default: no traces leave the process) or ``otlp`` (OpenTelemetry
+            spans to the OTLP/HTTP endpoint of ``OTEL_EXPORTER_OTLP_ENDPOINT``; the ``tracing``
+            extra).
         leader_election: only the holder of a ``coordination.k8s.io`` Lease reconciles
             (several replicas, one active; :mod:`sandbox_operator.kube.leader`).
         leader_election_lease_name: name of that Lease in ``pod_namespace``.
@@ -148,6 +151,7 @@ class Settings(BaseSettings):
     exec_timeout_seconds: Seconds = 300.0
     scratch_volume_size: str = "1Gi"
     log_format: Literal["json", "plain"] = "json"
+    otel_exporter: Literal["none", "otlp"] = "none"
     leader_election: bool = False
     leader_election_lease_name: str = "sandbox-operator-leader"
     lease_duration_seconds: Annotated[float, Field(gt=0)] = 15.0

@@ -91,6 +91,7 @@ def test_values_schema_closes_every_object() -> None:
         ".serviceAccount.annotations", ".metrics.service.annotations", ".podAnnotations",
         ".podLabels", ".nodeSelector", ".metrics.serviceMonitor.labels",
         ".metrics.prometheusRule.labels", ".workspace.nodeSelector",
+        ".metrics.grafanaDashboard.labels", ".metrics.grafanaDashboard.annotations",
     }  # fmt: skip
     # Every key of values.yaml is declared.
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())

@@ -28,6 +28,7 @@ from typing import Any
 
 from sandbox_core.agent import tokens, wire
 from sandbox_operator.errors import ExecutorError
+from sandbox_operator.kube import tracing
 
 AGENT_PORT = wire.DEFAULT_PORT
 
@@ -138,6 +139,7 @@ class AgentClient:
             headers["Content-Type"] = wire.JSON_CONTENT_TYPE
         if request_id:
             headers[wire.REQUEST_ID_HEADER] = request_id
+        tracing.inject(headers)  # traceparent of the operator's span, when tracing is on
         request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http only, built from the Pod IP
         what = f"agent {method} {path}"
         try:

@@ -94,7 +94,7 @@ from sandbox_operator.executors.base import (
     SandboxTarget,
     WorkspaceNotReady,
 )
-from sandbox_operator.kube import clock, metrics
+from sandbox_operator.kube import clock, lifecycle_metrics, metrics, tracing
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -391,7 +391,15 @@ class PlanCommitLogic:
                 generation,
             )
         try:
-            with metrics.reconcile_timer("PlanCommit", spec.action.value.lower()):
+            with (
+                tracing.span(
+                    f"plancommit.{spec.action.value.lower()}",
+                    namespace=str(body["metadata"].get("namespace") or ""),
+                    name=str(body["metadata"].get("name") or ""),
+                    plan=spec.plan_id,
+                ),
+                metrics.reconcile_timer("PlanCommit", spec.action.value.lower()),
+            ):
                 if spec.action is PlanCommitAction.COMMIT:
                     state = self._commit(spec, journal, targets, by_id, body, attempt)
                 else:
@@ -403,6 +411,7 @@ class PlanCommitLogic:
                 time.monotonic() - started
             )
             metrics.COMMITS.labels(spec.action.value, state.phase.value).inc()
+            lifecycle_metrics.observe_plan_phases(spec.action.value, body, journal.status)
             if spec.action is PlanCommitAction.COMMIT:
                 metrics.COMPENSATIONS.inc(len(state.rolled_back_ids))
                 metrics.FAILED_COMPENSATIONS.inc(len(state.failed_rollback_ids))

@@ -42,7 +42,7 @@ from sandbox_operator.executors.base import (
 )
 from sandbox_operator.executors.placement import unschedulable_reason
 from sandbox_operator.executors.pod_manifests import pod_is_ready
-from sandbox_operator.kube import clock, metrics, redaction
+from sandbox_operator.kube import clock, lifecycle_metrics, metrics, redaction, tracing
 from sandbox_operator.kube.api import Api
 from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
@@ -285,6 +285,7 @@ class SandboxLogic:
         if (body.get("spec") or {}).get("suspend"):
             self._set_suspended(body, patch)
             return
+        lifecycle_metrics.SANDBOX_STARTUP.reconcile_started(body)
         self._provision(body, patch, target, retry)
 
     def _provision(
@@ -294,7 +295,16 @@ class SandboxLogic:
         target: SandboxTarget,
         retry: int,
     ) -> None:
-        with metrics.reconcile_timer("Sandbox", "provision") as outcome:
+        with (
+            tracing.span(
+                "sandbox.provision",
+                namespace=target.namespace,
+                name=target.name,
+                strategy=target.strategy,
+                executor=self.executor.kind,
+            ),
+            metrics.reconcile_timer("Sandbox", "provision") as outcome,
+        ):
             try:
                 state = self.executor.provision(target)
             except WorkspaceNotReady as waiting:
@@ -310,6 +320,8 @@ class SandboxLogic:
             body["metadata"].get("generation"),
         )
         patch.setdefault("status", {}).update(status)
+        if status["phase"] == SandboxPhase.ACTIVE.value:
+            lifecycle_metrics.SANDBOX_STARTUP.active(body)
         if target.strategy == "none":
             self.events(
                 body,
@@ -395,6 +407,9 @@ class SandboxLogic:
             return
         if state in ("Ready", "Unschedulable"):
             # Unschedulable: provisioning reads the Pod and records the scheduler's reason.
+            if state == "Ready":
+                uid = str(body["metadata"].get("uid") or "")
+                lifecycle_metrics.SANDBOX_STARTUP.pod_ready(uid)
             self._provision(body, patch, target, retry)
         elif state in ("NotReady", "Terminating"):
             starting = phase in (None, SandboxPhase.PENDING.value) and state == "NotReady"
@@ -654,6 +669,7 @@ class SandboxLogic:
                 sandbox is still in use (:func:`errors.waiting`: backs off by ``retry``, logged
                 at INFO, no Event).
         """
+        lifecycle_metrics.SANDBOX_STARTUP.forget(str(body["metadata"]["uid"]))
         holders = self.claims.begin_finalizing(str(body["metadata"]["uid"]))
         if holders:
             raise waiting(

@@ -40,6 +40,7 @@ from sandbox_operator.executors.pod_manifests import (
     build_workspace_pod,
     child_name,
 )
+from sandbox_operator.executors.warm_pool import POOL_LABEL, build_pool_pod
 from sandbox_operator.kube.api import adopt
 from sandbox_operator.settings import Settings
 
@@ -523,6 +524,72 @@ def test_only_what_the_operator_made_may_be_deleted_or_changed(watched: Release)
             "--as", watched.user,
         )  # fmt: skip
         assert "must be a workspace Pod" in other.stderr
+    finally:
+        server.kubectl("delete", "pod", "--all", "-n", namespace, "--wait=false")
+
+
+def _pool_pod(namespace: str, name: str = "pool-a") -> dict[str, Any]:
+    """A free warm-pool Pod exactly as the operator builds it (warm_pool), with a name."""
+    pod = build_pool_pod(namespace, Settings(workspace_image=IMAGE), WORKSPACE)
+    pod["metadata"].pop("generateName")
+    pod["metadata"]["name"] = name
+    return pod
+
+
+def test_a_free_pool_pod_is_admitted_and_stays_workspace_shaped(watched: Release) -> None:
+    namespace = watched.watched[0]
+    assert watched.dry_run(_pool_pod(namespace)) == ""
+    claim = _pool_pod(namespace)
+    claim["spec"]["volumes"].append(
+        {"name": "source", "persistentVolumeClaim": {"claimName": "someone-elses"}}
+    )
+    image = _pool_pod(namespace)
+    image["spec"]["containers"][0]["image"] = "evil.example/sh:1"
+    owned = _pool_pod(namespace)
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": str(uuid.uuid4())}
+    ]
+    unlabelled = _pool_pod(namespace)
+    unlabelled["metadata"]["labels"].pop(POOL_LABEL)
+    for refused in (claim, image, owned, unlabelled):
+        assert "ValidatingAdmissionPolicy" in watched.dry_run(refused)
+
+
+def test_a_claimed_pool_pod_is_never_made_free_again(watched: Release) -> None:
+    namespace = watched.watched[1]
+    server = watched.server
+    pod = _pool_pod(namespace, "pool-claimed")
+    made = server.kubectl(
+        "create", "-f", "-", "-n", namespace, "--as", watched.user, input=json.dumps(pod)
+    )
+    assert made.returncode == 0, made.stderr
+    try:
+        uid = str(uuid.uuid4())
+        claim = {
+            "metadata": {
+                "labels": {POOL_LABEL: None, "sandbox.cleveragents.io/sandbox-uid": uid},
+                "ownerReferences": [
+                    {"apiVersion": "sandbox.cleveragents.io/v1alpha1", "kind": "Sandbox",
+                     "name": "s1", "uid": uid, "controller": True, "blockOwnerDeletion": True}
+                ],
+            }
+        }  # fmt: skip
+        claimed = server.kubectl(
+            "patch", "pod", "pool-claimed", "--type=merge", "-p", json.dumps(claim),
+            "-n", namespace, "--as", watched.user,
+        )  # fmt: skip
+        assert claimed.returncode == 0, claimed.stderr
+        release = {
+            "metadata": {
+                "labels": {POOL_LABEL: "any", "sandbox.cleveragents.io/sandbox-uid": None},
+                "ownerReferences": None,
+            }
+        }
+        freed = server.kubectl(
+            "patch", "pod", "pool-claimed", "--type=merge", "-p", json.dumps(release),
+            "--dry-run=server", "-n", namespace, "--as", watched.user,
+        )  # fmt: skip
+        assert "must be a workspace Pod" in freed.stderr
     finally:
         server.kubectl("delete", "pod", "--all", "-n", namespace, "--wait=false")
 
