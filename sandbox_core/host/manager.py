@@ -33,7 +33,7 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
-from sandbox_core.errors import SandboxError
+from sandbox_core.errors import SandboxError, SandboxForkError
 from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
@@ -57,6 +57,7 @@ from sandbox_core.plan.two_phase import TwoPhasePlanCommit
 from sandbox_core.protocol import CommitResult
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import require_non_empty
+from sandbox_core.strategies.catalogue import traits_of
 from sandbox_core.strategies.factory import SandboxFactory
 
 __all__ = [
@@ -192,6 +193,66 @@ class SandboxManager:
                 return existing
             sandbox = self._host.provision(
                 plan_id, resource_id, original_path, str(sandbox_strategy), **options
+            )
+            with self._lock:
+                self._sandboxes.setdefault(plan_id, {})[resource_id] = sandbox
+            if existing is not None:
+                self._discard_replaced(existing)
+            return sandbox
+
+    def fork_sandbox(
+        self, plan_id: str, resource_id: str, checkpoint_id: str, **options: Any
+    ) -> Any:
+        """A new sandbox of (plan, resource) that starts from checkpoint ``checkpoint_id`` of
+        another sandbox: same strategy, same original, the parent's change up to the checkpoint
+        as its own uncommitted change (docs/forks.md). Siblings forked from one checkpoint are
+        independent: each commits, rolls back or is cleaned up alone, and outlives its parent.
+
+        Args:
+            options: strategy options; default the parent's when it is tracked here
+                (``sandbox_root``, ``mode``).
+
+        Returns:
+            The fork, CREATED; its context metadata names ``forked_from``.
+
+        Raises:
+            ValueError: an empty id, or (plan, resource) already has an open sandbox.
+            SandboxForkError: no such checkpoint, a metadata-only one, a strategy that cannot
+                fork (transaction_rollback, none), or an overlap with what the original changed
+                since the parent was made (nothing of the fork is kept).
+            SandboxCreationError: the strategy could not create it.
+        """
+        require_non_empty("plan_id", plan_id)
+        require_non_empty("resource_id", resource_id)
+        checkpoint = self.checkpoints.get_checkpoint(checkpoint_id)
+        if checkpoint is None:
+            raise SandboxForkError(f"checkpoint {checkpoint_id} not found")
+        strategy = checkpoint.metadata.get("strategy", "")
+        if strategy and not traits_of(strategy).forkable:
+            raise SandboxForkError(
+                f"strategy {strategy} cannot start a sandbox from a checkpoint (docs/forks.md)"
+            )
+        source = self.checkpoints.fork_source(checkpoint)
+        parent = self.find_sandbox(checkpoint.sandbox_id)
+        if parent is not None:
+            options = {
+                key: value
+                for key, value in {**parent.options, **options}.items()
+                if key != "sandbox_id"
+            }
+        with self._plan_lock(plan_id):
+            existing = self.get_sandbox(plan_id, resource_id)
+            if existing is not None and existing.status.is_open:
+                raise ValueError(
+                    f"plan {plan_id} already has an open sandbox for resource {resource_id}"
+                )
+            sandbox = self._host.provision(
+                plan_id,
+                resource_id,
+                checkpoint.metadata["original_path"],
+                strategy,
+                fork=source,
+                **options,
             )
             with self._lock:
                 self._sandboxes.setdefault(plan_id, {})[resource_id] = sandbox
