@@ -265,21 +265,25 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
     )
 
 
+class ForkRefusedError(PermanentError):
+    """A fork whose parent or Checkpoint can never fit it (condition reason ``ForkRefused``)."""
+
+
 def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
     """Check ``spec.source.fromCheckpoint`` against the parent Sandbox and its Checkpoint, in
     ``namespace`` (docs/forks.md), before the fork is made. Only then: once made, the fork
     never looks at its parent again, so deleting the parent leaves it working.
 
     Raises:
-        PermanentError: reason ``ForkRefused``: the parent has another plan, strategy or
-            original, or the Checkpoint is of another Sandbox.
+        ForkRefusedError: the parent has another plan, strategy or original, or the
+            Checkpoint is of another Sandbox.
         TemporaryError: the parent or the Checkpoint does not exist yet, or the Checkpoint is
             not Ready.
     """
     wanted = spec.source.from_checkpoint
     assert wanted is not None
     if api is None:
-        raise PermanentError("ForkRefused: forking a Sandbox needs the API to find its parent")
+        raise ForkRefusedError("forking a Sandbox needs the API to find its parent")
     try:
         parent = api.get("sandboxes", namespace, wanted.sandbox)
         checkpoint = api.get("checkpoints", namespace, wanted.checkpoint)
@@ -294,7 +298,7 @@ def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
     try:
         parent_spec = SandboxSpec.model_validate(dict(parent.get("spec") or {}))
     except ValueError as exc:
-        raise PermanentError(f"ForkRefused: parent {wanted.sandbox} is invalid: {exc}") from exc
+        raise ForkRefusedError(f"parent {wanted.sandbox} is invalid: {exc}") from exc
     differences = [
         field
         for field, mine, theirs in (
@@ -305,14 +309,14 @@ def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
         if mine != theirs
     ]
     if differences:
-        raise PermanentError(
-            f"ForkRefused: Sandbox {wanted.sandbox} is not a parent this Sandbox can fork: "
+        raise ForkRefusedError(
+            f"Sandbox {wanted.sandbox} is not a parent this Sandbox can fork: "
             f"its {', '.join(differences)} differ; a fork has its parent's plan, strategy and "
             "original"
         )
     if str((checkpoint.get("spec") or {}).get("sandboxName") or "") != wanted.sandbox:
-        raise PermanentError(
-            f"ForkRefused: Checkpoint {wanted.checkpoint} is not a checkpoint of Sandbox "
+        raise ForkRefusedError(
+            f"Checkpoint {wanted.checkpoint} is not a checkpoint of Sandbox "
             f"{wanted.sandbox}"
         )
     checkpoint_id = str((checkpoint.get("status") or {}).get("checkpointId") or "")

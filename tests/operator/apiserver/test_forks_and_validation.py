@@ -161,3 +161,36 @@ def test_one_fork_is_committed_after_approval_and_the_others_are_discarded(
         wait_for(lambda n=name: cluster.gone("sandbox", n), 60, f"sandbox {name} deleted")
     assert cluster.status("sandbox", "try-2")["phase"] == "Committed"
     wait_for(lambda: ("Normal", "Discarded") in reasons(cluster, "pc-ok"), 30, "event")
+
+
+def test_a_fork_of_a_parent_of_another_plan_is_refused_with_reason_fork_refused(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    operator.start()
+    original = make_dir(tmp_path / "data", {"app.txt": "v0\n"})
+    cluster.create(sandbox_manifest("other-parent", "plan-a", "copy_on_write", original))
+    cluster.wait_active("other-parent")
+    cluster.create(checkpoint_manifest("other-cp", "other-parent"))
+    assert cluster.wait_phase("checkpoint", "other-cp", {"Ready", "Failed"})["phase"] == "Ready"
+    cluster.create(fork_manifest("stray", "plan-b", original, "other-parent", "other-cp"))
+
+    ready = wait_for(
+        lambda: (
+            (c := cluster.condition("sandbox", "stray", "Ready"))
+            and c["status"] == "False"
+            and c.get("reason") == "ForkRefused"
+            and c
+        ),
+        60,
+        "Ready False ForkRefused",
+    )
+
+    assert "its planId differ" in ready["message"]
+
+    def refused_event() -> bool:
+        return any(
+            e["reason"] == "ProvisionFailed" and "ForkRefused" in e["message"]
+            for e in cluster.events("stray")
+        )
+
+    wait_for(refused_event, 30, "ProvisionFailed event naming ForkRefused")
