@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.client import ClientEnv
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
@@ -22,6 +23,7 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 def test_the_forks_tutorial_runs_end_to_end(env: ClientEnv, tmp_path: Path) -> None:
     blocks = BLOCK.findall(DOC.read_text())
     assert len(blocks) == 5
+    grant_plancommit_rights(env.cluster)  # alice, the tutorial's approver
     script = tmp_path / "forks_tutorial.py"
     script.write_text("\n\n".join(blocks))
     process_env = env.env()
