@@ -91,12 +91,27 @@ class SecretSource(_Model):
     key: str = "dsn"
 
 
+class CheckpointRef(_Model):
+    """``spec.source.fromCheckpoint``: start from Checkpoint ``checkpoint`` of Sandbox
+    ``sandbox`` (same namespace, plan, strategy and original; docs/forks.md)."""
+
+    sandbox: str
+    checkpoint: str
+
+
 class SandboxSource(_Model):
-    """Where the original lives; exactly one member is set (enforced by the CRD)."""
+    """Where the original lives; exactly one of the first three members is set (enforced by
+    the CRD); ``from_checkpoint`` may be added beside it (a fork)."""
 
     persistent_volume_claim: PvcSource | None = None
     node_path: str | None = None
     secret_ref: SecretSource | None = None
+    from_checkpoint: CheckpointRef | None = None
+
+    def original(self) -> dict[str, Any]:
+        """The source without ``fromCheckpoint``, in the CRD's shape: what a fork and its
+        parent must have equal."""
+        return self.model_dump(by_alias=True, exclude_none=True, exclude={"from_checkpoint"})
 
 
 class SandboxOptions(_Model):
@@ -255,6 +270,16 @@ class ApprovalEntry(_Model):
     comment: str | None = None
 
 
+class PlanCheckSpec(_Model):
+    """One item of ``PlanCommit.spec.checks``: ``command`` (argv) must exit 0 in Sandbox
+    ``sandbox`` within ``timeout_seconds`` before prepare (docs/forks.md)."""
+
+    name: str
+    sandbox: str
+    command: list[str]
+    timeout_seconds: int = 300
+
+
 class PlanCommitSpec(_Model):
     """``PlanCommit.spec``.
 
@@ -275,6 +300,8 @@ class PlanCommitSpec(_Model):
     approval_timeout_seconds: int | None = None
     approvals: list[ApprovalEntry] = Field(default_factory=list)
     required_approvals: int | None = None
+    sandboxes: list[str] | None = None
+    checks: list[PlanCheckSpec] = Field(default_factory=list)
 
     @property
     def approval_required(self) -> bool:

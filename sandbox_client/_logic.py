@@ -13,11 +13,17 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from sandbox_api.models import PlanCommitApproval, WorkspaceSpec, dump
+from sandbox_api.models import (
+    CheckpointRef,
+    PlanCheckSpec,
+    PlanCommitApproval,
+    WorkspaceSpec,
+    dump,
+)
 from sandbox_client.errors import NotFoundError, RefusedError, WaitTimeoutError, error_for
 from sandbox_client.models import (
     API_VERSION,
@@ -144,12 +150,21 @@ def plancommit_manifest(
     approval_required: bool = False,
     mode: str | None = None,
     created_by: str | None = None,
+    sandboxes: Sequence[str] | None = None,
+    checks: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The PlanCommit object to create (``generateName`` ``<plan>-commit-`` / ``-rollback-``);
     with ``approval_required`` it stops at ``AwaitingApproval`` after its review, ``mode``
     (``"TwoPhase"`` | ``"Saga"``) chooses the protocol (unset: the operator's default,
     TwoPhase), ``created_by`` names the creator in the annotation the approval policy checks
-    (the requester's own user name: docs/approvals.md). Only the fields given are sent."""
+    (the requester's own user name: docs/approvals.md), ``sandboxes`` names the Sandboxes to
+    commit (the others are discarded) and ``checks`` the pre-commit checks (``{"name",
+    "sandbox", "command": [...], "timeoutSeconds"}``; docs/forks.md). Only the fields given
+    are sent.
+
+    Raises:
+        RefusedError: reason ``InvalidSpec``, a check is malformed.
+    """
     fields: dict[str, Any] = {
         "plan_id": plan_id,
         "action": action,
@@ -160,7 +175,14 @@ def plancommit_manifest(
         fields["approval"] = PlanCommitApproval.REQUIRED
     if mode is not None:
         fields["mode"] = mode
-    spec = PlanCommitSpec(**fields)
+    if sandboxes is not None:
+        fields["sandboxes"] = list(sandboxes)
+    try:
+        if checks:
+            fields["checks"] = [PlanCheckSpec.model_validate(dict(c)) for c in checks]
+        spec = PlanCommitSpec(**fields)
+    except ValueError as exc:
+        raise RefusedError("InvalidSpec", str(exc)) from exc
     verb = "commit" if action is PlanCommitAction.COMMIT else "rollback"
     meta: dict[str, Any] = {"generateName": f"{dns_name(plan_id)[:40]}-{verb}-"}
     if created_by:
@@ -336,6 +358,48 @@ def plancommit_reviewed(name: str) -> Predicate[PlanReview]:
         return None
 
     return check
+
+
+def plancommit_validated(name: str) -> Predicate[list[dict[str, Any]]]:
+    """Done when PlanCommit ``name`` recorded its checks (``status.validation``) and moved on:
+    to its review (checks passed) or to its end (a check failed, ``ValidationFailed``).
+
+    Raises (from the predicate): ``NotFoundError`` when it is deleted; the typed error of its
+    ``Committed`` condition when it ended without checks.
+    """
+
+    def check(objects: Objects) -> list[dict[str, Any]] | None:
+        obj = objects.get(name)
+        if obj is None:
+            return None
+        status = obj.get("status") or {}
+        result = PlanCommitResult.from_object(obj)
+        moved_on = result.done or bool((status.get("review") or {}).get("digest"))
+        if result.validation and moved_on:
+            return result.validation
+        if result.done:
+            raise error_for(*_failure(result.conditions, "Reviewed", "Committed"))
+        return None
+
+    return check
+
+
+def fork_manifest(
+    parent: SandboxInfo, name: str, checkpoint: str, resource_id: str | None = None
+) -> dict[str, Any]:
+    """The Sandbox that starts from Checkpoint ``checkpoint`` of ``parent``: its plan,
+    strategy, original and options, ``spec.source.fromCheckpoint`` added (docs/forks.md)."""
+    source = parent.spec.source.model_copy(
+        update={"from_checkpoint": CheckpointRef(sandbox=parent.name, checkpoint=checkpoint)}
+    )
+    return sandbox_manifest(
+        name,
+        parent.spec.plan_id,
+        resource_id or name,
+        parent.spec.strategy,
+        source,
+        options=parent.spec.options,
+    )
 
 
 def all_gone(names: list[str]) -> Predicate[bool]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -363,6 +364,9 @@ def _review_text(review: PlanReview, wide: bool) -> str:
         for row in review.sandboxes:
             for line in [*row.paths, *(f"! {c}" for c in row.conflicts)]:
                 text += f"\n  {row.name or row.sandbox_id}: {line}"
+    for check in review.checks:  # the pre-commit checks the digest binds (docs/forks.md)
+        verdict = "passed" if check.get("passed") else f"FAILED (exit {check.get('exitCode')})"
+        text += f"\ncheck {check.get('name')} in {check.get('sandbox')}: {verdict}"
     return (
         f"{text}\nplancommit/{review.plancommit} {review.phase.value}"
         f"{' (truncated)' if review.truncated else ''}\ndigest: {review.digest}"
@@ -564,6 +568,95 @@ def restore(options: Options, sandbox: str, checkpoint_name: str, timeout: str) 
             checkpoint_name, timeout=parse_duration(timeout)
         )
     _emit(options, info.raw, f"sandbox/{sandbox} restored to {checkpoint_name}")
+
+
+@cli.command()
+@click.argument("sandbox")
+@click.argument("checkpoint_name", metavar="CHECKPOINT")
+@click.option("--name", required=True, help="Name of the new Sandbox (the fork).")
+@click.option("--resource-id", default=None, help="Its spec.resourceId (default: --name).")
+@click.option("--wait/--no-wait", default=True, help="Wait until the fork is Ready.")
+@_timeout_option("2m")
+@_common
+def fork(
+    options: Options,
+    sandbox: str,
+    checkpoint_name: str,
+    name: str,
+    resource_id: str | None,
+    wait: bool,
+    timeout: str,
+) -> None:
+    """Start a new Sandbox from CHECKPOINT of SANDBOX (same plan, strategy and original; its
+    change up to the checkpoint becomes the fork's own; docs/forks.md)."""
+    with options.client() as client:
+        made = client.sandbox(sandbox, options.namespace).fork(
+            checkpoint_name, name=name, resource_id=resource_id
+        )
+        info = made.wait_ready(timeout=parse_duration(timeout)) if wait else made.info()
+    _emit(options, info.raw, f"sandbox/{name} forked from {sandbox} at {checkpoint_name}")
+
+
+def _parse_check(text: str, timeout_seconds: int) -> dict[str, Any]:
+    """``NAME=SANDBOX:COMMAND`` -> a ``spec.checks`` item; COMMAND is split like a shell
+    line (``shlex``) into argv and never run through a shell."""
+    name, sep, rest = text.partition("=")
+    sandbox, sep2, command = rest.partition(":")
+    argv = shlex.split(command) if sep2 else []
+    if not sep or not name or not sandbox or not argv:
+        raise click.BadParameter(f"{text!r} is not NAME=SANDBOX:COMMAND", param_hint="--check")
+    return {"name": name, "sandbox": sandbox, "command": argv, "timeoutSeconds": timeout_seconds}
+
+
+@cli.command()
+@click.argument("plan_id", metavar="PLAN")
+@click.option(
+    "--check",
+    "checks",
+    multiple=True,
+    required=True,
+    help="NAME=SANDBOX:COMMAND, e.g. unit=attempt-2:'pytest -q' (repeatable).",
+)
+@click.option(
+    "--sandbox", "sandboxes", multiple=True, help="A Sandbox to commit (repeatable; default all)."
+)
+@click.option("--check-timeout", default=300, show_default=True, help="Seconds per check.")
+@_timeout_option("10m")
+@_common
+def validate(
+    options: Options,
+    plan_id: str,
+    checks: tuple[str, ...],
+    sandboxes: tuple[str, ...],
+    check_timeout: int,
+    timeout: str,
+) -> None:
+    """Run pre-commit checks in PLAN's Sandboxes before anything is prepared (docs/forks.md).
+    When all pass the PlanCommit waits for its approval (``review``, then ``approve``); when
+    one fails it ends Failed with nothing touched (exit 1)."""
+    wanted = [_parse_check(text, check_timeout) for text in checks]
+    with options.client() as client:
+        plan = Plan(client, plan_id, options.namespace)
+        results = plan.validate(
+            wanted, sandboxes=list(sandboxes) or None, timeout=parse_duration(timeout)
+        )
+    rows = [
+        [
+            str(r.get("name")),
+            str(r.get("sandbox")),
+            "passed" if r.get("passed") else "FAILED",
+            "timeout" if r.get("timedOut") else str(r.get("exitCode")),
+            " ".join(r.get("command") or []),
+        ]
+        for r in results
+    ]
+    text = _table(["CHECK", "SANDBOX", "RESULT", "EXIT", "COMMAND"], rows)
+    failed = [r for r in results if not r.get("passed")]
+    for r in failed:
+        text += f"\n--- {r.get('name')} (last lines)\n{r.get('outputTail') or ''}"
+    _emit(options, {"checks": results}, text)
+    if failed:
+        sys.exit(EXIT_FAILED)
 
 
 def _parse_env(pairs: Sequence[str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ Tools (each with its MCP annotations: ``readOnlyHint``, ``destructiveHint``,
   ``edit`` (exact text, refused when absent or not unique); ``delete``; ``move``; ``stat``;
   ``grep`` and ``glob`` (capped, ``next_cursor`` continues); ``sql`` (``transaction_rollback``
   sandboxes); ``diff`` (capped, ``next_offset`` continues); ``checkpoint``; ``restore``;
+  ``fork`` (a new sandbox from a checkpoint); ``validate`` (pre-commit checks, docs/forks.md);
 - ``review``: the plan's review (files, lines, statements, conflicts and the ``digest``),
   made by a PlanCommit that waits for an approval;
 - ``pending_approvals``: the plan's PlanCommits waiting for approvals, with the digest, the
@@ -397,6 +398,39 @@ class PlanTools:
         await handle.restore(checkpoint)
         return {"sandbox": sandbox, "restored": checkpoint}
 
+    async def fork(self, sandbox: str, checkpoint: str, name: str) -> dict[str, Any]:
+        """Start a new sandbox ``name`` of this plan from ``checkpoint`` of ``sandbox``: the
+        same original, with ``sandbox``'s change up to the checkpoint as its own. Use forks to
+        try several approaches side by side; ``validate`` checks them, and the plan commits
+        one (docs/forks.md)."""
+        handle = await self._sandbox(sandbox)
+        checkpoints = {c.name for c in await handle.checkpoints()}
+        if checkpoint not in checkpoints:
+            raise NotFoundError("NotFound", f"sandbox {sandbox} has no checkpoint {checkpoint}")
+        made = await handle.fork(checkpoint, name=name)
+        info = await made.wait_ready()
+        return {"sandbox": info.name, "forked_from": handle.name, "checkpoint": checkpoint}
+
+    async def validate(
+        self, checks: list[dict[str, Any]], commit_sandboxes: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Run pre-commit checks: each ``{"name", "sandbox", "command": [argv...],
+        "timeoutSeconds"}`` runs in that sandbox of this plan before anything is prepared.
+        ``commit_sandboxes``: the sandboxes the plan will commit (the others are discarded
+        then; default all). Returns each check's exit code and last output lines; when all
+        passed the plan waits for a person's approval of its review (``review``)."""
+        wanted = []
+        for check in checks:
+            resolved = await self._sandbox(str(check.get("sandbox") or ""))
+            wanted.append({**check, "sandbox": resolved.name})
+        chosen = None
+        if commit_sandboxes:
+            chosen = [(await self._sandbox(name)).name for name in commit_sandboxes]
+        results = await self.plan.validate(
+            wanted, sandboxes=chosen, timeout=self.review_timeout_seconds
+        )
+        return {"passed": all(r.get("passed") for r in results), "checks": results}
+
     async def review(self, message: str = "") -> dict[str, Any]:
         """The review of the plan's changes (per sandbox: files added, changed, deleted,
         lines, statements, conflicts) and its digest, which a person approves."""
@@ -523,6 +557,8 @@ TOOLS: dict[str, ToolAnnotations] = {
     "diff": _hints(True, False, True),
     "checkpoint": _hints(False, False, False),
     "restore": _hints(False, True, True),
+    "fork": _hints(False, False, False),  # a new sandbox; the original untouched
+    "validate": _hints(False, True, False, world=True),  # commands, as exec
     "review": _hints(False, False, True),  # a PlanCommit that only waits; nothing applied
     "pending_approvals": _hints(True, False, True),
     "request_commit": _hints(False, True, False, world=True),  # the originals, once approved

@@ -233,6 +233,11 @@ class PlanCommitResult(_View):
     steps: list[JournalStep] = Field(default_factory=list)
     results: list[StepResult] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
+    validation: list[dict[str, Any]] = Field(default_factory=list)
+    """``status.validation``: each pre-commit check's ``name``, ``sandbox``, ``command``,
+    ``exitCode``, ``timedOut``, ``passed``, ``outputTail`` (docs/forks.md)."""
+    discarded_sandboxes: list[str] = Field(default_factory=list)
+    """The Sandboxes a commit naming ``sandboxes`` discarded."""
     raw: dict[str, Any] = Field(default_factory=dict, repr=False)
 
     @classmethod
@@ -256,6 +261,8 @@ class PlanCommitResult(_View):
             steps=[JournalStep.model_validate(s) for s in status.get("sandboxes") or []],
             results=[StepResult.model_validate(r) for r in status.get("results") or []],
             conditions=conditions_of(obj),
+            validation=[dict(row) for row in status.get("validation") or []],
+            discarded_sandboxes=list(status.get("discardedSandboxes") or []),
             raw=obj,
         )
 
@@ -374,6 +381,8 @@ class PlanReview(_View):
     approved_by: list[str] = Field(default_factory=list)
     approvals: list[RecordedDecision] = Field(default_factory=list)
     sandboxes: list[ReviewedSandbox] = Field(default_factory=list)
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+    """The pre-commit checks' results the digest binds (as ``status.validation``)."""
     conditions: list[Condition] = Field(default_factory=list)
 
     @classmethod
@@ -402,6 +411,7 @@ class PlanReview(_View):
             ],
             approvals=recorded_decisions(obj),
             sandboxes=[ReviewedSandbox.model_validate(r) for r in review.get("sandboxes") or []],
+            checks=[dict(row) for row in review.get("checks") or []],
             conditions=conditions_of(obj),
         )
 

@@ -16,6 +16,19 @@ class SandboxCreationError(SandboxError):
     """The sandbox environment cannot be initialised (missing source, git failure, I/O error)."""
 
 
+class SandboxForkError(SandboxCreationError):
+    """A sandbox cannot start from the checkpoint it names (docs/forks.md).
+
+    Raised before anything of the fork is kept: the strategy cannot fork (transaction_rollback,
+    none), the checkpoint is of another strategy or original, or its changes overlap what the
+    original changed since its sandbox was made (``conflicts``, resource-relative paths).
+    """
+
+    def __init__(self, message: str, conflicts: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.conflicts: list[str] = list(conflicts or [])
+
+
 class SandboxCommitError(SandboxError):
     """Applying the sandbox's changes to the original failed.
 

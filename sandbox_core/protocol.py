@@ -58,6 +58,34 @@ class SandboxContext:
 
 
 @dataclass(frozen=True)
+class ForkSource:
+    """Where a forked sandbox starts: a checkpoint of another sandbox over the same original
+    (docs/forks.md).
+
+    Attributes:
+        sandbox_id: the checkpointed (parent) sandbox.
+        checkpoint_id: the checkpoint.
+        kind: the checkpoint's kind (``git_ref``, ``overlay_snapshot``, ``directory``; see
+            :mod:`sandbox_core.host.checkpoint`).
+        snapshot_path: the snapshot directory (empty for ``git_ref``).
+        commit: the checkpoint's commit (``git_ref`` only, else empty).
+        parent_metadata: the parent's context metadata (its ``base_commit``): what the
+            parent started from, so that only the parent's own change is carried.
+        baseline_path: a copy of the parent's baseline (directory strategies' ``manifest``:
+            the original as the parent was made from it), kept beside the snapshot; empty when
+            the parent had none (then every differing path is carried).
+    """
+
+    sandbox_id: str
+    checkpoint_id: str
+    kind: str
+    snapshot_path: str = ""
+    commit: str = ""
+    parent_metadata: dict[str, Any] = field(default_factory=dict)
+    baseline_path: str = ""
+
+
+@dataclass(frozen=True)
 class CommitResult:
     """Outcome of one ``commit()`` call. File lists are resource-relative POSIX paths, sorted."""
 

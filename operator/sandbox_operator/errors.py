@@ -19,6 +19,7 @@ from sandbox_core import (
     SandboxCommitError,
     SandboxCreationError,
     SandboxError,
+    SandboxForkError,
     SandboxRollbackError,
     SandboxStateError,
 )
@@ -82,6 +83,7 @@ _FAILURE_KINDS: tuple[tuple[type[BaseException], str, bool], ...] = (
     (SandboxRetryableError, "Retryable", True),
     (SandboxLockedError, "Locked", True),
     (SandboxPermissionError, "PermissionDenied", False),
+    (SandboxForkError, "ForkRefused", False),
     (SandboxCreationError, "SandboxCreationFailed", False),
     (SandboxCommitError, "SandboxCommitFailed", False),
     (SandboxRollbackError, "RollbackFailed", False),

@@ -708,6 +708,34 @@ class Sandbox:
             name=checkpoint,
         )
 
+    def fork(
+        self,
+        checkpoint: str | CheckpointInfo,
+        *,
+        name: str,
+        resource_id: str | None = None,
+    ) -> Sandbox:
+        """A new Sandbox of the same plan that starts from ``checkpoint`` of this one: its
+        strategy, original and options, with this sandbox's change up to the checkpoint as its
+        own (docs/forks.md). Does not wait: see :meth:`wait_ready`. The fork keeps working
+        when this sandbox is deleted.
+
+        Args:
+            checkpoint: a Ready Checkpoint of this sandbox (its name or :class:`CheckpointInfo`).
+            name: the fork's object name.
+            resource_id: its ``spec.resourceId`` (default ``name``: siblings of one plan need
+                distinct resource ids).
+
+        Raises:
+            RefusedError: ``Invalid`` (a strategy that cannot fork: transaction_rollback,
+                none); ``ConflictError``: ``name`` exists.
+        """
+        parent = self.info()
+        wanted = checkpoint if isinstance(checkpoint, str) else checkpoint.name
+        body = _logic.fork_manifest(parent, name, wanted, resource_id)
+        self.client.create_object(SANDBOX_PLURAL, body, self.namespace)
+        return Sandbox(self.client, name, self.namespace)
+
     def checkpoints(self) -> list[CheckpointInfo]:
         """Checkpoints of this sandbox, oldest first."""
         return self.client.list_checkpoints(self.namespace, self.name)
@@ -917,8 +945,12 @@ class Plan:
         timeout: float,
         on_progress: ProgressCallback | None,
         mode: str | None = None,
+        sandboxes: Sequence[str] | None = None,
+        checks: Sequence[Mapping[str, Any]] | None = None,
     ) -> PlanCommitResult:
-        body = _logic.plancommit_manifest(self.plan_id, action, message, mode=mode)
+        body = _logic.plancommit_manifest(
+            self.plan_id, action, message, mode=mode, sandboxes=sandboxes, checks=checks
+        )
         created = self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
         name = str(created["metadata"]["name"])
         if not wait:
@@ -945,9 +977,14 @@ class Plan:
         timeout: float = DEFAULT_COMMIT_TIMEOUT,
         on_progress: ProgressCallback | None = None,
         mode: str | None = None,
+        sandboxes: Sequence[str] | None = None,
+        checks: Sequence[Mapping[str, Any]] | None = None,
     ) -> PlanCommitResult:
         """Commit every Sandbox of the plan, all or nothing (a PlanCommit; seed 002, "Atomic
-        Commit").
+        Commit"); or only the Sandboxes ``sandboxes`` names, discarding the others once they
+        landed (``discarded_sandboxes``), after ``checks`` passed (docs/forks.md; a failed
+        check ends it ``Failed``, reason ``ValidationFailed``, nothing touched, ``validation``
+        has each result).
 
         A failed commit is a *result*, not an exception: ``committed`` is False and
         ``rolled_back_ids`` / ``failed_rollback_ids`` name the compensated sandboxes; the
@@ -961,7 +998,7 @@ class Plan:
             WaitTimeoutError: not finished within ``timeout`` seconds.
         """
         return self._plancommit(
-            PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode
+            PlanCommitAction.COMMIT, message, wait, timeout, on_progress, mode, sandboxes, checks
         )
 
     def rollback(
@@ -974,6 +1011,53 @@ class Plan:
         """Discard the changes of every Sandbox of the plan (a PlanCommit with action
         Rollback); the result as in :meth:`commit`."""
         return self._plancommit(PlanCommitAction.ROLLBACK, None, wait, timeout, on_progress)
+
+    def validate(
+        self,
+        checks: Sequence[Mapping[str, Any]],
+        *,
+        sandboxes: Sequence[str] | None = None,
+        message: str | None = None,
+        timeout: float = DEFAULT_COMMIT_TIMEOUT,
+    ) -> list[dict[str, Any]]:
+        """Run pre-commit ``checks`` (``{"name", "sandbox", "command": [...],
+        "timeoutSeconds"}``) in the plan's Sandboxes through the actor's door, before anything
+        is prepared (docs/forks.md): a PlanCommit with ``approval: Required``, ``checks`` and
+        ``sandboxes`` (the ones it will commit; the others are discarded once they landed).
+
+        When every check passed the PlanCommit waits for its approval with a review that
+        shows the results and binds them in its digest (:meth:`review` returns it,
+        :meth:`approve` commits). When one failed it ends ``Failed`` (reason
+        ``ValidationFailed``) with no original touched.
+
+        Returns:
+            Each check's result: ``name``, ``sandbox``, ``command``, ``exitCode``, ``timedOut``,
+            ``passed``, ``outputTail`` (the last lines, secrets masked).
+
+        Raises:
+            RefusedError: ``InvalidSpec`` / ``Invalid``: a malformed check.
+            WaitTimeoutError: the checks did not finish within ``timeout`` seconds.
+        """
+        creator = self.client.whoami()
+        body = _logic.plancommit_manifest(
+            self.plan_id,
+            PlanCommitAction.COMMIT,
+            message,
+            approval_required=True,
+            created_by=creator.user,
+            sandboxes=sandboxes,
+            checks=checks,
+        )
+        created = self.client.create_object(PLANCOMMIT_PLURAL, body, self.namespace)
+        name = str(created["metadata"]["name"])
+        return self.client.wait(
+            PLANCOMMIT_PLURAL,
+            _logic.plancommit_validated(name),
+            timeout,
+            f"checks of plan {self.plan_id} ({name})",
+            namespace=self.namespace,
+            name=name,
+        )
 
     def review(
         self, *, message: str | None = None, timeout: float = DEFAULT_COMMIT_TIMEOUT

@@ -35,11 +35,12 @@ from ulid import ULID
 from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import (
     SandboxError,
+    SandboxForkError,
     SandboxLockedError,
     SandboxPermissionError,
     SandboxRollbackLockedError,
 )
-from sandbox_core.protocol import SandboxContext, utc_now
+from sandbox_core.protocol import ForkSource, SandboxContext, utc_now
 from sandbox_core.strategies._directory import users_of
 from sandbox_core.tree.ops import backup_directory, safe_restore
 
@@ -207,6 +208,7 @@ class CheckpointManager:
         if context is not None:
             values.setdefault("sandbox_path", context.sandbox_path)
             values[KIND_KEY] = kind
+            values.update(self._fork_facts(sandbox, context, snapshot_path))
         checkpoint = SandboxCheckpoint(
             checkpoint_id=checkpoint_id,
             sandbox_id=sandbox.sandbox_id,
@@ -220,6 +222,31 @@ class CheckpointManager:
             self._sandboxes[sandbox.sandbox_id] = sandbox
         self._save_record(checkpoint)
         return checkpoint
+
+    def fork_source(self, checkpoint: SandboxCheckpoint) -> ForkSource:
+        """What a new sandbox needs to start from ``checkpoint`` (a fork, docs/forks.md).
+
+        Raises:
+            SandboxForkError: a metadata-only checkpoint (no snapshot, no commit).
+        """
+        values = checkpoint.metadata
+        kind = values.get(KIND_KEY, "")
+        if not kind or not values.get("original_path"):
+            raise SandboxForkError(
+                f"checkpoint {checkpoint.checkpoint_id} of sandbox {checkpoint.sandbox_id} "
+                "holds no snapshot (taken of a sandbox without a context); nothing can start "
+                "from it"
+            )
+        base = values.get("base_commit", "")
+        return ForkSource(
+            sandbox_id=checkpoint.sandbox_id,
+            checkpoint_id=checkpoint.checkpoint_id,
+            kind=kind,
+            snapshot_path=checkpoint.snapshot_path,
+            commit=values.get("commit", ""),
+            parent_metadata={"base_commit": base} if base else {},
+            baseline_path=values.get("baseline", ""),
+        )
 
     def rollback_to(self, checkpoint: SandboxCheckpoint) -> bool:
         """Restore the sandbox to ``checkpoint``. Never raises for expected failures.
@@ -364,6 +391,34 @@ class CheckpointManager:
         shutil.rmtree(parent, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _fork_facts(
+        sandbox: Checkpointable, context: SandboxContext, snapshot_path: str
+    ) -> dict[str, str]:
+        """What a fork of this checkpoint needs beside the snapshot: the strategy and the
+        original, the parent's base commit (git) and a copy of its baseline (directories), so
+        that a fork still starts after the parent is gone."""
+        facts = {
+            "original_path": context.original_path,
+            "strategy": str(context.metadata.get("strategy") or getattr(sandbox, "strategy", "")),
+        }
+        base = context.metadata.get("base_commit")
+        if base:
+            facts["base_commit"] = str(base)
+        manifest = getattr(sandbox, "baseline_manifest", None)
+        if snapshot_path and callable(manifest):
+            found = manifest()
+            if found is not None:
+                kept = Path(snapshot_path).parent / "baseline"
+                try:
+                    shutil.copyfile(found, kept)
+                except OSError as exc:
+                    raise SandboxError(
+                        f"cannot keep the baseline of {snapshot_path}: {exc}"
+                    ) from exc
+                facts["baseline"] = str(kept)
+        return facts
 
     def _allocate(self, checkpoint_id: str) -> Path:
         self._root.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from typing import Any
 from sandbox_core.errors import SandboxError
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.plan.participants import TwoPhaseParticipant
+from sandbox_core.protocol import ForkSource
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
@@ -139,6 +140,7 @@ class SandboxHost:
         record: dict[str, Any] | None = None,
         activate: bool = False,
         after_create: Callable[[BaseSandbox], None] | None = None,
+        fork: ForkSource | None = None,
         **options: Any,
     ) -> BaseSandbox:
         """Create the sandbox, or reopen the one an earlier call made (module docstring).
@@ -151,6 +153,9 @@ class SandboxHost:
             activate: also make it ACTIVE (a reopened CREATED or ROLLED_BACK sandbox too).
             after_create: called right after a successful ``create``, before the complete
                 record is saved (test-only fault injection: a slow create).
+            fork: start the new sandbox from this checkpoint of another sandbox
+                (:meth:`BaseSandbox.start_from`, docs/forks.md); a refusal discards it like
+                a failed create.
             **options: strategy options (``sandbox_root``, ``mode``, ...).
 
         Returns:
@@ -159,7 +164,8 @@ class SandboxHost:
         Raises:
             ValueError: an unknown strategy, or an empty ``plan_id``, ``resource_id`` or
                 ``original_path``.
-            SandboxCreationError: the strategy could not create it (nothing is left of it).
+            SandboxCreationError: the strategy could not create it (nothing is left of it);
+                ``SandboxForkError`` when it cannot start from ``fork``.
             SandboxError: a record could not be written, or a half-made sandbox could not be
                 cleaned up.
         """
@@ -183,6 +189,8 @@ class SandboxHost:
         self.save(sandbox)  # the pending record first: a retry finds and cleans up what follows
         try:
             sandbox.create(plan_id)
+            if fork is not None:
+                sandbox.start_from(fork)
         except SandboxError:
             self._discard_failed(sandbox)
             raise

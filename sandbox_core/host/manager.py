@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -33,7 +34,7 @@ from sandbox_core.boundary import (
     resource_location,
     resource_strategy,
 )
-from sandbox_core.errors import SandboxError
+from sandbox_core.errors import SandboxError, SandboxForkError
 from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.host.host import SandboxHost
 from sandbox_core.host.store import SandboxStore
@@ -54,9 +55,11 @@ from sandbox_core.plan.original_lock import clear_if_free, held_by_process, loca
 from sandbox_core.plan.review import PlanReview, review_plan
 from sandbox_core.plan.saga import FaultHook, PlanCommitSaga, refuse_partial_plan
 from sandbox_core.plan.two_phase import TwoPhasePlanCommit
+from sandbox_core.plan.validation import CheckResult
 from sandbox_core.protocol import CommitResult
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import require_non_empty
+from sandbox_core.strategies.catalogue import traits_of
 from sandbox_core.strategies.factory import SandboxFactory
 
 __all__ = [
@@ -199,6 +202,66 @@ class SandboxManager:
                 self._discard_replaced(existing)
             return sandbox
 
+    def fork_sandbox(
+        self, plan_id: str, resource_id: str, checkpoint_id: str, **options: Any
+    ) -> Any:
+        """A new sandbox of (plan, resource) that starts from checkpoint ``checkpoint_id`` of
+        another sandbox: same strategy, same original, the parent's change up to the checkpoint
+        as its own uncommitted change (docs/forks.md). Siblings forked from one checkpoint are
+        independent: each commits, rolls back or is cleaned up alone, and outlives its parent.
+
+        Args:
+            options: strategy options; default the parent's when it is tracked here
+                (``sandbox_root``, ``mode``).
+
+        Returns:
+            The fork, CREATED; its context metadata names ``forked_from``.
+
+        Raises:
+            ValueError: an empty id, or (plan, resource) already has an open sandbox.
+            SandboxForkError: no such checkpoint, a metadata-only one, a strategy that cannot
+                fork (transaction_rollback, none), or an overlap with what the original changed
+                since the parent was made (nothing of the fork is kept).
+            SandboxCreationError: the strategy could not create it.
+        """
+        require_non_empty("plan_id", plan_id)
+        require_non_empty("resource_id", resource_id)
+        checkpoint = self.checkpoints.get_checkpoint(checkpoint_id)
+        if checkpoint is None:
+            raise SandboxForkError(f"checkpoint {checkpoint_id} not found")
+        strategy = checkpoint.metadata.get("strategy", "")
+        if strategy and not traits_of(strategy).forkable:
+            raise SandboxForkError(
+                f"strategy {strategy} cannot start a sandbox from a checkpoint (docs/forks.md)"
+            )
+        source = self.checkpoints.fork_source(checkpoint)
+        parent = self.find_sandbox(checkpoint.sandbox_id)
+        if parent is not None:
+            options = {
+                key: value
+                for key, value in {**parent.options, **options}.items()
+                if key != "sandbox_id"
+            }
+        with self._plan_lock(plan_id):
+            existing = self.get_sandbox(plan_id, resource_id)
+            if existing is not None and existing.status.is_open:
+                raise ValueError(
+                    f"plan {plan_id} already has an open sandbox for resource {resource_id}"
+                )
+            sandbox = self._host.provision(
+                plan_id,
+                resource_id,
+                checkpoint.metadata["original_path"],
+                strategy,
+                fork=source,
+                **options,
+            )
+            with self._lock:
+                self._sandboxes.setdefault(plan_id, {})[resource_id] = sandbox
+            if existing is not None:
+                self._discard_replaced(existing)
+            return sandbox
+
     def get_sandbox(self, plan_id: str, resource_id: str) -> Any:
         """The tracked sandbox of (plan, resource), or ``None``."""
         with self._lock:
@@ -277,8 +340,11 @@ class SandboxManager:
         journal: CommitJournal | None = None,
         message: str | None = None,
         approved_digest: str | None = None,
+        sandbox_ids: Collection[str] | None = None,
+        checks: Sequence[CheckResult] = (),
     ) -> list[CommitResult]:
-        """Commit every CREATED/ACTIVE sandbox of the plan all or nothing.
+        """Commit every CREATED/ACTIVE sandbox of the plan all or nothing (or the ones named
+        by ``sandbox_ids``, discarding the others: forks, docs/forks.md).
 
         The policy - the mode, the fallback from two phases to the saga, the approval check -
         is :func:`sandbox_core.plan.commit.commit_plan`'s, run on the plan's sandboxes with
@@ -298,13 +364,21 @@ class SandboxManager:
                 that was approved. Two phases compare it with the prepared changes; the saga
                 with a review taken just before it starts. A mismatch returns one failed result
                 with metadata ``reason: "ChangedSinceApproval"``; nothing is touched.
+            sandbox_ids: commit only these sandboxes of the plan; once they are committed,
+                every other open sandbox of the plan is cleaned up and no longer tracked (each
+                result's metadata ``discarded_ids`` names them). A failed commit discards
+                nothing.
+            checks: the plan's validation results (:mod:`sandbox_core.plan.validation`); a
+                failed one refuses before prepare (metadata ``reason: "ValidationFailed"``),
+                and all of them are part of the digest ``approved_digest`` is compared with.
 
         Returns:
             ``[]`` when nothing is committable; one successful result per sandbox; or one
             failed result (shape: :meth:`TwoPhasePlanCommit.run` / :meth:`commit_all`).
 
         Raises:
-            ValueError: ``"plan_id cannot be empty"``, or an unknown ``mode``.
+            ValueError: ``"plan_id cannot be empty"``, an unknown ``mode``, or
+                ``sandbox_ids`` naming a sandbox that is not an open one of the plan.
             TwoPhaseUnavailableError: ``mode="two_phase"`` and the plan cannot use two phases;
                 nothing was touched.
             PlanRerunRequiredError: as :meth:`commit_all` (case 38).
@@ -319,7 +393,10 @@ class SandboxManager:
             if isinstance(started, list):
                 return started
             sandboxes, attempt = started
-            return commit_plan(
+            others: list[Any] = []
+            if sandbox_ids is not None:
+                sandboxes, others = _select(plan_id, sandboxes, sandbox_ids)
+            results = commit_plan(
                 plan_id,
                 sandboxes,
                 journal,
@@ -329,24 +406,65 @@ class SandboxManager:
                 approved_digest=approved_digest,
                 on_change=self._persist,
                 fault_hook=self._fault_hook,
+                checks=checks,
             )
+            if not others or not results or not all(result.success for result in results):
+                return results
+            discarded = self._discard_others(plan_id, others)
+            return [
+                dataclasses.replace(
+                    result, metadata={**result.metadata, "discarded_ids": discarded}
+                )
+                for result in results
+            ]
 
-    def review_plan(self, plan_id: str) -> PlanReview:
+    def _discard_others(self, plan_id: str, others: list[Any]) -> list[str]:
+        """Clean up and stop tracking ``others`` (the plan's sandboxes a selective commit left
+        out), their checkpoints first; the ids of those cleaned up."""
+        try:
+            self.checkpoints.delete_plan_checkpoints("", [sandbox.sandbox_id for sandbox in others])
+        except Exception:  # seed 000: cleanup failures are contained
+            logger.exception("cannot delete the checkpoints of plan %s's discarded", plan_id)
+        discarded = []
+        for sandbox in others:
+            if self._cleanup_one(sandbox):
+                discarded.append(sandbox.sandbox_id)
+                with self._lock:
+                    tracked = self._sandboxes.get(plan_id, {})
+                    for key, value in list(tracked.items()):
+                        if value is sandbox:
+                            del tracked[key]
+        return sorted(discarded)
+
+    def review_plan(
+        self,
+        plan_id: str,
+        sandbox_ids: Collection[str] | None = None,
+        checks: Sequence[CheckResult] = (),
+    ) -> PlanReview:
         """What committing the plan would change now; takes no locks on originals.
+
+        Args:
+            sandbox_ids: review only these sandboxes (a selective commit's); default all.
+            checks: validation results to show and digest with the changes.
 
         Returns:
             The :class:`~sandbox_core.plan.review.PlanReview` of every CREATED/ACTIVE sandbox of the
             plan (empty, with the digest of nothing, when none is); its ``digest`` is what
-            ``commit_plan(approved_digest=...)`` takes.
+            ``commit_plan(approved_digest=...)`` takes (with the same ``sandbox_ids`` and
+            ``checks``).
 
         Raises:
-            ValueError: ``"plan_id cannot be empty"``.
+            ValueError: ``"plan_id cannot be empty"``; ``sandbox_ids`` names a sandbox that is
+                not an open one of the plan.
             SandboxError: a sandbox's changes could not be read.
         """
         require_non_empty("plan_id", plan_id)
         with self._plan_lock(plan_id):
             sandboxes = [sb for sb in self.list_sandboxes(plan_id) if sb.status.can_commit]
-            return review_plan(plan_id, sandboxes)
+            if sandbox_ids is not None:
+                sandboxes, _ = _select(plan_id, sandboxes, sandbox_ids)
+            return review_plan(plan_id, sandboxes).with_checks(checks)
 
     def _begin_attempt(
         self, plan_id: str, journal: CommitJournal
@@ -724,6 +842,26 @@ def drop_finished_journal(store: SandboxStore, plan_id: str) -> bool:
         return False
     journal.path.unlink(missing_ok=True)
     return True
+
+
+def _select(
+    plan_id: str, sandboxes: list[Any], sandbox_ids: Collection[str]
+) -> tuple[list[Any], list[Any]]:
+    """(the named sandboxes, the others) of ``sandboxes``.
+
+    Raises:
+        ValueError: an id is not among them, or none is named.
+    """
+    wanted = set(sandbox_ids)
+    known = {sandbox.sandbox_id for sandbox in sandboxes}
+    unknown = sorted(wanted - known)
+    if unknown or not wanted:
+        raise ValueError(
+            f"plan {plan_id}: commit names {', '.join(unknown) or 'no sandbox'}; name one or "
+            f"more of its open sandboxes: {', '.join(sorted(known))}"
+        )
+    chosen = [sandbox for sandbox in sandboxes if sandbox.sandbox_id in wanted]
+    return chosen, [sandbox for sandbox in sandboxes if sandbox.sandbox_id not in wanted]
 
 
 def _label(sandbox: Any) -> str:

@@ -33,7 +33,13 @@ Policy:
    ``approved_digest``, ``touched_originals`` 0); callers that raise turn it into
    :class:`~sandbox_core.errors.ChangedSinceApprovalError`.
 
-4. **One plan per original.** Both modes hold the lock of every participant's original
+4. **Validation.** With ``checks`` (the plan's pre-commit validation results,
+   :mod:`sandbox_core.plan.validation`) a plan with a failed check is refused before anything
+   is prepared: recorded in the journal (phase ``failed``, reason ``ValidationFailed``) and
+   returned as one failed result (metadata ``reason: "ValidationFailed"``, ``failed_checks``,
+   ``touched_originals`` 0). Passed checks are part of the digest an approval names.
+
+5. **One plan per original.** Both modes hold the lock of every participant's original
    (:mod:`sandbox_core.plan.original_lock`): the two-phase coordinator from each prepare to
    its apply or abort, the saga for its whole run. A plan whose original another plan holds
    fails (two phases: a failed result naming the holder, nothing changed) or raises
@@ -64,6 +70,7 @@ from sandbox_core.plan.two_phase import (
     two_phase_results,
     two_phase_unavailable_reason,
 )
+from sandbox_core.plan.validation import CheckResult, failed_checks
 from sandbox_core.protocol import CommitResult, utc_now
 
 __all__ = [
@@ -103,6 +110,7 @@ def commit_plan(
     on_fallback: Callable[[str], None] | None = None,
     fault_hook: FaultHook | None = None,
     coordinator: TwoPhasePlanCommit | None = None,
+    checks: Sequence[CheckResult] = (),
 ) -> list[CommitResult]:
     """Commit ``participants`` all or nothing under the policy of the module docstring.
 
@@ -130,6 +138,7 @@ def commit_plan(
             the terminal save of an attempt refused for want of two phases, so the PlanCommit
             never shows ``Failed`` before its saga. The refusal of a changed plan and the saga
             always write ``journal`` itself.
+        checks: the plan's validation results (policy 4); taken into the approval digest.
 
     Returns:
         One successful :class:`CommitResult` per participant in commit order; or one
@@ -149,6 +158,9 @@ def commit_plan(
         SandboxError: the journal could not be written.
     """
     check_mode(mode)
+    failed = failed_checks(checks)
+    if failed:
+        return [_validation_failed(plan_id, journal, attempt, failed, approved_digest)]
     fallback: str | None = None
     if mode != "saga":
         fallback = two_phase_unavailable_reason(participants)
@@ -166,6 +178,7 @@ def commit_plan(
                     attempt=attempt,
                     message=message,
                     approved_digest=approved_digest,
+                    checks=checks,
                 )
             except TwoPhaseUnavailableError as exc:
                 if mode == "two_phase":
@@ -177,7 +190,7 @@ def commit_plan(
             on_fallback(fallback)
     if approved_digest is not None:
         refused = _changed_since_approval(
-            plan_id, participants, journal, attempt, approved_digest, fallback
+            plan_id, participants, journal, attempt, approved_digest, fallback, checks
         )
         if refused is not None:
             return [refused]
@@ -211,6 +224,7 @@ def _changed_since_approval(
     attempt: int,
     approved_digest: str,
     fallback: str | None,
+    checks: Sequence[CheckResult] = (),
 ) -> CommitResult | None:
     """The saga's approval check: a review just before it starts.
 
@@ -223,7 +237,7 @@ def _changed_since_approval(
         PlanReviewError: the review failed.
     """
     try:
-        actual = review_plan(plan_id, participants).digest
+        actual = review_plan(plan_id, participants).with_checks(checks).digest
     except Exception as exc:  # an unreadable sandbox, a handle that cannot review
         raise PlanReviewError(f"the plan could not be reviewed again: {exc}") from exc
     if actual == approved_digest:
@@ -260,5 +274,46 @@ def _changed_since_approval(
             "fallback_reason": fallback,
             "digest": actual,
             "approved_digest": approved_digest,
+        },
+    )
+
+
+def _validation_failed(
+    plan_id: str,
+    journal: CommitJournal,
+    attempt: int,
+    failed: Sequence[CheckResult],
+    approved_digest: str | None,
+) -> CommitResult:
+    """The refusal of a plan with a failed check (policy 4), recorded in ``journal`` first."""
+    named = "; ".join(
+        f"{check.name} in sandbox {check.sandbox_id}: "
+        + ("timed out" if check.timed_out else f"exit code {check.exit_code}")
+        for check in failed
+    )
+    refusal = f"plan {plan_id}: validation failed ({named}); nothing was prepared or changed"
+    journal.save(
+        JournalState(
+            plan_id=plan_id,
+            attempt=attempt,
+            phase=JournalPhase.FAILED,
+            reason=JournalReason.VALIDATION_FAILED,
+            error=refusal,
+            approved_digest=approved_digest,
+            finished_at=utc_now(),
+        )
+    )
+    return CommitResult(
+        sandbox_id="",
+        success=False,
+        error=f"Atomic commit failed: {refusal}",
+        metadata={
+            "failed_sandbox_id": failed[0].sandbox_id,
+            "conflicts": [],
+            "rolled_back_ids": [],
+            "failed_rollback_ids": [],
+            "reason": JournalReason.VALIDATION_FAILED.value,
+            "touched_originals": 0,
+            "failed_checks": [check.to_dict() for check in failed],
         },
     )

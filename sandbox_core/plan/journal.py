@@ -98,6 +98,8 @@ class JournalReason(StrEnum):
     COMPENSATION_FAILED = "CompensationFailed"
     INTERRUPTED = "Interrupted"
     CHANGED_SINCE_APPROVAL = "ChangedSinceApproval"
+    VALIDATION_FAILED = "ValidationFailed"
+    """A pre-commit check failed (:mod:`sandbox_core.plan.validation`); nothing was prepared."""
     OUTCOME_UNKNOWN = "OutcomeUnknown"
     """A step's commit outcome cannot be learnt yet (its reply was lost); nothing was
     compensated; the attempt stays open and ``recover`` asks again."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandbox_core.plan.participants import ReviewedParticipant, commit_order
+from sandbox_core.plan.validation import CheckResult
 from sandbox_core.protocol import ChangeSummary
 
 __all__ = [
@@ -41,19 +42,25 @@ class _Digested(Protocol):
     def digest(self) -> str: ...
 
 
-def plan_digest(summaries: Iterable[_Digested]) -> str:
-    """The digest of a plan's exact changes.
+def plan_digest(summaries: Iterable[_Digested], checks: Iterable[CheckResult] = ()) -> str:
+    """The digest of a plan's exact changes and of the checks they passed.
 
     Args:
         summaries: one item per sandbox with ``sandbox_id`` and ``digest`` (a
             :class:`ChangeSummary` from review, or a ``PreparedCommit`` from prepare: both carry
             the same digest when nothing changed in between).
+        checks: the plan's pre-commit validation results
+            (:meth:`~sandbox_core.plan.validation.CheckResult.digest_line`: sandbox, name,
+            command, exit code, verdict); none leaves the digest as it was without checks.
 
     Returns:
-        ``"sha256:<64 hex>"`` over the sorted lines ``"<sandbox_id>:<digest>"`` joined by
-        newlines; independent of the order the sandboxes are given in.
+        ``"sha256:<64 hex>"`` over the sorted lines ``"<sandbox_id>:<digest>"`` (and one line per
+        check) joined by newlines; independent of the order the sandboxes are given in.
     """
-    lines = sorted(f"{item.sandbox_id}:{item.digest}" for item in summaries)
+    lines = sorted(
+        [f"{item.sandbox_id}:{item.digest}" for item in summaries]
+        + [check.digest_line() for check in checks]
+    )
     return "sha256:" + hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
@@ -74,6 +81,19 @@ class PlanReview:
     """What the actors did in each sandbox, by sandbox id: the bounded view of its audit log
     (``{"total", "entries", "truncated"}``, docs/actor.md). Shown, never digested: the digest
     binds the changes, and the changes already hold what every command wrote."""
+    checks: list[CheckResult] = field(default_factory=list)
+    """The pre-commit validation results (:mod:`sandbox_core.plan.validation`): shown and
+    digested."""
+
+    def with_checks(self, checks: Iterable[CheckResult]) -> PlanReview:
+        """This review with ``checks`` attached and the digest taken over them too."""
+        kept = list(checks)
+        return dataclasses.replace(self, checks=kept, digest=plan_digest(self.sandboxes, kept))
+
+    @property
+    def checks_passed(self) -> bool:
+        """True when every attached check passed (and when there are none)."""
+        return all(check.passed for check in self.checks)
 
     def with_activity(self, activity: dict[str, dict[str, Any]]) -> PlanReview:
         """This review with ``activity`` (sandbox id -> audit summary) attached."""
@@ -94,8 +114,9 @@ class PlanReview:
         (the first ``max_paths``); ``truncated``: whether paths or conflicts were cut; and,
         when :attr:`activity` names the sandbox, ``activity``: ``{"total", "entries" (the
         latest ``max_paths``), "truncated"}`` (its ``truncated`` is not the row's).
-        Top level: ``plan_id``, ``digest``, ``has_conflicts``, ``truncated`` (any sandbox cut)
-        and ``sandboxes``.
+        Top level: ``plan_id``, ``digest``, ``has_conflicts``, ``truncated`` (any sandbox cut),
+        ``sandboxes`` and ``checks`` (each :meth:`CheckResult.to_dict
+        <sandbox_core.plan.validation.CheckResult.to_dict>`, its output tail already bounded).
 
         Raises:
             ValueError: ``max_paths`` is negative.
@@ -120,6 +141,7 @@ class PlanReview:
             "has_conflicts": self.has_conflicts,
             "truncated": any(row["truncated"] for row in rows),
             "sandboxes": rows,
+            "checks": [check.to_dict() for check in self.checks],
         }
 
 

@@ -93,6 +93,7 @@ from sandbox_core.plan.saga import (
     adopt_landed_commit,
     probe_commit_landed,
 )
+from sandbox_core.plan.validation import CheckResult
 from sandbox_core.protocol import CommitResult, PreparedCommit, utc_now
 
 __all__ = [
@@ -287,6 +288,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         attempt: int = 1,
         message: str | None = None,
         approved_digest: str | None = None,
+        checks: Sequence[CheckResult] = (),
     ) -> list[CommitResult]:
         """Commit ``sandboxes`` all or nothing in two phases (see the module docstring).
 
@@ -298,6 +300,8 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             attempt: the attempt number (1-based); the txid derives from it.
             message: commit message for every participant.
             approved_digest: when given, the plan digest the prepared changes must hash to.
+            checks: the plan's validation results, taken into that digest
+                (:func:`~sandbox_core.plan.review.plan_digest`).
 
         Returns:
             One successful :class:`CommitResult` per sandbox in commit order (metadata ``txid``);
@@ -322,12 +326,12 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
             raise TwoPhaseUnavailableError(reason)
         workers = min(self._max_workers, len(sandboxes))
         if workers <= 1:
-            return self._run(plan_id, sandboxes, attempt, message, approved_digest)
+            return self._run(plan_id, sandboxes, attempt, message, approved_digest, checks)
         # One pool for prepare and apply: its threads start once per plan, not once per phase.
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="two-phase") as pool:
             self._pool = pool
             try:
-                return self._run(plan_id, sandboxes, attempt, message, approved_digest)
+                return self._run(plan_id, sandboxes, attempt, message, approved_digest, checks)
             finally:
                 self._pool = None
 
@@ -338,6 +342,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         attempt: int,
         message: str | None,
         approved_digest: str | None,
+        checks: Sequence[CheckResult] = (),
     ) -> list[CommitResult]:
         ordered = participant_order(sandboxes)
         state = JournalState(
@@ -359,7 +364,7 @@ class TwoPhasePlanCommit(JournaledPlanCommit):
         if isinstance(outcome, CommitResult):
             return [outcome]
         prepared = outcome
-        state.digest = plan_digest(prepared)
+        state.digest = plan_digest(prepared, checks)
         if approved_digest is not None and state.digest != approved_digest:
             state.error = (
                 f"Atomic commit failed: plan {plan_id} changed since approval: its changes hash "

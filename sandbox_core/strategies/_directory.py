@@ -55,17 +55,18 @@ from sandbox_core.durable import defer_durability, write_json_atomic
 from sandbox_core.errors import (
     SandboxCommitError,
     SandboxError,
+    SandboxForkError,
     SandboxRollbackConflictError,
     SandboxRollbackError,
     SandboxStateError,
 )
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit
+from sandbox_core.protocol import ChangeSummary, CommitResult, ForkSource, PreparedCommit
 from sandbox_core.strategies.base import BaseSandbox, logger
 from sandbox_core.strategies.resource_faults import resource_fault
 from sandbox_core.tree.baseline import Baseline
 from sandbox_core.tree.guards import RefusedBeforeWriteError, check_key, lock_tree
 from sandbox_core.tree.scan import TreeChanges
-from sandbox_core.tree.snapshot import compute_changes_at
+from sandbox_core.tree.snapshot import compute_changes_at, differing_paths, snapshot_tree
 from sandbox_core.tree.staging import (
     abort_staged,
     apply_staged,
@@ -83,6 +84,7 @@ from sandbox_core.tree.sync import (
     record_written,
     recover_sync,
     root_meta,
+    sync_tree,
     undo_sync,
 )
 from sandbox_core.tree.textdiff import change_stats
@@ -685,3 +687,59 @@ def refuse_if_busy(
             "out of the sandbox, then retry",
             refused=True,
         )
+
+
+def start_copy_from(
+    sandbox: BaseSandbox,
+    source: ForkSource,
+    snapshot: Path,
+    original: Path,
+    copy: Path,
+    *,
+    exclude: list[str] | None = None,
+) -> TreeChanges:
+    """Carry the parent's own change into ``copy``, a fresh full copy of ``original`` (a fork
+    of a copy-based sandbox: copy_on_write, the overlay's fallback; docs/forks.md).
+
+    The parent's change is the set of paths whose quick-check signature in ``snapshot`` (the
+    parent's tree at the checkpoint) differs from the parent's baseline of the original
+    (``source.baseline_path``); without a baseline, every path differing from ``copy``. Only
+    those paths are synced into ``copy`` (:func:`~sandbox_core.tree.sync.sync_tree`), so what
+    the original changed since the parent was made stays in the fork.
+
+    Returns:
+        The changes applied to ``copy``.
+
+    Raises:
+        SandboxForkError: a path the parent changed was also changed in the original since the
+            parent was made, to something else (``conflicts``; ``copy`` untouched).
+        OSError: a tree cannot be read or written.
+    """
+    excluded = list(exclude or [])
+    taken = snapshot_tree(snapshot, exclude=excluded)
+    parent_base: dict[str, str] | None = None
+    if source.baseline_path and Path(source.baseline_path).is_file():
+        parent_base = Baseline.load(source.baseline_path).original
+    now = snapshot_tree(original, exclude=excluded)
+    if parent_base is None:
+        candidates = differing_paths(now, taken)
+    else:
+        candidates = differing_paths(parent_base, taken)
+        conflicts = sorted(
+            rel
+            for rel in candidates
+            if now.get(rel) != parent_base.get(rel) and now.get(rel) != taken.get(rel)
+        )
+        if conflicts:
+            raise SandboxForkError(
+                f"sandbox {sandbox.sandbox_id} cannot start from checkpoint "
+                f"{source.checkpoint_id}: its change overlaps what {sandbox.original_path} "
+                f"changed since sandbox {source.sandbox_id} was made, in: "
+                f"{', '.join(conflicts[:10])}. Take a checkpoint of a sandbox made after that "
+                "change, or resolve it in the original",
+                conflicts=conflicts,
+            )
+    changes = compute_changes_at(copy, snapshot, candidates)
+    if changes.is_empty:
+        return changes
+    return sync_tree(snapshot, copy, changes=changes, exclude=excluded)

@@ -52,6 +52,7 @@ from sandbox_core.errors import (
     SandboxCommitError,
     SandboxCreationError,
     SandboxError,
+    SandboxForkError,
     SandboxLockedError,
     SandboxRollbackError,
     SandboxRollbackLockedError,
@@ -59,7 +60,13 @@ from sandbox_core.errors import (
     TwoPhaseUnavailableError,
 )
 from sandbox_core.paths import resolve_inside
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.protocol import (
+    ChangeSummary,
+    CommitResult,
+    ForkSource,
+    PreparedCommit,
+    SandboxContext,
+)
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.resource_faults import resource_error, resource_fault
 from sandbox_core.tree.guards import RefusedBeforeWriteError
@@ -82,6 +89,15 @@ __all__ = [
 logger = logging.getLogger("sandbox_core")
 
 SANDBOX_ROOT_ENV = "SANDBOX_CORE_ROOT"
+
+
+_FORK_REFUSALS = {
+    "transaction_rollback": (
+        ": its checkpoint is a savepoint inside the parent's open database transaction, which "
+        "no other transaction can start from; create a new sandbox and replay the statements"
+    ),
+    "none": ": it writes to the original directly, so there is nothing to start from",
+}
 
 
 def default_sandbox_root() -> Path:
@@ -126,6 +142,9 @@ class BaseSandbox:
     (:mod:`sandbox_core.tree.original_lock`, docs/concurrency.md), as a plan does. False where
     a commit writes nothing of its own (``none``) or the original serialises its own sessions
     (a database)."""
+    forkable: ClassVar[bool] = False
+    """Whether a new sandbox of this strategy can start from another's checkpoint
+    (:meth:`start_from`, docs/forks.md)."""
     prepares_durably: bool = True
     """Whether ``prepare`` survives a crash of this process. A participant that cannot
     (SQLite holds its prepared writes in an open connection) can only be the last resource of
@@ -235,6 +254,41 @@ class BaseSandbox:
                 )
             self._do_activate()
             self._set_status(SandboxStatus.ACTIVE)
+
+    def start_from(self, source: ForkSource) -> None:
+        """Make this fresh sandbox hold what ``source`` (another sandbox's checkpoint over the
+        same original) held, as its own uncommitted change: a fork (docs/forks.md).
+
+        Only the parent's own change up to the checkpoint is carried; the fork's diff is
+        against the original, and what the original changed since the parent was made stays.
+
+        Raises:
+            SandboxStateError: the sandbox is not CREATED.
+            SandboxForkError: the strategy cannot fork, the checkpoint is of another kind, or
+                the parent's change overlaps what the original changed since (``conflicts``);
+                the fork's files are as its create left them.
+        """
+        with self._lock:
+            self._require(SandboxStatus.CREATED, "start from a checkpoint")
+            if not self.forkable:
+                raise SandboxForkError(
+                    f"strategy {self.strategy} cannot start a sandbox from a checkpoint"
+                    f"{_FORK_REFUSALS.get(self.strategy, '')}"
+                )
+            try:
+                self._do_start_from(source)
+            except SandboxError:
+                raise
+            except (OSError, ValueError) as exc:
+                raise SandboxForkError(
+                    f"cannot start sandbox {self._sandbox_id} from checkpoint "
+                    f"{source.checkpoint_id} of sandbox {source.sandbox_id}: {exc}"
+                ) from exc
+            context = self._require_context()
+            forked = {"sandbox_id": source.sandbox_id, "checkpoint_id": source.checkpoint_id}
+            self._context = dataclasses.replace(
+                context, metadata={**context.metadata, "forked_from": forked}
+            )
 
     def _path_roots(self) -> list[str]:
         """The view and the original, to name a refused path relative to them."""
@@ -831,6 +885,9 @@ class BaseSandbox:
 
     def _do_create(self, plan_id: str) -> SandboxContext:
         raise NotImplementedError
+
+    def _do_start_from(self, source: ForkSource) -> None:
+        raise SandboxForkError(f"strategy {self.strategy} cannot start from a checkpoint")
 
     def _do_activate(self) -> None:
         """Called on CREATED/ROLLED_BACK -> ACTIVE; default does nothing."""

@@ -11,6 +11,11 @@ Traits (seed 002, "Sandbox Strategies"):
   the saga commits these first and compensates them last-in first-out.
 - ``directory``: the original is a directory tree (copy_on_write, overlay; the two-phase side
   they share stages a tree beside the original).
+- ``forkable``: a new sandbox can start from another sandbox's checkpoint (docs/forks.md):
+  git_worktree (the checkpoint's change applied onto the original's HEAD), copy_on_write and
+  overlay (the checkpoint's changed paths applied onto a fresh copy or upper layer). Refused for
+  transaction_rollback (its checkpoint is a savepoint inside one open database transaction,
+  which no other connection can start from) and none (there is nothing to start from).
 """
 
 from __future__ import annotations
@@ -35,12 +40,17 @@ class StrategyTraits:
 
     rollbackable: bool
     directory: bool
+    forkable: bool = False
 
 
 CATALOGUE: dict[str, StrategyTraits] = {
-    SandboxStrategy.GIT_WORKTREE.value: StrategyTraits(rollbackable=True, directory=False),
-    SandboxStrategy.COPY_ON_WRITE.value: StrategyTraits(rollbackable=True, directory=True),
-    SandboxStrategy.OVERLAY.value: StrategyTraits(rollbackable=True, directory=True),
+    SandboxStrategy.GIT_WORKTREE.value: StrategyTraits(
+        rollbackable=True, directory=False, forkable=True
+    ),
+    SandboxStrategy.COPY_ON_WRITE.value: StrategyTraits(
+        rollbackable=True, directory=True, forkable=True
+    ),
+    SandboxStrategy.OVERLAY.value: StrategyTraits(rollbackable=True, directory=True, forkable=True),
     SandboxStrategy.TRANSACTION_ROLLBACK.value: StrategyTraits(rollbackable=False, directory=False),
     SandboxStrategy.NONE.value: StrategyTraits(rollbackable=False, directory=False),
 }
@@ -70,3 +80,8 @@ def is_rollbackable(strategy: str) -> bool:
 def rollbackable_strategies() -> frozenset[str]:
     """Names of the built-in strategies that :func:`is_rollbackable`."""
     return frozenset(name for name, traits in CATALOGUE.items() if traits.rollbackable)
+
+
+def forkable_strategies() -> frozenset[str]:
+    """Names of the built-in strategies a sandbox can be forked in (``forkable``)."""
+    return frozenset(name for name, traits in CATALOGUE.items() if traits.forkable)

@@ -48,8 +48,14 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox_core.errors import SandboxCommitError, SandboxCreationError
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.errors import SandboxCommitError, SandboxCreationError, SandboxForkError
+from sandbox_core.protocol import (
+    ChangeSummary,
+    CommitResult,
+    ForkSource,
+    PreparedCommit,
+    SandboxContext,
+)
 from sandbox_core.strategies import _directory
 from sandbox_core.strategies.base import BaseSandbox, logger
 from sandbox_core.strategies.resource_faults import resource_fault
@@ -81,6 +87,7 @@ class CopyOnWriteSandbox(BaseSandbox):
     strategy = "copy_on_write"
     layout_folder = "cow"
     rollbackable = True
+    forkable = True
     undoes_resource_faults = True
 
     # -- layout -----------------------------------------------------------------------------
@@ -164,6 +171,26 @@ class CopyOnWriteSandbox(BaseSandbox):
                 "manifest": str(self._manifest_path),
                 "git_admin": git_admin,
             },
+        )
+
+    def baseline_manifest(self) -> Path | None:
+        """The baseline of the original this sandbox was made from (kept with a checkpoint, so
+        a fork carries only this sandbox's own change; docs/forks.md)."""
+        return self._manifest_path if self._manifest_path.is_file() else None
+
+    def _do_start_from(self, source: ForkSource) -> None:
+        if source.kind != "directory" or not source.snapshot_path:
+            raise SandboxForkError(
+                f"checkpoint {source.checkpoint_id} is a {source.kind} checkpoint; a "
+                "copy_on_write sandbox starts only from a copy_on_write checkpoint"
+            )
+        _directory.start_copy_from(
+            self,
+            source,
+            Path(source.snapshot_path),
+            self._source(),
+            self.tree_dir,
+            exclude=self._exclude(),
         )
 
     def _do_commit(self, message: str | None) -> CommitResult:

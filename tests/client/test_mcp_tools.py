@@ -60,6 +60,7 @@ def test_every_tool_is_listed_with_its_annotations_and_an_output_schema(tmp_path
     assert set(found) == set(TOOLS) >= {
         "exec", "read", "write", "edit", "delete", "move", "grep", "glob", "stat", "sql",
         "diff", "checkpoint", "restore", "review", "request_commit", "pending_approvals",
+        "fork", "validate",
     }  # fmt: skip
     for name, tool in found.items():
         hints = tool.annotations

@@ -79,6 +79,7 @@ EXPECTED_STATUS_FIELDS = {
         "mode", "twoPhase", "review",  # issue 9
         "lastHandledConfiguration",  # kopf's diff-base, issue 11
         "approvals", "approvedBy",  # named approvals (docs/approvals.md)
+        "validation", "discardedSandboxes",  # forks and pre-commit checks (docs/forks.md)
     },
 }  # fmt: skip
 # (kind, dotted path below openAPIV3Schema.properties) of every immutable field.
@@ -263,13 +264,20 @@ def test_immutable_fields_have_transition_rule(kind: str, path: str) -> None:
 def test_sandbox_source_cel_rules() -> None:
     source = _at("Sandbox", "spec.source")
     assert any("filter(x, x).size() == 1" in rule for rule in _rules(source))
-    assert set(source["properties"]) == {"persistentVolumeClaim", "nodePath", "secretRef"}
+    assert set(source["properties"]) == {
+        "persistentVolumeClaim", "nodePath", "secretRef", "fromCheckpoint",
+    }  # fmt: skip
     spec_rules = _rules(_at("Sandbox", "spec"))
-    assert spec_rules == {
-        "!has(self.source.secretRef) || self.strategy == 'transaction_rollback'": (
-            "source.secretRef is only valid with strategy transaction_rollback"
-        )
+    fork_rule = (
+        "!has(self.source.fromCheckpoint) || "
+        "self.strategy in ['git_worktree', 'copy_on_write', 'overlay']"
+    )
+    assert set(spec_rules) == {
+        "!has(self.source.secretRef) || self.strategy == 'transaction_rollback'",
+        fork_rule,
     }
+    assert spec_rules[fork_rule].startswith("source.fromCheckpoint is refused for strategies")
+    assert _at("Sandbox", "spec.source.fromCheckpoint")["required"] == ["sandbox", "checkpoint"]
     sub_path = _rules(_at("Sandbox", "spec.source.persistentVolumeClaim.subPath"))
     assert set(sub_path.values()) == {
         "subPath must be a relative path (must not start with '/')",

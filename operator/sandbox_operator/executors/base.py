@@ -13,6 +13,7 @@ from ulid import ULID
 
 from sandbox_api.models import SandboxOptions, SandboxSource, WorkspaceSpec
 from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core.plan.validation import Check, CheckOutcome
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 
 DEFAULT_MODES = {
@@ -39,6 +40,16 @@ def sandbox_id_for_uid(uid: str) -> str:
 
 
 @dataclass(frozen=True)
+class ForkRef:
+    """The checkpoint a new Sandbox starts from, checked by ``resources.targets.resolve_fork``:
+    ``parent_sandbox_id`` (the parent's core id, from its uid) and ``checkpoint_id`` (the core's
+    checkpoint id, from the Ready Checkpoint's status)."""
+
+    parent_sandbox_id: str
+    checkpoint_id: str
+
+
+@dataclass(frozen=True)
 class SandboxTarget:
     """Everything an executor needs to know about one Sandbox object.
 
@@ -62,6 +73,9 @@ class SandboxTarget:
     options: SandboxOptions = field(default_factory=SandboxOptions)
     core_record: dict[str, Any] | None = None
     workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
+    fork: ForkRef | None = None
+    """Set while a Sandbox with ``spec.source.fromCheckpoint`` is still to be made: the parent's
+    core sandbox id and the core's checkpoint id (docs/forks.md)."""
 
 
 class WorkspaceNotReady(Exception):  # noqa: N818 - a state, not a failure
@@ -223,6 +237,14 @@ class Executor(Protocol):
     def renew_token(self, target: SandboxTarget) -> None:
         """Write a new workspace-agent token for ``target`` when its renewal window changed
         (pod executor; the local executor has none)."""
+        ...
+
+    def run_check(self, target: SandboxTarget, check: Check) -> CheckOutcome:
+        """Run a PlanCommit's pre-commit check through the actor's door and wait for it.
+
+        Raises:
+            SandboxError: the door refused it (the check then fails with the refusal).
+        """
         ...
 
     def suspend(self, target: SandboxTarget) -> None:

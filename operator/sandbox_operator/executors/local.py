@@ -13,6 +13,7 @@ attempt may have left and creates again under the same id.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,15 +25,20 @@ from typing import Any
 from sandbox_core import (
     BaseSandbox,
     CommitResult,
+    ForkSource,
     SandboxError,
     SandboxFactory,
+    SandboxForkError,
     SandboxStateError,
     SandboxStatus,
     SandboxStore,
     dsn_secrets,
 )
+from sandbox_core.actor.checks import local_check_runner
+from sandbox_core.actor.local import LocalActor
 from sandbox_core.host.checkpoint import KIND_KEY, CheckpointManager, SandboxCheckpoint
 from sandbox_core.host.host import SandboxHost
+from sandbox_core.plan.validation import Check, CheckOutcome
 from sandbox_core.protocol import ChangeSummary, PreparedCommit
 from sandbox_operator.errors import FaultInjected
 from sandbox_operator.executors.base import CheckpointInfo, SandboxState, SandboxTarget
@@ -203,20 +209,46 @@ class LocalExecutor:
             SandboxError: the record or an artefact could not be written.
         """
         with self._lock(target.sandbox_id):
+            record = self._record(target)
             sandbox = self._host(target).provision(
                 target.plan_id,
                 target.resource_id,
                 target.original,
                 target.strategy,
                 sandbox_id=target.sandbox_id,
-                record=self._record(target),
+                record=record,
                 activate=True,
+                fork=self._fork_source(target) if record is None else None,
                 after_create=self._slow_create
                 if self.settings.fault_provision_delay_seconds
                 else None,
                 **core_options(target, self.settings),
             )
             return self._state(sandbox)
+
+    def _fork_source(self, target: SandboxTarget) -> ForkSource | None:
+        """The core's start of a fork (docs/forks.md): the checkpoint named by ``target.fork``,
+        which must be one of the parent's (its sandbox id derived from the parent's uid).
+
+        Raises:
+            SandboxForkError: no such checkpoint here, or it is another sandbox's.
+        """
+        if target.fork is None:
+            return None
+        manager = self._checkpoint_manager()
+        checkpoint = manager.get_checkpoint(target.fork.checkpoint_id)
+        if checkpoint is None or checkpoint.sandbox_id != target.fork.parent_sandbox_id:
+            raise SandboxForkError(
+                f"checkpoint {target.fork.checkpoint_id} of sandbox "
+                f"{target.fork.parent_sandbox_id} is not kept by this operator"
+            )
+        return manager.fork_source(checkpoint)
+
+    def run_check(self, target: SandboxTarget, check: Check) -> CheckOutcome:
+        """The local door's run of ``check`` in ``target``'s sandbox (jailed, audited, killed at
+        its timeout; :func:`sandbox_core.actor.checks.local_check_runner`)."""
+        runner = local_check_runner(LocalActor(self.settings.state_dir, host=self._host(target)))
+        return runner(dataclasses.replace(check, sandbox_id=target.sandbox_id))
 
     def describe(self, target: SandboxTarget) -> SandboxState | None:
         """The stored state of ``target``'s sandbox, or None."""

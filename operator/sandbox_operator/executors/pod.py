@@ -30,8 +30,9 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL
 from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_names
-from sandbox_core import SandboxStateError, SandboxStatus
+from sandbox_core import SandboxError, SandboxForkError, SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
+from sandbox_core.plan.validation import Check, CheckOutcome
 from sandbox_operator.errors import ChildNameTaken
 from sandbox_operator.executors.agent_client import (
     AgentClient,
@@ -458,7 +459,14 @@ class PodExecutor:
 
         Raises:
             WorkspaceNotReady: the Pod is starting (the Pod's events resume; not an error).
+            SandboxForkError: ``source.fromCheckpoint`` (docs/forks.md): the parent's snapshot
+                lives in the parent's own workspace volume, which this Pod cannot reach.
         """
+        if target.fork is not None:
+            raise SandboxForkError(
+                f"Sandbox {target.name}: source.fromCheckpoint needs the local executor for now; "
+                "the parent's checkpoint lives in the parent's own workspace volume"
+            )
         owner = self.api.get("sandboxes", target.namespace, target.name)
         pod = self.ensure_children(target, owner)
         self._call_route(
@@ -473,6 +481,18 @@ class PodExecutor:
         if handle.status.can_activate:
             handle.activate()
         return SandboxState.from_record(handle.record, workspace_pod=pod)
+
+    def run_check(self, target: SandboxTarget, check: Check) -> CheckOutcome:
+        """Not served yet: the agent's exec route streams, and the operator holds no client for
+        it (docs/forks.md, limits); the check fails with this refusal.
+
+        Raises:
+            SandboxError: always.
+        """
+        raise SandboxError(
+            f"pre-commit check {check.name}: the pod executor does not run checks yet; run it "
+            "with the client (kubectl sandbox exec) and commit without spec.checks"
+        )
 
     def describe(self, target: SandboxTarget) -> SandboxState | None:
         """The agent's ``status``; None when it has no such sandbox."""

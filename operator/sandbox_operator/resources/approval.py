@@ -82,6 +82,10 @@ def review_status(
         "truncated": bool(raw.get("truncated")),
         "hasConflicts": bool(raw.get("has_conflicts")),
         "sandboxes": rows,
+        "checks": [
+            {**check, "sandbox": check.get("sandbox") or names.get(str(check["sandboxId"]), "")}
+            for check in raw.get("checks") or []
+        ],
     }
 
 

@@ -86,6 +86,7 @@ from sandbox_core.plan.journal import (
 from sandbox_core.plan.review import review_plan
 from sandbox_core.plan.saga import refuse_partial_plan, run_compensations
 from sandbox_core.plan.two_phase import TwoPhasePlanCommit
+from sandbox_core.plan.validation import Check, CheckResult, failed_checks, run_checks
 from sandbox_core.protocol import utc_now
 from sandbox_operator.errors import PermanentError, TemporaryError, is_not_found
 from sandbox_operator.executors.base import (
@@ -420,6 +421,7 @@ class PlanCommitLogic:
             self._compensation_retries.pop(str(body["metadata"].get("uid")), None)
             self._announce(body, journal, state)
             self._cleanup_after_success(body, spec, PlanCommitPhase(journal.status["phase"]))
+            self._discard_unselected(body, spec, journal)
         elif state is not None and state.failed_rollback_ids:
             self._retry_compensation(body, state)
         elif state is not None and state.mode == "two_phase" and state.steps:
@@ -560,8 +562,25 @@ class PlanCommitLogic:
         except PlanRerunRequiredError as exc:
             return self._fail_up_front(journal, spec, "PlanRerunRequired", str(exc))
         usable = [t for t, s in targets if s is not None and is_usable(s.status)]
+        if spec.sandboxes is not None:
+            unknown = sorted(set(spec.sandboxes) - {t.name for t, _ in targets})
+            if unknown:
+                return self._fail_up_front(
+                    journal,
+                    spec,
+                    "UnknownSandboxes",
+                    f"spec.sandboxes names {', '.join(unknown)}, not Sandboxes of plan "
+                    f"{spec.plan_id} in this namespace; nothing was committed",
+                )
+            usable = [t for t in usable if t.name in set(spec.sandboxes)]
         if not usable:
             return self._nothing_to_do(journal, spec, targets)
+        checks: list[CheckResult] = []
+        if spec.checks:
+            validated = self._validate(body, spec, journal, targets)
+            if isinstance(validated, JournalState):
+                return validated
+            checks = validated
         handles = [
             DeletionGuardedHandle(
                 BoundHandle(self.executor.open(t), self._identity(t)),
@@ -572,7 +591,7 @@ class PlanCommitLogic:
         ]
         approved: str | None = None
         if spec.mode is PlanCommitMode.TWO_PHASE or spec.approval_required:
-            digest = self._review(body, spec, journal, handles)
+            digest = self._review(body, spec, journal, handles, checks)
             if spec.approval_required:
                 if digest is None:
                     return self._fail_up_front(
@@ -592,9 +611,88 @@ class PlanCommitLogic:
                     return None  # awaiting approval, or Expired (written and announced)
         if spec.mode is PlanCommitMode.TWO_PHASE:
             return self._two_phase(
-                spec, journal, handles, body, attempt, message, approved, on_change
+                spec, journal, handles, body, attempt, message, approved, on_change, checks
             )
-        return self._saga(spec, journal, handles, body, attempt, message, approved, on_change)
+        return self._saga(
+            spec, journal, handles, body, attempt, message, approved, on_change, checks
+        )
+
+    # -- pre-commit validation (docs/forks.md) ---------------------------------------------------
+
+    def _validate(
+        self,
+        body: Mapping[str, Any],
+        spec: PlanCommitSpec,
+        journal: PlanCommitStatusJournal,
+        targets: list[tuple[SandboxTarget, SandboxState | None]],
+    ) -> list[CheckResult] | JournalState:
+        """``spec.checks`` run once through the executor's door and recorded in
+        ``status.validation`` (with an Event per check) before anything is reviewed or
+        prepared; a later pass reads them back. A failed check ends the PlanCommit ``Failed``
+        (condition reason ``ValidationFailed``) with every original untouched."""
+        recorded = journal.status.get("validation")
+        if recorded is None:
+            by_name = {t.name: t for t, _ in targets}
+            missing = sorted({check.sandbox for check in spec.checks} - set(by_name))
+            if missing:
+                return self._fail_up_front(
+                    journal,
+                    spec,
+                    "ValidationFailed",
+                    f"spec.checks name {', '.join(missing)}, not Sandboxes of plan "
+                    f"{spec.plan_id}; nothing was committed",
+                )
+            by_id = {t.sandbox_id: t for t, _ in targets}
+            try:
+                wanted = [
+                    Check(
+                        check.name,
+                        by_name[check.sandbox].sandbox_id,
+                        tuple(check.command),
+                        float(check.timeout_seconds),
+                    )
+                    for check in spec.checks
+                ]
+                results = run_checks(
+                    wanted, lambda check: self.executor.run_check(by_id[check.sandbox_id], check)
+                )
+            except ValueError as exc:
+                return self._fail_up_front(journal, spec, "ValidationFailed", str(exc))
+            names = {t.sandbox_id: t.name for t, _ in targets}
+            rows = [{**r.to_dict(), "sandbox": names.get(r.sandbox_id, "")} for r in results]
+            journal.write({"validation": rows})
+            for row in rows:
+                verdict = (
+                    "passed"
+                    if row["passed"]
+                    else ("timed out" if row["timedOut"] else f"exit code {row['exitCode']}")
+                )
+                tail = "\n".join(str(row["outputTail"]).splitlines()[-5:])
+                self.events(
+                    body,
+                    "Normal" if row["passed"] else "Warning",
+                    "CheckPassed" if row["passed"] else "CheckFailed",
+                    f"check {row['name']} in Sandbox {row['sandbox']} ({' '.join(row['command'])})"
+                    f": {verdict}"
+                    + (f"; last lines:\n{tail}" if tail and not row["passed"] else ""),
+                )
+            recorded = rows
+        results = [CheckResult.from_dict(dict(row)) for row in recorded]
+        failed = failed_checks(results)
+        if failed:
+            named = "; ".join(
+                f"{r.name} in Sandbox {r.extra.get('sandbox') or r.sandbox_id}: "
+                + ("timed out" if r.timed_out else f"exit code {r.exit_code}")
+                for r in failed
+            )
+            return self._fail_up_front(
+                journal,
+                spec,
+                "ValidationFailed",
+                f"validation failed ({named}); nothing was prepared or changed "
+                "(status.validation has each command, exit code and its last lines)",
+            )
+        return results
 
     # -- review and approval --------------------------------------------------------------------
 
@@ -604,6 +702,7 @@ class PlanCommitLogic:
         spec: PlanCommitSpec,
         journal: PlanCommitStatusJournal,
         handles: list[Any],
+        checks: list[CheckResult] | None = None,
     ) -> str | None:
         """The plan digest of ``status.review``, computing and recording it first when absent
         (condition ``Reviewed``, Event ``Reviewed``). None when the review failed (condition
@@ -612,7 +711,7 @@ class PlanCommitLogic:
         if existing.get("digest"):
             return str(existing["digest"])
         try:
-            review = review_plan(spec.plan_id, handles)
+            review = review_plan(spec.plan_id, handles).with_checks(checks or [])
         except Exception as exc:  # a strategy without review, an unreadable sandbox
             metrics.PLAN_REVIEWS.labels("error").inc()
             text = f"review of plan {spec.plan_id} failed: {type(exc).__name__}: {exc}"
@@ -846,6 +945,7 @@ class PlanCommitLogic:
         message: str,
         approved: str | None,
         on_change: Callable[[Any], None],
+        checks: list[CheckResult] | None = None,
     ) -> JournalState | None:
         """Mode ``TwoPhase``: the core's mode ``auto`` (two phases; a plan that cannot use them
         runs the saga instead, condition ``TwoPhase=False`` reason ``FellBackToSaga``)."""
@@ -853,7 +953,17 @@ class PlanCommitLogic:
         # follows); the policy that decides it is commit_plan's.
         coordinator = TwoPhasePlanCommit(FallbackGuardJournal(journal), on_change=on_change)
         return self._commit_plan(
-            spec, journal, handles, body, "auto", attempt, message, approved, on_change, coordinator
+            spec,
+            journal,
+            handles,
+            body,
+            "auto",
+            attempt,
+            message,
+            approved,
+            on_change,
+            coordinator,
+            checks,
         )
 
     def _saga(
@@ -866,10 +976,21 @@ class PlanCommitLogic:
         message: str,
         approved: str | None,
         on_change: Callable[[Any], None],
+        checks: list[CheckResult] | None = None,
     ) -> JournalState | None:
         """Mode ``Saga``: the core's mode ``saga`` (seed 002)."""
         return self._commit_plan(
-            spec, journal, handles, body, "saga", attempt, message, approved, on_change
+            spec,
+            journal,
+            handles,
+            body,
+            "saga",
+            attempt,
+            message,
+            approved,
+            on_change,
+            None,
+            checks,
         )
 
     def _commit_plan(
@@ -884,6 +1005,7 @@ class PlanCommitLogic:
         approved: str | None,
         on_change: Callable[[Any], None],
         coordinator: TwoPhasePlanCommit | None = None,
+        checks: list[CheckResult] | None = None,
     ) -> JournalState | None:
         """Run :func:`~sandbox_core.plan.commit.commit_plan` (mode, fallback, approval check)
         on the plan's handles; the outcome is what it recorded on the PlanCommit's status.
@@ -904,6 +1026,7 @@ class PlanCommitLogic:
                 on_change=on_change,
                 on_fallback=lambda reason: self._fell_back(body, journal, reason),
                 coordinator=coordinator,
+                checks=checks or (),
             )
         except PlanReviewError as exc:
             return self._fail_up_front(journal, spec, "ReviewFailed", str(exc))
@@ -1143,6 +1266,36 @@ class PlanCommitLogic:
         )
         if spec.cleanup_policy == "Delete" and succeeded:
             self._delete_plan_sandboxes(body, spec)
+
+    def _discard_unselected(
+        self, body: Mapping[str, Any], spec: PlanCommitSpec, journal: PlanCommitStatusJournal
+    ) -> None:
+        """After a commit of the Sandboxes ``spec.sandboxes`` names, in the same step: delete
+        every other Sandbox of the plan (their finalizers clean up their artefacts), record
+        them in ``status.discardedSandboxes`` and post one Event. Nothing after a failure.
+        Idempotent."""
+        if spec.sandboxes is None or journal.status.get("phase") != PlanCommitPhase.COMMITTED:
+            return
+        namespace = str(body["metadata"]["namespace"])
+        keep = set(spec.sandboxes)
+        discarded = set(journal.status.get("discardedSandboxes") or [])
+        for item in self.api.list(SANDBOX_PLURAL, namespace):
+            name = str(item["metadata"]["name"])
+            if (item.get("spec") or {}).get("planId") != spec.plan_id or name in keep:
+                continue
+            if not deletion_began(item):
+                self.api.delete(SANDBOX_PLURAL, namespace, name)
+            discarded.add(name)
+        if not discarded or sorted(discarded) == journal.status.get("discardedSandboxes"):
+            return
+        journal.write({"discardedSandboxes": sorted(discarded)})
+        self.events(
+            body,
+            "Normal",
+            "Discarded",
+            f"committed {', '.join(sorted(keep))}; discarded the other Sandboxes of plan "
+            f"{spec.plan_id}: {', '.join(sorted(discarded))}",
+        )
 
     def finalize(self, body: Mapping[str, Any]) -> None:
         """Deletion of a PlanCommit: with ``cleanupPolicy: Delete`` delete the plan's Sandboxes

@@ -24,7 +24,7 @@ from sandbox_api.models import (
     VERSION,
     SandboxPhase,
 )
-from sandbox_core import CommitResult, SandboxStatus
+from sandbox_core import CommitResult, SandboxForkError, SandboxStatus
 from sandbox_operator.errors import (
     PermanentError,
     TemporaryError,
@@ -48,7 +48,11 @@ from sandbox_operator.kube.claims import CLAIMS, deletion_began
 from sandbox_operator.kube.conditions import find_condition, set_condition, set_finished
 from sandbox_operator.kube.events import EventSink
 from sandbox_operator.kube.ownership import is_controlled_by
-from sandbox_operator.resources.targets import checkpoint_info_from_body, target_from_body
+from sandbox_operator.resources.targets import (
+    ForkRefusedError,
+    checkpoint_info_from_body,
+    target_from_body,
+)
 from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")
@@ -281,7 +285,12 @@ class SandboxLogic:
         try:
             target = target_from_body(body, self.settings, self.api)
         except PermanentError as exc:
-            raise self._fail(body, patch, ValueError(str(exc)), "provision") from exc
+            cause: Exception = (
+                SandboxForkError(str(exc))
+                if isinstance(exc, ForkRefusedError)
+                else ValueError(str(exc))
+            )
+            raise self._fail(body, patch, cause, "provision") from exc
         if (body.get("spec") or {}).get("suspend"):
             self._set_suspended(body, patch)
             return

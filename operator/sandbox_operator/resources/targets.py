@@ -23,12 +23,19 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from sandbox_api import core_record
 from sandbox_api.models import SandboxSpec, WorkspaceSpec
 from sandbox_core.agent import wire
 from sandbox_core.redaction import is_dsn
-from sandbox_operator.errors import PermanentError
-from sandbox_operator.executors.base import CheckpointInfo, SandboxTarget, sandbox_id_for_uid
+from sandbox_operator.errors import PermanentError, TemporaryError
+from sandbox_operator.executors.base import (
+    CheckpointInfo,
+    ForkRef,
+    SandboxTarget,
+    sandbox_id_for_uid,
+)
 from sandbox_operator.executors.pod_manifests import SANDBOX_ROOT, SOURCE_MOUNT
 from sandbox_operator.kube import redaction
 from sandbox_operator.kube.api import Api
@@ -238,7 +245,11 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
     record = trusted_core_record(
         record, sandbox_id=sandbox_id, spec=spec, original=original, settings=settings
     )
+    fork = None
+    if spec.source.from_checkpoint is not None and record is None:
+        fork = resolve_fork(spec, str(metadata.get("namespace") or "default"), api)
     return SandboxTarget(
+        fork=fork,
         name=str(metadata["name"]),
         namespace=str(metadata.get("namespace") or "default"),
         uid=str(metadata["uid"]),
@@ -251,6 +262,72 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         options=spec.options,
         core_record=record,
         workspace=spec.workspace.merged_over(workspace_defaults(settings)),
+    )
+
+
+class ForkRefusedError(PermanentError):
+    """A fork whose parent or Checkpoint can never fit it (condition reason ``ForkRefused``)."""
+
+
+def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
+    """Check ``spec.source.fromCheckpoint`` against the parent Sandbox and its Checkpoint, in
+    ``namespace`` (docs/forks.md), before the fork is made. Only then: once made, the fork
+    never looks at its parent again, so deleting the parent leaves it working.
+
+    Raises:
+        ForkRefusedError: the parent has another plan, strategy or original, or the
+            Checkpoint is of another Sandbox.
+        TemporaryError: the parent or the Checkpoint does not exist yet, or the Checkpoint is
+            not Ready.
+    """
+    wanted = spec.source.from_checkpoint
+    assert wanted is not None
+    if api is None:
+        raise ForkRefusedError("forking a Sandbox needs the API to find its parent")
+    try:
+        parent = api.get("sandboxes", namespace, wanted.sandbox)
+        checkpoint = api.get("checkpoints", namespace, wanted.checkpoint)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise TemporaryError(
+                f"waiting for Sandbox {wanted.sandbox} and Checkpoint {wanted.checkpoint} "
+                f"in namespace {namespace} (source.fromCheckpoint)",
+                delay=5,
+            ) from exc
+        raise
+    try:
+        parent_spec = SandboxSpec.model_validate(dict(parent.get("spec") or {}))
+    except ValueError as exc:
+        raise ForkRefusedError(f"parent {wanted.sandbox} is invalid: {exc}") from exc
+    differences = [
+        field
+        for field, mine, theirs in (
+            ("planId", spec.plan_id, parent_spec.plan_id),
+            ("strategy", spec.strategy, parent_spec.strategy),
+            ("source", spec.source.original(), parent_spec.source.original()),
+        )
+        if mine != theirs
+    ]
+    if differences:
+        raise ForkRefusedError(
+            f"Sandbox {wanted.sandbox} is not a parent this Sandbox can fork: "
+            f"its {', '.join(differences)} differ; a fork has its parent's plan, strategy and "
+            "original"
+        )
+    if str((checkpoint.get("spec") or {}).get("sandboxName") or "") != wanted.sandbox:
+        raise ForkRefusedError(
+            f"Checkpoint {wanted.checkpoint} is not a checkpoint of Sandbox "
+            f"{wanted.sandbox}"
+        )
+    checkpoint_id = str((checkpoint.get("status") or {}).get("checkpointId") or "")
+    if not checkpoint_id:
+        raise TemporaryError(
+            f"waiting for Checkpoint {wanted.checkpoint} to be Ready (source.fromCheckpoint)",
+            delay=5,
+        )
+    return ForkRef(
+        parent_sandbox_id=sandbox_id_for_uid(str(parent["metadata"]["uid"])),
+        checkpoint_id=checkpoint_id,
     )
 
 

@@ -82,12 +82,13 @@ from typing import Any
 
 from sandbox_core.errors import (
     SandboxError,
+    SandboxForkError,
     SandboxLockedError,
     SandboxPermissionError,
     SandboxRollbackError,
 )
 from sandbox_core.paths import TRAVERSAL_MESSAGE
-from sandbox_core.protocol import CommitResult, SandboxContext
+from sandbox_core.protocol import CommitResult, ForkSource, SandboxContext
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies import _directory
 from sandbox_core.strategies.git_worktree.git import (
@@ -115,6 +116,7 @@ class GitWorktreeSandbox(PreparedMergeBack):
     strategy = "git_worktree"
     layout_folder = "git"
     rollbackable = True
+    forkable = True
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
         super().__init__(resource_id, original_path, **options)
@@ -321,6 +323,62 @@ class GitWorktreeSandbox(PreparedMergeBack):
         except GitFailure as exc:
             raise _translate(exc, "other", "cannot list checkpoints", self.original_path) from exc
         return sorted(line[len(prefix) :] for line in refs.out.splitlines() if line)
+
+    # -- fork (BaseSandbox.start_from) -------------------------------------------------------
+
+    def _do_start_from(self, source: ForkSource) -> None:
+        """The parent's change (its base commit -> the checkpoint's commit) applied onto this
+        worktree's base (the original's HEAD now) as uncommitted files, with git's three-way
+        tree merge (objects only). The branch does not move: the fork's diff is against the
+        original like any sandbox's.
+
+        Raises:
+            SandboxForkError: not a ``git_ref`` checkpoint, its commit is not in this
+                repository, or the parent's change overlaps a change the original made since
+                (``conflicts``; the worktree is left as created).
+        """
+        if source.kind != "git_ref" or not source.commit:
+            raise SandboxForkError(
+                f"checkpoint {source.checkpoint_id} is a {source.kind or 'metadata-only'} "
+                "checkpoint; a git_worktree sandbox starts only from a git_worktree checkpoint"
+            )
+        worktree = self._live_worktree_git("fork")
+        original = self._original_git()
+        base = str(self._meta()["base_commit"])
+        try:
+            found = original.run(
+                "rev-parse", "--verify", "-q", f"{source.commit}^{{commit}}", ok=(0, 1)
+            )
+            if found.status != 0:
+                raise SandboxForkError(
+                    f"checkpoint {source.checkpoint_id}: commit {source.commit} is not in "
+                    f"{self.original_path} (another repository, or the checkpoint was deleted)"
+                )
+            parent_base = str(source.parent_metadata.get("base_commit") or "")
+            if not parent_base:
+                parent_base = original.run("rev-parse", f"{found.out}^").out
+            if parent_base == base:
+                tree = original.run("rev-parse", f"{found.out}^{{tree}}").out
+            else:
+                status, fields = self._merge_trees(
+                    original, parent_base, base, found.out, rewritten=True
+                )
+                if status == 1:
+                    conflicts = sorted(set(fields[1:]))
+                    raise SandboxForkError(
+                        f"sandbox {self.sandbox_id} cannot start from checkpoint "
+                        f"{source.checkpoint_id}: its change overlaps what {self.original_path} "
+                        f"changed since sandbox {source.sandbox_id} was made, in: "
+                        f"{', '.join(conflicts)}. Take a new checkpoint of a sandbox made "
+                        "after that change, or resolve it in the original",
+                        conflicts=conflicts,
+                    )
+                tree = fields[0]
+            worktree.run("read-tree", "-u", "--reset", tree)
+        except GitFailure as exc:
+            raise _translate(
+                exc, "other", f"fork from checkpoint {source.checkpoint_id}", self._sandbox_dir()
+            ) from exc
 
     # -- create -----------------------------------------------------------------------------
 

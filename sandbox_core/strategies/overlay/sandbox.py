@@ -70,10 +70,17 @@ from sandbox_core.durable import write_json_atomic
 from sandbox_core.errors import (
     SandboxCreationError,
     SandboxError,
+    SandboxForkError,
     SandboxStateError,
     TwoPhaseUnavailableError,
 )
-from sandbox_core.protocol import ChangeSummary, CommitResult, PreparedCommit, SandboxContext
+from sandbox_core.protocol import (
+    ChangeSummary,
+    CommitResult,
+    ForkSource,
+    PreparedCommit,
+    SandboxContext,
+)
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies import _directory
 from sandbox_core.strategies.base import BaseSandbox, logger
@@ -115,6 +122,7 @@ class OverlaySandbox(BaseSandbox):
     strategy = "overlay"
     layout_folder = "overlay"
     rollbackable = True
+    forkable = True
     undoes_resource_faults = True
 
     def __init__(self, resource_id: str, original_path: str, **options: Any) -> None:
@@ -837,6 +845,52 @@ class OverlaySandbox(BaseSandbox):
                     raise resource_error("restore", self.sandbox_id, fault) from exc
                 self._status = SandboxStatus.ERRORED
                 raise SandboxError(f"restore of sandbox {self.sandbox_id} failed: {exc}") from exc
+
+    # -- fork (BaseSandbox.start_from) -------------------------------------------------------
+
+    def baseline_manifest(self) -> Path | None:
+        """Fallback mode: the baseline of the original this sandbox was made from (kept with a
+        checkpoint, so a fork carries only this sandbox's own change; docs/forks.md)."""
+        manifest = self.base_path / _MANIFEST
+        return manifest if self.overlay_mode == "fallback" and manifest.is_file() else None
+
+    def _do_start_from(self, source: ForkSource) -> None:
+        """Kernel mode: the parent's upper layer (exactly its own change, whiteouts and
+        xattrs) becomes this sandbox's upper layer over the same lower, the original.
+        Fallback mode: the parent's changed paths are synced into this copy
+        (:func:`~sandbox_core.strategies._directory.start_copy_from`).
+
+        Raises:
+            SandboxForkError: not an overlay checkpoint of this original in this mode, or (in
+                fallback mode) an overlap with what the original changed since the parent was
+                made.
+        """
+        snapshot = Path(source.snapshot_path) if source.snapshot_path else None
+        info_file = snapshot / _CHECKPOINT_FILE if snapshot is not None else None
+        if source.kind != "overlay_snapshot" or info_file is None or not info_file.is_file():
+            raise SandboxForkError(
+                f"checkpoint {source.checkpoint_id} is a {source.kind} checkpoint; an overlay "
+                "sandbox starts only from an overlay checkpoint"
+            )
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+        if os.path.realpath(str(info.get("original_path"))) != os.path.realpath(self.original_path):
+            raise SandboxForkError(
+                f"checkpoint {source.checkpoint_id} is of another original "
+                f"({info.get('original_path')}), not {self.original_path}"
+            )
+        if info.get("overlay_mode") != self.overlay_mode:
+            raise SandboxForkError(
+                f"checkpoint {source.checkpoint_id} was taken in overlay mode "
+                f"{info.get('overlay_mode')}, this sandbox runs in {self.overlay_mode}; set the "
+                "option mode to the same"
+            )
+        assert snapshot is not None  # narrowed above (info_file is not None)
+        if self.overlay_mode == "kernel":
+            self._restore_layer(snapshot / "layer")
+            return
+        _directory.start_copy_from(
+            self, source, snapshot / "layer", self._original(), self.base_path / "merged"
+        )
 
     def _restore_layer(self, layer: Path) -> None:
         """Copy ``layer`` beside the view's layer first, then swap them by renames: a full or

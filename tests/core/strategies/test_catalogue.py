@@ -20,6 +20,7 @@ def test_every_builtin_strategy_is_in_the_catalogue() -> None:
 def test_the_catalogue_agrees_with_the_strategy_class(name: str) -> None:
     cls = SandboxFactory().strategy_class(name)
     assert traits_of(name).rollbackable is bool(cls.rollbackable)
+    assert traits_of(name).forkable is bool(cls.forkable)
 
 
 def test_an_unknown_strategy_is_named_in_the_error() -> None:
