@@ -246,7 +246,7 @@ def _changed_since_approval(
         f"plan {plan_id} changed since approval: its changes hash to {actual}, the approval "
         f"named {approved_digest}; nothing was changed"
     )
-    journal.save(
+    return _refused(
         JournalState(
             plan_id=plan_id,
             attempt=attempt,
@@ -257,23 +257,32 @@ def _changed_since_approval(
             approved_digest=approved_digest,
             fallback_reason=fallback,
             finished_at=utc_now(),
-        )
+        ),
+        journal,
+        failed_sandbox_id=None,
+        mode="saga",
+        fallback_reason=fallback,
+        digest=actual,
+        approved_digest=approved_digest,
     )
+
+
+def _refused(state: JournalState, journal: CommitJournal, **metadata: Any) -> CommitResult:
+    """A plan refused before anything was prepared or changed: ``state`` (a terminal failed
+    attempt) is recorded in ``journal`` first, then returned as one failed result whose
+    metadata adds ``metadata`` to what every refusal says (reason, nothing touched)."""
+    journal.save(state)
     return CommitResult(
         sandbox_id="",
         success=False,
-        error=f"Atomic commit failed: {refusal}",
+        error=f"Atomic commit failed: {state.error}",
         metadata={
-            "failed_sandbox_id": None,
             "conflicts": [],
             "rolled_back_ids": [],
             "failed_rollback_ids": [],
-            "reason": "ChangedSinceApproval",
+            "reason": state.reason.value,
             "touched_originals": 0,
-            "mode": "saga",
-            "fallback_reason": fallback,
-            "digest": actual,
-            "approved_digest": approved_digest,
+            **metadata,
         },
     )
 
@@ -292,7 +301,7 @@ def _validation_failed(
         for check in failed
     )
     refusal = f"plan {plan_id}: validation failed ({named}); nothing was prepared or changed"
-    journal.save(
+    return _refused(
         JournalState(
             plan_id=plan_id,
             attempt=attempt,
@@ -301,19 +310,8 @@ def _validation_failed(
             error=refusal,
             approved_digest=approved_digest,
             finished_at=utc_now(),
-        )
-    )
-    return CommitResult(
-        sandbox_id="",
-        success=False,
-        error=f"Atomic commit failed: {refusal}",
-        metadata={
-            "failed_sandbox_id": failed[0].sandbox_id,
-            "conflicts": [],
-            "rolled_back_ids": [],
-            "failed_rollback_ids": [],
-            "reason": JournalReason.VALIDATION_FAILED.value,
-            "touched_originals": 0,
-            "failed_checks": [check.to_dict() for check in failed],
-        },
+        ),
+        journal,
+        failed_sandbox_id=failed[0].sandbox_id,
+        failed_checks=[check.to_dict() for check in failed],
     )
