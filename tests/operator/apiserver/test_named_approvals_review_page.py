@@ -29,6 +29,8 @@ from click.testing import CliRunner
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from sandbox_client import Plan, RefusedError, SandboxClient
 from sandbox_client.kubectl_plugin import cli
@@ -67,6 +69,15 @@ def browser() -> Iterator[webdriver.Chrome]:
     started = webdriver.Chrome(options=options, service=Service(executable_path=driver))
     yield started
     started.quit()
+
+
+def _notice_after_submit(browser: webdriver.Chrome) -> str:
+    """The notice of the page the form's redirect leads to: a click returns before the browser
+    has followed the POST's redirect, so wait for it (seconds on a loaded machine)."""
+    element = WebDriverWait(browser, 60).until(
+        expected_conditions.presence_of_element_located((By.ID, "notice"))
+    )
+    return str(element.text)
 
 
 @pytest.fixture
@@ -193,7 +204,7 @@ def test_the_review_page_shows_the_diff_and_records_alices_approval(
             assert browser.find_elements(By.CSS_SELECTOR, ".highlight .gi")  # added lines
             assert (data / "g.txt").read_text() == "d0\n"
             browser.find_element(By.ID, "approve").click()
-            notice = browser.find_element(By.ID, "notice").text
+            notice = _notice_after_submit(browser)
             assert (
                 notice == f"approved plan digest {review.digest} of PlanCommit {review.plancommit}"
             )
@@ -225,7 +236,7 @@ def test_a_rejection_on_the_page_ends_the_plancommit_with_alices_comment(
             browser.get(server.url)
             browser.find_element(By.ID, "comment").send_keys("<b>not</b> this one")
             browser.find_element(By.ID, "reject").click()
-            assert browser.find_element(By.ID, "notice").text.startswith("rejected plan digest")
+            assert _notice_after_submit(browser).startswith("rejected plan digest")
             status = cluster.wait_phase("pcommit", review.plancommit, {"Committed", "Failed"})
             browser.get(server.url)
             decisions = browser.find_element(By.ID, "decisions").text
