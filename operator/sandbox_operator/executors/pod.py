@@ -21,6 +21,7 @@ only: the Pod is found by its owner, never by ``status.workspacePod``.
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Callable
@@ -297,12 +298,28 @@ class PodExecutor:
         serial = self._serial()
         if serial is None or self._written.get(target.uid) == serial:
             return
-        patch = {"stringData": {AGENT_TOKEN_KEY: self.token(target)}}
+        token = base64.b64encode(self.token(target).encode("ascii")).decode("ascii")
+        # A JSON patch whose first operation tests that the Sandbox controls the Secret: the
+        # operator may not read Secrets, so the ownership check rides on the write itself, and
+        # a Secret planted under the name by someone else is never written.
+        patch = [
+            {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": target.uid},
+            {"op": "add", "path": f"/data/{AGENT_TOKEN_KEY}", "value": token},
+        ]
         for name in child_object_names(target.name, CHILD_SUFFIXES["Secret"]):
             try:
                 self.api.core.patch_namespaced_secret(name, target.namespace, patch)
             except ApiException as exc:
                 if exc.status == 404:
+                    continue
+                if exc.status == 422:  # the test failed: not this Sandbox's Secret
+                    logger.warning(
+                        "sandbox %s/%s: Secret %s is not controlled by it; its token is not "
+                        "renewed there",
+                        target.namespace,
+                        target.name,
+                        name,
+                    )
                     continue
                 raise
             self._written[target.uid] = serial
