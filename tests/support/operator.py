@@ -384,10 +384,23 @@ def run_operator(
     process = OperatorProcess(server, cluster.namespace, work)
     cluster.operator = process
     yield process
-    if process.process is not None and process.process.poll() is None:
-        cluster.kubectl("delete", cleanup_kinds, "--all", "--timeout=60s", check=False)
-    process.stop()
-    print(process.logs()[-8000:])
+    left = ""
+    try:
+        if process.process is not None and process.process.poll() is None:
+            # kubectl's own timeout, under the subprocess's: a deletion that does not finish
+            # is reported (below) instead of killing kubectl and skipping the operator's stop.
+            deleted = cluster.server.kubectl(
+                "-n", cluster.namespace, "delete", cleanup_kinds, "--all", "--timeout=60s",
+                timeout=90.0,
+            )  # fmt: skip
+            if deleted.returncode != 0:
+                left = cluster.server.kubectl(
+                    "-n", cluster.namespace, "get", cleanup_kinds, "-o", "yaml"
+                ).stdout
+    finally:
+        process.stop()
+        print(process.logs()[-8000:])
+    assert not left, f"the operator's finalizers did not remove what the test made:\n{left[-4000:]}"
     if check_pruning:
         assert "Patching failed with inconsistencies" not in process.logs()
 
