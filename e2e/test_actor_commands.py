@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from e2e.conftest import Originals
+from e2e.kube import Kube
+from e2e.test_client_pod_executor import approver
 from sandbox_client import OperationFailedError, Plan, SandboxClient
 
 
@@ -23,7 +25,7 @@ def claim(sub_path: str) -> dict[str, Any]:
 
 
 def test_a_command_in_a_workspace_pod_without_a_jail_is_refused_and_never_runs(
-    namespace: str, originals: Originals
+    kube: Kube, namespace: str, originals: Originals
 ) -> None:
     client = SandboxClient(namespace=namespace)
     plan = Plan(client, "actor-e2e", namespace)
@@ -40,7 +42,9 @@ def test_a_command_in_a_workspace_pod_without_a_jail_is_refused_and_never_runs(
 
     data.write_file("g.txt", "written\n")
     review = plan.review(message="e2e: actor without a jail")
-    result = plan.approve(review.digest, timeout=300)
+    # A person approves, not the identity that asked for the review (docs/approvals.md).
+    with SandboxClient(namespace=namespace, impersonate=approver(kube, namespace)) as person:
+        result = Plan(person, plan.plan_id, namespace).approve(review.digest, timeout=300)
     assert result.committed, result.conditions
     assert originals.read("data/g.txt") == "written\n"
     assert originals.sh("ls data").split() == ["g.txt"]

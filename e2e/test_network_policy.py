@@ -21,7 +21,7 @@ from typing import Any
 
 from e2e.conftest import Originals, Release, active, sandbox_manifest
 from e2e.kube import Kube, wait_until
-from e2e.test_workspace_agent import AGENT_PORT, agent_token, call_from, sandbox_uid
+from e2e.test_workspace_agent import AGENT_PORT, agent_token, call_from
 
 LISTENER_PORTS = (8080, 8081)
 CONNECT = (
@@ -96,7 +96,7 @@ def test_the_agent_admits_the_operator_and_no_other_pod(
     # The operator's Pod: connects, and its call with the Sandbox's token is served.
     operator_pod = operator_release.pod_names(kube)[0]
     assert connect(kube, operator_release.namespace, operator_pod, ip, AGENT_PORT) == "open"
-    token = agent_token(kube, operator_release, sandbox_uid(kube, namespace, "s-git"))
+    token = agent_token(kube, namespace, "s-git")
     url = f"http://{ip}:{AGENT_PORT}/v1/sandboxes/{status['sandboxId']}"
     code, body = call_from(kube, operator_release.namespace, operator_pod, url, token)
     assert code == 200, body

@@ -40,8 +40,19 @@ CALL = (
 )
 
 
-def agent_token(kube: Kube, release: Release, sandbox_uid: str) -> str:
-    """The Sandbox's token, derived the operator's way from the release's agent key."""
+def agent_token(kube: Kube, namespace: str, sandbox: str) -> str:
+    """The Sandbox's token as its workspace Pod holds it: the Secret the Pod mounts (tokens
+    expire and are renewed, so the Secret, not a derivation, says which one is current)."""
+    status = kube.json("get", "sandbox", sandbox, "-n", namespace)["status"]
+    pod = kube.json("get", "pod", status["workspacePod"], "-n", namespace)
+    [secret_name] = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
+    secret = kube.json("get", "secret", secret_name, "-n", namespace)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def derived_token(kube: Kube, release: Release, sandbox_uid: str) -> str:
+    """A token derived from the release's agent key for ``sandbox_uid`` (the form of tokens
+    made before they expired): for a uid that is not the Sandbox's, a token it must refuse."""
     secret = kube.json(
         "get", "secret", f"{RELEASE}-sandbox-operator-agent-key", "-n", release.namespace
     )
@@ -56,10 +67,6 @@ def call_from(kube: Kube, namespace: str, pod: str, url: str, token: str) -> tup
     return int(code), body
 
 
-def sandbox_uid(kube: Kube, namespace: str, name: str) -> str:
-    return str(kube.json("get", "sandbox", name, "-n", namespace)["metadata"]["uid"])
-
-
 def pod_of(kube: Kube, namespace: str, status: dict[str, Any]) -> dict[str, Any]:
     return dict(kube.json("get", "pod", status["workspacePod"], "-n", namespace))
 
@@ -71,14 +78,14 @@ def test_agent_calls_need_the_sandboxs_token(
     status = active(kube, namespace, "s-git")
     pod = pod_of(kube, namespace, status)
     url = f"http://{pod['status']['podIP']}:{AGENT_PORT}/v1/sandboxes/{status['sandboxId']}"
-    token = agent_token(kube, operator_release, sandbox_uid(kube, namespace, "s-git"))
+    token = agent_token(kube, namespace, "s-git")
     # No token, a wrong one, another Sandbox's: refused, even from the operator's Pod (the only
     # one the NetworkPolicy lets connect: e2e/test_network_policy.py).
     operator_pod = operator_release.pod_names(kube)[0]
     ns = operator_release.namespace
     assert call_from(kube, ns, operator_pod, url, "-")[0] == 401
     assert call_from(kube, ns, operator_pod, url, "0" * 64)[0] == 401
-    other = agent_token(kube, operator_release, str(uuid.uuid4()))
+    other = derived_token(kube, operator_release, str(uuid.uuid4()))
     assert call_from(kube, ns, operator_pod, url, other)[0] == 401
     # The operator's own call with the right token is served.
     code, body = call_from(kube, operator_release.namespace, operator_pod, url, token)
