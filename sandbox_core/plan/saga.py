@@ -31,6 +31,10 @@ Recovery policy (cases 20 and 22):
   remaining steps (those too cannot be undone, since they come last). A caller that holds a
   standing request to commit (the operator's PlanCommit) opts in to roll forward
   every interrupted attempt whose steps' outcomes are all known (``resume=True``).
+- The journal decides what a step is: a step it records committed is compensated as committed
+  even when the sandbox's own record still says ACTIVE (a process that found the commit landed
+  died before it saved the record); the commit is adopted first, so the compensation undoes it
+  instead of only discarding the sandbox's copy.
 - A terminal journal is never touched again: running recovery twice changes nothing.
 - A step failing with nothing committed before it ends ``failed`` with zero compensations; the
   sandboxes stay as they were and a later ``commit_all`` starts a new attempt.
