@@ -223,9 +223,19 @@ def resolve_original(spec: SandboxSpec, namespace: str, settings: Settings, api:
     raise PermanentError("spec.source names no original")
 
 
-def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | None) -> SandboxTarget:
+def target_from_body(
+    body: Mapping[str, Any],
+    settings: Settings,
+    api: Api | None,
+    *,
+    resolve_parent: bool = True,
+) -> SandboxTarget:
     """Build the executor's view of one Sandbox object from its spec and uid (module
     docstring: the status is not input, but a verified ``coreRecord``).
+
+    A fork not made yet has its parent checked (:func:`resolve_fork`) unless
+    ``resolve_parent`` is false: deleting a Sandbox must never wait for another object, and
+    its parent may be gone or never have fitted.
 
     Raises:
         PermanentError: the spec is invalid for this operator, or a path is refused.
@@ -246,7 +256,7 @@ def target_from_body(body: Mapping[str, Any], settings: Settings, api: Api | Non
         record, sandbox_id=sandbox_id, spec=spec, original=original, settings=settings
     )
     fork = None
-    if spec.source.from_checkpoint is not None and record is None:
+    if resolve_parent and spec.source.from_checkpoint is not None and record is None:
         fork = resolve_fork(spec, str(metadata.get("namespace") or "default"), api)
     return SandboxTarget(
         fork=fork,
@@ -316,8 +326,7 @@ def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
         )
     if str((checkpoint.get("spec") or {}).get("sandboxName") or "") != wanted.sandbox:
         raise ForkRefusedError(
-            f"Checkpoint {wanted.checkpoint} is not a checkpoint of Sandbox "
-            f"{wanted.sandbox}"
+            f"Checkpoint {wanted.checkpoint} is not a checkpoint of Sandbox {wanted.sandbox}"
         )
     checkpoint_id = str((checkpoint.get("status") or {}).get("checkpointId") or "")
     if not checkpoint_id:

@@ -194,3 +194,37 @@ def test_a_fork_of_a_parent_of_another_plan_is_refused_with_reason_fork_refused(
         )
 
     wait_for(refused_event, 30, "ProvisionFailed event naming ForkRefused")
+
+
+def test_a_fork_is_deleted_whatever_became_of_its_parent(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Deleting a Sandbox never waits for another object: a refused fork whose parent is
+    deleted first, and a fork still waiting for a parent that never comes, both go."""
+    operator.start()
+    original = make_dir(tmp_path / "data", {"app.txt": "v0\n"})
+    cluster.create(sandbox_manifest("other-parent", "plan-a", "copy_on_write", original))
+    cluster.wait_active("other-parent")
+    cluster.create(checkpoint_manifest("other-cp", "other-parent"))
+    assert cluster.wait_phase("checkpoint", "other-cp", {"Ready", "Failed"})["phase"] == "Ready"
+    cluster.create(fork_manifest("refused", "plan-b", original, "other-parent", "other-cp"))
+    cluster.create(fork_manifest("orphan", "plan-b", original, "never-made", "never-made-cp"))
+    wait_for(
+        lambda: (
+            (c := cluster.condition("sandbox", "refused", "Ready"))
+            and c.get("reason") == "ForkRefused"
+        ),
+        60,
+        "refused fork Ready False ForkRefused",
+    )
+
+    cluster.kubectl("delete", "checkpoint", "other-cp", "--wait=true", "--timeout=60s")
+    cluster.kubectl("delete", "sandbox", "other-parent", "--wait=true", "--timeout=60s")
+    cluster.kubectl("delete", "sandbox", "refused", "orphan", "--wait=false")
+
+    wait_for(
+        lambda: cluster.gone("sandbox", "refused") and cluster.gone("sandbox", "orphan"),
+        30,
+        "both forks deleted",
+    )
+    assert original.joinpath("app.txt").read_text() == "v0\n"
