@@ -688,7 +688,7 @@ class SandboxLogic:
                 retry,
             )
         try:
-            target = target_from_body(body, self.settings, self.api, resolve_parent=False)
+            target = target_from_body(body, self.settings, self.api, for_deletion=True)
         except PermanentError:
             logger.warning(
                 "sandbox %s: invalid spec, nothing to clean up", body["metadata"]["name"]

@@ -228,14 +228,16 @@ def target_from_body(
     settings: Settings,
     api: Api | None,
     *,
-    resolve_parent: bool = True,
+    for_deletion: bool = False,
 ) -> SandboxTarget:
     """Build the executor's view of one Sandbox object from its spec and uid (module
     docstring: the status is not input, but a verified ``coreRecord``).
 
-    A fork not made yet has its parent checked (:func:`resolve_fork`) unless
-    ``resolve_parent`` is false: deleting a Sandbox must never wait for another object, and
-    its parent may be gone or never have fitted.
+    ``for_deletion``: deleting a Sandbox never waits for another object. A fork's parent is
+    not checked (it may be gone, or never have fitted), and when the Secret a ``secretRef``
+    source names is gone or no longer holds a DSN, the original is the record's redacted DSN:
+    cleanup reopens by the record and needs no password unless a prepared transaction is
+    left, which then fails the cleanup naming it.
 
     Raises:
         PermanentError: the spec is invalid for this operator, or a path is refused.
@@ -247,7 +249,12 @@ def target_from_body(
         raise PermanentError(f"invalid Sandbox spec: {exc}") from exc
     status = dict(body.get("status") or {})
     sandbox_id = sandbox_id_for_uid(str(metadata["uid"]))
-    original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
+    try:
+        original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
+    except (ApiException, PermanentError):
+        if not (for_deletion and spec.source.secret_ref is not None):
+            raise
+        original = _recorded_original(status)
     try:
         record = core_record.decode(status.get("coreRecord"), original)
     except core_record.CoreRecordVersionError as exc:
@@ -256,7 +263,7 @@ def target_from_body(
         record, sandbox_id=sandbox_id, spec=spec, original=original, settings=settings
     )
     fork = None
-    if resolve_parent and spec.source.from_checkpoint is not None and record is None:
+    if not for_deletion and spec.source.from_checkpoint is not None and record is None:
         fork = resolve_fork(spec, str(metadata.get("namespace") or "default"), api)
     return SandboxTarget(
         fork=fork,
@@ -273,6 +280,15 @@ def target_from_body(
         core_record=record,
         workspace=spec.workspace.merged_over(workspace_defaults(settings)),
     )
+
+
+def _recorded_original(status: Mapping[str, Any]) -> str:
+    """The original a ``status.coreRecord`` names (a DSN there is redacted), or ``""``."""
+    try:
+        record = core_record.decode(status.get("coreRecord"))
+    except core_record.CoreRecordVersionError:
+        return ""
+    return str((record or {}).get("original_path") or "")
 
 
 class ForkRefusedError(PermanentError):
