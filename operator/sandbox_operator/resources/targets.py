@@ -236,8 +236,8 @@ def target_from_body(
     ``for_deletion``: deleting a Sandbox never waits for another object. A fork's parent is
     not checked (it may be gone, or never have fitted), and when the Secret a ``secretRef``
     source names is gone or no longer holds a DSN, the original is the record's redacted DSN:
-    cleanup reopens by the record and needs no password unless a prepared transaction is
-    left, which then fails the cleanup naming it.
+    cleanup reopens by the record, and releases a PostgreSQL prepared transaction left behind
+    only best effort (it needs the password).
 
     Raises:
         PermanentError: the spec is invalid for this operator, or a path is refused.
