@@ -4,41 +4,21 @@ each, the approver sees the results, one fork is committed, the others are gone.
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.approvals import grant_plancommit_rights
-from tests.support.client import ClientEnv
+from tests.support.client import ClientEnv, python_blocks, run_tutorial
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "forks.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def test_the_forks_tutorial_runs_end_to_end(env: ClientEnv, tmp_path: Path) -> None:
-    blocks = BLOCK.findall(DOC.read_text())
+    blocks = python_blocks(DOC.read_text())
     assert len(blocks) == 5
-    grant_plancommit_rights(env.cluster)  # alice, the tutorial's approver
-    script = tmp_path / "forks_tutorial.py"
-    script.write_text("\n\n".join(blocks))
-    process_env = env.env()
-    process_env["SANDBOX_NAMESPACE"] = env.namespace
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=process_env,
-        cwd=tmp_path,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    out = done.stdout
+    out = run_tutorial(blocks, env, tmp_path)
     assert "forks ['attempt-1', 'attempt-2', 'attempt-3']" in out
     assert "limits-attempt-3 exit 1" in out
     assert "  limits-attempt-2 attempt-2 exit 0" in out

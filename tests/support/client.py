@@ -8,11 +8,15 @@ with the CRDs installed and one operator process (local executor) watching it
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.approvals import grant_plancommit_rights
 from tests.support.operator import Cluster, OperatorProcess, make_dir, make_repo
 
 __all__ = ["ClientEnv", "client_env_for", "make_dir", "make_repo", "three_sources"]
@@ -79,3 +83,32 @@ def three_sources(root: Path) -> dict[str, Path]:
         "data": make_dir(root / "data", {"g.txt": "d0\n", "sub/h.txt": "h0\n"}),
         "layer": make_dir(root / "layer", {"o.txt": "o0\n"}),
     }
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(text: str) -> list[str]:
+    """The fenced ``python`` code blocks of a Markdown text, in order."""
+    return PYTHON_BLOCK.findall(text)
+
+
+def run_tutorial(blocks: list[str], env: ClientEnv, work: Path) -> str:
+    """Run a tutorial's Python blocks, in order, as one script against ``env`` (alice may
+    approve), and return its stdout; the script must exit 0 (its output is in the failure)."""
+    grant_plancommit_rights(env.cluster)  # alice, the tutorials' approver
+    script = work / "tutorial.py"
+    script.write_text("\n\n".join(blocks))
+    process_env = env.env()
+    process_env["SANDBOX_NAMESPACE"] = env.namespace
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=process_env,
+        cwd=work,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
