@@ -17,6 +17,12 @@ and one workspace-agent call round trip (``GET status`` with the Sandbox's token
 operator's Pod) beside one exec of the same call (``kubectl exec ... sandbox-core --json
 status``, what the exec path cost per call).
 
+(c) One ``true`` through the door (:func:`test_bench_door_true`): ``Sandbox.exec(["true"])`` of
+    the client, which reaches the workspace agent through the API server's pod proxy (the jail,
+    the audit append, the stream), beside ``kubectl exec <pod> -- true``; medians of 15 each,
+    after one warm-up of each. Runs with the e2e fixtures (its own namespace and claim):
+    ``flock /tmp/sandbox-e2e.lock hack/e2e.sh -o python_files=bench_e2e.py -k door -s``.
+
 Usage: ``eval "$(e2e/cluster env)" && .venv/bin/python e2e/bench_e2e.py [--runs 3]``, or inside
 the tier-3 harness: ``flock /tmp/sandbox-e2e.lock hack/e2e.sh e2e/bench_e2e.py -s`` (the
 ``test_`` function below). Prints a Markdown table (median of the runs) for docs/benchmarks.md.
@@ -309,6 +315,67 @@ def test_bench_ratios() -> None:
     Path("/tmp/bench-e2e.md").write_text(table + "\n")  # noqa: S108 - a report for the reader
     print(table)
     assert "| PlanCommit apply -> Committed" in table
+
+
+DOOR_CALLS = 15
+
+
+def door_true_latencies(
+    kube: Kube, namespace: str, calls: int = DOOR_CALLS
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of one ``true``: the client's ``Sandbox.exec`` (a GET of the Sandbox, then the
+    agent through the pod proxy), the same with the Sandbox's info already read (the door
+    alone), and ``kubectl exec``; ``calls`` of each after one warm-up."""
+    from sandbox_client import Plan, SandboxClient
+
+    client = SandboxClient(namespace=namespace)
+    plan = Plan(client, "bench-door", namespace)
+    sandbox = plan.add_sandbox(
+        "data",
+        "copy_on_write",
+        {"persistentVolumeClaim": {"claimName": "originals", "subPath": "data"}},
+    )
+    [info] = plan.wait_ready(timeout=300)
+    actor = client.actor_for(info)
+    pod = ["exec", "-n", namespace, info.workspace_pod, "-c", "workspace", "--", "true"]
+    assert sandbox.exec(["true"]).exit_code == 0  # warm: the jail's probe, the connection
+    kube.kubectl(*pod)
+    handle, door, kubectl = [], [], []
+    for _ in range(calls):
+        start = time.perf_counter()
+        assert sandbox.exec(["true"]).exit_code == 0
+        handle.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        assert actor.exec(info, ["true"]).exit_code == 0
+        door.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        kube.kubectl(*pod)
+        kubectl.append(time.perf_counter() - start)
+    return handle, door, kubectl
+
+
+def test_bench_door_true(kube: Kube, namespace: str, originals: Originals) -> None:
+    """Tier 3: the door's ``true`` beside ``kubectl exec``; the table is printed and kept in
+    ``/tmp/bench-door.md`` (reported, not asserted: not a timed test)."""
+    handle, door, kubectl = door_true_latencies(kube, namespace)
+    base = statistics.median(kubectl)
+
+    def cell(values: list[float]) -> str:
+        median = statistics.median(values)
+        return f"{median * 1000:.1f} ms ({median / base:.2f}x)"
+
+    table = "\n".join(
+        [
+            f"| one `true` ({DOOR_CALLS} runs, medians) | time (ratio to kubectl exec) |",
+            "| --- | --- |",
+            f'| `Sandbox.exec(["true"])` (GET Sandbox, agent via pod proxy) | {cell(handle)} |',
+            f"| the agent via the pod proxy (Sandbox info already read) | {cell(door)} |",
+            f"| `kubectl exec <pod> -- true` | {cell(kubectl)} |",
+        ]
+    )
+    Path("/tmp/bench-door.md").write_text(table + "\n")  # noqa: S108 - a report for the reader
+    print(table)
+    assert min(door) > 0 and min(kubectl) > 0
 
 
 def main() -> int:

@@ -78,6 +78,8 @@ def operator_release(kube: Kube) -> Iterator[Release]:
         # election are tested on tier 2 (tests/operator/apiserver/test_ha_failover.py) and by
         # the quick start.
         "--set", "replicaCount=1",
+        # e2e/cluster installs the chart's profile on the node: actors' commands get a jail.
+        "--set", "workspace.seccompProfile.type=Localhost",
         "--wait", "--timeout", "240s",
     )  # fmt: skip
     release = Release(namespace, RELEASE, f"app.kubernetes.io/instance={RELEASE}")

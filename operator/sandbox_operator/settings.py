@@ -66,6 +66,10 @@ class Settings(BaseSettings):
         pod_namespace: namespace the operator runs in (its leader-election Lease lives there).
         pod_name: name of the operator's Pod (start of its Lease holder identity).
         allow_privileged_overlay: overlay containers may run privileged (real OverlayFS).
+        workspace_seccomp_profile: a ``Localhost`` seccomp profile of workspace Pods, relative
+            to the kubelet's ``seccomp`` directory (chart ``workspace.seccompProfile``: the
+            chart's ``files/seccomp/sandbox-workspace.json`` installed on the nodes lets an
+            actor's commands run in their jail, docs/security.md); empty: ``RuntimeDefault``.
         metrics_port: port of the Prometheus endpoint; 0 disables it.
         retry_delay_seconds: delay of TemporaryError retries (API conflicts, Blocked PlanCommits).
         ttl_check_interval_seconds: period of the TTL timer on Sandboxes.
@@ -143,6 +147,9 @@ class Settings(BaseSettings):
     pod_namespace: str = "default"
     pod_name: str = ""
     allow_privileged_overlay: bool = False
+    workspace_seccomp_profile: Annotated[
+        str, Field(pattern=r"^$|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", max_length=253)
+    ] = ""
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9090
     retry_delay_seconds: Seconds = 5.0
     ttl_check_interval_seconds: Seconds = 10.0
@@ -192,6 +199,13 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("workspace_seccomp_profile")
+    @classmethod
+    def _relative_profile(cls, value: str) -> str:
+        if ".." in value.split("/") or "." in value.split("/"):
+            raise ValueError(f"{value!r} is a path relative to the kubelet's seccomp directory")
         return value
 
     @field_validator("node_path_roots", mode="before")

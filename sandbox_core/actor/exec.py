@@ -538,22 +538,18 @@ class CommandRunner:
             shutil.rmtree(run_dir, ignore_errors=True)
             binds = git_shadow(work_tree, run_dir)  # makes run_dir only for a linked worktree
             binds += git_control_binds(work_tree)  # a repository's own config and hooks: ro
-            argv = self.jail.argv(
+            process = self.jail.spawn(
                 work_tree,
                 os.path.realpath(cwd),
                 request.command,
                 {**BASE_ENV, **request.env},
                 binds,
                 network=request.network,
-            )
-            process = subprocess.Popen(
-                argv,
                 stdin=subprocess.PIPE if request.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
-                env={},
             )
         except BaseException:
             with self._lock:

@@ -5,7 +5,7 @@ the tool Flatpak uses. Each command gets new user, mount, PID, IPC, UTS (and cgr
 namespaces. Its file system is an empty read-only root with:
 
 - the system directories read-only (``/usr``, ``/etc``, ``/bin``, ``/lib*``, ``/sbin``, plus
-  :attr:`Jail.ro_paths`), a private ``/tmp`` (tmpfs), a fresh ``/proc`` and a minimal ``/dev``;
+  :attr:`Jail.ro_paths`), a private ``/tmp`` (tmpfs), a ``/proc`` (below) and a minimal ``/dev``;
 - the sandbox's working tree, read-write, at its own absolute path (so paths the tree records,
   such as a worktree's ``.git`` file, keep their meaning);
 - for a ``git_worktree`` sandbox, a private copy of the repository's metadata mounted where the
@@ -22,11 +22,26 @@ namespaces. Its file system is an empty read-only root with:
 
 Nothing else exists in the jail: not the agent's token file, its state directory (records,
 request journal, audit log), other sandboxes, the original's working tree, nor the agent's
-processes (``/proc`` shows only the jail's PIDs, so not the agent's environment and its DSNs).
-The command runs as :attr:`Jail.uid` inside a user namespace whose only mapping is that uid to
-the agent's own: it owns the sandbox's files, has no capability in the agent's namespaces
-(``--cap-drop ALL``), may not create user namespaces (``--disable-userns``), and the environment
-is cleared (``--clearenv``) before the request's own is set. The network is shared unless
+processes' insides. The command runs as :attr:`Jail.uid` inside a user namespace whose only
+mapping is that uid to the agent's own: it owns the sandbox's files, has no capability in the
+agent's namespaces (``--cap-drop ALL``), may not create user namespaces, and the environment is
+cleared (``--clearenv``) before the request's own is set.
+
+``/proc`` comes in one of two ways (:attr:`Jail.proc`; ``"auto"`` lets :meth:`Jail.check`'s
+probe choose, once per process, and logs the choice):
+
+- ``"fresh"``: a new ``proc`` for the jail's PID namespace (``--proc``): only the jail's PIDs
+  exist; ``--disable-userns`` refuses user namespaces.
+- ``"bound"``: where the kernel refuses a new ``proc`` (a container's runtime masks parts of its
+  ``/proc``: "Can't mount proc on /newroot/proc"), the container's ``/proc`` read-only
+  (``--ro-bind /proc /proc``). The command then sees the container's PIDs, but everything of
+  another process that matters (``environ``, ``root``, ``cwd``, ``exe``, ``fd/*``, ``mem``,
+  ``maps``) is behind the kernel's ptrace access check, which a process in a child user
+  namespace without capabilities fails for every process outside it (``cap_ptrace_access_check``
+  in ``security/commoncap.c``); a signal or a pidfd reaches only PIDs of its own namespace.
+  ``--disable-userns`` needs a writable ``/proc/sys``, so :mod:`sandbox_core.actor.userns_filter`
+  (``--seccomp``) refuses user namespaces instead. ``tests/core/actor/test_bound_proc.py``
+  attacks this mode under an emulated masked ``/proc``. The network is shared unless
 ``network=False`` (``--unshare-net``): tests and package managers need it, and the agent answers
 only its token.
 
@@ -39,13 +54,17 @@ per command would cost a Pod start.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
+from sandbox_core.actor.userns_filter import UnsupportedArchitectureError, program
 from sandbox_core.errors import SandboxError
 
 __all__ = [
@@ -53,6 +72,7 @@ __all__ = [
     "OBJECTS_MOUNT",
     "Jail",
     "JailUnavailableError",
+    "ProcMode",
     "git_shadow",
 ]
 
@@ -76,8 +96,10 @@ class JailUnavailableError(SandboxError):
 
 
 PROBE_TIMEOUT_SECONDS = 30.0
-# (bwrap path, uid, gid) whose empty jail ran in this process: no probe again.
-_WORKING: set[tuple[str, int, int]] = set()
+ProcMode = Literal["fresh", "bound"]
+# (bwrap path, uid, gid, asked mode) whose empty jail ran in this process -> the mode it ran in.
+_WORKING: dict[tuple[str, int, int, str], ProcMode] = {}
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,9 @@ class Jail:
         uid / gid: the identity inside the jail (mapped to the agent's own outside).
         ro_paths: further directories shown read-only at their own paths (a toolchain).
         network: share the network namespace (True) or give the command none (False).
+        proc: ``"fresh"`` (a new ``proc``), ``"bound"`` (the container's ``/proc`` read-only,
+            user namespaces refused by a seccomp filter) or ``"auto"`` (``fresh`` where the
+            kernel allows it, else ``bound``); module docstring.
     """
 
     bwrap: str = "bwrap"
@@ -96,6 +121,7 @@ class Jail:
     gid: int = 1000
     ro_paths: tuple[str, ...] = ()
     network: bool = True
+    proc: Literal["auto", "fresh", "bound"] = "auto"
 
     def executable(self) -> str:
         """The absolute path of ``bwrap``.
@@ -111,7 +137,7 @@ class Jail:
             )
         return found
 
-    def argv(
+    def spawn(
         self,
         work_tree: str,
         cwd: str,
@@ -119,8 +145,9 @@ class Jail:
         env: Mapping[str, str],
         binds: Sequence[tuple[str, str, str]] = (),
         network: bool | None = None,
-    ) -> list[str]:
-        """The full argv running ``command`` in the jail.
+        **popen: Any,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``command`` in the jail.
 
         Args:
             work_tree: the sandbox's directory (absolute), bound read-write.
@@ -130,57 +157,127 @@ class Jail:
             binds: more mounts, ``("bind" | "ro-bind", source, destination)``, after the
                 work tree (a git shadow).
             network: overrides :attr:`network`.
+            popen: passed to :class:`subprocess.Popen` (pipes, session; ``pass_fds`` and
+                ``env``, empty for ``bwrap`` itself, are the jail's own).
+
+        Returns:
+            The ``bwrap`` process (its first child is the jail's PID 1).
 
         Raises:
             JailUnavailableError: no ``bwrap``, or it cannot build its namespaces here
                 (:meth:`check`).
+            OSError: the process could not be started.
         """
-        self.check()
-        return self._argv(work_tree, cwd, command, env, binds, network)
+        mode = self.check()
+        return self._popen(mode, work_tree, cwd, command, env, binds, network, **popen)
 
-    def check(self) -> None:
-        """Build one jail running ``true`` (once per ``bwrap`` and identity in this process,
-        when it works): a ``bwrap`` that is installed but cannot create its namespaces (a
-        container whose seccomp profile refuses ``unshare``/``clone`` of a user namespace,
-        whose ``/proc`` is masked so a fresh one cannot be mounted, or a node without user
-        namespaces) refuses every command with its own message, rather than letting each
-        command fail with ``bwrap``'s exit status as if the command had.
+    def check(self) -> ProcMode:
+        """Build one jail running ``true`` (once per ``bwrap``, identity and :attr:`proc` in
+        this process, when it works): a ``bwrap`` that is installed but cannot create its
+        namespaces (a container whose seccomp profile refuses ``unshare``/``clone`` of a user
+        namespace, a node without user namespaces) refuses every command with its own
+        message, rather than letting each command fail with ``bwrap``'s exit status as if the
+        command had. With :attr:`proc` ``"auto"``, a jail with a fresh ``/proc`` is tried
+        first, then one with the container's ``/proc`` bound read-only; the choice is logged
+        once.
+
+        Returns:
+            The ``/proc`` mode commands run with.
 
         Raises:
-            JailUnavailableError: no ``bwrap``, or the probe failed (its stderr in the
+            JailUnavailableError: no ``bwrap``, or every probe failed (their stderr in the
                 message; docs/security.md says what a workspace Pod needs).
         """
-        key = (self.executable(), self.uid, self.gid)
+        key = (self.executable(), self.uid, self.gid, self.proc)
         if key in _WORKING:
-            return
+            return _WORKING[key]
+        modes: tuple[ProcMode, ...] = ("fresh", "bound") if self.proc == "auto" else (self.proc,)
+        said: list[str] = []
+        for mode in modes:
+            failure = self._probe(mode)
+            if failure is None:
+                if self.proc == "auto" and mode == "bound":
+                    _log.warning(
+                        "a fresh /proc cannot be mounted here (%s); commands see this "
+                        "container's /proc read-only, user namespaces refused by a seccomp "
+                        "filter (docs/security.md)",
+                        said[0],
+                    )
+                _WORKING[key] = mode
+                return mode
+            said.append(failure)
+        raise JailUnavailableError(
+            f"cannot isolate commands: bwrap cannot build its namespaces here "
+            f"({'; '.join(said)}); a container needs user namespaces, mount and pivot_root "
+            "allowed by its seccomp profile (docs/security.md, the Localhost profile); "
+            "commands are never run without isolation"
+        )
+
+    def _probe(self, mode: ProcMode) -> str | None:
+        """Run ``true`` in an empty jail of ``mode``: None when it worked, else why not."""
         with tempfile.TemporaryDirectory(prefix="jail-probe-") as where:
-            argv = self._argv(where, where, ["true"], dict(BASE_ENV), network=False)
             try:
-                probe = subprocess.run(
-                    argv,
+                probe = self._popen(
+                    mode,
+                    where,
+                    where,
+                    ["true"],
+                    dict(BASE_ENV),
+                    network=False,
                     stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=PROBE_TIMEOUT_SECONDS,
-                    check=False,
-                    env={},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                 )
-            except subprocess.TimeoutExpired as exc:
-                raise JailUnavailableError(
-                    f"cannot isolate commands: bwrap did not finish an empty jail within "
-                    f"{PROBE_TIMEOUT_SECONDS:.0f} s; commands are never run without isolation"
-                ) from exc
-        if probe.returncode != 0:
-            said = probe.stderr.decode("utf-8", "replace").strip()[-500:]
+            except (OSError, JailUnavailableError) as exc:
+                return f"{mode} /proc: {exc}"
+            try:
+                _, stderr = probe.communicate(timeout=PROBE_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                probe.kill()
+                probe.communicate()
+                return f"{mode} /proc: no empty jail within {PROBE_TIMEOUT_SECONDS:.0f} s"
+        if probe.returncode == 0:
+            return None
+        return f"{mode} /proc: " + stderr.decode("utf-8", "replace").strip()[-300:]
+
+    def _popen(
+        self,
+        mode: ProcMode,
+        work_tree: str,
+        cwd: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        binds: Sequence[tuple[str, str, str]] = (),
+        network: bool | None = None,
+        **popen: Any,
+    ) -> subprocess.Popen[bytes]:
+        if mode == "fresh":
+            argv = self._argv(mode, None, work_tree, cwd, command, env, binds, network)
+            return subprocess.Popen(argv, env={}, **popen)
+        try:
+            bpf = program()
+        except UnsupportedArchitectureError as exc:
             raise JailUnavailableError(
-                f"cannot isolate commands: bwrap cannot build its namespaces here ({said}); "
-                "a container needs user namespaces allowed by its seccomp profile and a /proc "
-                "that can be mounted again (procMount: Unmasked; docs/security.md); commands "
-                "are never run without isolation"
-            )
-        _WORKING.add(key)
+                f"cannot isolate commands with a bound /proc: {exc}"
+            ) from exc
+        # bwrap reads the filter from a descriptor to its end: a pipe of its own per command
+        # (the program is a few hundred bytes, far below a pipe's buffer).
+        read, write = os.pipe()
+        try:
+            os.write(write, bpf)
+            os.close(write)
+            write = -1
+            argv = self._argv(mode, read, work_tree, cwd, command, env, binds, network)
+            return subprocess.Popen(argv, env={}, pass_fds=(read,), **popen)
+        finally:
+            os.close(read)
+            if write >= 0:
+                os.close(write)
 
     def _argv(
         self,
+        mode: ProcMode,
+        seccomp_fd: int | None,
         work_tree: str,
         cwd: str,
         command: Sequence[str],
@@ -193,9 +290,12 @@ class Jail:
             self.executable(),
             "--unshare-user", "--uid", str(self.uid), "--gid", str(self.gid),
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
-            "--hostname", "sandbox",
+            "--cap-drop", "ALL", "--die-with-parent", "--hostname", "sandbox",
         ]  # fmt: skip
+        if mode == "fresh":
+            args.append("--disable-userns")
+        else:
+            args += ["--seccomp", str(seccomp_fd)]
         if not share_net:
             args.append("--unshare-net")
         for path in (*SYSTEM_DIRS, *self.ro_paths):
@@ -204,7 +304,8 @@ class Jail:
             elif Path(path).is_dir():
                 args += ["--ro-bind", path, path]
         private = ["--tmpfs", "/tmp", "--tmpfs", "/run"]  # noqa: S108 - new tmpfs in the jail
-        args += ["--proc", "/proc", "--dev", "/dev", *private]
+        proc = ["--proc", "/proc"] if mode == "fresh" else ["--ro-bind", "/proc", "/proc"]
+        args += [*proc, "--dev", "/dev", *private]
         args += ["--bind", work_tree, work_tree]
         for kind, source, destination in binds:
             args += [f"--{kind}", source, destination]
@@ -236,7 +337,7 @@ def git_shadow(work_tree: str | Path, into: Path) -> list[tuple[str, str, str]]:
     read-only through ``objects/info/alternates`` -> :data:`OBJECTS_MOUNT`.
 
     Returns:
-        The mounts for :meth:`Jail.argv`: the copy read-write at ``<common>``, the original's
+        The mounts for :meth:`Jail.spawn`: the copy read-write at ``<common>``, the original's
         objects read-only at :data:`OBJECTS_MOUNT`; ``[]`` when ``work_tree`` is not a linked
         worktree (nothing of git is outside it).
 

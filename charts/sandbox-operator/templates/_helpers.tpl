@@ -165,3 +165,11 @@ each watched namespace (Role). docs/operations.md, "Privileges", lists every one
   resources: ["events"]
   verbs: [{{ if eq .Values.executor "pod" }}"create", "patch"{{ else }}"create"{{ end }}]
 {{- end }}
+
+{{/* The Localhost seccomp profile of workspace Pods (relative to the kubelet's seccomp
+directory), or "" for RuntimeDefault. */}}
+{{- define "sandbox-operator.workspaceSeccompProfile" -}}
+{{- if eq .Values.workspace.seccompProfile.type "Localhost" }}
+{{- required "workspace.seccompProfile.localhostProfile is required with type Localhost" .Values.workspace.seccompProfile.localhostProfile }}
+{{- end }}
+{{- end }}

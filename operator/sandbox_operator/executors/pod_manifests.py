@@ -9,8 +9,11 @@ re-made Pod re-opens the sandbox instead of losing it). Its main process is the 
 file.
 
 Non-root, read-only root filesystem, all capabilities dropped, seccomp RuntimeDefault (the
-restricted Pod Security profile); an overlay Pod is privileged (real OverlayFS) only when
-``settings.allow_privileged_overlay``, else the core's userspace fallback runs. A Secret source
+restricted Pod Security profile) or, with ``settings.workspace_seccomp_profile``, that
+``Localhost`` profile (RuntimeDefault plus what the jail of an actor's commands needs:
+docs/security.md, "Commands in a workspace Pod"); an overlay Pod is privileged (real
+OverlayFS) only when ``settings.allow_privileged_overlay``, else the core's userspace fallback
+runs. A Secret source
 (transaction_rollback) reaches the Pod as ``secretKeyRef`` env: the operator never reads it.
 ``spec.workspace`` shapes the Pod (resources, scheduling, runtime class, pull secrets, scratch
 class and size, egress). A NetworkPolicy per Pod admits only the operator.
@@ -192,6 +195,14 @@ def allowed_root(target: SandboxTarget) -> str:
     return root if inside else ""
 
 
+def seccomp_profile(settings: Settings) -> dict[str, str]:
+    """The workspace Pod's seccomp profile: ``settings.workspace_seccomp_profile`` as a
+    ``Localhost`` profile, else ``RuntimeDefault``."""
+    if settings.workspace_seccomp_profile:
+        return {"type": "Localhost", "localhostProfile": settings.workspace_seccomp_profile}
+    return {"type": "RuntimeDefault"}
+
+
 def build_workspace_pod(
     target: SandboxTarget,
     settings: Settings,
@@ -234,7 +245,7 @@ def build_workspace_pod(
         "runAsUser": WORKSPACE_UID,
         "runAsGroup": WORKSPACE_UID,
         "fsGroup": WORKSPACE_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
+        "seccompProfile": seccomp_profile(settings),
     }
     if privileged:
         # Mounting OverlayFS needs root and CAP_SYS_ADMIN; only when the chart allows it.

@@ -51,6 +51,7 @@ from sandbox_operator.executors.pod_manifests import (
     WORKSPACE_UID,
     label_value,
     pod_is_ready,
+    seccomp_profile,
 )
 from sandbox_operator.kube.api import Api
 from sandbox_operator.settings import Settings
@@ -71,11 +72,13 @@ SHAPE_FIELDS = (
 def shape_of(settings: Settings, workspace: Mapping[str, Any] | None = None) -> str:
     """The pool key of a workspace: 16 hex digits of the SHA-256 of the workspace image and
     the :data:`SHAPE_FIELDS` of ``workspace`` (empty values dropped, keys sorted), so equal
-    shapes give equal keys whatever the order of the fields."""
+    shapes give equal keys whatever the order of the fields; and the ``Localhost`` seccomp
+    profile when one is set (a Pod's profile cannot change once it runs)."""
     fields = {k: v for k, v in (workspace or {}).items() if k in SHAPE_FIELDS and v}
-    canonical = json.dumps(
-        {"image": settings.workspace_image, "workspace": fields}, sort_keys=True
-    ).encode()
+    shape: dict[str, Any] = {"image": settings.workspace_image, "workspace": fields}
+    if settings.workspace_seccomp_profile:
+        shape["seccomp"] = settings.workspace_seccomp_profile
+    canonical = json.dumps(shape, sort_keys=True).encode()
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
@@ -124,7 +127,7 @@ def build_pool_pod(
             "runAsUser": WORKSPACE_UID,
             "runAsGroup": WORKSPACE_UID,
             "fsGroup": WORKSPACE_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
+            "seccompProfile": seccomp_profile(settings),
         },
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}],

@@ -285,24 +285,23 @@ def test_no_bubblewrap_means_no_command_rather_than_an_unjailed_one(
 def test_a_bubblewrap_that_cannot_build_its_namespaces_refuses_every_command(
     layout: Layout, make_sandbox: MakeSandbox
 ) -> None:
-    """What ``bwrap`` says in a container whose /proc is masked (procMount: Default)."""
+    """What ``bwrap`` says in a container whose seccomp profile refuses its namespaces: both
+    probes (a fresh /proc, the container's /proc bound) fail, every command is refused."""
     from sandbox_core.actor.jail import Jail, JailUnavailableError
 
     fake = layout.root / "bin" / "bwrap"
     fake.parent.mkdir()
-    fake.write_text(
-        "#!/bin/sh\n"
-        'echo "bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted" >&2\n'
-        "exit 1\n"
-    )
+    fake.write_text('#!/bin/sh\necho "bwrap: No permissions to create new namespace" >&2\nexit 1\n')
     fake.chmod(0o755)
     sandbox = make_sandbox("copy_on_write")
     runner = CommandRunner(layout.state, jail=Jail(bwrap=str(fake)))
     for _ in range(2):  # a failed probe is not remembered as working
         with pytest.raises(JailUnavailableError) as refused:
             runner.start(sandbox, ExecRequest(shell_line="touch ran"))
-        assert "Can't mount proc" in str(refused.value)
-        assert "procMount: Unmasked" in str(refused.value)
+        said = str(refused.value)
+        assert said.count("No permissions to create new namespace") == 2, said
+        assert "fresh /proc: bwrap: No" in said and "bound /proc: bwrap: No" in said
+        assert "Localhost profile" in said
     assert not Path(sandbox.get_path("ran")).exists()
     assert runner.running(sandbox.sandbox_id) == 0
 

@@ -60,6 +60,8 @@ VERSION = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml")
     "project"
 ]["version"]
 IMAGE = f"cleveragents/sandbox-operator:{VERSION}"
+# The Localhost seccomp profile of workspace Pods (chart workspace.seccompProfile).
+PROFILE = "sandbox-operator/sandbox-workspace.json"
 
 
 @dataclass
@@ -153,6 +155,12 @@ def everywhere(local_apiserver: LocalApiServer) -> Iterator[Release]:
 def privileged(local_apiserver: LocalApiServer) -> Iterator[Release]:
     """A release with ``allowPrivilegedOverlay=true``."""
     yield from _install(local_apiserver, True, "allowPrivilegedOverlay=true")
+
+
+@pytest.fixture(scope="module")
+def jailed(local_apiserver: LocalApiServer) -> Iterator[Release]:
+    """A release whose workspace Pods use the chart's Localhost seccomp profile."""
+    yield from _install(local_apiserver, True, "workspace.seccompProfile.type=Localhost")
 
 
 # --- RBAC -------------------------------------------------------------------------------------
@@ -304,6 +312,15 @@ MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
         capabilities={"drop": ["ALL"], "add": ["NET_ADMIN"]}
     ),
     "no seccomp profile": lambda p: p["spec"]["securityContext"].pop("seccompProfile"),
+    "an Unconfined seccomp profile": lambda p: p["spec"]["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}
+    ),
+    "a Localhost profile the chart did not name": lambda p: p["spec"]["securityContext"].update(
+        seccompProfile={"type": "Localhost", "localhostProfile": PROFILE}
+    ),
+    "a container's own seccomp profile": lambda p: p["spec"]["containers"][0][
+        "securityContext"
+    ].update(seccompProfile={"type": "Unconfined"}),
     "a writable root": lambda p: p["spec"]["containers"][0]["securityContext"].update(
         readOnlyRootFilesystem=False
     ),
@@ -391,6 +408,37 @@ def test_a_privileged_overlay_pod_is_refused_unless_the_chart_allows_it(
     assert privileged.dry_run(pod) == ""
     pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"].append("NET_ADMIN")
     assert "restricted Pod Security profile" in privileged.dry_run(pod)
+
+
+def test_the_localhost_profile_the_chart_names_is_admitted_and_no_other(jailed: Release) -> None:
+    """With workspace.seccompProfile Localhost, the Pods the operator builds (a Sandbox's and a
+    pool's) carry exactly that profile and pass; Unconfined, another Localhost file, a
+    container's own profile and the other mutations still do not."""
+    namespace = jailed.watched[0]
+    pod = _workspace_pod(namespace, workspace_seccomp_profile=PROFILE)
+    assert pod["spec"]["securityContext"]["seccompProfile"]["localhostProfile"] == PROFILE
+    assert jailed.dry_run(pod) == ""
+    assert jailed.dry_run(_workspace_pod(namespace)) == ""  # RuntimeDefault stays admitted
+    pool = build_pool_pod(
+        namespace, Settings(workspace_image=IMAGE, workspace_seccomp_profile=PROFILE)
+    )
+    pool["metadata"]["name"] = "sbx-pool-jailed"
+    assert jailed.dry_run(pool) == ""
+    refused = {
+        "Unconfined": {"type": "Unconfined"},
+        "another file": {"type": "Localhost", "localhostProfile": "sandbox-operator/other.json"},
+        "a prefix of it": {"type": "Localhost", "localhostProfile": "sandbox-operator"},
+    }
+    for why, profile in refused.items():
+        bad = _workspace_pod(namespace, workspace_seccomp_profile=PROFILE)
+        bad["spec"]["securityContext"]["seccompProfile"] = profile
+        assert "restricted Pod Security profile" in jailed.dry_run(bad), why
+    for mutation in (
+        "a container's own seccomp profile", "privileged", "an added capability", "root",
+    ):  # fmt: skip
+        bad = _workspace_pod(namespace, workspace_seccomp_profile=PROFILE)
+        MUTATIONS[mutation](bad)
+        assert "ValidatingAdmissionPolicy" in jailed.dry_run(bad), mutation
 
 
 def test_in_every_namespace_mode_the_policy_still_refuses_other_pods(everywhere: Release) -> None:
