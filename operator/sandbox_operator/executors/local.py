@@ -301,11 +301,27 @@ class LocalExecutor:
             return self._state(handle.inner)
 
     def cleanup(self, target: SandboxTarget) -> None:
-        """Remove all artefacts and the record; nothing made is fine."""
+        """Remove all artefacts and the record; nothing made is fine.
+
+        Never waits for the Secret of a ``secretRef`` source: when it now names another
+        database than the record's original (the user pointed it elsewhere), the sandbox is
+        reopened from the record alone, without credentials, and cleaned up; releasing a
+        PostgreSQL prepared transaction it left is then best effort (logged by the core), as
+        when the Secret is gone.
+        """
         with self._lock(target.sandbox_id):
-            sandbox = self._reopen(target)
-            if sandbox is None:
+            record = self._record(target)
+            if record is None:
                 return
+            try:
+                sandbox = self._credentials(record, target)
+            except ValueError as exc:  # use_credentials: another database than the original
+                logger.warning(
+                    "sandbox %s: cleaning up without the source's credentials: %s",
+                    target.sandbox_id,
+                    exc,
+                )
+                sandbox = self.factory.reopen(record)
             sandbox.cleanup()
             self.store.delete(target.sandbox_id)
 

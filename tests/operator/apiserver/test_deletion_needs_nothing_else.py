@@ -48,10 +48,18 @@ def _no_longer_a_dsn(cluster: Cluster) -> None:
     )  # fmt: skip
 
 
+def _names_another_database(cluster: Cluster) -> None:
+    value = base64.b64encode(b"postgresql://app:secret@127.0.0.1:1/another").decode()
+    cluster.kubectl(
+        "patch", "secret", "db", "--type=json",
+        "-p", f'[{{"op": "replace", "path": "/data/dsn", "value": "{value}"}}]',
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "change_secret",
-    [_remove_secret, _drop_the_key, _no_longer_a_dsn],
-    ids=["secret-deleted", "key-removed", "value-not-a-dsn"],
+    [_remove_secret, _drop_the_key, _no_longer_a_dsn, _names_another_database],
+    ids=["secret-deleted", "key-removed", "value-not-a-dsn", "names-another-database"],
 )
 def test_a_sandbox_is_deleted_and_cleaned_up_whatever_became_of_its_secret(
     cluster: Cluster,
@@ -89,5 +97,6 @@ def test_a_sandbox_is_deleted_and_cleaned_up_whatever_became_of_its_secret(
 
     wait_for(lambda: cluster.gone("sandbox", "s-db"), 30, "the Sandbox deleted")
     assert [p for p in made if p.exists()] == []
+    assert "app:secret@" not in operator.logs() and "password=secret" not in operator.logs()
     with sqlite3.connect(database) as connection:
         assert connection.execute("SELECT count(*) FROM notes").fetchone() == (0,)
