@@ -1,9 +1,10 @@
 """Deleting a Sandbox never waits for its original (tier 2, real API server, local executor):
 whatever the user did to the directory, repository or database file a Sandbox was made from
-(removed it, put a file in its place), and whatever the operator's settings became since (other
-allowed roots), the finalizer removes what the Sandbox made, under the operator's own sandbox
-root and state directory, and lets the object go. The original, or what now stands in its
-place, is never touched."""
+(removed it, put a file in its place), whatever the actor put in place of its own sandbox
+directory (a file, a link to the original), and whatever the operator's settings became since
+(other allowed roots), the finalizers of the Sandbox and its Checkpoints remove what they made,
+under the operator's own sandbox root and state directory, and let the objects go. The
+original, or what now stands in its place, is never touched."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from tests.support.operator import (
     Cluster,
     OperatorProcess,
+    checkpoint_manifest,
     db_sandbox,
     git,
     make_dir,
@@ -75,7 +77,7 @@ def every_strategy(cluster: Cluster, tmp_path: Path) -> dict[str, Path]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
         path.unlink()
@@ -86,28 +88,50 @@ def _replace_by_a_file(path: Path) -> None:
     path.write_text("the user's file\n")
 
 
-@pytest.mark.parametrize(
-    "change", [_remove, _replace_by_a_file], ids=["original-removed", "original-now-a-file"]
-)
-def test_every_strategy_is_deleted_and_cleaned_up_whatever_became_of_its_original(
-    cluster: Cluster, operator: OperatorProcess, tmp_path: Path, change: Any
+CHANGES = {
+    "s-git": _replace_by_a_file,
+    "s-copy": _remove,
+    "s-overlay": _replace_by_a_file,
+    "s-none": _remove,
+    "s-db": _replace_by_a_file,
+}
+"""What the user did to each original (both fates for files, directories and repositories)."""
+
+
+def test_every_strategy_and_its_checkpoints_are_deleted_whatever_became_of_its_original(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     operator.start()
     originals = every_strategy(cluster, tmp_path)
     ids = {name: cluster.wait_active(name)["sandboxId"] for name in originals}
     made = {name: made_by(operator, sandbox_id) for name, sandbox_id in ids.items()}
     assert all(made.values()), made
+    snapshotted = ("s-git", "s-copy", "s-overlay", "s-none")
+    for name in snapshotted:
+        cluster.create(checkpoint_manifest(f"c-{name}", name))
+    for name in snapshotted:
+        assert (
+            cluster.wait_phase("checkpoint", f"c-{name}", {"Ready", "Failed"})["phase"] == "Ready"
+        )
 
-    for path in originals.values():
-        change(path)
+    for name, path in originals.items():
+        CHANGES[name](path)
+    # The Checkpoints first, while their Sandboxes are still there; then the Sandboxes.
+    cluster.kubectl("delete", "checkpoint", *(f"c-{name}" for name in snapshotted), "--wait=false")
+    wait_for(
+        lambda: all(cluster.gone("checkpoint", f"c-{name}") for name in snapshotted),
+        30,
+        "every Checkpoint gone",
+    )
+    assert list((operator.work_dir / "state" / "checkpoints").rglob("*.json")) == []
     cluster.kubectl("delete", "sandbox", *originals, "--wait=false")
 
     wait_for(
         lambda: all(cluster.gone("sandbox", name) for name in originals), 30, "every Sandbox gone"
     )
     assert {name: made_by(operator, i) for name, i in ids.items()} == {n: [] for n in ids}
-    for path in originals.values():
-        if change is _replace_by_a_file:
+    for name, path in originals.items():
+        if CHANGES[name] is _replace_by_a_file:
             assert path.read_text() == "the user's file\n"
         else:
             assert not path.exists()
@@ -140,6 +164,35 @@ def test_a_sandbox_outside_the_operators_new_allowed_roots_is_still_cleaned_up(
     assert (data / "g.txt").read_text() == "d0\n"
     assert (repo / "f.txt").read_text() == "r0\n"
     # The worktree's registration and branch went with it; the repository is as it was.
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert git(repo, "branch", "--list", "sandbox/*").strip() == ""
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_worktree_sandbox_is_deleted_whatever_its_actor_put_in_place_of_its_directory(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The actor removed its git worktree and left a file there, or a link to the original:
+    the finalizer removes the file or the link (never following it) and the registration."""
+    operator.start()
+    repo = make_repo(tmp_path / "repo", {"f.txt": "r0\n"})
+    cluster.create(sandbox_manifest("s-file", "plan-a", "git_worktree", repo, "file"))
+    cluster.create(sandbox_manifest("s-link", "plan-a", "git_worktree", repo, "link"))
+    paths = {name: Path(cluster.wait_active(name)["sandboxPath"]) for name in ("s-file", "s-link")}
+    for path in paths.values():
+        shutil.rmtree(path)
+    paths["s-file"].write_text("the actor's file\n")
+    paths["s-link"].symlink_to(repo)
+
+    cluster.kubectl("delete", "sandbox", "s-file", "s-link", "--wait=false")
+
+    wait_for(
+        lambda: cluster.gone("sandbox", "s-file") and cluster.gone("sandbox", "s-link"),
+        30,
+        "both Sandboxes gone",
+    )
+    assert [p for p in paths.values() if p.exists() or p.is_symlink()] == []
+    assert (repo / "f.txt").read_text() == "r0\n"
     assert len(git(repo, "worktree", "list").splitlines()) == 1
     assert git(repo, "branch", "--list", "sandbox/*").strip() == ""
     assert git(repo, "status", "--porcelain") == ""
