@@ -426,8 +426,31 @@ class LocalExecutor:
             )
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
-        """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
-        self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)
+        """Delete the snapshot (or git ref); an unknown id is fine (idempotent).
+
+        With the Checkpoint object's uid (``checkpoint.extra["uid"]``) the snapshots are found
+        by the uid recorded when they were taken, not by the status's id: a status that lost the
+        id still deletes its snapshot, and an id naming another Checkpoint's snapshot is kept
+        (logged), never deleted.
+        """
+        manager = self._checkpoint_manager()
+        uid = str(checkpoint.extra.get("uid") or "")
+        doomed = {checkpoint.checkpoint_id} - {""}
+        if uid:
+            named = manager.get_checkpoint(checkpoint.checkpoint_id)
+            if named is not None and named.metadata.get(CHECKPOINT_UID_KEY, uid) != uid:
+                logger.warning(
+                    "checkpoint %s was taken for another Checkpoint object; kept",
+                    checkpoint.checkpoint_id,
+                )
+                doomed.clear()
+            doomed |= {
+                cp.checkpoint_id
+                for cp in manager.all_checkpoints()
+                if cp.metadata.get(CHECKPOINT_UID_KEY) == uid
+            }
+        for checkpoint_id in sorted(doomed):
+            manager.delete_checkpoint(checkpoint_id)
 
     # -- suspend -------------------------------------------------------------------------------
 

@@ -196,3 +196,45 @@ def test_a_worktree_sandbox_is_deleted_whatever_its_actor_put_in_place_of_its_di
     assert len(git(repo, "worktree", "list").splitlines()) == 1
     assert git(repo, "branch", "--list", "sandbox/*").strip() == ""
     assert git(repo, "status", "--porcelain") == ""
+
+
+def _records(operator: OperatorProcess) -> set[str]:
+    """Ids of the checkpoints the operator keeps (one record each)."""
+    return {p.stem for p in (operator.work_dir / "state" / "checkpoints").rglob("*.json")}
+
+
+def test_a_checkpoint_deletes_its_own_snapshot_whatever_its_status_says(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The snapshot is found by the Checkpoint's uid, not by ``status.checkpointId``: a status
+    that lost the id (a write that never landed, a status wiped) still deletes the snapshot, and
+    one that names another Checkpoint's snapshot never deletes that one."""
+    operator.start()
+    data = make_dir(tmp_path / "data", {"g.txt": "d0\n"})
+    cluster.create(sandbox_manifest("s-copy", "plan-c", "copy_on_write", data))
+    cluster.wait_active("s-copy")
+    names = ("c-lost", "c-forged", "c-kept")
+    for name in names:
+        cluster.create(checkpoint_manifest(name, "s-copy"))
+    ids = {
+        name: cluster.wait_phase("checkpoint", name, {"Ready", "Failed"})["checkpointId"]
+        for name in names
+    }
+    assert _records(operator) == set(ids.values())
+    cluster.kubectl(
+        "patch", "checkpoint", "c-lost", "--subresource=status", "--type=json",
+        "-p", '[{"op": "remove", "path": "/status/checkpointId"}]',
+    )  # fmt: skip
+    cluster.kubectl(
+        "patch", "checkpoint", "c-forged", "--subresource=status", "--type=merge",
+        "-p", f'{{"status": {{"checkpointId": "{ids["c-kept"]}"}}}}',
+    )  # fmt: skip
+
+    cluster.kubectl("delete", "checkpoint", "c-lost", "c-forged", "--wait=false")
+
+    wait_for(
+        lambda: cluster.gone("checkpoint", "c-lost") and cluster.gone("checkpoint", "c-forged"),
+        30,
+        "both Checkpoints gone",
+    )
+    assert _records(operator) == {ids["c-kept"]}
