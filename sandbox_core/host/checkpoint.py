@@ -304,6 +304,11 @@ class CheckpointManager:
         with self._lock:
             return [cp for cp in self._checkpoints.values() if cp.sandbox_id == sandbox_id]
 
+    def all_checkpoints(self) -> list[SandboxCheckpoint]:
+        """Every checkpoint this manager keeps, of every sandbox, in creation order."""
+        with self._lock:
+            return list(self._checkpoints.values())
+
     def get_checkpoint(self, checkpoint_id: str) -> SandboxCheckpoint | None:
         """The checkpoint with ``checkpoint_id``, or ``None``."""
         with self._lock:

@@ -231,7 +231,8 @@ class Executor(Protocol):
         ...
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
-        """Remove the snapshot. Idempotent."""
+        """Remove the snapshot. Idempotent. ``checkpoint.extra["uid"]``, when given, is the
+        Checkpoint object's uid: only snapshots taken for it are removed, the id may be empty."""
         ...
 
     def renew_token(self, target: SandboxTarget) -> None:

@@ -301,11 +301,27 @@ class LocalExecutor:
             return self._state(handle.inner)
 
     def cleanup(self, target: SandboxTarget) -> None:
-        """Remove all artefacts and the record; nothing made is fine."""
+        """Remove all artefacts and the record; nothing made is fine.
+
+        Never waits for the Secret of a ``secretRef`` source: when it now names another
+        database than the record's original (the user pointed it elsewhere), the sandbox is
+        reopened from the record alone, without credentials, and cleaned up; releasing a
+        PostgreSQL prepared transaction it left is then best effort (logged by the core), as
+        when the Secret is gone.
+        """
         with self._lock(target.sandbox_id):
-            sandbox = self._reopen(target)
-            if sandbox is None:
+            record = self._record(target)
+            if record is None:
                 return
+            try:
+                sandbox = self._credentials(record, target)
+            except ValueError as exc:  # use_credentials: another database than the original
+                logger.warning(
+                    "sandbox %s: cleaning up without the source's credentials: %s",
+                    target.sandbox_id,
+                    exc,
+                )
+                sandbox = self.factory.reopen(record)
             sandbox.cleanup()
             self.store.delete(target.sandbox_id)
 
@@ -410,8 +426,31 @@ class LocalExecutor:
             )
 
     def delete_checkpoint(self, checkpoint: CheckpointInfo) -> None:
-        """Delete the snapshot (or git ref); an unknown id is fine (idempotent)."""
-        self._checkpoint_manager().delete_checkpoint(checkpoint.checkpoint_id)
+        """Delete the snapshot (or git ref); an unknown id is fine (idempotent).
+
+        With the Checkpoint object's uid (``checkpoint.extra["uid"]``) the snapshots are found
+        by the uid recorded when they were taken, not by the status's id: a status that lost the
+        id still deletes its snapshot, and an id naming another Checkpoint's snapshot is kept
+        (logged), never deleted.
+        """
+        manager = self._checkpoint_manager()
+        uid = str(checkpoint.extra.get("uid") or "")
+        doomed = {checkpoint.checkpoint_id} - {""}
+        if uid:
+            named = manager.get_checkpoint(checkpoint.checkpoint_id)
+            if named is not None and named.metadata.get(CHECKPOINT_UID_KEY, uid) != uid:
+                logger.warning(
+                    "checkpoint %s was taken for another Checkpoint object; kept",
+                    checkpoint.checkpoint_id,
+                )
+                doomed.clear()
+            doomed |= {
+                cp.checkpoint_id
+                for cp in manager.all_checkpoints()
+                if cp.metadata.get(CHECKPOINT_UID_KEY) == uid
+            }
+        for checkpoint_id in sorted(doomed):
+            manager.delete_checkpoint(checkpoint_id)
 
     # -- suspend -------------------------------------------------------------------------------
 

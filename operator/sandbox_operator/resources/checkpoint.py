@@ -130,8 +130,9 @@ class CheckpointLogic:
         )
 
     def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
-        """Deletion handler: remove the snapshot (nothing made is fine); waits while a restore
-        reads it (case 17, :mod:`sandbox_operator.kube.claims`).
+        """Deletion handler: remove the snapshot this Checkpoint took, found by its uid as well
+        as by ``status.checkpointId`` (nothing made is fine); waits while a restore reads it
+        (case 17, :mod:`sandbox_operator.kube.claims`).
 
         Raises:
             TemporaryError: a restore holds it, or the deletion failed (retried).
@@ -145,14 +146,15 @@ class CheckpointLogic:
                 retry,
             )
         status = dict(body.get("status") or {})
-        if not status.get("checkpointId"):
-            return
+        # The executor finds the snapshot by this uid too: a status that lost the id (or names
+        # another Checkpoint's snapshot) neither leaks this snapshot nor deletes that one.
         info = CheckpointInfo(
-            checkpoint_id=str(status["checkpointId"]),
+            checkpoint_id=str(status.get("checkpointId") or ""),
             sandbox_id=str(status.get("sandboxId") or ""),
             snapshot_location=str(status.get("snapshotLocation") or ""),
             kind=str(status.get("kind") or ""),
             created_at=str(status.get("createdAt") or ""),
+            extra={"uid": str(body["metadata"]["uid"])},
         )
         try:
             self.executor.delete_checkpoint(info)

@@ -51,6 +51,7 @@ from sandbox_operator.kube.ownership import is_controlled_by
 from sandbox_operator.resources.targets import (
     ForkRefusedError,
     checkpoint_info_from_body,
+    refused_spec_target,
     target_from_body,
 )
 from sandbox_operator.settings import Settings, backoff_seconds
@@ -669,7 +670,11 @@ class SandboxLogic:
     def finalize(self, body: Mapping[str, Any], retry: int = 0) -> None:
         """Deletion handler: remove everything the sandbox made; the original is never touched.
 
-        Works whether or not provisioning finished (case 16): cleanup of nothing is fine. Waits
+        Works whether or not provisioning finished (case 16): cleanup of nothing is fine. A spec
+        this operator now refuses (other ``NODE_PATH_ROOTS`` since a restart, a spec that no
+        longer validates) is cleaned up by the sandbox id alone
+        (:func:`~sandbox_operator.resources.targets.refused_spec_target`): what it made while
+        its spec was accepted does not leak under the sandbox root. Waits
         while a PlanCommit or Checkpoint holds the sandbox (case 17, module ``kube.claims``); from
         then on nothing else acts on it, so no record outlives the object.
 
@@ -689,11 +694,14 @@ class SandboxLogic:
             )
         try:
             target = target_from_body(body, self.settings, self.api, for_deletion=True)
-        except PermanentError:
+        except PermanentError as exc:
+            # What it made while its spec was accepted is still ours to remove.
             logger.warning(
-                "sandbox %s: invalid spec, nothing to clean up", body["metadata"]["name"]
+                "sandbox %s: spec refused (%s); cleaning up by the operator's own record",
+                body["metadata"]["name"],
+                exc,
             )
-            return
+            target = refused_spec_target(body)
         try:
             self.executor.cleanup(target)
         except Exception as exc:

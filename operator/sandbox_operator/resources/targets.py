@@ -282,6 +282,32 @@ def target_from_body(
     )
 
 
+def refused_spec_target(body: Mapping[str, Any]) -> SandboxTarget:
+    """The target a Sandbox is deleted by when :func:`target_from_body` refuses its spec now:
+    the spec no longer validates, or a path is refused (e.g. outside ``NODE_PATH_ROOTS`` after
+    the operator restarted with other roots), or its source does not fit the executor.
+
+    Only the sandbox id (derived from the uid) steers the cleanup: no original and no
+    ``status.coreRecord``, so the executor removes exactly what its own record of that id names
+    (the local executor's state directory, the agent's store), never a path of the refused spec.
+    A Sandbox refused from the start made nothing, and nothing is removed. The spec's names are
+    copied for logs only, best effort.
+    """
+    metadata = body["metadata"]
+    raw = body.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    return SandboxTarget(
+        name=str(metadata["name"]),
+        namespace=str(metadata.get("namespace") or "default"),
+        uid=str(metadata["uid"]),
+        sandbox_id=sandbox_id_for_uid(str(metadata["uid"])),
+        plan_id=str(spec.get("planId") or ""),
+        resource_id=str(spec.get("resourceId") or ""),
+        strategy=str(spec.get("strategy") or ""),
+        original="",
+    )
+
+
 def _recorded_original(status: Mapping[str, Any]) -> str:
     """The original a ``status.coreRecord`` names (a DSN there is redacted), or ``""``."""
     try:

@@ -457,6 +457,8 @@ class WorktreeBase(BaseSandbox):
             if points_here:
                 shutil.rmtree(admin, ignore_errors=True)
         shutil.rmtree(path, ignore_errors=True)
+        if path.is_symlink() or path.is_file():
+            path.unlink()  # a file or link put in our directory's place: never followed
         if path.exists():
             shutil.rmtree(path)  # raise what is really in the way
         for admin in registrations_of(original.common_dir, path):

@@ -192,3 +192,31 @@ def test_cli_cleanup_refuses_an_id_that_is_a_path(tmp_path: Path) -> None:
     env = {**os.environ, "SANDBOX_CORE_STATE_DIR": str(tmp_path / "state")}
     out = run_cli(env, "cleanup", "../etc", expect=1)
     assert "invalid sandbox id" in out["error"]["message"]
+
+
+@pytest.mark.parametrize("in_its_place", ["a file", "a link to the original"])
+@pytest.mark.parametrize(
+    ("strategy", "options"), CASES[:3], ids=["git_worktree", "copy_on_write", "overlay-fallback"]
+)
+def test_cleanup_leaves_nothing_behind_whatever_stands_in_place_of_the_sandbox_directory(
+    tmp_path: Path, strategy: str, options: dict[str, Any], in_its_place: str
+) -> None:
+    """An actor replaced its sandbox directory by a file, or by a link to the original: cleanup
+    still succeeds, removes the file or link (never following it) and everything else, and the
+    original keeps its files."""
+    original = make_original(tmp_path, strategy)
+    sandbox = SandboxFactory().create(
+        strategy, "r", str(original), sandbox_root=str(tmp_path / "sbx"), **options
+    )
+    sandbox.create("p-replaced")
+    path = Path(sandbox.to_record()["context"]["sandbox_path"])
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+    if in_its_place == "a file":
+        path.write_text("the actor's file\n")
+    else:
+        path.symlink_to(original)
+    sandbox.cleanup()
+    assert sandbox.status is SandboxStatus.CLEANED_UP
+    assert not path.is_symlink() and not path.exists()
+    assert leftovers(tmp_path, original) == {}
+    assert (original / "v").read_text() == "0\n"
