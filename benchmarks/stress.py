@@ -537,6 +537,225 @@ def _wait_metrics(url: str, alive: Callable[[], None], timeout: float = 60.0) ->
     raise RuntimeError(f"the operator's metrics never answered at {url}")
 
 
+TRACEMALLOC_HOOK = """\
+import os, signal, tracemalloc
+
+_out = os.environ.get("STRESS_TRACEMALLOC_DIR")
+if _out:
+    tracemalloc.start(int(os.environ.get("STRESS_TRACEMALLOC_FRAMES", "1")))
+    _taken = []
+
+    def _dump(signum, frame):
+        import gc
+
+        gc.collect()
+        path = os.path.join(_out, "snapshot-%d.pickle" % len(_taken))
+        tracemalloc.take_snapshot().dump(path)
+        _taken.append(path)
+
+    signal.signal(signal.SIGUSR2, _dump)
+"""
+
+
+@dataclass
+class MemoryReport:
+    """The operator's ``VmRSS`` (KiB, /proc/<pid>/status) with none of ``sandboxes`` Sandboxes
+    and with all of them Active, in one process; ``top`` the tracemalloc lines that grew most
+    (with ``--tracemalloc``)."""
+
+    sandboxes: int
+    cold_kib: int
+    idle_kib: int
+    loaded_kib: int
+    peak_kib: int
+    seconds_to_active: float
+    load_average: tuple[float, float, float]
+    top: list[str] = field(default_factory=list)
+
+    @property
+    def per_sandbox_kib(self) -> float:
+        return (self.loaded_kib - self.idle_kib) / self.sandboxes
+
+    def text(self) -> str:
+        lines = [
+            f"operator RSS: {self.cold_kib / 1024:.1f} MiB after its start, "
+            f"{self.idle_kib / 1024:.1f} MiB with 0 Sandboxes (warm), "
+            f"{self.loaded_kib / 1024:.1f} MiB with {self.sandboxes} Active (strategy none; peak "
+            f"{self.peak_kib / 1024:.1f} MiB): {self.per_sandbox_kib:.1f} KiB per Sandbox; "
+            f"cold ({self.loaded_kib - self.cold_kib} KiB / N): "
+            f"{(self.loaded_kib - self.cold_kib) / self.sandboxes:.1f} KiB; "
+            f"{self.sandboxes} to Active in {self.seconds_to_active:.1f} s; load average "
+            f"{self.load_average[0]:.1f} / {self.load_average[1]:.1f} / {self.load_average[2]:.1f}",
+            "method: one operator process (local executor, its own namespace) 10 s after its "
+            "start (cold), after one Sandbox was made Active and deleted (warm: the modules "
+            "imported on first use loaded), and again 10 s after the last of N Sandboxes "
+            "(strategy none: no files) is Active (with --tracemalloc: after a gc.collect()); "
+            "VmRSS of /proc/<pid>/status; per Sandbox (loaded - warm) / N",
+        ]
+        if self.top:
+            lines += ["tracemalloc, what grew (by line):", *[f"  {line}" for line in self.top]]
+        return "\n".join(lines) + "\n"
+
+
+def _rss(pid: int) -> dict[str, int]:
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values
+
+
+def _warm_up(server: Any, namespace: str, source: Path, alive: Callable[[], None]) -> None:
+    """One Sandbox made Active and deleted: the modules the operator imports on its first
+    Sandbox and its first deletion are loaded before the idle figure."""
+    from tests.support.operator import sandbox_manifest
+
+    item = sandbox_manifest("warm-up", "stress-rss", "none", source, resource_id="warm-up")
+    server.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(item), check=True)
+    deadline = time.monotonic() + 120
+    phase = ("-n", namespace, "get", "sandbox", "warm-up", "-o", "jsonpath={.status.phase}")
+    while "Active" not in server.kubectl(*phase).stdout:
+        alive()
+        if time.monotonic() > deadline:
+            shown = server.kubectl("-n", namespace, "get", "sandbox", "warm-up", "-o", "yaml")
+            raise RuntimeError(f"the warm-up Sandbox never became Active:\n{shown.stdout}")
+        time.sleep(0.5)
+    server.kubectl(
+        "-n", namespace, "delete", "sandbox", "warm-up", "--timeout=120s", check=True,
+        timeout=150.0,
+    )  # fmt: skip
+
+
+def measure_memory(
+    server: Any,
+    work: Path,
+    sandboxes: int,
+    trace: bool = False,
+    top: int = 25,
+    warm: bool = True,
+) -> MemoryReport:
+    """RSS of a fresh operator with 0 and with ``sandboxes`` Active Sandboxes (strategy
+    ``none``) on ``server`` (a running ``LocalApiServer``). With ``trace`` the operator runs
+    under tracemalloc (a ``sitecustomize`` hook; SIGUSR2 dumps a snapshot) and the ``top``
+    allocation sites that grew most are reported, by traceback (``STRESS_TRACEMALLOC_FRAMES``
+    frames, default 8); tracemalloc's own memory inflates RSS then. With ``warm`` (default) the
+    idle figure is taken after one Sandbox was made Active and deleted (:func:`_warm_up`), so
+    the modules imported on first use are not counted per Sandbox; ``cold_kib`` is the figure
+    before it.
+
+    Raises:
+        RuntimeError: the Sandboxes did not all become Active, or a snapshot never came.
+    """
+    import signal
+
+    from tests.support.operator import Cluster, OperatorProcess, make_dir, sandbox_manifest
+
+    cluster = Cluster.fresh(server, prefix="stress-rss")
+    source = work / "rss-source"
+    source.mkdir(parents=True)
+    make_dir(source, {"f.txt": "x\n"})
+    operator_dir = work / "operator-rss"
+    operator_dir.mkdir()
+    env = {"SANDBOX_OPERATOR_TTL_CHECK_INTERVAL_SECONDS": "10"}
+    if trace:
+        hook = work / "tracemalloc-hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(TRACEMALLOC_HOOK)
+        env["STRESS_TRACEMALLOC_DIR"] = str(hook)
+        env["STRESS_TRACEMALLOC_FRAMES"] = os.environ.get("STRESS_TRACEMALLOC_FRAMES", "8")
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(hook), str(REPO_ROOT / "operator"), str(REPO_ROOT)]
+        )
+    operator = OperatorProcess(server, cluster.namespace, operator_dir, extra_env=env)
+    cluster.operator = operator
+    operator.start()
+    assert operator.process is not None
+    pid = operator.process.pid
+    snapshots: list[Path] = []
+
+    def snapshot() -> None:
+        if not trace:
+            return
+        path = work / "tracemalloc-hook" / f"snapshot-{len(snapshots)}.pickle"
+        os.kill(pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2.0)  # the dump finishes writing
+        if not path.exists():
+            raise RuntimeError("the operator wrote no tracemalloc snapshot")
+        snapshots.append(path)
+
+    try:
+        time.sleep(10)  # imports, CRD discovery, the first (empty) list and watch
+        operator.assert_alive()
+        cold = _rss(pid)
+        if warm:
+            _warm_up(server, cluster.namespace, source, operator.assert_alive)
+            time.sleep(5)
+        snapshot()
+        idle = _rss(pid)
+        names = [f"rss-{i:05d}" for i in range(sandboxes)]
+        started = time.time()
+        for chunk in range(0, sandboxes, 200):
+            items = [sandbox_manifest(n, "stress-rss", "none", source, resource_id=n)
+                     for n in names[chunk : chunk + 200]]  # fmt: skip
+            result = server.kubectl(
+                "-n", cluster.namespace, "create", "-f", "-",
+                input=yaml.safe_dump_all(items), timeout=600,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise RuntimeError(f"kubectl create failed: {result.stderr[-2000:]}")
+        deadline = time.monotonic() + 120 + 2.0 * sandboxes
+        while True:
+            operator.assert_alive()
+            listed = server.kubectl(
+                "-n", cluster.namespace, "get", "sandboxes", "-o",
+                "jsonpath={.items[*].status.phase}", check=True, timeout=120.0,
+            ).stdout.split()  # fmt: skip
+            if listed.count("Active") >= sandboxes:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{listed.count('Active')} of {sandboxes} Active")
+            time.sleep(2.0)
+        elapsed = time.time() - started
+        time.sleep(10)  # the last patches and Events settle
+        snapshot()
+        loaded = _rss(pid)
+    finally:
+        server.kubectl(
+            "-n", cluster.namespace, "delete", "sandboxes", "--all", "--wait=false",
+            timeout=300.0,
+        )  # fmt: skip
+        operator.stop()
+        if sys.exc_info()[0] is not None:
+            print(operator.logs()[-3000:], file=sys.stderr)
+    lines: list[str] = []
+    if trace:
+        import tracemalloc
+
+        before, after = (tracemalloc.Snapshot.load(str(p)) for p in snapshots)
+        stats = after.compare_to(before, "traceback")
+        prefixes = (str(REPO_ROOT) + "/", sys.prefix + "/lib/", sys.base_prefix + "/lib/")
+
+        def short(name: str) -> str:
+            for prefix in prefixes:
+                name = name.removeprefix(prefix)
+            return name.removeprefix("site-packages/")
+
+        for stat in stats[:top]:
+            lines.append(f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks")
+            lines += [f"      {short(f.filename)}:{f.lineno}" for f in stat.traceback]
+        total = sum(stat.size_diff for stat in stats)
+        lines.append(f"total traced growth {total / 1024:.1f} KiB "
+                     f"({total / 1024 / sandboxes:.1f} KiB per Sandbox)")  # fmt: skip
+    return MemoryReport(
+        sandboxes, cold["VmRSS"], idle["VmRSS"], loaded["VmRSS"], loaded["VmHWM"], elapsed,
+        os.getloadavg(), lines,
+    )  # fmt: skip
+
+
 def _kubectl_for(kubeconfig: Path) -> Callable[..., Any]:
     def kubectl(*args: str, input: str | None = None, timeout: float = 120.0) -> Any:
         return subprocess.run(
@@ -573,12 +792,28 @@ def _iter_args(argv: Sequence[str] | None) -> Iterator[argparse.Namespace]:
     parser.add_argument("--template", type=Path, help="with --kubeconfig: a Sandbox manifest")
     parser.add_argument("--executor", default="pod", help="with --kubeconfig: the operator's")
     parser.add_argument("--metrics-url", help="with --kubeconfig: the operator's /metrics")
+    parser.add_argument(
+        "--memory", type=int, metavar="K",
+        help="instead: the operator's RSS per Sandbox with K Sandboxes Active (tier 2)",
+    )  # fmt: skip
+    parser.add_argument("--tracemalloc", action="store_true", help="with --memory: what grew")
     yield parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = next(_iter_args(argv))
     config = StressConfig(args.sandboxes, args.strategy, args.max_workers, args.timeout)
+    if args.memory:
+        from tests.support.apiserver.harness import LocalApiServer
+
+        work = Path(tempfile.mkdtemp(prefix="sandbox-stress-rss-"))
+        try:
+            with LocalApiServer() as server:
+                memory = measure_memory(server, work, args.memory, trace=args.tracemalloc)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(memory.text())
+        return 0
     if args.kubeconfig:
         if not (args.namespace and args.template):
             print("--kubeconfig needs --namespace and --template", file=sys.stderr)
