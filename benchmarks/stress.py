@@ -634,6 +634,7 @@ def measure_memory(
     trace: bool = False,
     top: int = 25,
     warm: bool = True,
+    operator_src: Path | None = None,
 ) -> MemoryReport:
     """RSS of a fresh operator with 0 and with ``sandboxes`` Active Sandboxes (strategy
     ``none``) on ``server`` (a running ``LocalApiServer``). With ``trace`` the operator runs
@@ -642,7 +643,8 @@ def measure_memory(
     frames, default 8); tracemalloc's own memory inflates RSS then. With ``warm`` (default) the
     idle figure is taken after one Sandbox was made Active and deleted (:func:`_warm_up`), so
     the modules imported on first use are not counted per Sandbox; ``cold_kib`` is the figure
-    before it.
+    before it. ``operator_src``: run the operator of another source tree (a directory holding
+    ``operator/`` and ``sandbox_core/``, e.g. a ``git archive`` of an earlier commit).
 
     Raises:
         RuntimeError: the Sandboxes did not all become Active, or a snapshot never came.
@@ -658,15 +660,15 @@ def measure_memory(
     operator_dir = work / "operator-rss"
     operator_dir.mkdir()
     env = {"SANDBOX_OPERATOR_TTL_CHECK_INTERVAL_SECONDS": "10"}
+    tree = operator_src or REPO_ROOT
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "operator"), str(tree)])
     if trace:
         hook = work / "tracemalloc-hook"
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(TRACEMALLOC_HOOK)
         env["STRESS_TRACEMALLOC_DIR"] = str(hook)
         env["STRESS_TRACEMALLOC_FRAMES"] = os.environ.get("STRESS_TRACEMALLOC_FRAMES", "8")
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(hook), str(REPO_ROOT / "operator"), str(REPO_ROOT)]
-        )
+        env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
     operator = OperatorProcess(server, cluster.namespace, operator_dir, extra_env=env)
     cluster.operator = operator
     operator.start()
@@ -797,6 +799,10 @@ def _iter_args(argv: Sequence[str] | None) -> Iterator[argparse.Namespace]:
         help="instead: the operator's RSS per Sandbox with K Sandboxes Active (tier 2)",
     )  # fmt: skip
     parser.add_argument("--tracemalloc", action="store_true", help="with --memory: what grew")
+    parser.add_argument(
+        "--operator-src", type=Path, metavar="DIR",
+        help="with --memory: the operator of another source tree (holds operator/, sandbox_core/)",
+    )  # fmt: skip
     yield parser.parse_args(argv)
 
 
@@ -809,7 +815,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tempfile.mkdtemp(prefix="sandbox-stress-rss-"))
         try:
             with LocalApiServer() as server:
-                memory = measure_memory(server, work, args.memory, trace=args.tracemalloc)
+                memory = measure_memory(
+                    server, work, args.memory, trace=args.tracemalloc,
+                    operator_src=args.operator_src,
+                )  # fmt: skip
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(memory.text())
