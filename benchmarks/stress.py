@@ -587,10 +587,10 @@ class MemoryReport:
             f"{self.sandboxes} to Active in {self.seconds_to_active:.1f} s; load average "
             f"{self.load_average[0]:.1f} / {self.load_average[1]:.1f} / {self.load_average[2]:.1f}",
             "method: one operator process (local executor, its own namespace) 10 s after its "
-            "start (cold), after one Sandbox was made Active and deleted (warm: the modules "
-            "imported on first use loaded), and again 10 s after the last of N Sandboxes "
-            "(strategy none: no files) is Active (with --tracemalloc: after a gc.collect()); "
-            "VmRSS of /proc/<pid>/status; per Sandbox (loaded - warm) / N",
+            "startup handler finished (cold), after one Sandbox was made Active and deleted "
+            "(warm: the modules imported on first use loaded), and again 10 s after the last "
+            "of N Sandboxes (strategy none: no files) is Active (with --tracemalloc: after a "
+            "gc.collect()); VmRSS of /proc/<pid>/status; per Sandbox (loaded - warm) / N",
         ]
         if self.top:
             lines += ["tracemalloc, what grew (by line):", *[f"  {line}" for line in self.top]]
@@ -690,8 +690,14 @@ def measure_memory(
         snapshots.append(path)
 
     try:
-        time.sleep(10)  # imports, CRD discovery, the first (empty) list and watch
-        operator.assert_alive()
+        # kopf's line after the startup handler; then its first (empty) list and watch.
+        deadline = time.monotonic() + 300
+        while "Activity 'configure' succeeded" not in operator.logs():
+            operator.assert_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the operator's startup handler never finished")
+            time.sleep(0.5)
+        time.sleep(10)
         cold = _rss(pid)
         if warm:
             _warm_up(server, cluster.namespace, source, operator.assert_alive)
