@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from sandbox_api.models import FINALIZER, GROUP
+from sandbox_api.models import FINALIZER, GROUP, SANDBOX_PLURAL
 from sandbox_operator.errors import install_quiet_waits
 from sandbox_operator.kube import api as k8s
 from sandbox_operator.kube import clock, metrics, tracing
@@ -38,6 +38,7 @@ from sandbox_operator.reconcilers import (  # noqa: F401
     plancommit,
     sandbox,
 )
+from sandbox_operator.resources.ttl import TTL
 from sandbox_operator.runtime import SETTINGS, build_runtime, install
 
 _EVENTS: list[EventRecorder] = []
@@ -55,7 +56,8 @@ def tune(settings: kopf.OperatorSettings) -> None:
     settings.posting.loggers = False
     settings.watching.server_timeout = int(SETTINGS.watch_server_timeout_seconds)
     settings.watching.client_timeout = SETTINGS.watch_client_timeout_seconds
-    # A deleted Sandbox waits for its TTL timer to stop before the finalizer goes; poll often
+    # A deleted object waits for its timers (a PlanCommit's, a Sandbox's agent-token renewal
+    # with the pod executor) to stop before the finalizer goes; poll often
     # (kopf's default is 60 s, which would hold every deletion for a minute).
     settings.background.cancellation_polling = 1.0
     # Handlers are synchronous (git, rsync, exec): they run in this many threads at once.
@@ -90,6 +92,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     install_kopf_filter(gate)
     _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]
     install(build_runtime(SETTINGS, api, _EVENTS[0]))
+    # Finished Sandboxes past their TTL, scheduled by the Sandbox watch (resources.ttl).
+    TTL.start(
+        SETTINGS.ttl_check_interval_seconds,
+        lambda namespace, name: api.delete(SANDBOX_PLURAL, namespace, name),
+    )
     freeze_startup_heap()
 
 

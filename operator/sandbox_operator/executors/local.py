@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import defaultdict
+import weakref
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -146,15 +146,23 @@ class LocalExecutor:
         self.settings = settings
         self.factory = factory or SandboxFactory()
         self.store = SandboxStore(settings.state_dir)
-        self._locks: defaultdict[str, threading.RLock] = defaultdict(threading.RLock)
+        # A lock lives while a caller holds it (weak values): none is kept per idle sandbox.
+        self._locks: weakref.WeakValueDictionary[str, threading.RLock] = (
+            weakref.WeakValueDictionary()
+        )
         self._locks_guard = threading.Lock()
         self._checkpoints: CheckpointManager | None = None
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _lock(self, sandbox_id: str) -> threading.RLock:
+        """The lock of ``sandbox_id``: the same object for every caller while any holds it."""
         with self._locks_guard:
-            return self._locks[sandbox_id]
+            lock = self._locks.get(sandbox_id)
+            if lock is None:
+                lock = threading.RLock()
+                self._locks[sandbox_id] = lock
+            return lock
 
     def _record(self, target: SandboxTarget) -> dict[str, Any] | None:
         try:

@@ -14,7 +14,8 @@ import kopf
 
 from sandbox_api.models import GROUP, SANDBOX_PLURAL, VERSION
 from sandbox_operator.executors.pod_manifests import COMPONENT_LABEL, WORKSPACE_COMPONENT
-from sandbox_operator.resources.sandbox import WORKSPACE_ANNOTATION, ttl_expired
+from sandbox_operator.resources.sandbox import WORKSPACE_ANNOTATION
+from sandbox_operator.resources.ttl import TTL
 from sandbox_operator.runtime import SETTINGS, TIMEOUT, runtime
 
 
@@ -86,28 +87,28 @@ def sandbox_cleanup(body: kopf.Body, retry: int, **_: Any) -> None:
     runtime().sandboxes.finalize(body, retry)
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    SANDBOX_PLURAL,
-    id="ttl",
-    interval=SETTINGS.ttl_check_interval_seconds,
-    when=lambda spec, **_: spec.get("ttlSecondsAfterFinished") is not None,
-)
-def sandbox_ttl(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
-    """Delete a terminal Sandbox ``ttlSecondsAfterFinished`` after it finished."""
-    if ttl_expired(body):
-        runtime().api.delete(SANDBOX_PLURAL, str(namespace), name)
+@kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL, id="ttl")
+async def sandbox_ttl(event: kopf.RawEvent, **_: Any) -> None:
+    """Schedule a terminal Sandbox's deletion ``ttlSecondsAfterFinished`` after it finished
+    (the startup handler's sweeper deletes it then; :mod:`sandbox_operator.resources.ttl`).
+
+    Not a kopf timer: a timer on Sandboxes makes kopf keep every Sandbox's last body in memory.
+    """
+    TTL.event(event)
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    SANDBOX_PLURAL,
-    id="agent-token",
-    interval=SETTINGS.agent_token_renew_interval_seconds,
-    when=lambda **_: SETTINGS.executor == "pod" and SETTINGS.agent_token_lifetime_seconds > 0,
-)
 def sandbox_agent_token(body: kopf.Body, **_: Any) -> None:
     """Renew the workspace agent's token before it runs out (pod executor)."""
     runtime().sandboxes.renew_agent_token(body)
+
+
+# Registered only where it runs: any timer on Sandboxes makes kopf keep every Sandbox's last
+# body in memory, whatever its filter says (the local executor has no agent token).
+if SETTINGS.executor == "pod" and SETTINGS.agent_token_lifetime_seconds > 0:
+    kopf.timer(
+        GROUP,
+        VERSION,
+        SANDBOX_PLURAL,
+        id="agent-token",
+        interval=SETTINGS.agent_token_renew_interval_seconds,
+    )(sandbox_agent_token)

@@ -54,6 +54,7 @@ from sandbox_operator.resources.targets import (
     refused_spec_target,
     target_from_body,
 )
+from sandbox_operator.resources.ttl import ttl_deadline
 from sandbox_operator.settings import Settings, backoff_seconds
 
 logger = logging.getLogger("sandbox_operator.sandbox")
@@ -747,18 +748,11 @@ def ttl_expired(body: Mapping[str, Any], now: datetime | None = None) -> bool:
 
     The finish time is the Ready condition's ``lastTransitionTime`` (it moved when the phase
     became terminal); both it and ``now`` (default) are on the API server's clock
-    (:mod:`~sandbox_operator.kube.clock`), so replicas whose clocks differ agree.
+    (:mod:`~sandbox_operator.kube.clock`), so replicas whose clocks differ agree
+    (:func:`~sandbox_operator.resources.ttl.ttl_deadline`).
     """
-    ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
-    status = body.get("status") or {}
-    if ttl is None or status.get("phase") not in {p.value for p in SandboxPhase if p.is_terminal}:
-        return False
-    ready = find_condition(status.get("conditions"), "Ready")
-    if ready is None or not ready.get("lastTransitionTime"):
-        return False
-    finished = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
-    now = now or clock.now()
-    return (now - finished).total_seconds() >= float(ttl)
+    deadline = ttl_deadline(body)
+    return deadline is not None and (now or clock.now()) >= deadline
 
 
 def is_usable(status: SandboxStatus) -> bool:

@@ -248,3 +248,18 @@ def test_a_rollback_request_on_a_committed_sandbox_is_refused_with_a_condition(
     condition = [c for c in served["status"]["conditions"] if c["type"] == "RollbackRequested"]
     assert condition[0]["status"] == "False" and condition[0]["reason"] == "InvalidState"
     assert (repo / "f.txt").read_text() == "changed\n"  # the commit stays
+
+
+def test_a_sandbox_lock_is_shared_while_held_and_not_kept_after(
+    repo: Path, settings: Settings
+) -> None:
+    executor = LocalExecutor(settings)
+    sandbox_id = target(repo).sandbox_id
+    held = executor._lock(sandbox_id)
+    with held:
+        assert executor._lock(sandbox_id) is held  # every caller waits on the same lock
+        assert executor._lock("another") is not held
+    del held
+    executor.provision(target(repo))
+    executor.cleanup(target(repo))
+    assert len(executor._locks) == 0  # nothing kept per sandbox once no one holds its lock
