@@ -27,7 +27,9 @@ import pytest
 from sandbox_core.actor.exec import CommandRunner, ExecRequest
 from sandbox_core.actor.jail import Jail, JailUnavailableError
 from sandbox_core.actor.userns_filter import UnsupportedArchitectureError, program
-from tests.core.actor.test_isolation import (
+from tests.support.actor import DSN_SECRET, KINDS, Layout, MakeSandbox
+from tests.support.gitrepo import GIT_ENV
+from tests.support.jail_attacks import (
     GIT_ATTACKS,
     SECRETS,
     agent_state,
@@ -35,8 +37,6 @@ from tests.core.actor.test_isolation import (
     git_state,
     tree_digest,
 )
-from tests.support.actor import DSN_SECRET, KINDS, Layout, MakeSandbox
-from tests.support.gitrepo import GIT_ENV
 
 REPO = Path(__file__).resolve().parents[3]
 MASK = (

@@ -9,7 +9,7 @@ import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
 from sandbox_operator.errors import classify, to_kopf
-from sandbox_operator.executors.base import SandboxState, SandboxTarget, sandbox_id_for_uid
+from sandbox_operator.executors.base import SandboxState, sandbox_id_for_uid
 from sandbox_operator.executors.pod_manifests import (
     build_network_policy,
     build_scratch_pvc,
@@ -27,7 +27,7 @@ from sandbox_operator.resources.sandbox import status_of_state, ttl_expired
 from sandbox_operator.resources.targets import target_from_body
 from sandbox_operator.settings import ExecutorKind, Settings, SettingsError
 
-from sandbox_api.models import PlanCommitAction, SandboxOptions, SandboxPhase, SandboxSource
+from sandbox_api.models import PlanCommitAction, SandboxPhase, SandboxSource
 from sandbox_core import CommitResult, SandboxCommitError, SandboxCreationError, SandboxStatus
 from sandbox_core.errors import (
     SandboxBusyError,
@@ -43,6 +43,7 @@ from sandbox_core.plan.journal import (
     JournalStep,
     StepState,
 )
+from tests.support.targets import pod_target
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
@@ -318,23 +319,6 @@ def test_an_older_running_plancommit_of_the_same_plan_blocks() -> None:
 
 
 # -- pod executor builders --------------------------------------------------------------------
-
-
-def pod_target(strategy: str = "git_worktree", **options: str) -> SandboxTarget:
-    return SandboxTarget(
-        name="My_Sandbox",
-        namespace="ns",
-        uid=UID,
-        sandbox_id=sandbox_id_for_uid(UID),
-        plan_id="plan/with spaces",
-        resource_id="r",
-        strategy=strategy,
-        original="/workspace/source/repo",
-        source=SandboxSource.model_validate(
-            {"persistentVolumeClaim": {"claimName": "data", "subPath": "repo"}}
-        ),
-        options=SandboxOptions.model_validate(options),
-    )
 
 
 def test_workspace_pod_is_non_root_with_source_and_scratch_volumes() -> None:

@@ -13,7 +13,7 @@ from sandbox_operator.executors.pod_manifests import build_workspace_pod
 from sandbox_operator.executors.warm_pool import build_pool_pod, shape_of
 from sandbox_operator.settings import Settings, SettingsError
 
-from tests.operator.unit.test_logic_modules import pod_target
+from tests.support.targets import pod_target
 
 PROFILE = "sandbox-operator/sandbox-workspace.json"
 CHART_PROFILE = (
