@@ -321,6 +321,12 @@ class PodExecutor:
         serial = self._serial()
         if serial is None or self._written.get(target.uid) == serial:
             return
+        pooled = self.pooled_pod(target) if self.settings.warm_pool_size > 0 else None
+        if pooled is not None:  # it mounts no token Secret: the new token is handed over
+            self.hand_over(target, pooled, renewal=True)
+            self._written[target.uid] = serial
+            logger.info("sandbox %s/%s: agent token renewed", target.namespace, target.name)
+            return
         token = base64.b64encode(self.token(target).encode("ascii")).decode("ascii")
         # A JSON patch whose first operation tests that the Sandbox controls the Secret: the
         # operator may not read Secrets, so the ownership check rides on the write itself, and
@@ -463,15 +469,18 @@ class PodExecutor:
             )
         return name
 
-    def hand_over(self, target: SandboxTarget, pod: dict[str, Any]) -> None:
+    def hand_over(
+        self, target: SandboxTarget, pod: dict[str, Any], *, renewal: bool = False
+    ) -> None:
         """Give the agent of the claimed pool ``pod`` the Sandbox's current token and allowed
         root (``wire.HANDOVER``), authenticated with what it may hold: the Sandbox's tokens
         (handed over before: a renewal), else its pool's bootstrap tokens. A Pod that refuses
-        them all (its bootstrap Secret was planted, or someone handed it over first) is deleted
-        and never used.
+        them all at its first hand-over (its bootstrap Secret was planted, or someone handed it
+        over first) is deleted and never used; at a ``renewal`` it is left as it is.
 
         Raises:
             WorkspaceNotReady: the Pod is not Ready (it went away after the claim).
+            AgentUnauthorized: a renewal's tokens were all refused.
             ExecutorError: every token was refused (the Pod was deleted; retryable: the next
                 attempt takes another Pod) or the agent failed.
         """
@@ -495,6 +504,8 @@ class PodExecutor:
                 continue
             self._accepted[target.uid] = str(body["token"])
             return
+        if renewal:
+            raise AgentUnauthorized(f"warm-pool pod {name} refused the token renewal")
         delete_controlled(self.api, "Pod", target.namespace, name, target.uid)
         self._pods.pop(target.uid, None)
         raise ExecutorError(

@@ -154,6 +154,9 @@ def pooled(
             "SANDBOX_OPERATOR_WARM_POOL_NAMESPACES": cluster.namespace,
             "SANDBOX_OPERATOR_WARM_POOL_SOURCE_CLAIMS": CLAIM,
             "SANDBOX_OPERATOR_WARM_POOL_INTERVAL_SECONDS": "1",
+            # Windows of 15 s: a renewal comes within the test.
+            "SANDBOX_OPERATOR_AGENT_TOKEN_LIFETIME_SECONDS": "30",
+            "SANDBOX_OPERATOR_AGENT_TOKEN_RENEW_INTERVAL_SECONDS": "1",
         },
     )
     cluster.operator = operator
@@ -238,21 +241,18 @@ def test_a_sandbox_claims_a_pool_pod_which_is_handed_over_once_and_refilled(
     # the second Sandbox the first one's agent.
     kubelet.report_ready(fresh["metadata"]["name"])
     cluster.create(_sandbox("s-second", {"persistentVolumeClaim": {"claimName": CLAIM}}))
-    wait_for(
-        lambda: (
-            cluster.get("pod", fresh["metadata"]["name"]) is None
-            or (cluster.get("pod", fresh["metadata"]["name"]) or {})["metadata"].get(
-                "deletionTimestamp"
-            )
-        ),
-        60,
-        "the Pod whose hand-over was refused to be deleted",
-    )
+
+    def refused_pod_gone() -> bool:
+        found = cluster.get("pod", fresh["metadata"]["name"])
+        return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+    wait_for(refused_pod_gone, 60, "the Pod whose hand-over was refused to be deleted")
     assert "refused the hand-over" in operator.logs()
     second = cluster.get("sandbox", "s-second")
     assert second is not None
     assert cluster.status("sandbox", "s-second").get("phase") != "Active"
-    assert json.loads((kubelet.state / "state" / wire.HANDED_TOKEN_FILE).read_text()) == handed
+    kept_root = json.loads((kubelet.state / "state" / wire.HANDED_TOKEN_FILE).read_text())
+    assert kept_root["allowed_root"] == handed["allowed_root"]
     still = cluster.get("pod", name)
     assert still is not None and still["metadata"]["labels"][UID_LABEL] == uid
     # A Sandbox on a pool Pod is not suspended: its changes live on the Pod's emptyDir.
@@ -267,9 +267,20 @@ def test_a_sandbox_claims_a_pool_pod_which_is_handed_over_once_and_refilled(
     kept = cluster.get("pod", name)
     assert kept is not None and not kept["metadata"].get("deletionTimestamp")
     assert cluster.status("sandbox", "s-warm")["phase"] == "Active"
+
+    # The token is renewed by a hand-over authenticated with the one it replaces (the Pod
+    # mounts no token Secret); the old one is refused from then on.
+    def renewed() -> dict[str, str] | None:
+        now = json.loads((kubelet.state / "state" / wire.HANDED_TOKEN_FILE).read_text())
+        return now if now["token"] != handed["token"] else None
+
+    new = wait_for(renewed, 40, "the renewal of the handed-over token")
+    assert kubelet.call(new["token"]) == wire.NOT_FOUND
+    assert kubelet.call(handed["token"]) == wire.UNAUTHORIZED
+    assert new["allowed_root"] == handed["allowed_root"]
     # No token in any Event or log line.
     logs = operator.logs()
-    for secret in (boot, handed["token"]):
+    for secret in (boot, handed["token"], new["token"]):
         assert secret not in logs
         assert not any(secret in json.dumps(e) for e in cluster.events("s-warm"))
 
