@@ -94,11 +94,12 @@ def shape_of(
 
 
 def bootstrap_token(key: bytes, namespace: str, shape: str) -> str:
-    """The bootstrap token of pool ``shape`` in ``namespace``: hex HMAC-SHA256 of the agent
-    key over ``warm-pool|<namespace>|<shape>`` (never a Sandbox uid, so never a Sandbox's
-    token). The operator derives it again instead of reading its Secret (it may not)."""
-    text = f"warm-pool|{namespace}|{shape}".encode()
-    return hmac.new(key, text, hashlib.sha256).hexdigest()
+    """The bootstrap token of pool ``shape`` in ``namespace``: hex HMAC-SHA256 over
+    ``<namespace>|<shape>`` with a key of its own, HMAC-SHA256 of the agent key over
+    ``warm-pool``, so no text a Sandbox's token is derived from gives it. The operator derives
+    it again instead of reading its Secret (it may not)."""
+    pool_key = hmac.new(key, b"warm-pool", hashlib.sha256).digest()
+    return hmac.new(pool_key, f"{namespace}|{shape}".encode(), hashlib.sha256).hexdigest()
 
 
 def bootstrap_secret_name(key: bytes, shape: str) -> str:
