@@ -43,7 +43,7 @@ from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_objec
 from sandbox_core import SandboxError, SandboxForkError, SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
 from sandbox_core.plan.validation import Check, CheckOutcome
-from sandbox_operator.errors import ChildNameTaken, ExecutorError
+from sandbox_operator.errors import ChildNameTaken, ExecutorError, PoolPodLost
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
@@ -104,11 +104,6 @@ CHILD_SUFFIXES = {
 UNREADABLE: dict[str, Any] = {}
 # On a Sandbox: the warm-pool Pod that holds its state (written once, after the claim).
 POOL_POD_ANNOTATION = "sandbox.cleveragents.io/warm-pool-pod"
-
-
-class PoolPodLost(ExecutorError):  # noqa: N818 - it names the state, as conditions read it
-    """The warm-pool Pod that held a Sandbox's changes (on its emptyDir) is gone: they are
-    lost, and a new Pod would start the sandbox empty. Not retryable."""
 
 
 class PodExecutor:
@@ -392,8 +387,7 @@ class PodExecutor:
             raise PoolPodLost(
                 f"the warm-pool Pod {lost} that held Sandbox {target.namespace}/{target.name}'s "
                 "changes (on its emptyDir) is gone; they are lost and the sandbox is not made "
-                "again empty",
-                retryable=False,
+                "again empty"
             )
         claimed = self._claim_from_pool(target, owner)
         if claimed is not None:

@@ -278,6 +278,16 @@ def test_a_sandbox_claims_a_pool_pod_which_is_handed_over_once_and_refilled(
     assert kubelet.call(new["token"]) == wire.NOT_FOUND
     assert kubelet.call(handed["token"]) == wire.UNAUTHORIZED
     assert new["allowed_root"] == handed["allowed_root"]
+    # Its Pod lost (a node failure): its changes went with the emptyDir, so the Sandbox says
+    # so instead of starting again empty on another Pod.
+    cluster.kubectl(
+        "patch", "sandbox", "s-warm", "--type=merge", "-p", '{"spec": {"suspend": false}}'
+    )
+    cluster.kubectl("delete", "pod", name, "--wait=false")
+    errored = cluster.wait_phase("sandbox", "s-warm", {"Errored"}, timeout=60)
+    assert errored["phase"] == "Errored"
+    lost = [c for c in errored["conditions"] if c.get("reason") == "PoolPodLost"]
+    assert lost and name in lost[0]["message"], errored["conditions"]
     # No token in any Event or log line.
     logs = operator.logs()
     for secret in (boot, handed["token"], new["token"]):
