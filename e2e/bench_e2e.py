@@ -17,7 +17,7 @@ and one workspace-agent call round trip (``GET status`` with the Sandbox's token
 operator's Pod) beside one exec of the same call (``kubectl exec ... sandbox-core --json
 status``, what the exec path cost per call).
 
-(c) Warm pool (:func:`warm_pool_runs`, ``test_bench_warm_pool``): Sandbox apply -> Active of a
+(c) Warm pool (:func:`warm_pool_runs`; run by e2e/test_warm_pool.py): Sandbox apply -> Active of a
     git_worktree Sandbox over a ReadWriteMany claim that takes a Ready Pod of the warm pool
     (chart ``workspace.warmPool``), beside the same Sandbox in another workspace shape (no pool:
     a cold Pod) and that cold Pod's own start, p50 of several, interleaved; the goal is pool
@@ -443,17 +443,6 @@ def warm_pool_table(times: dict[str, list[float]]) -> str:
             f"| pool p50 / the Pod's own start p50 (goal <= 0.25) | {ratio:.2f}x |",
         ]
     )
-
-
-def test_bench_warm_pool(kube: Kube, operator_release: Any) -> None:
-    """Tier-3 entry (``hack/e2e.sh e2e/bench_e2e.py -k warm_pool -s``): print the warm pool's
-    table and keep it in ``/tmp/bench-warm-pool.md``; the ratio is reported, not asserted,
-    but every pool Sandbox must have taken a pool Pod and be Active."""
-    times = warm_pool_runs(kube, operator_release.namespace, int(os.environ.get("BENCH_RUNS", "5")))
-    table = warm_pool_table(times)
-    Path("/tmp/bench-warm-pool.md").write_text(table + "\n")  # noqa: S108 - a report
-    print(table)
-    assert len(times["pool"]) == len(times["cold"]) >= 1
 
 
 def test_bench_ratios() -> None:
