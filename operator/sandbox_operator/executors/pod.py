@@ -316,7 +316,7 @@ class PodExecutor:
         serial = self._serial()
         if serial is None or self._written.get(target.uid) == serial:
             return
-        pooled = self.pooled_pod(target) if self.settings.warm_pool_size > 0 else None
+        pooled = self.pooled_pod(target)  # once per window and Sandbox
         if pooled is not None:  # it mounts no token Secret: the new token is handed over
             self.hand_over(target, pooled, renewal=True)
             self._written[target.uid] = serial
@@ -379,10 +379,11 @@ class PodExecutor:
         self.renew_token(target)  # a Secret made in an earlier window holds an older token
         if self.settings.network_policy:
             self._ensure(build_network_policy(target, self.settings), owner, target)
-        pooled = self.pooled_pod(target)
+        lost = ((owner.get("metadata") or {}).get("annotations") or {}).get(POOL_POD_ANNOTATION)
+        # One Pod list more per provision only where a pool Pod may be the Sandbox's.
+        pooled = self.pooled_pod(target) if lost or self.settings.warm_pool_size > 0 else None
         if pooled is not None:  # claimed before: hand over again (idempotent) and use it
             return self._use_pooled(target, owner, pooled)
-        lost = ((owner.get("metadata") or {}).get("annotations") or {}).get(POOL_POD_ANNOTATION)
         if lost:
             raise PoolPodLost(
                 f"the warm-pool Pod {lost} that held Sandbox {target.namespace}/{target.name}'s "
@@ -525,7 +526,11 @@ class PodExecutor:
             ChildNameTaken: the Pod's name is held by a Pod the Sandbox does not control.
         """
         taken = ""
-        for name in child_object_names(target.name, CHILD_SUFFIXES["Pod"]):
+        names = list(child_object_names(target.name, CHILD_SUFFIXES["Pod"]))
+        known = self._pods.get(target.uid)
+        if known and known not in names:  # a warm-pool Pod found before: read it first
+            names.insert(0, known)
+        for name in names:
             try:
                 found = self.api.core.read_namespaced_pod(name, target.namespace)
             except ApiException as exc:
@@ -544,7 +549,7 @@ class PodExecutor:
                 phase = (pod.get("status") or {}).get("phase") or "Unknown"
                 raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
             return str(pod["status"]["podIP"])
-        pooled = self.pooled_pod(target) if self.settings.warm_pool_size > 0 else None
+        pooled = self.pooled_pod(target)  # only when no Pod has the Sandbox's names
         if pooled is not None:
             self._pods[target.uid] = str(pooled["metadata"]["name"])
             if pod_is_ready(pooled):
