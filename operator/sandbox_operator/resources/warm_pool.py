@@ -1,8 +1,9 @@
 """Keeping the warm pools full: every ``settings.warm_pool_interval_seconds`` the leader calls
 :meth:`~sandbox_operator.executors.warm_pool.WarmPool.reconcile` for each pool namespace
 (``settings.pool_namespaces``) and pool key: the chart's default workspace shape
-(``workspace.*``) with no source claim, and that shape over each ReadWriteMany claim of
-``settings.warm_pool_source_claims`` that exists in the namespace.
+(``workspace.*``) over each ReadWriteMany claim of ``settings.warm_pool_source_claims`` that
+exists in the namespace. There is no pool without a claim: every Sandbox has a source, and one
+that is not such a claim (a Secret, a ReadWriteOnce claim) never takes a pool Pod.
 
 It is a loop started by the startup handler once the operator leads (``main.configure``), not a
 kopf timer: kopf timers run per watched object, and a pool has no object of its own (a timer on
@@ -52,9 +53,9 @@ class PoolKeeper:
         self.pool = pool
 
     def keys(self) -> list[PoolKey]:
-        """The pools to keep now: per namespace the default shape, and the default shape over
-        each listed source claim that exists there and is ReadWriteMany (one that does not
-        is skipped with a log line: its Sandboxes keep Pods of their own).
+        """The pools to keep now: per namespace, the default shape over each listed source
+        claim that exists there and is ReadWriteMany (one that does not is skipped with a log
+        line: its Sandboxes keep Pods of their own).
 
         Raises:
             ApiException: reading a claim failed (other than 404).
@@ -62,7 +63,6 @@ class PoolKeeper:
         workspace = workspace_defaults(self.settings).model_dump(by_alias=True, exclude_none=True)
         keys: list[PoolKey] = []
         for namespace in self.settings.pool_namespaces:
-            keys.append(PoolKey(namespace, workspace))
             for claim in self.settings.warm_pool_source_claims:
                 try:
                     found = self.api.core.read_namespaced_persistent_volume_claim(claim, namespace)

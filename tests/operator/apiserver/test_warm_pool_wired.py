@@ -191,9 +191,10 @@ def test_a_sandbox_claims_a_pool_pod_which_is_handed_over_once_and_refilled(
     cluster: Cluster, pooled: tuple[OperatorProcess, PoolKubelet]
 ) -> None:
     operator, kubelet = pooled
-    # The operator keeps one free Pod per pool: the default shape, and over the shared claim.
+    # The operator keeps one free Pod over the shared claim, and none without a claim (no
+    # Sandbox could take it: a Secret source never does).
     over_claim = wait_for(lambda: _free_pool_pods(cluster, True), 60, "a pool Pod over the claim")
-    wait_for(lambda: _free_pool_pods(cluster, False), 60, "a pool Pod without a claim")
+    assert _free_pool_pods(cluster, False) == []
     (pod,) = over_claim
     name = pod["metadata"]["name"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -299,7 +300,7 @@ def test_a_secret_source_keeps_a_pod_of_its_own(
     cluster: Cluster, pooled: tuple[OperatorProcess, PoolKubelet]
 ) -> None:
     _, kubelet = pooled
-    (pod,) = wait_for(lambda: _free_pool_pods(cluster, False), 60, "a pool Pod")
+    (pod,) = wait_for(lambda: _free_pool_pods(cluster, True), 60, "a pool Pod")
     kubelet.report_ready(pod["metadata"]["name"])
     cluster.create(secret_manifest("db", "sqlite:////nonexistent/app.db"))
     cluster.create(_sandbox("s-cold", {"secretRef": {"name": "db"}}, "transaction_rollback"))
