@@ -34,6 +34,7 @@ import argparse
 import base64
 import hashlib
 import hmac
+import json
 import os
 import statistics
 import sys
@@ -320,13 +321,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _pool_values(namespace: str, size: int) -> list[str]:
-    namespaces = f"{{{namespace}}}" if size else "{}"
-    claims = f"{{{WARM_CLAIM}}}" if size else "{}"
+    """``helm --set-json`` arguments: the pool on in ``namespace`` over :data:`WARM_CLAIM`, or
+    off (``--set x={}`` would be a list of one empty string)."""
+    namespaces = json.dumps([namespace] if size else [])
+    claims = json.dumps([WARM_CLAIM] if size else [])
     return [
-        "--set", f"workspace.warmPool.size={size}",
-        "--set", f"workspace.warmPool.namespaces={namespaces}",
-        "--set", f"workspace.warmPool.sourceClaims={claims}",
-        "--set", "workspace.warmPool.intervalSeconds=1",
+        "--set-json", f"workspace.warmPool.size={size}",
+        "--set-json", f"workspace.warmPool.namespaces={namespaces}",
+        "--set-json", f"workspace.warmPool.sourceClaims={claims}",
+        "--set-json", "workspace.warmPool.intervalSeconds=1",
     ]  # fmt: skip
 
 
@@ -407,6 +410,8 @@ def warm_pool_runs(
             own = status("sandbox", f"k{run}")["workspacePod"]
             assert not own.startswith("sbx-pool-"), own
             times["pod_start"].append(pod_start_seconds(kube, namespace, own))
+        # Kept before the chart is set back, so that a failure there loses no figure.
+        Path("/tmp/bench-warm-pool.md").write_text(warm_pool_table(times) + "\n")  # noqa: S108
     finally:
         kube.helm(
             "upgrade", RELEASE, str(CHART), "-n", operator_namespace, "--reuse-values",
