@@ -23,6 +23,12 @@ status``, what the exec path cost per call).
     after one warm-up of each. Runs with the e2e fixtures (its own namespace and claim):
     ``flock /tmp/sandbox-e2e.lock hack/e2e.sh -o python_files=bench_e2e.py -k door -s``.
 
+(d) Warm pool (:func:`warm_pool_runs`; run by e2e/test_warm_pool.py): Sandbox apply -> Active of a
+    git_worktree Sandbox over a ReadWriteMany claim that takes a Ready Pod of the warm pool
+    (chart ``workspace.warmPool``), beside the same Sandbox in another workspace shape (no pool:
+    a cold Pod) and that cold Pod's own start, p50 of several, interleaved; the goal is pool
+    p50 <= 0.25x the Pod's own start.
+
 Usage: ``eval "$(e2e/cluster env)" && .venv/bin/python e2e/bench_e2e.py [--runs 3]``, or inside
 the tier-3 harness: ``flock /tmp/sandbox-e2e.lock hack/e2e.sh e2e/bench_e2e.py -s`` (the
 ``test_`` function below). Prints a Markdown table (median of the runs) for docs/benchmarks.md.
@@ -34,6 +40,7 @@ import argparse
 import base64
 import hashlib
 import hmac
+import json
 import os
 import statistics
 import sys
@@ -306,6 +313,147 @@ def report(runs: int) -> str:
         f"{EXTRA['exec_call'] * 1000:.0f} ms |",
     ]
     return "\n".join(lines)
+
+
+# --- warm pool, on the cluster ------------------------------------------------------------------
+
+
+WARM_CLAIM = "shared-originals"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _pool_values(namespace: str, size: int) -> list[str]:
+    """``helm --set-json`` arguments: the pool on in ``namespace`` over :data:`WARM_CLAIM`, or
+    off (``--set x={}`` would be a list of one empty string)."""
+    namespaces = json.dumps([namespace] if size else [])
+    claims = json.dumps([WARM_CLAIM] if size else [])
+    return [
+        "--set-json", f"workspace.warmPool.size={size}",
+        "--set-json", f"workspace.warmPool.namespaces={namespaces}",
+        "--set-json", f"workspace.warmPool.sourceClaims={claims}",
+        "--set-json", "workspace.warmPool.intervalSeconds=1",
+    ]  # fmt: skip
+
+
+def _ready_pool_pods(kube: Kube, namespace: str) -> list[str]:
+    from sandbox_operator.executors.warm_pool import POOL_LABEL
+
+    items = kube.json("get", "pods", "-n", namespace, "-l", POOL_LABEL).get("items") or []
+    ready = []
+    for pod in items:
+        claims = [v for v in pod["spec"]["volumes"] if v.get("persistentVolumeClaim")]
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if claims and any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            ready.append(pod["metadata"]["name"])
+    return ready
+
+
+def warm_pool_runs(
+    kube: Kube, operator_namespace: str, runs: int, size: int = 2
+) -> dict[str, list[float]]:
+    """Interleaved rounds of (pool Sandbox, cold Sandbox) apply -> Active over one
+    ReadWriteMany claim, the pool of ``size`` refilled and Ready before each pool apply;
+    returns ``{"pool": [...], "cold": [...], "pod_start": [...]}`` in seconds. The chart is
+    upgraded to keep the pool in a new namespace and set back (pool off) at the end."""
+    namespace = f"bench-warm-{os.getpid()}"
+    kube.kubectl("create", "namespace", namespace)
+    kube.kubectl("label", "namespace", namespace, "sandbox-e2e/test=true")
+    image = os.environ.get("E2E_IMAGE", "localhost/sandbox-operator:e2e")
+    times: dict[str, list[float]] = {"pool": [], "cold": [], "pod_start": []}
+
+    def status(kind: str, name: str) -> dict[str, Any]:
+        return kube.status(kind, namespace, name)
+
+    try:
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": WARM_CLAIM},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+        kube.apply(namespace, claim, _toolbox(WARM_CLAIM, image, "IfNotPresent"))
+        kube.kubectl(
+            "wait", "-n", namespace, "--for=condition=Ready", "pod/toolbox", "--timeout=120s"
+        )
+        originals = Originals(kube, namespace)
+        for run in range(runs):
+            originals.sh(
+                f"mkdir -p w{run} k{run} && printf 'x\n' > w{run}/f.txt"
+                f" && printf 'x\n' > k{run}/f.txt"
+                f" && for d in w{run} k{run}; do git -C $d init -q -b main && git -C $d add -A"
+                " && git -c user.name=b -c user.email=b@b -C $d commit -qm init; done"
+            )
+        kube.helm(
+            "upgrade", RELEASE, str(CHART), "-n", operator_namespace, "--reuse-values",
+            *_pool_values(namespace, size), "--wait", "--timeout", "240s",
+        )  # fmt: skip
+        for run in range(runs):
+            wait_until(
+                "the warm pool to be Ready",
+                lambda: len(_ready_pool_pods(kube, namespace)) >= size or None,
+                240,
+                interval=POLL,
+            )
+            warm = sandbox_manifest(f"w{run}", f"warm-{run}", "git_worktree", f"w{run}")
+            warm["spec"]["source"]["persistentVolumeClaim"]["claimName"] = WARM_CLAIM
+            kube.apply(namespace, warm)
+            times["pool"].append(timed_until(phase_is(status, "sandbox", f"w{run}", "Active")))
+            pod = status("sandbox", f"w{run}")["workspacePod"]
+            assert pod.startswith("sbx-pool-"), f"w{run} did not take a pool Pod: {pod}"
+            # The same Sandbox in another shape: no pool keeps it, a Pod of its own starts.
+            cold = sandbox_manifest(f"k{run}", f"cold-{run}", "git_worktree", f"k{run}")
+            cold["spec"]["source"]["persistentVolumeClaim"]["claimName"] = WARM_CLAIM
+            cold["spec"]["workspace"] = {"resources": {"requests": {"cpu": "11m"}}}
+            kube.apply(namespace, cold)
+            times["cold"].append(timed_until(phase_is(status, "sandbox", f"k{run}", "Active")))
+            own = status("sandbox", f"k{run}")["workspacePod"]
+            assert not own.startswith("sbx-pool-"), own
+            times["pod_start"].append(pod_start_seconds(kube, namespace, own))
+        # Kept before the chart is set back, so that a failure there loses no figure.
+        Path("/tmp/bench-warm-pool.md").write_text(warm_pool_table(times) + "\n")  # noqa: S108
+    finally:
+        kube.helm(
+            "upgrade", RELEASE, str(CHART), "-n", operator_namespace, "--reuse-values",
+            *_pool_values(namespace, 0), "--wait", "--timeout", "240s",
+        )  # fmt: skip
+        kube.kubectl(
+            "delete", "sandboxes", "--all", "-n", namespace, "--wait=true", "--timeout=180s",
+            check=False,
+        )  # fmt: skip
+        kube.kubectl("delete", "namespace", namespace, "--wait=true", check=False)
+    return times
+
+
+def warm_pool_table(times: dict[str, list[float]]) -> str:
+    """The Markdown table of :func:`warm_pool_runs` (p50 and p90 of each, and the ratio)."""
+
+    def cell(values: list[float]) -> str:
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        return (
+            f"p50 {_percentile(values, 0.5):.2f} s, p90 {_percentile(values, 0.9):.2f} s "
+            f"(runs: {runs})"
+        )
+
+    ratio = _percentile(times["pool"], 0.5) / _percentile(times["pod_start"], 0.5)
+    return "\n".join(
+        [
+            "| flow (pod executor, real cluster) | seconds |",
+            "| --- | --- |",
+            f"| Sandbox apply -> Active from the warm pool (git_worktree, RWX claim) | "
+            f"{cell(times['pool'])} |",
+            f"| the same Sandbox in another shape: its own Pod (cold) | {cell(times['cold'])} |",
+            f"| that Pod's own start (creation -> Ready, 1 s resolution) | "
+            f"{cell(times['pod_start'])} |",
+            f"| pool p50 / the Pod's own start p50 (goal <= 0.25) | {ratio:.2f}x |",
+        ]
+    )
 
 
 def test_bench_ratios() -> None:

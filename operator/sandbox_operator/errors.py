@@ -50,6 +50,15 @@ class ExecutorError(Exception):
         self.retryable = retryable
 
 
+class PoolPodLost(ExecutorError):  # noqa: N818 - it names the state, as conditions read it
+    """The warm-pool Pod that held a Sandbox's changes (on its emptyDir) is gone: they are
+    lost, and a new Pod would start the sandbox empty. Not retryable; the condition reason
+    ``PoolPodLost`` says so (docs/operations.md, "Warm pool")."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class ChildNameTaken(ExecutorError):  # noqa: N818 - it names the state, as conditions read it
     """A child object's name (Pod, Secret, claim, NetworkPolicy) is held by an object that this
     Sandbox does not control (its controller ownerReference names another uid, or none).
@@ -106,6 +115,8 @@ def classify(exc: BaseException) -> Failure:
         return Failure(f"ApiError{status}", f"{exc.reason}: {exc.body}", retryable)
     if isinstance(exc, ChildNameTaken):
         return Failure("ChildNameTaken", message, True)
+    if isinstance(exc, PoolPodLost):
+        return Failure("PoolPodLost", message, False)
     if isinstance(exc, ExecutorError):
         return Failure("ExecutorError", message, exc.retryable)
     for kind, reason, retryable in _FAILURE_KINDS:

@@ -91,13 +91,33 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     gate = NamespaceGate(api.namespace)
     install_kopf_filter(gate)
     _EVENTS[:] = [EventRecorder(api.post_event, gate, background=True)]
-    install(build_runtime(SETTINGS, api, _EVENTS[0]))
+    built = build_runtime(SETTINGS, api, _EVENTS[0])
+    install(built)
     # Finished Sandboxes past their TTL, scheduled by the Sandbox watch (resources.ttl).
     TTL.start(
         SETTINGS.ttl_check_interval_seconds,
         lambda namespace, name: api.delete(SANDBOX_PLURAL, namespace, name),
     )
+    start_warm_pools(built.executor, api)
     freeze_startup_heap()
+
+
+_TASKS: list[asyncio.Task[None]] = []
+
+
+def start_warm_pools(executor: object, api: k8s.Api) -> None:
+    """Start refilling the warm pools (``settings.warm_pool_size`` > 0, the pod executor):
+    :func:`~sandbox_operator.resources.warm_pool.keep_pools` as a task of kopf's loop."""
+    from sandbox_operator.executors.pod import PodExecutor
+    from sandbox_operator.resources.warm_pool import PoolKeeper, keep_pools
+
+    if not SETTINGS.pool_namespaces or not isinstance(executor, PodExecutor):
+        return
+    keeper = PoolKeeper(SETTINGS, api, executor.pool)
+    task = asyncio.get_running_loop().create_task(
+        keep_pools(keeper, SETTINGS.warm_pool_interval_seconds)
+    )
+    _TASKS.append(task)  # kept referenced: the loop holds tasks weakly
 
 
 def freeze_startup_heap() -> int:

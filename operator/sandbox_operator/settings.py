@@ -111,6 +111,17 @@ class Settings(BaseSettings):
             operator; egress denied except DNS and ``spec.workspace.egress``).
         workspace_defaults: JSON of a ``spec.workspace`` block, the chart's ``workspace.*``
             defaults; a Sandbox's own fields win, field by field.
+        warm_pool_size: free, pre-started workspace Pods kept per watched namespace and pool
+            key (``executors.warm_pool``; chart ``workspace.warmPool.size``); 0 turns the pool
+            off.
+        warm_pool_namespaces: ``a,b``, the namespaces that keep a pool (empty: ``namespace``,
+            the watched ones; with all namespaces watched and this empty, no pool is kept).
+        warm_pool_source_claims: ``claim,claim``, ReadWriteMany source claims that get a pool
+            of their own in each pool namespace where they exist (Pods that mount them up
+            front); ReadWriteOnce claims and Secret sources always get a Pod of their own.
+        warm_pool_interval_seconds: period of the pool's refill.
+        warm_pool_start_grace_seconds: a free pool Pod not Ready this long after its creation
+            is replaced.
         retry_backoff_max_seconds: cap of the exponential retry delay (from
             ``retry_delay_seconds``, doubling per attempt).
         handler_timeout_seconds: limit of every handler (kopf gives up and reports).
@@ -174,6 +185,11 @@ class Settings(BaseSettings):
     pod_labels: str = ""
     network_policy: bool = True
     workspace_defaults: str = "{}"
+    warm_pool_size: Annotated[int, Field(ge=0, le=100)] = 0
+    warm_pool_namespaces: Annotated[tuple[str, ...], NoDecode] = ()
+    warm_pool_source_claims: Annotated[tuple[str, ...], NoDecode] = ()
+    warm_pool_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    warm_pool_start_grace_seconds: Annotated[float, Field(gt=0)] = 300.0
     retry_backoff_max_seconds: Seconds = 60.0
     handler_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
     node_path_roots: Annotated[tuple[str, ...], NoDecode] = ()
@@ -207,6 +223,23 @@ class Settings(BaseSettings):
         if ".." in value.split("/") or "." in value.split("/"):
             raise ValueError(f"{value!r} is a path relative to the kubelet's seccomp directory")
         return value
+
+    @field_validator("warm_pool_namespaces", "warm_pool_source_claims", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def pool_namespaces(self) -> tuple[str, ...]:
+        """The namespaces that keep a warm pool: ``warm_pool_namespaces``, else the watched
+        ``namespace`` list; none when the pool is off."""
+        if self.warm_pool_size <= 0:
+            return ()
+        if self.warm_pool_namespaces:
+            return self.warm_pool_namespaces
+        return tuple(part.strip() for part in self.namespace.split(",") if part.strip())
 
     @field_validator("node_path_roots", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from sandbox_core.actor.sql import DEFAULT_MAX_ROWS
 from sandbox_core.agent.wire import (
     ALLOWED_ROOTS_ENV,
     BAD_REQUEST,
+    BOOTSTRAP_TOKEN_FILE_ENV,
     CURSOR_QUERY,
     DEFAULT_PORT,
     ENV_REF,
@@ -85,6 +86,9 @@ class AgentConfig:
     one of them); ``None`` when not configured (a local agent: any path but the forbidden
     areas of :meth:`Operations.admit_original`). ``()`` admits no path at all (a Sandbox whose
     original is a Secret's DSN).
+
+    ``bootstrap_token_file``: a warm-pool Pod's bootstrap token (``wire.HANDOVER``); None for a
+    Pod made for its Sandbox.
     """
 
     state_dir: Path
@@ -95,15 +99,18 @@ class AgentConfig:
     secret_env: tuple[str, ...] = (SOURCE_DSN_ENV,)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     allowed_roots: tuple[Path, ...] | None = None
+    bootstrap_token_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> AgentConfig:
         """Read the variables named by ``wire.STATE_DIR_ENV``, ``ROOT_ENV``, ``TOKEN_FILE_ENV``
-        ``PORT_ENV`` and ``ALLOWED_ROOTS_ENV`` (defaults: ~/.local/state/sandbox-core,
-        <state>/sandboxes, ``wire.TOKEN_FILE``, ``wire.DEFAULT_PORT``, not configured)."""
+        ``PORT_ENV``, ``ALLOWED_ROOTS_ENV`` and ``BOOTSTRAP_TOKEN_FILE_ENV`` (defaults:
+        ~/.local/state/sandbox-core, <state>/sandboxes, ``wire.TOKEN_FILE``,
+        ``wire.DEFAULT_PORT``, not configured, none)."""
         env = dict(os.environ if environ is None else environ)
         state = Path(env.get(STATE_DIR_ENV) or Path.home() / ".local/state/sandbox-core")
         roots = env.get(ALLOWED_ROOTS_ENV)
+        bootstrap = env.get(BOOTSTRAP_TOKEN_FILE_ENV)
         return cls(
             state_dir=state,
             sandbox_root=Path(env.get(ROOT_ENV) or state / "sandboxes"),
@@ -115,6 +122,7 @@ class AgentConfig:
                 if roots is None
                 else tuple(Path(root) for root in roots.split(os.pathsep) if root)
             ),
+            bootstrap_token_file=Path(bootstrap) if bootstrap else None,
         )
 
 
@@ -196,6 +204,8 @@ class Operations:
             raise AgentError(422, "RefusedOriginal", f"the original {original!r} is not absolute")
         real = Path(os.path.realpath(path))
         own = [self.config.state_dir, self.config.sandbox_root, self.config.token_file]
+        if self.config.bootstrap_token_file is not None:
+            own.append(self.config.bootstrap_token_file)
         forbidden = [Path("/proc"), Path("/sys"), Path("/dev")]
         for area in own + forbidden:
             area_real = Path(os.path.realpath(area))

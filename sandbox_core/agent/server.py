@@ -5,7 +5,11 @@ Security: every request except the health probe (``wire.HEALTHZ``) carries the P
 ``Authorization: Bearer <token>`` (or, through the API server's pod proxy, in
 ``wire.TOKEN_HEADER``); the token is read from a file (a Secret the operator creates per
 Sandbox, mounted as a file: never an environment variable or an argument) and compared in
-constant time. No token file, no service. A token that carries a lifetime
+constant time. No token file, no service. A warm-pool Pod (made before its Sandbox existed)
+has no token file but its pool's bootstrap token; ``wire.HANDOVER`` authenticated with it hands
+the agent its Sandbox's token (kept under the state directory, mode 0600), after which only
+that token is accepted and the bootstrap token never again (:class:`HandedOver`). A token
+that carries a lifetime
 (:mod:`sandbox_core.agent.tokens`) is refused with 401 ``TokenExpired`` once this process has
 held it longer than that lifetime, measured on its own monotonic clock.
 
@@ -40,6 +44,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +177,53 @@ def journal_key(request: web.Request, request_id: str) -> str:
     return "\n".join((request.method, route, target, request_id))
 
 
+# The longest token a hand-over accepts (the operator's are about 80 characters).
+MAX_TOKEN_CHARS = 512
+
+
+class HandedOver:
+    """The token (and allowed root) handed over to a warm-pool Pod's agent: a file under its
+    state directory, written atomically with mode 0600, read back after a restart of the
+    container (the state directory of a pool Pod is an emptyDir: it lives as long as the Pod).
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / wire.HANDED_TOKEN_FILE
+        self.token: bytes | None = None
+        self.allowed_root = ""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        self.token = str(data.get("token") or "").encode() or None
+        self.allowed_root = str(data.get("allowed_root") or "")
+
+    def store(self, token: str, allowed_root: str) -> None:
+        """Keep ``token`` and ``allowed_root`` (fsynced; replaces what was there).
+
+        Raises:
+            OSError: the state directory cannot be written.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"token": token, "allowed_root": allowed_root}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        staged.replace(self.path)
+        self.token, self.allowed_root = token.encode(), allowed_root
+
+
+def _inside(path: str, roots: tuple[Path, ...] | None) -> bool:
+    """Whether absolute, normalised ``path`` is one of ``roots`` or beneath one (any when
+    ``roots`` is None: a local agent)."""
+    if roots is None:
+        return True
+    candidate = Path(path)
+    return any(candidate == root or root in candidate.parents for root in roots)
+
+
 class Agent:
     """The aiohttp application around :class:`Operations` (see the module docstring)."""
 
@@ -187,16 +239,92 @@ class Agent:
         )
         self.exec_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="exec")
         self.token_ages = TokenAges()
+        self.handed = HandedOver(config.state_dir)
+        if self.handed.token is not None:
+            self._narrow(self.handed.allowed_root)
         start_token = self._token()
         if start_token is not None:
             self.token_ages.held(start_token)  # its lifetime runs from now
 
+    def _narrow(self, allowed_root: str) -> None:
+        """Admit originals only under ``allowed_root`` from now on (``""``: none)."""
+        roots = (Path(allowed_root),) if allowed_root else ()
+        self.config = replace(self.config, allowed_roots=roots)
+        self.ops.config = self.config
+
     def _token(self) -> bytes | None:
+        if self.handed.token is not None:
+            return self.handed.token
         try:
             token = self.config.token_file.read_bytes().strip()
         except OSError:
             return None
         return token or None
+
+    def _bootstrap(self) -> bytes | None:
+        path = self.config.bootstrap_token_file
+        if path is None:
+            return None
+        try:
+            return path.read_bytes().strip() or None
+        except OSError:
+            return None
+
+    def hand_over(self, offered: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``wire.HANDOVER``: keep the Sandbox's token ``body["token"]`` and narrow the allowed
+        roots to ``body["allowed_root"]``.
+
+        Raises:
+            AgentError: 401 when ``offered`` is neither the bootstrap token (nothing handed
+                over yet) nor the token handed over (a renewal: the allowed root must then
+                stay as it was, else 422); 422 for an empty, over-long or non-printable token,
+                or an allowed root that is not absolute, not normalised or outside this Pod's
+                own allowed roots.
+        """
+        unauthorized = wire.AgentError(wire.UNAUTHORIZED, "Unauthorized", "bad or no token")
+        if self.handed.token is not None:
+            current = self._token()
+            if current is None or not hmac.compare_digest(offered.encode(), current):
+                raise unauthorized
+            if self.token_ages.expired(current) is not None:
+                raise wire.AgentError(
+                    wire.UNAUTHORIZED, wire.TOKEN_EXPIRED, "the token handed over expired"
+                )
+        else:
+            bootstrap = self._bootstrap()
+            if bootstrap is None or not hmac.compare_digest(offered.encode(), bootstrap):
+                raise unauthorized
+        token = str(body.get("token") or "")
+        printable = token.isascii() and token.isprintable()
+        if not token or len(token) > MAX_TOKEN_CHARS or not printable:
+            raise wire.AgentError(
+                wire.UNPROCESSABLE, "ValueError", "token must be printable ASCII, 1-512 chars"
+            )
+        root = str(body.get("allowed_root") or "")
+        if root and (
+            not root.startswith("/")
+            or os.path.normpath(root) != root
+            or not _inside(root, self.config.allowed_roots)
+        ):
+            raise wire.AgentError(
+                wire.UNPROCESSABLE,
+                "RefusedOriginal",
+                f"allowed_root {root!r} is not a normalised absolute path within this Pod's "
+                "allowed roots",
+            )
+        if self.handed.token is not None and root != self.handed.allowed_root:
+            raise wire.AgentError(
+                wire.UNPROCESSABLE,
+                "RefusedOriginal",
+                "a renewal keeps the allowed root of the hand-over",
+            )
+        first = self.handed.token is None
+        self.handed.store(token, root)
+        self.token_ages.held(token.encode())  # its lifetime runs from now
+        if first:
+            self._narrow(root)
+            logger.info("agent: handed over to its Sandbox; the bootstrap token is refused now")
+        return {"handed_over": True}
 
     def authorized(self, request: web.Request) -> bool:
         """True when the request carries the token of this Pod, still valid (constant-time
@@ -208,11 +336,7 @@ class Agent:
         401: ``Unauthorized`` (no token, or not this Pod's) or ``TokenExpired`` (this Pod's
         token, held longer than its lifetime: the operator has not renewed it)."""
         expected = self._token()
-        header = request.headers.get(wire.AUTHORIZATION_HEADER, "")
-        if header.startswith(wire.BEARER_PREFIX):
-            offered = header[len(wire.BEARER_PREFIX) :].strip()
-        else:
-            offered = request.headers.get(wire.TOKEN_HEADER, "").strip()
+        offered = _offered(request)
         if expected is None or not offered or not hmac.compare_digest(offered.encode(), expected):
             return {"type": "Unauthorized", "message": "bad or no token"}
         expired = self.token_ages.expired(expected)
@@ -433,7 +557,9 @@ class Agent:
         async def auth(
             request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
-            refused = None if request.path == wire.HEALTHZ.template else self.refusal(request)
+            # HANDOVER authenticates itself (the bootstrap token or the token handed over).
+            unguarded = request.path in (wire.HEALTHZ.template, wire.HANDOVER.template)
+            refused = None if unguarded else self.refusal(request)
             if refused is None:
                 return await handler(request)
             return _json(wire.UNAUTHORIZED, {"error": refused})
@@ -443,6 +569,20 @@ class Agent:
 
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
+
+        async def handover(request: web.Request) -> web.Response:
+            body = await _body(request)
+            offered = _offered(request)
+
+            def run() -> tuple[int, Any]:
+                try:
+                    return 200, self.hand_over(offered, body)
+                except wire.AgentError as exc:
+                    return wire.error_reply(exc)
+
+            loop = asyncio.get_running_loop()
+            status, payload = await loop.run_in_executor(self.worker, run)
+            return _json(status, payload)
 
         async def create(request: web.Request) -> web.Response:
             body = await _body(request)
@@ -525,6 +665,7 @@ class Agent:
 
         handlers: dict[wire.Route, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
             wire.HEALTHZ: healthz,
+            wire.HANDOVER: handover,
             wire.CREATE: create,
             wire.STATUS: status,
             wire.CLEANUP: cleanup,
@@ -722,6 +863,14 @@ class Agent:
                 return None, _json(status, self.ops.hide(payload))
 
         return await asyncio.get_running_loop().run_in_executor(self.worker, call)
+
+
+def _offered(request: web.Request) -> str:
+    """The token a request carries (``Authorization: Bearer``, else ``wire.TOKEN_HEADER``)."""
+    header = request.headers.get(wire.AUTHORIZATION_HEADER, "")
+    if header.startswith(wire.BEARER_PREFIX):
+        return header[len(wire.BEARER_PREFIX) :].strip()
+    return request.headers.get(wire.TOKEN_HEADER, "").strip()
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -78,6 +78,12 @@ SOURCE_DSN_ENV = "SANDBOX_SOURCE_DSN"  # filled by the kubelet from the Sandbox'
 ALLOWED_ROOTS_ENV = "SANDBOX_AGENT_ALLOWED_ROOTS"
 # A DSN is sent as ``env:NAME``, never as its value; every reply shows the reference.
 ENV_REF = "env:"
+# A warm-pool Pod (no Sandbox yet) holds no token file but its pool's bootstrap token, a file
+# named by this variable; the operator hands it the Sandbox's token with ``HANDOVER``.
+BOOTSTRAP_TOKEN_FILE_ENV = "SANDBOX_AGENT_BOOTSTRAP_TOKEN_FILE"  # noqa: S105 - a name
+BOOTSTRAP_TOKEN_FILE = "/var/run/sandbox-pool/token"  # noqa: S105 - a path, not a token
+# Where an agent keeps the token handed over to it (under its state directory, mode 0600).
+HANDED_TOKEN_FILE = "handed-over.json"  # noqa: S105 - a file name, not a token
 
 # -- headers, content types, limits ------------------------------------------------------------
 
@@ -141,6 +147,13 @@ COMMIT_LANDED = Route("GET", "/v1/sandboxes/{sid}/commit-landed")  # {"landed"}:
 # {"identity"}: what the original is (a database's system identifier and name; "" when the
 # sandbox reports none): approvals are bound to it (docs/approvals.md)
 TARGET_IDENTITY = Route("GET", "/v1/sandboxes/{sid}/target-identity")
+# {"token", "allowed_root"} -> {"handed_over": true}: a warm-pool Pod becomes one Sandbox's.
+# Authenticated with the pool's bootstrap token while nothing was handed over, afterwards only
+# with the token handed over (a renewal); the bootstrap token never works again. The agent then
+# accepts only the token handed over, and ``allowed_root`` (within the Pod's own allowed roots)
+# narrows where a create may find the original. Idempotent without a request id (the same
+# token again changes nothing); the reply never carries a token.
+HANDOVER = Route("POST", "/v1/handover")
 
 ROUTES: tuple[Route, ...] = (
     HEALTHZ,
@@ -163,6 +176,7 @@ ROUTES: tuple[Route, ...] = (
     ABORT_PREPARED,
     COMMIT_LANDED,
     TARGET_IDENTITY,
+    HANDOVER,
 )
 
 # -- the actor's door: commands and the audit log (docs/actor.md) -------------------------------
@@ -311,6 +325,7 @@ BODY_FIELDS: dict[Route, dict[str, tuple[type, ...]]] = {
         "sandbox_id": _TEXT, "options": _OBJECT,
     },
     COMMIT: {"message": _TEXT},
+    HANDOVER: {"token": _TEXT, "allowed_root": _TEXT},
     ROLLBACK: {"reactivate": _FLAG},
     CHECKPOINT: {"phase": _TEXT, "metadata": _OBJECT},
     PREPARE: {"txid": _TEXT, "message": _TEXT},

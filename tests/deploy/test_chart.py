@@ -299,6 +299,28 @@ def test_values_toggle_objects_and_env(helm: Path) -> None:
     assert {p["name"] for p in _container(objects)["ports"]} == {"health"}
 
 
+def test_the_warm_pool_is_off_by_default_and_sized_by_a_value(helm: Path) -> None:
+    env = _env(_render(helm))
+    assert env["SANDBOX_OPERATOR_WARM_POOL_SIZE"] == "0"
+    assert env["SANDBOX_OPERATOR_WARM_POOL_NAMESPACES"] == ""
+    assert env["SANDBOX_OPERATOR_WARM_POOL_SOURCE_CLAIMS"] == ""
+    on = _env(
+        _render(
+            helm,
+            "workspace.warmPool.size=3",
+            "workspace.warmPool.namespaces={team-a,team-b}",
+            "workspace.warmPool.sourceClaims={shared-repo}",
+        )
+    )
+    assert on["SANDBOX_OPERATOR_WARM_POOL_SIZE"] == "3"
+    assert on["SANDBOX_OPERATOR_WARM_POOL_NAMESPACES"] == "team-a,team-b"
+    assert on["SANDBOX_OPERATOR_WARM_POOL_SOURCE_CLAIMS"] == "shared-repo"
+    refused = _run_helm(
+        helm, "template", "rel", str(CHART_DIR), "--set", "workspace.warmPool.size=-1"
+    )
+    assert refused.returncode != 0 and "/workspace/warmPool/size" in refused.stderr
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

@@ -10,6 +10,15 @@ kubelet brings the new one to the Pod up to about a minute later (``sandbox_core
 one HTTP round trip per operation, idempotent by request id
 (:mod:`~sandbox_operator.executors.remote`). There is no exec path.
 
+With a warm pool (``settings.warm_pool_size``, :mod:`~sandbox_operator.executors.warm_pool`),
+:meth:`PodExecutor.ensure_children` first claims a Ready free pool Pod of the Sandbox's shape
+(and ReadWriteMany source claim) and hands its agent the Sandbox's token
+(:meth:`PodExecutor.hand_over`); a Secret source, a ReadWriteOnce claim, a privileged overlay,
+a Sandbox that already has a scratch claim or Pod, or an empty pool make a Pod of its own. A
+claimed Pod is found by its ``sandbox-uid`` label and controller, not by the hashed name; its
+changes live on its emptyDir, so it is never suspended (:meth:`PodExecutor.suspend`), and a
+Sandbox whose pool Pod is gone says so instead of starting empty.
+
 Every child (token Secret, NetworkPolicy, scratch claim, Pod) is adopted by the Sandbox with
 ``kopf.adopt`` (ownerReferences, :func:`~sandbox_operator.kube.api.adopt`) and created only
 when absent. Names are hashed (``sandbox_api.naming``), and names are not identities: an
@@ -34,7 +43,7 @@ from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_objec
 from sandbox_core import SandboxError, SandboxForkError, SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
 from sandbox_core.plan.validation import Check, CheckOutcome
-from sandbox_operator.errors import ChildNameTaken
+from sandbox_operator.errors import ChildNameTaken, ExecutorError, PoolPodLost
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
@@ -58,15 +67,19 @@ from sandbox_operator.executors.placement import (
     unschedulable_reason,
 )
 from sandbox_operator.executors.pod_manifests import (
+    SANDBOX_UID_LABEL,
+    allowed_root,
     build_network_policy,
     build_scratch_pvc,
     build_token_secret,
     build_workspace_pod,
     child_name,
+    overlay_privileged,
     pod_is_ready,
     scratch_size,
 )
 from sandbox_operator.executors.remote import RemoteSandbox, create_body, state_key
+from sandbox_operator.executors.warm_pool import POOLED_LABEL, WarmPool
 from sandbox_operator.kube.api import Api, adopt
 from sandbox_operator.kube.ownership import (
     create,
@@ -89,6 +102,8 @@ CHILD_SUFFIXES = {
 }
 # A Secret whose metadata the operator may not read (PodExecutor._read_metadata).
 UNREADABLE: dict[str, Any] = {}
+# On a Sandbox: the warm-pool Pod that holds its state (written once, after the claim).
+POOL_POD_ANNOTATION = "sandbox.cleveragents.io/warm-pool-pod"
 
 
 class PodExecutor:
@@ -108,6 +123,9 @@ class PodExecutor:
         # Sandbox uid -> the renewal window whose token this process wrote into its Secret.
         self._written: dict[str, int] = {}
         self._pods: dict[str, str] = {}
+        self.pool = WarmPool(
+            settings, api, self.keys, start_grace_seconds=settings.warm_pool_start_grace_seconds
+        )
 
     # -- children -----------------------------------------------------------------------------
 
@@ -298,6 +316,12 @@ class PodExecutor:
         serial = self._serial()
         if serial is None or self._written.get(target.uid) == serial:
             return
+        pooled = self.pooled_pod(target)  # once per window and Sandbox
+        if pooled is not None:  # it mounts no token Secret: the new token is handed over
+            self.hand_over(target, pooled, renewal=True)
+            self._written[target.uid] = serial
+            logger.info("sandbox %s/%s: agent token renewed", target.namespace, target.name)
+            return
         token = base64.b64encode(self.token(target).encode("ascii")).decode("ascii")
         # A JSON patch whose first operation tests that the Sandbox controls the Secret: the
         # operator may not read Secrets, so the ownership check rides on the write itself, and
@@ -355,6 +379,20 @@ class PodExecutor:
         self.renew_token(target)  # a Secret made in an earlier window holds an older token
         if self.settings.network_policy:
             self._ensure(build_network_policy(target, self.settings), owner, target)
+        lost = ((owner.get("metadata") or {}).get("annotations") or {}).get(POOL_POD_ANNOTATION)
+        # One Pod list more per provision only where a pool Pod may be the Sandbox's.
+        pooled = self.pooled_pod(target) if lost or self.settings.warm_pool_size > 0 else None
+        if pooled is not None:  # claimed before: hand over again (idempotent) and use it
+            return self._use_pooled(target, owner, pooled)
+        if lost:
+            raise PoolPodLost(
+                f"the warm-pool Pod {lost} that held Sandbox {target.namespace}/{target.name}'s "
+                "changes (on its emptyDir) is gone; they are lost and the sandbox is not made "
+                "again empty"
+            )
+        claimed = self._claim_from_pool(target, owner)
+        if claimed is not None:
+            return self._use_pooled(target, owner, claimed)
         pvc = build_scratch_pvc(target, size, scratch.storage_class_name if scratch else None)
         claim = self._ensure(pvc, owner, target)
         name = self.owned_child("Pod", target)
@@ -365,6 +403,111 @@ class PodExecutor:
             name = self._ensure(pod, owner, target)
         self._pods[target.uid] = name
         return name
+
+    # -- the warm pool --------------------------------------------------------------------------
+
+    def pool_key(self, target: SandboxTarget) -> tuple[dict[str, Any], str] | None:
+        """``(workspace, source claim)`` of the pool ``target`` may take a Pod from; None when
+        it needs a Pod of its own: the pool is off, a Secret (DSN) source (the operator cannot
+        hand a Secret's value over), a claim that is not ReadWriteMany (its Pod goes where the
+        claim attaches), a privileged overlay (pool Pods are restricted).
+
+        Raises:
+            ApiException: reading the source claim failed (other than 404)."""
+        if self.settings.warm_pool_size <= 0 or overlay_privileged(target, self.settings):
+            return None
+        pvc = target.source.persistent_volume_claim
+        if pvc is None:
+            return None  # a Secret source: its DSN reaches only a Pod made with secretKeyRef
+        placement = self.placement(target)
+        if placement is None or placement.together:  # unknown modes count as ReadWriteOnce
+            return None
+        workspace = target.workspace.model_dump(by_alias=True, exclude_none=True)
+        return workspace, pvc.claim_name
+
+    def pooled_pod(self, target: SandboxTarget) -> dict[str, Any] | None:
+        """The warm-pool Pod ``target`` claimed (label ``sandbox-uid``, controlled by it, label
+        ``pooled``); None when it has none."""
+        listed = self.api.core.list_namespaced_pod(
+            target.namespace, label_selector=f"{SANDBOX_UID_LABEL}={target.uid},{POOLED_LABEL}"
+        )
+        for item in listed.items:
+            pod = cast(dict[str, Any], self.api.api_client.sanitize_for_serialization(item))  # type: ignore[no-untyped-call]
+            metadata = pod.get("metadata") or {}
+            if self._ours(metadata, target) and not metadata.get("deletionTimestamp"):
+                return pod
+        return None
+
+    def _claim_from_pool(
+        self, target: SandboxTarget, owner: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """A Ready pool Pod claimed for ``target``; None when it needs a Pod of its own (no
+        pool key, a scratch claim or Pod of its own already: its state lives there)."""
+        key = self.pool_key(target)
+        if key is None:
+            return None
+        if self.owned_child("PersistentVolumeClaim", target) or self.owned_child("Pod", target):
+            return None
+        workspace, claim = key
+        return self.pool.claim(target.namespace, owner, target.plan_id, workspace, claim)
+
+    def _use_pooled(self, target: SandboxTarget, owner: dict[str, Any], pod: dict[str, Any]) -> str:
+        """Hand ``pod`` its Sandbox, record it on the Sandbox (its state lives there), and
+        return its name."""
+        name = str(pod["metadata"]["name"])
+        self._pods[target.uid] = name
+        self.hand_over(target, pod)
+        annotations = (owner.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(POOL_POD_ANNOTATION) != name:
+            self.api.custom.patch_namespaced_custom_object(
+                *_sandbox_path(owner), {"metadata": {"annotations": {POOL_POD_ANNOTATION: name}}}
+            )
+        return name
+
+    def hand_over(
+        self, target: SandboxTarget, pod: dict[str, Any], *, renewal: bool = False
+    ) -> None:
+        """Give the agent of the claimed pool ``pod`` the Sandbox's current token and allowed
+        root (``wire.HANDOVER``), authenticated with what it may hold: the Sandbox's tokens
+        (handed over before: a renewal), else its pool's bootstrap tokens. A Pod that refuses
+        them all at its first hand-over (its bootstrap Secret was planted, or someone handed it
+        over first) is deleted and never used; at a ``renewal`` it is left as it is.
+
+        Raises:
+            WorkspaceNotReady: the Pod is not Ready (it went away after the claim).
+            AgentUnauthorized: a renewal's tokens were all refused.
+            ExecutorError: every token was refused (the Pod was deleted; retryable: the next
+                attempt takes another Pod) or the agent failed.
+        """
+        name = str(pod["metadata"]["name"])
+        if not pod_is_ready(pod):
+            raise WorkspaceNotReady(f"warm-pool pod {name} is not Ready")
+        address = str(pod["status"]["podIP"])
+        host = f"[{address}]" if ":" in address else address
+        shape = str((pod["metadata"].get("labels") or {}).get(POOLED_LABEL) or "")
+        body = {"token": self.token(target), "allowed_root": allowed_root(target)}
+        offers = self.candidate_tokens(target) + self.pool.bootstrap_tokens(target.namespace, shape)
+        for token in offers:
+            client = AgentClient(
+                f"http://{host}:{self.settings.agent_port}",
+                token,
+                self.settings.exec_timeout_seconds,
+            )
+            try:
+                client.call(wire.HANDOVER.method, wire.HANDOVER.path(), body)
+            except AgentUnauthorized:
+                continue
+            self._accepted[target.uid] = str(body["token"])
+            return
+        if renewal:
+            raise AgentUnauthorized(f"warm-pool pod {name} refused the token renewal")
+        delete_controlled(self.api, "Pod", target.namespace, name, target.uid)
+        self._pods.pop(target.uid, None)
+        raise ExecutorError(
+            f"warm-pool pod {name} refused the hand-over (not the pool's bootstrap token); "
+            "deleted, another Pod is taken",
+            retryable=True,
+        )
 
     def pod_name(self, target: SandboxTarget) -> str:
         """Name of ``target``'s workspace Pod as last found controlled by it (else the current
@@ -383,7 +526,11 @@ class PodExecutor:
             ChildNameTaken: the Pod's name is held by a Pod the Sandbox does not control.
         """
         taken = ""
-        for name in child_object_names(target.name, CHILD_SUFFIXES["Pod"]):
+        names = list(child_object_names(target.name, CHILD_SUFFIXES["Pod"]))
+        known = self._pods.get(target.uid)
+        if known and known not in names:  # a warm-pool Pod found before: read it first
+            names.insert(0, known)
+        for name in names:
             try:
                 found = self.api.core.read_namespaced_pod(name, target.namespace)
             except ApiException as exc:
@@ -402,6 +549,15 @@ class PodExecutor:
                 phase = (pod.get("status") or {}).get("phase") or "Unknown"
                 raise WorkspaceNotReady(f"workspace pod {name} is {phase}, not Ready yet")
             return str(pod["status"]["podIP"])
+        pooled = self.pooled_pod(target)  # only when no Pod has the Sandbox's names
+        if pooled is not None:
+            self._pods[target.uid] = str(pooled["metadata"]["name"])
+            if pod_is_ready(pooled):
+                return str(pooled["status"]["podIP"])
+            phase = (pooled.get("status") or {}).get("phase") or "Unknown"
+            raise WorkspaceNotReady(
+                f"warm-pool pod {pooled['metadata']['name']} is {phase}, not Ready"
+            )
         if taken:
             raise ChildNameTaken(
                 f"name taken by another object: {taken}; it is not Sandbox "
@@ -592,6 +748,11 @@ class PodExecutor:
         it is owned by the Sandbox and garbage-collected with it, so the operator needs no right
         to delete Secrets; a NetworkPolicy it may not delete (403) is left to garbage collection
         the same way."""
+        pooled = self.pooled_pod(target)
+        if pooled is not None:
+            delete_controlled(
+                self.api, "Pod", target.namespace, str(pooled["metadata"]["name"]), target.uid
+            )
         kinds = ["Pod"] if pod_only else ["Pod", "PersistentVolumeClaim", "NetworkPolicy"]
         for kind in kinds:
             for name in child_object_names(target.name, CHILD_SUFFIXES[kind]):
@@ -651,10 +812,30 @@ class PodExecutor:
     # -- suspend -------------------------------------------------------------------------------
 
     def suspend(self, target: SandboxTarget) -> None:
-        """Delete the workspace Pod only; the scratch claim keeps every change and the state."""
+        """Delete the workspace Pod only; the scratch claim keeps every change and the state.
+
+        Raises:
+            SandboxStateError: the Sandbox runs on a warm-pool Pod, whose changes live on an
+                emptyDir that deleting the Pod would lose; nothing is deleted.
+        """
+        pooled = self.pooled_pod(target)
+        if pooled is not None:
+            raise SandboxStateError(
+                f"Sandbox {target.name} runs on warm-pool pod {pooled['metadata']['name']}, "
+                "whose changes live on the Pod's emptyDir: suspending would lose them, so it "
+                "is not suspended (commit or roll back first; or turn the warm pool off for "
+                "Sandboxes that must suspend)"
+            )
         self._delete_children(target, pod_only=True)
 
     def resume(self, target: SandboxTarget) -> None:
         """Make the Pod again (the agent re-opens the sandbox from the scratch claim)."""
         owner = self.api.get("sandboxes", target.namespace, target.name)
         self.ensure_children(target, owner)
+
+
+def _sandbox_path(owner: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """``(group, version, namespace, plural, name)`` of the Sandbox ``owner``."""
+    group, _, version = str(owner.get("apiVersion") or "").partition("/")
+    metadata = owner.get("metadata") or {}
+    return group, version, str(metadata.get("namespace")), "sandboxes", str(metadata.get("name"))

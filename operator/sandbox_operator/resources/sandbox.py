@@ -244,7 +244,8 @@ class SandboxLogic:
         conditions = (body.get("status") or {}).get("conditions")
         generation = body["metadata"].get("generation")
         patch.setdefault("status", {}).update(failure_status(exc, conditions, generation))
-        if not failure.retryable and action == "provision":
+        # A lost warm-pool Pod took the Sandbox's changes with it: Errored, whatever found it.
+        if not failure.retryable and (action == "provision" or failure.reason == "PoolPodLost"):
             patch["status"]["phase"] = SandboxPhase.ERRORED.value
             patch["status"]["conditions"] = set_finished(
                 patch["status"]["conditions"],

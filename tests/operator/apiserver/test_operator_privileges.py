@@ -40,7 +40,12 @@ from sandbox_operator.executors.pod_manifests import (
     build_workspace_pod,
     child_name,
 )
-from sandbox_operator.executors.warm_pool import POOL_LABEL, build_pool_pod
+from sandbox_operator.executors.warm_pool import (
+    POOL_LABEL,
+    bootstrap_secret,
+    build_pool_pod,
+    shape_of,
+)
 from sandbox_operator.kube.api import adopt
 from sandbox_operator.settings import Settings
 
@@ -419,9 +424,10 @@ def test_the_localhost_profile_the_chart_names_is_admitted_and_no_other(jailed: 
     assert pod["spec"]["securityContext"]["seccompProfile"]["localhostProfile"] == PROFILE
     assert jailed.dry_run(pod) == ""
     assert jailed.dry_run(_workspace_pod(namespace)) == ""  # RuntimeDefault stays admitted
-    pool = build_pool_pod(
-        namespace, Settings(workspace_image=IMAGE, workspace_seccomp_profile=PROFILE)
-    )
+    jailed_settings = Settings(workspace_image=IMAGE, workspace_seccomp_profile=PROFILE)
+    boot = bootstrap_secret(POOL_KEY, namespace, shape_of(jailed_settings))["metadata"]["name"]
+    pool = build_pool_pod(namespace, jailed_settings, bootstrap=boot)
+    pool["metadata"].pop("generateName", None)
     pool["metadata"]["name"] = "sbx-pool-jailed"
     assert jailed.dry_run(pool) == ""
     refused = {
@@ -472,6 +478,15 @@ def test_only_token_secrets_and_the_agent_key_may_be_created(watched: Release) -
     assert watched.dry_run(key) == ""
     key["metadata"]["name"] = "something-else"
     assert "may create only agent-token Secrets" in watched.dry_run(key)
+    # A warm pool's bootstrap-token Secret: its pool's label and name, no owner, key token.
+    boot = bootstrap_secret(POOL_KEY, namespace, "0123456789abcdef")
+    assert watched.dry_run(boot) == ""
+    misnamed = copy.deepcopy(boot)
+    misnamed["metadata"]["name"] = "sbx-pool-fedcba9876543210-x-boot"
+    more = copy.deepcopy(boot)
+    more["stringData"]["ca.crt"] = "x"
+    for refused in (misnamed, more):
+        assert "may create only agent-token Secrets" in watched.dry_run(refused)
 
 
 def _patch_secret(release: Release, namespace: str, name: str, patch: dict[str, Any]) -> str:
@@ -576,9 +591,15 @@ def test_only_what_the_operator_made_may_be_deleted_or_changed(watched: Release)
         server.kubectl("delete", "pod", "--all", "-n", namespace, "--wait=false")
 
 
-def _pool_pod(namespace: str, name: str = "pool-a") -> dict[str, Any]:
+POOL_KEY = b"k" * 64
+
+
+def _pool_pod(namespace: str, name: str = "pool-a", claim: str = "") -> dict[str, Any]:
     """A free warm-pool Pod exactly as the operator builds it (warm_pool), with a name."""
-    pod = build_pool_pod(namespace, Settings(workspace_image=IMAGE), WORKSPACE)
+    settings = Settings(workspace_image=IMAGE)
+    shape = shape_of(settings, WORKSPACE, claim)
+    boot = bootstrap_secret(POOL_KEY, namespace, shape)["metadata"]["name"]
+    pod = build_pool_pod(namespace, settings, WORKSPACE, bootstrap=boot, claim=claim)
     pod["metadata"].pop("generateName")
     pod["metadata"]["name"] = name
     return pod
@@ -587,10 +608,18 @@ def _pool_pod(namespace: str, name: str = "pool-a") -> dict[str, Any]:
 def test_a_free_pool_pod_is_admitted_and_stays_workspace_shaped(watched: Release) -> None:
     namespace = watched.watched[0]
     assert watched.dry_run(_pool_pod(namespace)) == ""
-    claim = _pool_pod(namespace)
+    # A pool of a ReadWriteMany source claim mounts that claim up front.
+    assert watched.dry_run(_pool_pod(namespace, claim="shared-repo")) == ""
+    claim = _pool_pod(namespace, claim="shared-repo")
     claim["spec"]["volumes"].append(
-        {"name": "source", "persistentVolumeClaim": {"claimName": "someone-elses"}}
+        {"name": "other", "persistentVolumeClaim": {"claimName": "someone-elses"}}
     )
+    other_secret = _pool_pod(namespace)
+    other_secret["spec"]["volumes"].append(
+        {"name": "creds", "secret": {"secretName": "db-credentials"}}
+    )
+    other_pool = _pool_pod(namespace)
+    other_pool["spec"]["volumes"][2]["secret"]["secretName"] = "sbx-pool-0000000000000000-x-boot"
     image = _pool_pod(namespace)
     image["spec"]["containers"][0]["image"] = "evil.example/sh:1"
     owned = _pool_pod(namespace)
@@ -599,7 +628,7 @@ def test_a_free_pool_pod_is_admitted_and_stays_workspace_shaped(watched: Release
     ]
     unlabelled = _pool_pod(namespace)
     unlabelled["metadata"]["labels"].pop(POOL_LABEL)
-    for refused in (claim, image, owned, unlabelled):
+    for refused in (claim, other_secret, other_pool, image, owned, unlabelled):
         assert "ValidatingAdmissionPolicy" in watched.dry_run(refused)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes import config as k8s_config
+from sandbox_operator.executors.agent_keys import AgentKeys
 from sandbox_operator.executors.warm_pool import POOL_LABEL, WarmPool, shape_of
 from sandbox_operator.kube.api import Api
 from sandbox_operator.settings import Settings
@@ -25,6 +26,7 @@ from tests.support.operator import Cluster, db_sandbox, wait_for
 pytestmark = pytest.mark.slow
 
 SHAPE = {"resources": {"requests": {"cpu": "10m"}}}
+KEYS = AgentKeys(b"k" * 64)
 
 
 @pytest.fixture
@@ -33,7 +35,7 @@ def pool(cluster: Cluster) -> WarmPool:
         config_file=str(cluster.server.kubeconfig_path)
     )
     settings = Settings(workspace_image="example.test/workspace:1")
-    return WarmPool(settings, Api(api_client), start_grace_seconds=60)
+    return WarmPool(settings, Api(api_client), lambda: KEYS, start_grace_seconds=60)
 
 
 def _report(cluster: Cluster, pod: str, phase: str, ready: bool) -> None:
@@ -83,6 +85,7 @@ def test_the_pool_fills_claims_once_refills_and_never_reuses(
     assert {v["name"]: sorted(v) for v in spec["volumes"]} == {
         "tmp": ["emptyDir", "name"],
         "scratch": ["emptyDir", "name"],
+        "bootstrap": ["name", "secret"],
     }
     assert spec["containers"][0]["resources"] == SHAPE["resources"]
     assert pods[0]["metadata"]["labels"][POOL_LABEL] == shape
@@ -93,7 +96,9 @@ def test_the_pool_fills_claims_once_refills_and_never_reuses(
     for name in first.created:
         _report(cluster, name, "Running", ready=True)
     assert pool.claim(namespace, owner, "plan-w", {"resources": {}}) is None
-    claimed = pool.claim(namespace, owner, "plan-w", SHAPE)
+    claimed_pod = pool.claim(namespace, owner, "plan-w", SHAPE)
+    assert claimed_pod is not None
+    claimed = claimed_pod["metadata"]["name"]
     assert claimed in first.created
     pod = cluster.get("pod", claimed)
     assert pod is not None
@@ -113,7 +118,7 @@ def test_the_pool_fills_claims_once_refills_and_never_reuses(
     # A second Sandbox gets the other Ready Pod, never the claimed one; then nothing is Ready.
     other = _sandbox(cluster, "s-two")
     second = pool.claim(namespace, other, "plan-w", SHAPE)
-    assert second is not None and second != claimed
+    assert second is not None and second["metadata"]["name"] != claimed
     assert pool.claim(namespace, _sandbox(cluster, "s-three"), "plan-w", SHAPE) is None
     again = cluster.get("pod", claimed)
     assert again is not None
@@ -126,7 +131,7 @@ def test_two_sandboxes_racing_for_one_pod_one_wins(cluster: Cluster, pool: WarmP
     _report(cluster, name, "Running", ready=True)
     owners = [_sandbox(cluster, f"s-race-{i}") for i in range(4)]
     barrier = threading.Barrier(len(owners))
-    results: dict[str, str | None] = {}
+    results: dict[str, dict[str, Any] | None] = {}
 
     def claim(owner: dict[str, Any]) -> None:
         barrier.wait()
@@ -139,7 +144,7 @@ def test_two_sandboxes_racing_for_one_pod_one_wins(cluster: Cluster, pool: WarmP
         thread.join(timeout=60)
     winners = [sandbox for sandbox, pod in results.items() if pod is not None]
     assert len(results) == 4 and len(winners) == 1
-    assert results[winners[0]] == name
+    assert (results[winners[0]] or {})["metadata"]["name"] == name
     pod = cluster.get("pod", name)
     assert pod is not None
     (ref,) = pod["metadata"]["ownerReferences"]
@@ -153,12 +158,13 @@ def test_a_stale_listing_claims_nothing(cluster: Cluster, pool: WarmPool) -> Non
     _report(cluster, name, "Running", ready=True)
     listed = pool.free(namespace, shape_of(pool.settings, SHAPE))
     cluster.kubectl("label", "pod", name, "touched=yes")  # a change after the listing
-    stale = WarmPool(pool.settings, pool.api)
+    stale = WarmPool(pool.settings, pool.api, pool.keys)
     stale.free = lambda *_: listed  # type: ignore[method-assign]
     assert stale.claim(namespace, _sandbox(cluster, "s-stale"), "plan-w", SHAPE) is None
     pod = cluster.get("pod", name)
     assert pod is not None and not pod["metadata"].get("ownerReferences")
-    assert pool.claim(namespace, _sandbox(cluster, "s-fresh"), "plan-w", SHAPE) == name
+    fresh = pool.claim(namespace, _sandbox(cluster, "s-fresh"), "plan-w", SHAPE)
+    assert fresh is not None and fresh["metadata"]["name"] == name
 
 
 def test_a_pool_pod_that_went_bad_is_replaced(cluster: Cluster, pool: WarmPool) -> None:

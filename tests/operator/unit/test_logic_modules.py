@@ -493,7 +493,13 @@ def test_pod_cleanup_skips_the_agent_when_the_workspace_pod_is_gone(
         return True
 
     monkeypatch.setattr(pod_module, "delete_controlled", delete_controlled)
-    core = SimpleNamespace(read_namespaced_pod=missing_pod)
+
+    def no_pool_pods(namespace: str, label_selector: str = "") -> SimpleNamespace:
+        selector = "sandbox.cleveragents.io/sandbox-uid=u1,sandbox.cleveragents.io/pooled"
+        assert label_selector == selector
+        return SimpleNamespace(items=[])  # nor a warm-pool Pod claimed by the Sandbox
+
+    core = SimpleNamespace(read_namespaced_pod=missing_pod, list_namespaced_pod=no_pool_pods)
     executor = PodExecutor(Settings.from_env({}), SimpleNamespace(core=core))  # type: ignore[arg-type]
     executor.token = lambda target: "t"  # type: ignore[method-assign]
     target = SimpleNamespace(

@@ -28,7 +28,7 @@ def test_runtime_default_unless_a_localhost_profile_is_set() -> None:
     settings = Settings(workspace_seccomp_profile=PROFILE)
     for spec in (
         build_workspace_pod(pod_target(), settings, None)["spec"],
-        build_pool_pod("ns", settings)["spec"],
+        build_pool_pod("ns", settings, bootstrap="sbx-pool-x-boot")["spec"],
     ):
         assert spec["securityContext"]["seccompProfile"] == {
             "type": "Localhost",
