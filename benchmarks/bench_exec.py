@@ -8,7 +8,10 @@ Two figures, each with its anchor from the same run (docs/benchmarks.md):
 - 100 MiB of output (``head -c``): streamed through the agent as NDJSON and decoded, as binary
   frames read by a plain ``http.client`` reader, and as frames read by the client's own reader
   (``AgentActor.exec_stream`` over ``DirectTransport``), against ``head -c ... | cat >
-  /dev/null``-style reading of a local pipe in this process.
+  /dev/null``-style reading of a local pipe in this process; and, to show where the time goes,
+  the same command in the jail read straight from its pipe (``bwrap`` alone), and through the
+  command runner without the agent (:class:`CommandRunner`: the jail, the git metadata copy,
+  the audit append).
 
 No cluster: the pod proxy and ``kubectl exec`` are not in these figures (tier 3 measures them).
 
@@ -35,9 +38,11 @@ sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "operator")]
 from sandbox_client.actor import AgentActor  # noqa: E402
 from sandbox_client.agent_files import DirectTransport  # noqa: E402
 from sandbox_core.actor.exec import CommandRunner, ExecRequest  # noqa: E402
+from sandbox_core.actor.jail import BASE_ENV, Jail  # noqa: E402
 from sandbox_core.agent import wire  # noqa: E402
 from sandbox_core.host.host import SandboxHost  # noqa: E402
 from sandbox_core.host.store import SandboxStore  # noqa: E402
+from sandbox_core.strategies.base import BaseSandbox  # noqa: E402
 from tests.support.agent import AgentProcess  # noqa: E402
 from tests.support.client_agent import SANDBOX_ID, sandbox_info  # noqa: E402
 from tests.support.exec_stream import ExecStream  # noqa: E402
@@ -80,13 +85,31 @@ def through_client(agent: AgentProcess, size: int) -> float:
     return seconds
 
 
-def local_pipe(size: int) -> float:
+def local_pipe(size: int, jail_in: Path | None = None) -> float:
+    """Seconds for ``head -c size`` read from its pipe in this process; in a jail built on
+    the directory ``jail_in`` when given (``bwrap`` alone: no agent, no runner)."""
+    argv = ["head", "-c", str(size), "/dev/zero"]
+    if jail_in is not None:
+        argv = Jail().argv(str(jail_in), str(jail_in), argv, dict(BASE_ENV))
     start = time.perf_counter()
-    with subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE) as proc:
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None
-        while proc.stdout.read(1024 * 1024):
-            pass
+        got = 0
+        while data := proc.stdout.read(1024 * 1024):
+            got += len(data)
+    assert got == size, (got, size)
     return time.perf_counter() - start
+
+
+def through_runner(runner: CommandRunner, sandbox: BaseSandbox, size: int) -> float:
+    """Seconds for ``head -c size`` through the command runner (the local executor's path),
+    every chunk counted."""
+    request = ExecRequest(argv=("head", "-c", str(size), "/dev/zero"), max_output_bytes=size)
+    start = time.perf_counter()
+    got = sum(len(chunk.data) for chunk in runner.start(sandbox, request))
+    seconds = time.perf_counter() - start
+    assert got == size, (got, size)
+    return seconds
 
 
 def main() -> int:
@@ -119,7 +142,8 @@ def main() -> int:
                 runner.run(sandbox, ExecRequest(argv=("true",)))
                 jail_true.append(time.perf_counter() - start)
             big = {"argv": ["head", "-c", str(size), "/dev/zero"], "max_output_bytes": size}
-            ndjson, framed, client, pipe = [], [], [], []
+            ndjson, framed, client, pipe, jailed, ran = [], [], [], [], [], []
+            (work / "jail").mkdir()
             for n in range(args.streams):
                 seconds, got = through_agent(agent, big, f"big-{n}")
                 assert got == size, (got, size)
@@ -129,11 +153,13 @@ def main() -> int:
                 framed.append(seconds)
                 client.append(through_client(agent, size))
                 pipe.append(local_pipe(size))
+                jailed.append(local_pipe(size, work / "jail"))
+                ran.append(through_runner(runner, host.reopen(SANDBOX_ID), size))
         finally:
             agent.stop()
     a, loc, j = (statistics.median(x) * 1000 for x in (agent_true, local_true, jail_true))
-    agent_mib, frames_mib, client_mib, pipe_mib = (
-        args.mib / statistics.median(x) for x in (ndjson, framed, client, pipe)
+    agent_mib, frames_mib, client_mib, pipe_mib, jail_mib, runner_mib = (
+        args.mib / statistics.median(x) for x in (ndjson, framed, client, pipe, jailed, ran)
     )
     print(f"| figure (median of {args.calls}; streams: of {args.streams}) | through the agent "
           f"| anchor | ratio |")  # fmt: skip
@@ -141,7 +167,9 @@ def main() -> int:
     print(f"| one `true` | {a:.1f} ms | local subprocess {loc:.2f} ms | {a / loc:.0f}x |")
     print(f"| one `true` | {a:.1f} ms | the jail without the agent {j:.1f} ms | {a / j:.2f}x |")
     for what, mib in (("NDJSON", agent_mib), ("frames", frames_mib),
-                      ("frames, the client's reader", client_mib)):  # fmt: skip
+                      ("frames, the client's reader", client_mib),
+                      ("without the agent: the jail alone", jail_mib),
+                      ("without the agent: the command runner", runner_mib)):  # fmt: skip
         print(f"| {args.mib} MiB of stdout streamed, {what} | {mib:.0f} MiB/s | local pipe "
               f"{pipe_mib:.0f} MiB/s | {mib / pipe_mib:.2f}x |")  # fmt: skip
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

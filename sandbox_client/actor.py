@@ -28,6 +28,7 @@ a command's stream ended without its exit).
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import uuid
 from collections.abc import (
@@ -256,7 +257,10 @@ class ExecStream:
         self.what = what
         self.collect = collect
         self.framed = framed
-        self.buffer = bytearray()
+        self.buffer = bytearray()  # NDJSON: the start of a line not complete yet
+        self.held: collections.deque[memoryview] = collections.deque()  # frames: bytes fed
+        self.held_bytes = 0
+        self.frame: tuple[bytes, int] | None = None  # the tag and size of the frame under way
         self.stdout: list[bytes] = []
         self.stderr: list[bytes] = []
         self.result: ExecResult | None = None
@@ -266,34 +270,19 @@ class ExecStream:
     def feed(self, data: bytes) -> list[ExecChunk]:
         """The events complete in ``data`` (with what was fed before).
 
-        The buffer is a ``bytearray`` consumed from the front once per call, so a megabyte
-        frame arriving in many reads is copied into it once and out of it once (not once per
-        read, as re-joining ``bytes`` would).
+        Frames: the pieces fed are held as they are (views, no copy) and each frame's payload
+        is cut out of them once, with one copy, however many reads it arrived in (a megabyte
+        frame in 64 KiB reads). NDJSON: a ``bytearray`` consumed from the front once per call.
         """
+        if self.framed:
+            return self._frames(data)
         self.buffer += data
         out: list[ExecChunk] = []
         buffer = self.buffer
         view = memoryview(buffer)
         at = 0
         try:
-            while self.framed and len(buffer) - at >= FRAME_HEADER_BYTES:
-                size = int.from_bytes(view[at + 1 : at + FRAME_HEADER_BYTES], "big")
-                end = at + FRAME_HEADER_BYTES + size
-                if len(buffer) < end:
-                    break
-                tag = bytes(view[at : at + 1])
-                payload = bytes(view[at + FRAME_HEADER_BYTES : end])
-                at = end
-                if tag == wire.FRAME_EVENT:
-                    out.append(self._event(payload))
-                elif tag in (wire.FRAME_STDOUT, wire.FRAME_STDERR):
-                    kind: Literal["stdout", "stderr"] = (
-                        "stdout" if tag == wire.FRAME_STDOUT else "stderr"
-                    )
-                    out.append(self._output(kind, payload))
-                else:
-                    raise OperationFailedError("IOError", f"{self.what}: an unknown frame {tag!r}")
-            while not self.framed and (newline := buffer.find(b"\n", at)) >= 0:
+            while (newline := buffer.find(b"\n", at)) >= 0:
                 line = bytes(view[at:newline])
                 at = newline + 1
                 if line.strip():
@@ -302,6 +291,57 @@ class ExecStream:
             view.release()
             del buffer[:at]
         return out
+
+    def _frames(self, data: bytes) -> list[ExecChunk]:
+        if data:
+            self.held.append(memoryview(bytes(data) if not isinstance(data, bytes) else data))
+            self.held_bytes += len(data)
+        out: list[ExecChunk] = []
+        while True:
+            if self.frame is None:
+                if self.held_bytes < FRAME_HEADER_BYTES:
+                    return out
+                header = self._take(FRAME_HEADER_BYTES)
+                self.frame = header[:1], int.from_bytes(header[1:], "big")
+            tag, size = self.frame
+            if self.held_bytes < size:
+                return out
+            payload = self._take(size)
+            self.frame = None
+            if tag == wire.FRAME_EVENT:
+                out.append(self._event(payload))
+            elif tag in (wire.FRAME_STDOUT, wire.FRAME_STDERR):
+                kind: Literal["stdout", "stderr"] = (
+                    "stdout" if tag == wire.FRAME_STDOUT else "stderr"
+                )
+                out.append(self._output(kind, payload))
+            else:
+                raise OperationFailedError("IOError", f"{self.what}: an unknown frame {tag!r}")
+
+    def _take(self, size: int) -> bytes:
+        """The first ``size`` bytes held (``size <= held_bytes``), copied once: a piece fed
+        whole is handed on as it is, a part of one sliced, parts of several joined."""
+        if not size:
+            return b""
+        held = self.held
+        self.held_bytes -= size
+        first = held[0]
+        if len(first) >= size:
+            if len(first) == size:
+                held.popleft()
+                whole = first.obj
+                return whole if isinstance(whole, bytes) and len(whole) == size else first.tobytes()
+            held[0] = first[size:]
+            return first[:size].tobytes()
+        parts: list[memoryview] = []
+        while size:
+            piece = held.popleft()
+            if len(piece) > size:
+                held.appendleft(piece[size:])
+                piece = piece[:size]
+            parts.append(piece)
+            size -= len(piece)
+        return b"".join(parts)
 
     def _event(self, line: bytes) -> ExecChunk:
         try:

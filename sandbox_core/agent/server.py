@@ -50,8 +50,15 @@ from typing import Any
 
 from aiohttp import web
 
-from sandbox_core.actor.exec import CommandRunner, ExecLimitError, ExecRequest, Execution
+from sandbox_core.actor.exec import (
+    CommandRunner,
+    ExecLimitError,
+    ExecRequest,
+    Execution,
+    OutputChunk,
+)
 from sandbox_core.agent import wire
+from sandbox_core.agent.chunked import ChunkedSender
 from sandbox_core.agent.operations import AgentConfig, Operations
 from sandbox_core.agent.tokens import TokenAges
 from sandbox_core.durable import write_json_atomic
@@ -481,13 +488,9 @@ class Agent:
         encode = _encoder(request)
         frames = encode is _frame
 
-        def take() -> tuple[bytes, bytes] | None:
-            """The next chunk as (head, body): a frame's header and the raw bytes, written
-            apart so that a megabyte of output is not copied once more to prefix five bytes."""
-            with lock:
-                chunk = next(chunks, None)
-            if chunk is None:
-                return None
+        def piece(chunk: OutputChunk) -> tuple[bytes, bytes]:
+            """A chunk as (head, body): a frame's header and the raw bytes, kept apart so that
+            a megabyte of output is not copied once more to prefix five bytes."""
             if frames:
                 tag = wire.FRAME_STDOUT if chunk.stream == "stdout" else wire.FRAME_STDERR
                 return tag + len(chunk.data).to_bytes(4, "big"), chunk.data
@@ -495,6 +498,20 @@ class Agent:
             data = base64.b64encode(chunk.data)
             head = b'{"event": "' + chunk.stream.encode() + b'", "data_b64": "'
             return b"", head + data + b'"}\n'
+
+        def take() -> tuple[bytes, bytes] | None:
+            with lock:
+                chunk = next(chunks, None)
+            return None if chunk is None else piece(chunk)
+
+        def pump(sender: ChunkedSender) -> None:
+            """The whole output, read and sent by one worker thread (module chunked)."""
+            try:
+                with lock:
+                    for chunk in chunks:
+                        sender.send(*piece(chunk))
+            finally:
+                sender.close()
 
         def drain() -> None:
             with lock:
@@ -515,11 +532,20 @@ class Agent:
         try:
             response = await self._stream_start(request)
             await response.write(encode({"event": "started", "exec_id": execution.exec_id}))
-            while (piece := await loop.run_in_executor(self.exec_pool, take)) is not None:
-                head, body = piece
-                if head:
-                    await response.write(head)
-                await response.write(body)
+            sender = await _direct_sender(request, response, execution.request.timeout_seconds)
+            if sender is not None:
+                try:
+                    await loop.run_in_executor(self.exec_pool, pump, sender)
+                except OSError:  # gone, or stopped reading: a chunk may be half sent
+                    if request.transport is not None:
+                        request.transport.abort()
+                    raise
+            else:
+                while (taken := await loop.run_in_executor(self.exec_pool, take)) is not None:
+                    head, body = taken
+                    if head:
+                        await response.write(head)
+                    await response.write(body)
             finished = True
         finally:
             watcher.cancel()
@@ -928,6 +954,29 @@ def _frame(payload: Any) -> bytes:
     return wire.FRAME_EVENT + len(data).to_bytes(4, "big") + data
 
 
+async def _direct_sender(
+    request: web.Request, response: web.StreamResponse, timeout_seconds: float
+) -> ChunkedSender | None:
+    """A :class:`ChunkedSender` on the request's connection once everything written so far
+    (headers, the first frame) has left the transport's buffer; None where the body must go
+    through aiohttp: a TLS connection, a reply that is not chunked, a transport without a
+    socket, or one that is closing."""
+    transport = request.transport
+    if transport is None or not response.chunked:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.get_extra_info("ssl_object") is not None:
+        return None
+    while transport.get_write_buffer_size() and not transport.is_closing():
+        await asyncio.sleep(DIRECT_SEND_POLL_SECONDS)
+    if transport.is_closing():
+        return None
+    try:
+        return ChunkedSender(sock.fileno(), timeout_seconds)
+    except OSError:
+        return None
+
+
 def _content_type(request: web.Request) -> str:
     """Frames when the caller accepts them, else NDJSON (wire.py, the actor's door)."""
     accepted = request.headers.get("Accept", "")
@@ -943,6 +992,7 @@ def _encoder(request: web.Request) -> Callable[[Any], bytes]:
 
 
 DISCONNECT_POLL_SECONDS = 0.5  # how often a streaming exec checks that its caller is still there
+DIRECT_SEND_POLL_SECONDS = 0.001  # waiting for the transport's buffer to empty before a stream
 # The last path segment of the routes refused while an actor's command runs in the sandbox.
 _GUARDED = frozenset({"commit", "rollback", "prepare", "apply-prepared"})
 

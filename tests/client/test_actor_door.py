@@ -352,3 +352,36 @@ def test_the_exec_reply_is_read_in_both_encodings_whatever_the_chunk_boundaries(
     with pytest.raises(OperationFailedError) as stream_cut:
         cut.end()
     assert stream_cut.value.reason == "StreamCut"
+
+
+def test_frames_of_every_size_are_cut_byte_exact_from_reads_of_every_size() -> None:
+    import json
+    import random
+
+    from sandbox_client.actor import ExecStream
+
+    def frame(tag: bytes, payload: bytes) -> bytes:
+        return tag + len(payload).to_bytes(4, "big") + payload
+
+    rng = random.Random(7)
+    sizes = [0, 1, 4, 5, 6, 4095, 65536, 1 << 20, 3, 0, 200_000]
+    outputs = [(b"o" if n % 3 else b"e", rng.randbytes(size)) for n, size in enumerate(sizes)]
+    exit_event = {"event": "exit", "exec_id": "e1", "exit_code": 0, "stdout_bytes": 1}
+    data = (
+        frame(b"j", json.dumps({"event": "started", "exec_id": "e1"}).encode())
+        + b"".join(frame(tag, payload) for tag, payload in outputs)
+        + frame(b"j", json.dumps(exit_event).encode())
+    )
+    want_out = b"".join(payload for tag, payload in outputs if tag == b"o")
+    want_err = b"".join(payload for tag, payload in outputs if tag == b"e")
+    # reads as a socket gives them: a whole frame, a header split, many frames in one read
+    for cuts in ([], [5], [3, 7, 11], sorted(rng.sample(range(1, len(data)), 300))):
+        reader = ExecStream("exec", collect=True, framed=True)
+        chunks = []
+        for start, end in zip([0, *cuts], [*cuts, len(data)], strict=True):
+            chunks += reader.feed(data[start:end])
+        result = reader.end()
+        got = [(c.kind, c.data) for c in chunks if c.kind in ("stdout", "stderr")]
+        assert got == [("stdout" if t == b"o" else "stderr", p) for t, p in outputs], cuts
+        assert (result.stdout, result.stderr) == (want_out, want_err)
+        assert all(type(c.data) is bytes for c in chunks if c.data is not None)

@@ -2,13 +2,15 @@
 and 4): the output streamed as NDJSON while the command runs, the exit code last, a retried
 request id never running a command twice, signals and cancel by the caller going away, the
 limit per sandbox (429), commits refused while a command runs, the audit log and its bounded
-view in the review, and the jail seeing nothing of the agent (its token file, its state, its
-environment's DSN)."""
+view in the review, the jail seeing nothing of the agent (its token file, its state, its
+environment's DSN), megabytes of output byte-exact in both encodings with the connection fit for
+its next request, and a caller who stops reading endless output and leaves."""
 
 from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,3 +240,58 @@ def test_binary_frames_carry_the_same_events_without_base64(
     assert (out, err) == (b"a\x00b", b"err")
     last = json.loads(frames[-1][1])
     assert frames[-1][0] == wire.FRAME_EVENT and last["event"] == "exit" and last["exit_code"] == 2
+
+
+def test_megabytes_of_output_arrive_byte_exact_in_both_encodings_on_a_reused_connection(
+    agent: AgentProcess, repo: Path
+) -> None:
+    size = 5 * 1024 * 1024 + 7  # several chunks of the command runner, and an odd tail
+    line = f"seq 1 10000000 | head -c {size}; printf tail >&2"
+    want = subprocess.run(
+        ["sh", "-c", f"seq 1 10000000 | head -c {size}"], capture_output=True, check=True
+    ).stdout
+    for frames in (True, False):
+        stream = ExecStream(
+            agent.url, token(agent), SANDBOX_ID, {"shell": line, "max_output_bytes": size},
+            f"exec-big-{frames}", frames=frames,
+        )  # fmt: skip
+        if frames:
+            pieces = list(stream.frames())
+            out = b"".join(data for tag, data in pieces if tag == wire.FRAME_STDOUT)
+            err = b"".join(data for tag, data in pieces if tag == wire.FRAME_STDERR)
+            last = json.loads(pieces[-1][1])
+        else:
+            events = list(stream.events())
+            out, err, last = output(events), output(events, "stderr"), events[-1]
+        assert (len(out), out == want, err) == (size, True, b"tail")
+        assert (last["event"], last["exit_code"], last["stdout_bytes"]) == ("exit", 0, size)
+        # the reply ended on a chunk boundary: the same connection carries the next request
+        bearer = {"Authorization": f"Bearer {token(agent)}"}
+        stream.connection.request("GET", wire.AUDIT.path(sid=SANDBOX_ID), headers=bearer)
+        again = stream.connection.getresponse()
+        assert again.status == 200 and json.loads(again.read())["total"] >= 1
+        stream.close()
+
+
+def test_a_caller_who_stops_reading_endless_output_and_leaves_cancels_the_command(
+    agent: AgentProcess, repo: Path
+) -> None:
+    stream = ExecStream(
+        agent.url, token(agent), SANDBOX_ID, {"argv": ["yes", "0123456789"]}, "exec-endless",
+        frames=True,
+    )  # fmt: skip
+    frames = stream.frames()
+    assert next(frames)[0] == wire.FRAME_EVENT
+    assert next(frames)[0] == wire.FRAME_STDOUT
+    time.sleep(1)  # the agent fills the connection's buffers and waits for room
+    stream.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        audit = agent.client().call("GET", wire.AUDIT.path(sid=SANDBOX_ID))
+        if audit["total"] == 1:
+            break
+        time.sleep(0.2)
+    entry = audit["entries"][-1]
+    assert (entry["cancelled"], entry["exit_code"]) == (True, 128 + 9)
+    _, events = run(agent, {"argv": ["echo", "after"]}, "exec-after")
+    assert output(events) == b"after\n" and events[-1]["exit_code"] == 0
