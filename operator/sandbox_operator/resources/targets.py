@@ -337,6 +337,8 @@ def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
     return ForkRef(
         parent_sandbox_id=sandbox_id_for_uid(str(parent["metadata"]["uid"])),
         checkpoint_id=checkpoint_id,
+        parent_name=wanted.sandbox,
+        parent_uid=str(parent["metadata"]["uid"]),
     )
 
 
