@@ -18,19 +18,20 @@ which both Pods mount.
 
 :func:`unpack` trusts nothing in the stream: every member must lie under ``snapshot/`` or be
 one of the two files; absolute names, ``..``, links leading out of the tree (symlinks and hard
-links, also through a symlink extracted before), devices, FIFOs and sparse members are refused
-(``tarfile.data_filter`` plus the checks here), as are members beneath a symlink of the
-bundle; ownership is never applied and setuid, setgid
-and sticky bits are dropped; the members' sizes together may not exceed the bound. A refused
-bundle leaves nothing behind. Kernel-mode overlay checkpoints are refused by :func:`pack`:
-their upper layer holds whiteouts (character devices) and overlay xattrs that no unprivileged
-unpack may make.
+links), devices, FIFOs and sparse members are refused, and so are members beneath a symlink of
+the bundle; every member is made by hand (no ``tarfile`` extraction, never following a
+symlink), no owner is applied and setuid, setgid and sticky bits are dropped; the members'
+sizes together may not exceed the bound. A refused bundle leaves nothing behind. Kernel-mode
+overlay checkpoints are refused by :func:`pack`: their upper layer holds whiteouts (character
+devices) and overlay xattrs that no unprivileged unpack may make.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import posixpath
 import re
 import shutil
 import tarfile
@@ -56,6 +57,7 @@ DEFAULT_MAX_BYTES = 8 * 1024 * 1024 * 1024
 no smaller bound."""
 CHECKPOINT_ID_PATTERN = re.compile(r"^[0-9A-Za-z]{1,64}$")
 _INFO, _SNAPSHOT, _BASELINE = "fork.json", "snapshot", "baseline"
+_COPY_CHUNK = 1024 * 1024
 # the overlay snapshot's own description (strategies.overlay)
 _OVERLAY_INFO = "overlay-checkpoint.json"
 
@@ -167,16 +169,9 @@ def _unpack_into(bundle: Path, root: Path, max_bytes: int) -> dict[str, Any]:
             raise SandboxForkError(f"the checkpoint bundle is not a tar: {exc}") from None
         total = 0
         links: set[str] = set()
+        files: set[str] = set()
         for member in members:
-            _admit(member)
-            parts = member.name.split("/")
-            if any("/".join(parts[:end]) in links for end in range(1, len(parts))):
-                raise SandboxForkError(
-                    f"the checkpoint bundle is refused: member {member.name!r} lies beneath a "
-                    "symlink of the bundle"
-                )
-            if member.issym():
-                links.add(member.name)
+            _admit(member, links, files)
             total += member.size
             if total > max_bytes:
                 raise SandboxForkError(
@@ -184,12 +179,17 @@ def _unpack_into(bundle: Path, root: Path, max_bytes: int) -> dict[str, Any]:
                     "carries between workspace Pods"
                 )
         try:
-            # every member admitted above and checked again by the filter (module docstring)
-            tar.extractall(root, members=members, filter=_keep_modes)  # noqa: S202
-        except tarfile.FilterError as exc:
-            raise SandboxForkError(f"the checkpoint bundle is refused: {exc}") from None
+            directories = [_extract(tar, member, root) for member in members]
         except tarfile.TarError as exc:
             raise SandboxForkError(f"the checkpoint bundle is damaged: {exc}") from None
+        except OSError as exc:  # a path that is not what the bundle says: a file, not a dir
+            raise SandboxForkError(
+                f"the checkpoint bundle cannot be unpacked: {exc.strerror}"
+            ) from None
+    for member in reversed([m for m in directories if m is not None]):
+        path = root / member.name  # modes and times of directories last: writes are done
+        path.chmod(member.mode & 0o777)
+        os.utime(path, (member.mtime, member.mtime))
     info = root / _INFO
     if info.is_symlink() or not info.is_file():
         raise SandboxForkError(f"the checkpoint bundle has no {_INFO}")
@@ -208,33 +208,70 @@ def _unpack_into(bundle: Path, root: Path, max_bytes: int) -> dict[str, Any]:
     return {**facts, "files": len(members), "bytes": total}
 
 
-def _admit(member: tarfile.TarInfo) -> None:
-    """Refuse a member outside the bundle's layout, or of a kind no bundle holds."""
+def _refused(member: tarfile.TarInfo, why: str) -> SandboxForkError:
+    return SandboxForkError(f"the checkpoint bundle is refused: member {member.name!r} {why}")
+
+
+def _admit(member: tarfile.TarInfo, links: set[str], files: set[str]) -> None:
+    """Refuse a member outside the bundle's layout, of a kind no bundle holds, beneath a
+    symlink of the bundle, or a link leading out of the tree. ``links`` and ``files`` collect
+    the symlinks and regular files admitted so far (in order: a hard link names an earlier
+    file)."""
     name = member.name
     parts = name.split("/")
-    where = f"member {name!r}"
     if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
-        raise SandboxForkError(f"the checkpoint bundle is refused: {where} is not a plain path")
+        raise _refused(member, "is not a plain path")
     if parts[0] not in (_INFO, _SNAPSHOT, _BASELINE) or (
         parts[0] != _SNAPSHOT and (len(parts) > 1 or not member.isreg())
     ):
-        raise SandboxForkError(f"the checkpoint bundle is refused: {where} is not of a bundle")
+        raise _refused(member, "is not of a bundle")
     if member.issparse() or not (
         member.isreg() or member.isdir() or member.issym() or member.islnk()
     ):
-        raise SandboxForkError(
-            f"the checkpoint bundle is refused: {where} is a device, FIFO or sparse file"
-        )
+        raise _refused(member, "is a device, FIFO or sparse file")
+    if any("/".join(parts[:end]) in links for end in range(1, len(parts))):
+        raise _refused(member, "lies beneath a symlink of the bundle")
+    if member.issym():
+        target = member.linkname
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+        if not target or target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+            raise _refused(member, f"is a symlink leading out of the tree ({target!r})")
+        links.add(name)
+    elif member.islnk():
+        if member.linkname not in files:
+            raise _refused(member, "is a hard link to no earlier file of the bundle")
+        files.add(name)
+    elif member.isreg():
+        files.add(name)
 
 
-def _keep_modes(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-    """``tarfile.data_filter`` (refuses traversal, links leading out, devices; applies no
-    owner), with the permission bits of files and directories kept as packed (only setuid,
-    setgid and sticky dropped): a fork's files have their parent's modes."""
-    checked = tarfile.data_filter(member, dest)
-    if member.isreg() or member.isdir():
-        return checked.replace(mode=member.mode & 0o777, deep=False)
-    return checked
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> tarfile.TarInfo | None:
+    """Make one admitted member beneath ``root`` (never following a symlink, never applying
+    an owner, permission bits only); returns a directory's member (its mode and time are set
+    after every write), else None."""
+    path = root / member.name
+    if member.isdir():
+        path.mkdir(parents=True, exist_ok=True)
+        return member
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        if path.is_dir() and not path.is_symlink():
+            raise _refused(member, "replaces a directory")
+        path.unlink()
+    if member.issym():
+        path.symlink_to(member.linkname)
+        os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
+    elif member.islnk():
+        os.link(root / member.linkname, path, follow_symlinks=False)
+    else:
+        source = tar.extractfile(member)
+        assert source is not None  # a regular file
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with source, os.fdopen(os.open(path, flags, 0o600), "wb") as sink:
+            shutil.copyfileobj(source, sink, _COPY_CHUNK)
+        path.chmod(member.mode & 0o777)
+        os.utime(path, (member.mtime, member.mtime))
+    return None
 
 
 def fork_source_of(root: Path) -> ForkSource:

@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_api.models import MANAGED_BY, MANAGED_BY_LABEL
 from sandbox_api.naming import AGENT_SECRET_SUFFIX, AGENT_TOKEN_KEY, child_object_names
-from sandbox_core import SandboxForkError, SandboxStateError, SandboxStatus
+from sandbox_core import SandboxError, SandboxForkError, SandboxStateError, SandboxStatus
 from sandbox_core.agent import wire
 from sandbox_core.plan.validation import Check, CheckOutcome
 from sandbox_operator.errors import ChildNameTaken, ExecutorError
@@ -613,7 +613,8 @@ class PodExecutor:
 
         Raises:
             SandboxError: the agent refused the command (the core's error as the agent
-                reported it, e.g. ``JailUnavailable`` where no jail can be built) or reported
+                reported it, its type first, e.g. ``JailUnavailableError: cannot isolate
+                commands: ...`` where no jail can be built) or reported
                 an error instead of its exit; the check fails with it.
             ExecutorError: the agent could not be reached, or the stream was cut (retryable).
         """
@@ -630,8 +631,8 @@ class PodExecutor:
         def run(client: AgentClient) -> CheckOutcome:
             try:
                 reply = client.stream("POST", path, body, request_id=rid)
-            except AgentRefused as exc:
-                raise wire.core_error(exc.error, exc.detail) from None
+            except AgentRefused as exc:  # refused before it ran: the type says why
+                raise SandboxError(f"{exc.error_type}: {exc.detail}") from None
             with reply:
                 return read_exec_stream(reply, f"check {check.name}")
 

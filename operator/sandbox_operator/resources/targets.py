@@ -233,9 +233,10 @@ def target_from_body(
     """Build the executor's view of one Sandbox object from its spec and uid (module
     docstring: the status is not input, but a verified ``coreRecord``).
 
-    A fork not made yet has its parent checked (:func:`resolve_fork`) unless
-    ``resolve_parent`` is false: deleting a Sandbox must never wait for another object, and
-    its parent may be gone or never have fitted.
+    A fork not made yet (no ``status.coreRecord``) has its parent checked
+    (:func:`resolve_fork`) unless ``resolve_parent`` is false: deleting a Sandbox must never
+    wait for another object, and its parent may be gone or never have fitted. Once made, the
+    parent is never looked at again (its record, even one not trusted here, says it was made).
 
     Raises:
         PermanentError: the spec is invalid for this operator, or a path is refused.
@@ -256,7 +257,8 @@ def target_from_body(
         record, sandbox_id=sandbox_id, spec=spec, original=original, settings=settings
     )
     fork = None
-    if resolve_parent and spec.source.from_checkpoint is not None and record is None:
+    made = bool(status.get("coreRecord"))  # mirrored once made, trusted here or not
+    if resolve_parent and spec.source.from_checkpoint is not None and not made:
         fork = resolve_fork(spec, str(metadata.get("namespace") or "default"), api)
     return SandboxTarget(
         fork=fork,
