@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,7 +395,8 @@ class Operations:
         if found is None:
             raise AgentError(404, "NotFound", f"no checkpoint with id {checkpoint_id}")
         source = self.checkpoints.fork_source(found)
-        out = self.config.state_dir / "exports" / f"{checkpoint_id}.{os.getpid()}.tar"
+        # one file per export: two forks of one checkpoint may stream at the same time
+        out = self.config.state_dir / "exports" / f"{checkpoint_id}.{uuid.uuid4().hex}.tar"
         out.parent.mkdir(parents=True, exist_ok=True)
         bundle.pack(source, out, max_bytes)
         return out
