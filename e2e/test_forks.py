@@ -44,7 +44,7 @@ def test_two_forks_in_workspace_pods_one_committed_the_other_discarded(
         pods.add(info.workspace_pod)
         assert fork.read_file("g.txt") == "tuned\n"
         assert fork.read_file("conf/limits.ini") == "retries = 2\n"
-        assert sorted(fork.list_files()) == ["conf", "g.txt"]
+        assert sorted(fork.list_files()) == ["conf/limits.ini", "g.txt"]
     base.delete(wait=True, timeout=300)  # the forks never need their parent again
     forks[0].write_file("a.txt", "one\n")
     forks[1].write_file("b.txt", "two\n")
