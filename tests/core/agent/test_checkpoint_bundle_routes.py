@@ -125,6 +125,35 @@ def test_a_git_fork_carries_only_the_checkpoint_facts_and_starts_from_its_commit
     assert git(repo, "show", "HEAD:f.txt") == "base"
 
 
+def test_an_overlay_fork_in_fallback_mode_is_carried_with_its_layer(
+    agents: tuple[AgentProcess, AgentProcess], tmp_path: Path
+) -> None:
+    parent_agent, fork_agent = agents
+    original = tmp_path / "layer"
+    original.mkdir()
+    (original / "h.txt").write_text("o0\n")
+    (original / "gone.txt").write_text("to be deleted\n")
+    parent, fork = parent_agent.client(), fork_agent.client()
+    fallback = {"mode": "fallback"}
+    body = {
+        "plan_id": "plan-f", "resource_id": "res", "strategy": "overlay",
+        "original": str(original), "sandbox_id": PARENT_ID, "options": fallback,
+    }  # fmt: skip
+    parent.call("POST", wire.CREATE.template, body, request_id="create-overlay-parent")
+    write(parent, PARENT_ID, "h.txt", "o1\n")
+    parent.call(
+        "POST", wire.FILE_DELETE.path(sid=PARENT_ID), {"path": "gone.txt"}, request_id="del-1"
+    )
+    cid = checkpoint(parent, PARENT_ID)
+    assert carry(parent, fork, cid)["kind"] == "overlay_snapshot"
+    body = {**body, "sandbox_id": FORK_ID, "fork_checkpoint": cid}
+    fork.call("POST", wire.CREATE.template, body, request_id="create-overlay-fork")
+    assert read(fork, FORK_ID, "h.txt") == "o1\n"
+    listing = fork.call("GET", wire.LIST.path(sid=FORK_ID), query={"path": "."})["entries"]
+    assert [entry["name"] for entry in listing] == ["h.txt"]
+    assert (original / "gone.txt").exists()
+
+
 def test_an_export_or_import_past_the_bound_is_refused_and_keeps_nothing(
     agents: tuple[AgentProcess, AgentProcess], tmp_path: Path
 ) -> None:
