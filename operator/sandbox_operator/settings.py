@@ -75,6 +75,8 @@ class Settings(BaseSettings):
         ttl_check_interval_seconds: period of the TTL timer on Sandboxes.
         watch_server_timeout_seconds / watch_client_timeout_seconds: kopf watch timeouts.
         exec_timeout_seconds: limit of one ``sandbox-core`` call in a workspace Pod.
+        fork_max_bytes: the largest checkpoint a fork carries from its parent's workspace Pod
+            to its own (the pod executor; docs/forks.md), in bytes.
         scratch_volume_size: PVC size of the scratch volume for worktree/overlay sandboxes.
         log_format: ``json`` (default) or ``plain``.
         otel_exporter: ``none`` (default: no traces leave the process) or ``otlp`` (OpenTelemetry
@@ -167,6 +169,7 @@ class Settings(BaseSettings):
     watch_server_timeout_seconds: Seconds = 300.0
     watch_client_timeout_seconds: Seconds = 330.0
     exec_timeout_seconds: Seconds = 300.0
+    fork_max_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024 * 1024
     scratch_volume_size: str = "1Gi"
     log_format: Literal["json", "plain"] = "json"
     otel_exporter: Literal["none", "otlp"] = "none"

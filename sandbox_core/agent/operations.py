@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from sandbox_core.actor.door import ActorDoor
 from sandbox_core.actor.files import FileRange
 from sandbox_core.actor.search import DEFAULT_MAX_MATCHES, DEFAULT_MAX_RESULTS
 from sandbox_core.actor.sql import DEFAULT_MAX_ROWS
+from sandbox_core.agent import bundle
 from sandbox_core.agent.wire import (
     ALLOWED_ROOTS_ENV,
     BAD_REQUEST,
@@ -57,9 +59,14 @@ from sandbox_core.agent.wire import (
 )
 from sandbox_core.describe import describe as describe_sandbox
 from sandbox_core.describe import sandbox_diff
-from sandbox_core.errors import SandboxError, SandboxRollbackLockedError, SandboxStateError
+from sandbox_core.errors import (
+    SandboxError,
+    SandboxForkError,
+    SandboxRollbackLockedError,
+    SandboxStateError,
+)
 from sandbox_core.host.checkpoint import CheckpointManager
-from sandbox_core.host.host import SandboxHost
+from sandbox_core.host.host import SandboxHost, is_half_made
 from sandbox_core.host.store import SandboxStore
 from sandbox_core.plan.original_lock import held_by_process, hold_prepared, release_prepared
 from sandbox_core.redaction import is_dsn, same_database, secret_forms, url_scheme
@@ -352,16 +359,83 @@ class Operations:
                 422, "RefusedOriginal", "options.sandbox_root is the agent's own, not the caller's"
             )
         original = self.admit_original(str(body["original"]))
+        sandbox_id = str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None)
+        fork_checkpoint = str(body.get("fork_checkpoint") or "")
+        fork = None
+        made = self.store.find(sandbox_id) if sandbox_id else None
+        if fork_checkpoint and (made is None or is_half_made(made)):
+            fork = bundle.fork_source_of(self._import_dir(fork_checkpoint))
         sandbox = self.host.provision(
             str(body["plan_id"]),
             str(body["resource_id"]),
             original,
             str(body["strategy"]),
-            sandbox_id=str(body.get("sandbox_id") or "") or options.pop("sandbox_id", None),
+            sandbox_id=sandbox_id,
+            fork=fork,
             **options,
         )
         self._live[sandbox.sandbox_id] = sandbox
+        if fork_checkpoint:  # the fork holds its own copy now: the import is not needed again
+            bundle.remove(self._import_dir(fork_checkpoint))
         return self.describe(sandbox)
+
+    # -- forks across workspace Pods (sandbox_core.agent.bundle) -------------------------------
+
+    def _import_dir(self, checkpoint_id: str) -> Path:
+        """Where the bundle of ``checkpoint_id`` is unpacked on this agent's state volume.
+
+        Raises:
+            AgentError: 422 when ``checkpoint_id`` is not a checkpoint id (letters, digits).
+        """
+        if not bundle.CHECKPOINT_ID_PATTERN.match(checkpoint_id):
+            raise AgentError(422, "ValueError", "a checkpoint id is 1-64 letters or digits")
+        return self.config.state_dir / "imports" / checkpoint_id
+
+    def export_checkpoint(self, checkpoint_id: str, max_bytes: int) -> Path:
+        """The bundle of checkpoint ``checkpoint_id`` packed into a new file of the state
+        volume (:func:`bundle.pack`); the caller streams it and removes it.
+
+        Raises:
+            AgentError: 404 when there is no such checkpoint here.
+            SandboxForkError: it cannot be carried (no snapshot, kernel-mode overlay, larger
+                than ``max_bytes``).
+        """
+        self._import_dir(checkpoint_id)  # the id's shape
+        found = self.checkpoints.get_checkpoint(checkpoint_id)
+        if found is None:
+            raise AgentError(404, "NotFound", f"no checkpoint with id {checkpoint_id}")
+        source = self.checkpoints.fork_source(found)
+        # one file per export: two forks of one checkpoint may stream at the same time
+        out = self.config.state_dir / "exports" / f"{checkpoint_id}.{uuid.uuid4().hex}.tar"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        bundle.pack(source, out, max_bytes)
+        return out
+
+    def import_checkpoint(
+        self, checkpoint_id: str, spooled: Path, max_bytes: int
+    ) -> dict[str, Any]:
+        """Unpack the bundle file ``spooled`` (the request's body, written to this agent's
+        state volume) as the import of ``checkpoint_id``, replacing an earlier one; ``spooled``
+        is removed. A bundle of another checkpoint is refused.
+
+        Returns:
+            ``{"checkpoint_id", "kind", "files", "bytes"}``.
+
+        Raises:
+            SandboxForkError: the bundle is refused (:func:`bundle.unpack`); nothing is kept.
+        """
+        dest = self._import_dir(checkpoint_id)
+        try:
+            facts = bundle.unpack(spooled, dest, max_bytes)
+        finally:
+            bundle.remove(spooled)
+        if facts["checkpoint_id"] != checkpoint_id:
+            bundle.remove(dest)
+            raise SandboxForkError(
+                f"the bundle sent as checkpoint {checkpoint_id} is of checkpoint "
+                f"{facts['checkpoint_id']}"
+            )
+        return {key: facts[key] for key in ("checkpoint_id", "kind", "files", "bytes")}
 
     def status(self, sandbox_id: str) -> dict[str, Any]:
         """One sandbox."""

@@ -57,7 +57,7 @@ from sandbox_core.actor.exec import (
     Execution,
     OutputChunk,
 )
-from sandbox_core.agent import wire
+from sandbox_core.agent import bundle, wire
 from sandbox_core.agent.chunked import ChunkedSender
 from sandbox_core.agent.operations import AgentConfig, Operations
 from sandbox_core.agent.tokens import TokenAges
@@ -563,6 +563,69 @@ class Agent:
         await response.write_eof()
         return response
 
+    # -- forks across workspace Pods (sandbox_core.agent.bundle) ----------------------------------
+
+    async def export_checkpoint(self, request: web.Request) -> web.StreamResponse:
+        """``wire.EXPORT``: the checkpoint's bundle, packed on the state volume (in the worker,
+        in order with every other operation), then streamed with its length and removed."""
+        cid = request.match_info["cid"]
+        limit = _max_bytes(request)
+        packed, refusal = await self._open(request, lambda: self.ops.export_checkpoint(cid, limit))
+        if refusal is not None:
+            return refusal
+        loop = asyncio.get_running_loop()
+        try:
+            response = web.StreamResponse()
+            response.content_type = wire.TAR_CONTENT_TYPE
+            response.content_length = packed.stat().st_size
+            await response.prepare(request)
+            with open(packed, "rb") as source:
+                while chunk := await loop.run_in_executor(None, source.read, _CHUNK):
+                    await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            bundle.remove(packed)
+
+    async def import_checkpoint(self, request: web.Request) -> web.StreamResponse:
+        """``wire.IMPORT``: the body (a bundle) written to the state volume as it comes, at
+        most ``max_bytes`` (413 past it, nothing kept), then unpacked in the worker
+        (:meth:`Operations.import_checkpoint`; a changing request, journaled)."""
+        cid = request.match_info["cid"]
+        request_id = request.headers.get(wire.REQUEST_ID_HEADER, "")
+        if not wire.REQUEST_ID_PATTERN.match(request_id):
+            needed = f"{wire.REQUEST_ID_HEADER} needed"
+            return _json(wire.BAD_REQUEST, {"error": {"type": "BadRequest", "message": needed}})
+        limit = _max_bytes(request)
+        spool = (
+            self.config.state_dir
+            / "spool"
+            / f"{hashlib.sha256(request_id.encode()).hexdigest()[:32]}.tar"
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            spool.parent.mkdir(parents=True, exist_ok=True)
+            size = 0
+            with open(spool, "wb") as sink:
+                async for chunk in request.content.iter_chunked(_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        too_large = {
+                            "type": "PayloadTooLarge",
+                            "message": f"the checkpoint bundle is larger than {limit} bytes",
+                        }
+                        return _json(wire.PAYLOAD_TOO_LARGE, {"error": too_large})
+                    await loop.run_in_executor(None, sink.write, chunk)
+            return await self._run(
+                request, lambda: self.ops.import_checkpoint(cid, spool, limit), True
+            )
+        except OSError as exc:
+            free = self.journal.free_bytes()
+            logger.warning("agent: import of checkpoint %s not kept: %s", cid, exc.strerror)
+            return _json(*wire.error_reply(StateVolumeFull(free)))
+        finally:
+            bundle.remove(spool)
+
     def signal_command(self, sandbox_id: str, exec_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``wire.EXEC_SIGNAL``: signal a running command of ``sandbox_id``.
 
@@ -690,6 +753,8 @@ class Agent:
             return handler
 
         handlers: dict[wire.Route, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
+            wire.EXPORT: self.export_checkpoint,
+            wire.IMPORT: self.import_checkpoint,
             wire.HEALTHZ: healthz,
             wire.HANDOVER: handover,
             wire.CREATE: create,
@@ -897,6 +962,28 @@ def _offered(request: web.Request) -> str:
     if header.startswith(wire.BEARER_PREFIX):
         return header[len(wire.BEARER_PREFIX) :].strip()
     return request.headers.get(wire.TOKEN_HEADER, "").strip()
+
+
+_CHUNK = 1024 * 1024  # bytes read and written at a time by the bundle routes
+
+
+def _max_bytes(request: web.Request) -> int:
+    """The bundle routes' ``max_bytes`` query: at most ``bundle.DEFAULT_MAX_BYTES`` (its
+    default).
+
+    Raises:
+        AgentError: 400 when it is not a positive integer.
+    """
+    raw = request.query.get(wire.MAX_BYTES_QUERY)
+    if raw in (None, ""):
+        return bundle.DEFAULT_MAX_BYTES
+    try:
+        value = int(str(raw))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise wire.bad_request(f"{wire.MAX_BYTES_QUERY} must be a positive integer")
+    return min(value, bundle.DEFAULT_MAX_BYTES)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -155,6 +155,18 @@ TARGET_IDENTITY = Route("GET", "/v1/sandboxes/{sid}/target-identity")
 # token again changes nothing); the reply never carries a token.
 HANDOVER = Route("POST", "/v1/handover")
 
+# A fork across workspace Pods (sandbox_core.agent.bundle, docs/forks.md): the parent's agent
+# packs one checkpoint as a tar (TAR_CONTENT_TYPE, with Content-Length; ?max_bytes=N bounds
+# it, else bundle.DEFAULT_MAX_BYTES), the fork's agent unpacks the body of IMPORT (the same
+# bound; 413 PayloadTooLarge past it, 422 SandboxForkError for a member it refuses) into its own
+# scratch volume -> {"checkpoint_id", "kind", "files", "bytes", "import_id"}; CREATE with
+# "fork_checkpoint": CID then starts the new sandbox from it and drops the import.
+EXPORT = Route("GET", "/v1/checkpoints/{cid}/export")
+IMPORT = Route("PUT", "/v1/checkpoints/{cid}/import")
+TAR_CONTENT_TYPE = "application/x-tar"
+MAX_BYTES_QUERY = "max_bytes"
+PAYLOAD_TOO_LARGE = 413
+
 ROUTES: tuple[Route, ...] = (
     HEALTHZ,
     CREATE,
@@ -177,6 +189,8 @@ ROUTES: tuple[Route, ...] = (
     COMMIT_LANDED,
     TARGET_IDENTITY,
     HANDOVER,
+    EXPORT,
+    IMPORT,
 )
 
 # -- the actor's door: commands and the audit log (docs/actor.md) -------------------------------
@@ -322,7 +336,7 @@ _OBJECT, _LIST = (dict,), (list,)
 BODY_FIELDS: dict[Route, dict[str, tuple[type, ...]]] = {
     CREATE: {
         "plan_id": _TEXT, "resource_id": _TEXT, "original": _TEXT, "strategy": _TEXT,
-        "sandbox_id": _TEXT, "options": _OBJECT,
+        "sandbox_id": _TEXT, "options": _OBJECT, "fork_checkpoint": _TEXT,
     },
     COMMIT: {"message": _TEXT},
     HANDOVER: {"token": _TEXT, "allowed_root": _TEXT},

@@ -36,6 +36,8 @@ class Kubelet:
         dsn: str,
         pod: str = POD,
         secret: str = SECRET,
+        ip: str = "127.0.0.1",
+        source: Path | None = None,
     ) -> None:
         self.cluster = namespace
         self.work = work
@@ -43,12 +45,15 @@ class Kubelet:
         self.dsn = dsn
         self.pod = pod
         self.secret = secret
+        self.ip = ip  # the Pod's IP: one loopback address per Pod, all on the agent's one port
+        self.source = source  # mounted at the Pod's source mount, as the source claim would be
         self.agent: subprocess.Popen[bytes] | None = None
 
     def start_container(self) -> None:
         """Run the Pod's command with the Pod's token file and environment."""
         secret = self.cluster.get("secret", self.secret)
         assert secret is not None
+        self.work.mkdir(parents=True, exist_ok=True)
         token_file = self.work / "token"
         token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
         pod = self.cluster.get("pod", self.pod)
@@ -60,14 +65,34 @@ class Kubelet:
         with open(self.work / "agent.log", "ab") as log:
             self.agent = subprocess.Popen(
                 [
+                    *self._mounts(),
                     sys.executable, "-m", "sandbox_core.cli",
                     "--state-dir", str(scratch / "state"),
                     "--sandbox-root", str(scratch / "sandboxes"),
-                    "serve-workspace", "--host", "127.0.0.1", "--port", str(self.port),
+                    "serve-workspace", "--host", self.ip, "--port", str(self.port),
                     "--token-file", str(token_file),
                 ],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
+
+    def _mounts(self) -> list[str]:
+        """With a ``source``: bwrap with this machine's root as it is, plus ``source`` at the
+        Pod's source mount (``/workspace/source``, which does not exist here), in a mount
+        namespace of the agent's own; nothing else changes for it."""
+        if self.source is None:
+            return []
+        from sandbox_operator.executors.pod_manifests import SOURCE_MOUNT
+
+        argv = ["bwrap"]
+        for entry in sorted(Path("/").iterdir()):
+            if entry.name == "dev" or str(entry) == str(Path(SOURCE_MOUNT).parent):
+                continue
+            if entry.is_symlink():
+                argv += ["--symlink", os.readlink(entry), str(entry)]
+            else:
+                argv += ["--dev-bind", str(entry), str(entry)]
+        argv += ["--dev-bind", "/dev", "/dev"]
+        return [*argv, "--bind", str(self.source), SOURCE_MOUNT, "--"]
 
     def sync_token(self) -> bytes:
         """Bring the token Secret's current value to the Pod's token file, as the kubelet does
@@ -92,21 +117,21 @@ class Kubelet:
 
     def _serving(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://{self.ip}:{self.port}/healthz", timeout=1) as r:
                 return bool(r.read() == b"ok")
         except OSError:
             return False
 
     def report_ready(self) -> None:
         """Once the readiness probe passes (``GET /healthz``), patch the current Pod's status:
-        Running, Ready, podIP 127.0.0.1."""
+        Running, Ready, podIP ``ip``."""
         wait_for(self._serving, 60, "the agent's readiness probe")
         wait_for(lambda: self.cluster.get("pod", self.pod), 60, "the workspace Pod")
         status = {
             "status": {
                 "phase": "Running",
-                "podIP": "127.0.0.1",
-                "podIPs": [{"ip": "127.0.0.1"}],
+                "podIP": self.ip,
+                "podIPs": [{"ip": self.ip}],
                 "conditions": [{"type": "Ready", "status": "True"}],
             }
         }

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, BinaryIO
 
 from sandbox_core.agent import tokens, wire
 from sandbox_operator.errors import ExecutorError
@@ -115,12 +116,15 @@ class AgentClient:
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | bytes | None = None,
+        body: dict[str, Any] | bytes | BinaryIO | None = None,
         *,
         query: dict[str, str] | None = None,
         request_id: str = "",
+        length: int | None = None,
     ) -> dict[str, Any]:
-        """One call; returns the JSON reply.
+        """One call; returns the JSON reply. ``body``: a JSON object, bytes, or a binary
+        stream of ``length`` bytes, read and sent as it comes (a bundle piped from another
+        agent, :mod:`sandbox_core.agent.bundle`).
 
         Raises:
             AgentNotFound: 404.
@@ -129,22 +133,55 @@ class AgentClient:
                 message) or could not be reached / failed (retryable). Messages name the
                 method and path only (never the token, never a DSN).
         """
+        what = f"agent {method} {path}"
+        with self.stream(
+            method, path, body, query=query, request_id=request_id, length=length
+        ) as reply:
+            try:
+                return _decode(reply.read(), what)
+            except (OSError, TimeoutError) as exc:
+                raise ExecutorError(f"{what}: {type(exc).__name__}", retryable=True) from None
+
+    def stream(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | bytes | BinaryIO | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        request_id: str = "",
+        length: int | None = None,
+        accept: str = "",
+    ) -> http.client.HTTPResponse:
+        """One call whose reply the caller reads as it comes (and closes): an exec's NDJSON,
+        a checkpoint's bundle. Arguments as :meth:`call`.
+
+        Raises:
+            The errors of :meth:`call`, for a refusal before the reply's body.
+        """
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        data = body if isinstance(body, bytes) else None
+        data: bytes | BinaryIO | None = None if isinstance(body, dict) else body
         headers = {wire.AUTHORIZATION_HEADER: f"{wire.BEARER_PREFIX}{self._token}"}
         if isinstance(body, dict):
             data = json.dumps(body).encode()
             headers["Content-Type"] = wire.JSON_CONTENT_TYPE
+        elif body is not None and not isinstance(body, bytes):
+            headers["Content-Type"] = wire.TAR_CONTENT_TYPE
+            if length is not None:
+                headers["Content-Length"] = str(length)
+        if accept:
+            headers["Accept"] = accept
         if request_id:
             headers[wire.REQUEST_ID_HEADER] = request_id
         tracing.inject(headers)  # traceparent of the operator's span, when tracing is on
         request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http only, built from the Pod IP
         what = f"agent {method} {path}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as reply:  # noqa: S310
-                return _decode(reply.read(), what)
+            reply: http.client.HTTPResponse = urllib.request.urlopen(  # noqa: S310
+                request, timeout=self.timeout_seconds
+            )
         except urllib.error.HTTPError as exc:
             with exc:
                 payload = _decode(exc.read(), what, strict=False)
@@ -162,6 +199,7 @@ class AgentClient:
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ExecutorError(f"{what}: {type(reason).__name__}", retryable=True) from None
+        return reply
 
 
 def _decode(raw: bytes, what: str, *, strict: bool = True) -> dict[str, Any]:

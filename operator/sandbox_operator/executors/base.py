@@ -43,10 +43,14 @@ def sandbox_id_for_uid(uid: str) -> str:
 class ForkRef:
     """The checkpoint a new Sandbox starts from, checked by ``resources.targets.resolve_fork``:
     ``parent_sandbox_id`` (the parent's core id, from its uid) and ``checkpoint_id`` (the core's
-    checkpoint id, from the Ready Checkpoint's status)."""
+    checkpoint id, from the Ready Checkpoint's status); ``parent_name`` and ``parent_uid`` (the
+    parent Sandbox in the fork's namespace: the pod executor asks its workspace agent for the
+    checkpoint, found by the uid as its owner)."""
 
     parent_sandbox_id: str
     checkpoint_id: str
+    parent_name: str = ""
+    parent_uid: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,14 @@ only: the Pod is found by its owner, never by ``status.workspacePod``.
 from __future__ import annotations
 
 import base64
+import binascii
+import dataclasses
+import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, cast
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
 
 from kubernetes.client.exceptions import ApiException
 
@@ -47,6 +51,7 @@ from sandbox_operator.errors import ChildNameTaken, ExecutorError, PoolPodLost
 from sandbox_operator.executors.agent_client import (
     AgentClient,
     AgentNotFound,
+    AgentRefused,
     AgentUnauthorized,
     derive_token,
     request_id,
@@ -55,6 +60,7 @@ from sandbox_operator.executors.agent_client import (
 from sandbox_operator.executors.agent_keys import AgentKeys, load_or_create, read_key_files
 from sandbox_operator.executors.base import (
     CheckpointInfo,
+    ForkRef,
     SandboxState,
     SandboxTarget,
     WorkspaceNotReady,
@@ -91,6 +97,11 @@ from sandbox_operator.kube.ownership import (
 from sandbox_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHECK_OUTPUT_BYTES = 64 * 1024
+"""Bytes of each stream a pre-commit check keeps (only the tail is shown afterwards), as the
+local door's checks (``sandbox_core.actor.checks``)."""
 
 # The suffix of each child kind's name (sandbox_api.naming): the Pod and its NetworkPolicy
 # share one.
@@ -586,6 +597,22 @@ class PodExecutor:
             AgentUnauthorized: the agent refused every candidate token.
             ExecutorError: the agent refused or could not be reached.
         """
+        return self._with_token(
+            target,
+            f"agent {method} {path}",
+            lambda client: client.call(method, path, body, query=query, request_id=request_id),
+        )
+
+    def _with_token(
+        self,
+        target: SandboxTarget,
+        what: str,
+        send: Callable[[AgentClient], T],
+        timeout_seconds: float | None = None,
+    ) -> T:
+        """``send`` with a client of ``target``'s agent per candidate token in turn (as
+        :meth:`call` says), until one is not refused with 401; ``timeout_seconds`` (default
+        ``settings.exec_timeout_seconds``) bounds each socket operation."""
         address = self._ready_pod_ip(target)
         host = f"[{address}]" if ":" in address else address
         order = self.candidate_tokens(target)
@@ -594,17 +621,17 @@ class PodExecutor:
             client = AgentClient(
                 f"http://{host}:{self.settings.agent_port}",
                 token,
-                self.settings.exec_timeout_seconds,
+                timeout_seconds or self.settings.exec_timeout_seconds,
             )
             try:
-                reply = client.call(method, path, body, query=query, request_id=request_id)
+                reply = send(client)
             except AgentUnauthorized as refused:
                 expired = expired or refused.expired
                 if attempt < len(order) - 1:
                     continue  # refused before anything ran: offer the next candidate
                 if expired and not refused.expired:
                     raise AgentUnauthorized(
-                        f"agent {method} {path}: refused (token expired)", expired=True
+                        f"{what}: refused (token expired)", expired=True
                     ) from None
                 raise
             self._accepted[target.uid] = token
@@ -632,22 +659,20 @@ class PodExecutor:
 
         Raises:
             WorkspaceNotReady: the Pod is starting (the Pod's events resume; not an error).
-            SandboxForkError: ``source.fromCheckpoint`` (docs/forks.md): the parent's snapshot
-                lives in the parent's own workspace volume, which this Pod cannot reach.
+            ExecutorError: a fork's parent Pod is not serving (retryable) or its agent refused
+                the checkpoint (:meth:`_carry_checkpoint`).
+            SandboxForkError: the fork's agent refused the checkpoint or could not start from
+                it (docs/forks.md).
         """
-        if target.fork is not None:
-            raise SandboxForkError(
-                f"Sandbox {target.name}: source.fromCheckpoint needs the local executor for now; "
-                "the parent's checkpoint lives in the parent's own workspace volume"
-            )
         owner = self.api.get("sandboxes", target.namespace, target.name)
         pod = self.ensure_children(target, owner)
-        self._call_route(
-            target,
-            wire.CREATE,
-            create_body(target, self.settings),
-            request_id=request_id("create", target.uid),
-        )
+        body = create_body(target, self.settings)
+        rid = request_id("create", target.uid)
+        if target.fork is not None and not self._made(target):
+            carried = self._carry_checkpoint(target, target.fork)
+            body["fork_checkpoint"] = target.fork.checkpoint_id
+            rid = request_id("create-fork", target.uid, target.fork.checkpoint_id, carried)
+        self._call_route(target, wire.CREATE, body, request_id=rid)
         # The create reply may be a replay from long ago (a re-made Pod on the same claim):
         # read the current state.
         handle = self.open(target)
@@ -655,16 +680,123 @@ class PodExecutor:
             handle.activate()
         return SandboxState.from_record(handle.record, workspace_pod=pod)
 
-    def run_check(self, target: SandboxTarget, check: Check) -> CheckOutcome:
-        """Not served yet: the agent's exec route streams, and the operator holds no client for
-        it (docs/forks.md, limits); the check fails with this refusal.
+    def _made(self, target: SandboxTarget) -> bool:
+        """Whether ``target``'s agent already has its sandbox (a fork made before: it never
+        needs its parent again)."""
+        try:
+            self._call_route(target, wire.STATUS)
+        except AgentNotFound:
+            return False
+        return True
+
+    def _carry_checkpoint(self, target: SandboxTarget, fork: ForkRef) -> str:
+        """Pipe checkpoint ``fork.checkpoint_id`` from the parent's workspace agent
+        (``wire.EXPORT``) into ``target``'s (``wire.IMPORT``), unread and unbuffered: neither
+        Pod reaches the other, each agent sees only the operator (docs/forks.md, "Forks in
+        workspace Pods"). At most ``settings.fork_max_bytes``.
+
+        Returns:
+            The transfer's id, a new one each time (part of the create's request id, so that a
+            create after a new transfer is a new request).
 
         Raises:
-            SandboxError: always.
+            ExecutorError: the parent's Pod is not serving, or either agent could not be
+                reached (retryable).
+            SandboxForkError: the parent's agent cannot carry the checkpoint (no snapshot,
+                too large, kernel-mode overlay) or the fork's agent refused the bundle.
         """
-        raise SandboxError(
-            f"pre-commit check {check.name}: the pod executor does not run checks yet; run it "
-            "with the client (kubectl sandbox exec) and commit without spec.checks"
+        parent = dataclasses.replace(
+            target,
+            name=fork.parent_name,
+            uid=fork.parent_uid,
+            sandbox_id=fork.parent_sandbox_id,
+            fork=None,
+            core_record=None,
+        )
+        if not fork.parent_name or not fork.parent_uid:
+            raise SandboxForkError(f"Sandbox {target.name}: the parent Sandbox is not known")
+        transfer = uuid.uuid4().hex
+        limit = {wire.MAX_BYTES_QUERY: str(self.settings.fork_max_bytes)}
+        export_path = wire.EXPORT.path(cid=fork.checkpoint_id)
+        import_path = wire.IMPORT.path(cid=fork.checkpoint_id)
+
+        def pipe(client: AgentClient) -> dict[str, Any]:
+            try:
+                source = self._with_token(
+                    parent,
+                    f"agent GET {export_path}",
+                    lambda parent_client: parent_client.stream("GET", export_path, query=limit),
+                )
+            except WorkspaceNotReady as exc:
+                raise ExecutorError(
+                    f"the parent Sandbox {fork.parent_name}'s workspace is not serving: {exc}",
+                    retryable=True,
+                ) from None
+            except AgentRefused as exc:
+                raise wire.core_error(exc.error, exc.detail) from None
+            with source:
+                length = int(source.headers.get("Content-Length") or 0)
+                try:
+                    return client.call(
+                        "PUT",
+                        import_path,
+                        source,
+                        query=limit,
+                        request_id=request_id("import", target.uid, transfer),
+                        length=length,
+                    )
+                except AgentRefused as exc:
+                    if exc.error_type == "SandboxForkError":
+                        raise SandboxForkError(exc.detail) from None
+                    raise
+
+        reply = self._with_token(target, f"agent PUT {import_path}", pipe)
+        logger.info(
+            "sandbox %s/%s: checkpoint %s carried from %s (%s files, %s bytes)",
+            target.namespace,
+            target.name,
+            fork.checkpoint_id,
+            fork.parent_name,
+            reply.get("files"),
+            reply.get("bytes"),
+        )
+        return transfer
+
+    def run_check(self, target: SandboxTarget, check: Check) -> CheckOutcome:
+        """Run ``check`` through the agent's command route (``wire.EXEC``, the actor's door:
+        jailed, audited, killed at its timeout) and wait for its exit. The output kept is the
+        last :data:`CHECK_OUTPUT_BYTES` of stdout, then of stderr.
+
+        Raises:
+            SandboxError: the agent refused the command (the core's error as the agent
+                reported it, its type first, e.g. ``JailUnavailableError: cannot isolate
+                commands: ...`` where no jail can be built) or reported
+                an error instead of its exit; the check fails with it.
+            ExecutorError: the agent could not be reached, or the stream was cut (retryable).
+        """
+        body = {
+            "argv": list(check.command),
+            "timeout_seconds": check.timeout_seconds,
+            "max_output_bytes": CHECK_OUTPUT_BYTES,
+        }
+        path = wire.EXEC.path(sid=target.sandbox_id)
+        rid = request_id(
+            "check", target.sandbox_id, check.name, *check.command, self.revision(target)
+        )
+
+        def run(client: AgentClient) -> CheckOutcome:
+            try:
+                reply = client.stream("POST", path, body, request_id=rid)
+            except AgentRefused as exc:  # refused before it ran: the type says why
+                raise SandboxError(f"{exc.error_type}: {exc.detail}") from None
+            with reply:
+                return read_exec_stream(reply, f"check {check.name}")
+
+        return self._with_token(
+            target,
+            f"agent POST {path}",
+            run,
+            timeout_seconds=max(self.settings.exec_timeout_seconds, check.timeout_seconds + 30),
         )
 
     def describe(self, target: SandboxTarget) -> SandboxState | None:
@@ -839,3 +971,40 @@ def _sandbox_path(owner: dict[str, Any]) -> tuple[str, str, str, str, str]:
     group, _, version = str(owner.get("apiVersion") or "").partition("/")
     metadata = owner.get("metadata") or {}
     return group, version, str(metadata.get("namespace")), "sandboxes", str(metadata.get("name"))
+
+
+def read_exec_stream(lines: Iterable[bytes], what: str) -> CheckOutcome:
+    """The outcome of one command from the agent's exec stream (NDJSON, ``wire.EXEC``): its
+    ``exit`` line, with the last :data:`CHECK_OUTPUT_BYTES` of stdout then of stderr.
+
+    Raises:
+        SandboxError: an ``error`` line (the command could not be run or recorded).
+        ExecutorError: the stream ended without ``exit`` or ``error`` (cut), or a line is not
+            an event (retryable).
+    """
+    kept = {"stdout": bytearray(), "stderr": bytearray()}
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            event = json.loads(raw)
+            name = event["event"]
+            if name in kept:
+                kept[name] += base64.b64decode(event["data_b64"], validate=True)
+                del kept[name][:-CHECK_OUTPUT_BYTES]
+                continue
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise ExecutorError(
+                f"{what}: the agent's exec stream is garbled", retryable=True
+            ) from None
+        if name == "exit":
+            code = event.get("exit_code")
+            return CheckOutcome(
+                exit_code=int(code) if isinstance(code, int) else -1,
+                timed_out=bool(event.get("timed_out")),
+                output=bytes(kept["stdout"] + kept["stderr"]),
+            )
+        if name == "error":
+            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            raise wire.core_error(error)
+    raise ExecutorError(f"{what}: the agent's exec stream was cut before the exit", retryable=True)

@@ -238,6 +238,9 @@ def target_from_body(
     source names is gone or no longer holds a DSN, the original is the record's redacted DSN:
     cleanup reopens by the record, and releases a PostgreSQL prepared transaction left behind
     only best effort (it needs the password).
+    A fork not made yet (no ``status.coreRecord``) has its parent checked
+    (:func:`resolve_fork`); once made, the parent is never looked at again (its record, even
+    one not trusted here, says it was made).
 
     Raises:
         PermanentError: the spec is invalid for this operator, or a path is refused.
@@ -263,7 +266,8 @@ def target_from_body(
         record, sandbox_id=sandbox_id, spec=spec, original=original, settings=settings
     )
     fork = None
-    if not for_deletion and spec.source.from_checkpoint is not None and record is None:
+    made = bool(status.get("coreRecord"))  # mirrored once made, trusted here or not
+    if not for_deletion and spec.source.from_checkpoint is not None and not made:
         fork = resolve_fork(spec, str(metadata.get("namespace") or "default"), api)
     return SandboxTarget(
         fork=fork,
@@ -379,6 +383,8 @@ def resolve_fork(spec: SandboxSpec, namespace: str, api: Api | None) -> ForkRef:
     return ForkRef(
         parent_sandbox_id=sandbox_id_for_uid(str(parent["metadata"]["uid"])),
         checkpoint_id=checkpoint_id,
+        parent_name=wanted.sandbox,
+        parent_uid=str(parent["metadata"]["uid"]),
     )
 
 
