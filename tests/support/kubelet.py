@@ -83,7 +83,7 @@ class Kubelet:
             return []
         from sandbox_operator.executors.pod_manifests import SOURCE_MOUNT
 
-        argv = ["bwrap"]
+        argv = ["bwrap", "--die-with-parent"]  # the agent goes with the "container"
         for entry in sorted(Path("/").iterdir()):
             if entry.name == "dev" or str(entry) == str(Path(SOURCE_MOUNT).parent):
                 continue

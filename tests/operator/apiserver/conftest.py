@@ -78,9 +78,11 @@ def pod_operator(
     cluster.operator = operator
     kubelet = Kubelet(cluster, tmp_path, port, dsn)
     operator.start()
-    yield operator, kubelet
-    cluster.kubectl("delete", "plancommits,sandboxes", "--all", "--timeout=60s", check=False)
-    operator.stop()
-    kubelet.stop()
+    try:
+        yield operator, kubelet
+        cluster.kubectl("delete", "plancommits,sandboxes", "--all", "--timeout=60s", check=False)
+    finally:
+        operator.stop()
+        kubelet.stop()  # the agent process never outlives its test
     print(operator.logs()[-6000:])
     assert "Patching failed with inconsistencies" not in operator.logs()
