@@ -582,7 +582,10 @@ class OverlaySandbox(BaseSandbox):
     def _do_rollback(self) -> None:
         """Discard the changes: empty the upper layer and remount, or re-copy (fallback).
         Refused as busy while a process uses the view (item 5 of docs/concurrency.md)."""
-        self._reset_view(unmounted=self._refuse_if_busy("rollback"))
+        if self.overlay_mode == "kernel":
+            self._reset_view(unmounted=self._refuse_if_busy("rollback"))
+        else:  # checked while the trees are walked, before anything is written
+            self._reset_view(check=self._refuse_if_copy_busy)
 
     def _refuse_if_busy(self, operation: str) -> bool:
         """Kernel mode unmounts the view (a lazy detach would leave its users writing into a
@@ -615,13 +618,19 @@ class OverlaySandbox(BaseSandbox):
         )
         return False
 
+    def _refuse_if_copy_busy(self) -> None:
+        """The fallback rollback's busy check (:meth:`_refuse_if_busy`), run by the reset."""
+        self._refuse_if_busy("rollback")
+
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003).
         Refused, nothing changed, when the original moved since the commit at a path the undo
         puts back (case 43 B: ``SandboxRollbackConflictError``)."""
         area = self._commit_area()
         _directory.refuse_if_moved(self, area / "backup", self._original())
-        unmounted = self._refuse_if_busy("rollback")  # last: kernel mode may unmount the view
+        kernel_mode = self.overlay_mode == "kernel"
+        # Kernel mode: last, as it may unmount the view. Fallback: while the trees are walked.
+        unmounted = kernel_mode and self._refuse_if_busy("rollback")
 
         def undo_commit(restored: Callable[[], None]) -> None:
             # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
@@ -638,7 +647,10 @@ class OverlaySandbox(BaseSandbox):
                 shutil.rmtree(area)
 
         self._reset_view(
-            restore_original=undo_commit, meanwhile=drop_commit_area, unmounted=unmounted
+            restore_original=undo_commit,
+            meanwhile=drop_commit_area,
+            unmounted=unmounted,
+            check=None if kernel_mode else self._refuse_if_copy_busy,
         )
 
     def _reset_view(
@@ -647,11 +659,13 @@ class OverlaySandbox(BaseSandbox):
         restore_original: Callable[[Callable[[], None]], None] | None = None,
         meanwhile: Callable[[], None] | None = None,
         unmounted: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> None:
         """Empty the upper layer and remount (kernel), or sync the differing paths of the copy
         back (fallback; ``restore_original`` and ``meanwhile`` as in
         :func:`~sandbox_core.tree.baseline.reset_copy`). ``unmounted``: the kernel view was
-        just unmounted by the busy check."""
+        just unmounted by the busy check. ``check``: the fallback's busy check, run by
+        ``reset_copy`` while it walks the trees, before anything is written."""
 
         def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
@@ -687,6 +701,7 @@ class OverlaySandbox(BaseSandbox):
                 merged,
                 restore_original=restore,
                 meanwhile=meanwhile,
+                check=check,
             )
             _directory.save_reset_baseline(baseline, manifest, self.sandbox_id)
 

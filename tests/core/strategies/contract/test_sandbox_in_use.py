@@ -255,3 +255,36 @@ def test_a_kernel_view_in_use_stays_mounted_when_refused_and_is_rolled_back_once
         for holder in holders:
             holder.close()
         box.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["copy_on_write", "overlay-fallback"])
+def test_a_copy_busy_at_a_rollback_from_committed_keeps_the_commit_and_the_copy(
+    tmp_path: Path, kind: str, holders: list[Holder]
+) -> None:
+    """The copy-based strategies look for writers while they walk the trees, before the undo
+    writes anything: refused as busy, the original still holds the commit and the copy is
+    untouched; once the writer has closed its file the rollback undoes the commit."""
+    box = _make(kind, tmp_path)
+    try:
+        Path(box.get_path("sub/b.txt")).write_text("b1\n")
+        box.commit("c")
+        view = Path(box.context.sandbox_path)  # type: ignore[union-attr]
+        holder = Holder(str(view / "sub"), str(view / "sub" / "b.txt"))
+        holders.append(holder)
+        with pytest.raises(SandboxRollbackError) as refused:
+            box.rollback()
+        assert refused.value.refused and f"{holder.proc.pid} (python" in str(refused.value)
+        assert "busy" in str(refused.value)
+        assert box.status is SandboxStatus.COMMITTED
+        assert (tmp_path / "src" / "sub" / "b.txt").read_text() == "b1\n"
+        assert (view / "sub" / "b.txt").read_text() == "b1\n"
+        assert holder.write() == "ok"
+        assert "appended by the editor" in (view / "sub" / "b.txt").read_text()
+        holder.close()
+        box.rollback()
+        assert box.status is SandboxStatus.ROLLED_BACK
+        assert (tmp_path / "src" / "sub" / "b.txt").read_text() == "b0\n"
+    finally:
+        for holder in holders:
+            holder.close()
+        box.cleanup()
