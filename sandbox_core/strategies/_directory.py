@@ -142,26 +142,37 @@ def _write_record(home: Path, txid: str, record: dict[str, Any], *, durable: boo
 
 
 def txids_in(home: Path, state: str) -> list[str]:
-    """Txids whose record in ``home`` has ``state``."""
-    found: list[str] = []
-    if not home.is_dir():
+    """Txids whose record in ``home`` has ``state``, sorted."""
+    return _txids_by_state(home).get(state, [])
+
+
+def _txids_by_state(home: Path) -> dict[str, list[str]]:
+    """Every txid with a readable record in ``home``, by the record's state (each sorted); one
+    listing of ``home``."""
+    found: dict[str, list[str]] = {}
+    try:
+        names = os.listdir(home)  # noqa: PTH208
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         return found
-    for path in home.glob(f"{_RECORD_PREFIX}*.json"):
-        txid = path.name[len(_RECORD_PREFIX) : -len(".json")]
+    for name in sorted(names):
+        if not (name.startswith(_RECORD_PREFIX) and name.endswith(".json")):
+            continue
+        txid = name[len(_RECORD_PREFIX) : -len(".json")]
         try:
             record = read_record(home, txid)
         except ValueError:
             continue  # torn: a prepare cut before its decision, never applied
-        if record is not None and record.get("state") == state:
-            found.append(txid)
-    return sorted(found)
+        if record is not None:
+            found.setdefault(str(record.get("state")), []).append(txid)
+    return found
 
 
 def apply_begun(sandbox: BaseSandbox, home: Path, original: Path) -> list[str]:
     """Txids of this sandbox whose apply has begun and is not recorded ``applied`` (a decided
     apply cut short: only ``apply_prepared`` may finish it), sorted."""
-    found = txids_in(home, APPLYING)  # a record of an earlier version
-    for txid in txids_in(home, PREPARED):
+    records = _txids_by_state(home)
+    found = list(records.get(APPLYING, []))  # a record of an earlier version
+    for txid in records.get(PREPARED, []):
         try:
             key = key_for(sandbox, txid)
         except ValueError:
@@ -552,7 +563,7 @@ def undo_commit(
     if not (backup_dir / _UNDO_RECORD).exists():
         return False
     try:
-        undo_sync(backup_dir, original, on_applied=restored)
+        undo_sync(backup_dir, original, on_applied=restored, recovered=True)
     except RefusedBeforeWriteError as exc:
         _conflict(
             sandbox, original, list(exc.paths), "while the rollback ran",

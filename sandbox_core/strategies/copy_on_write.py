@@ -287,14 +287,16 @@ class CopyOnWriteSandbox(BaseSandbox):
         _directory.abort(self, self.base_dir, txid, self._source())
 
     def _do_rollback(self) -> None:
-        # The copy stays in place (a working directory inside keeps working); a file open for
-        # writing in it would keep writing into a replaced entry: refused as busy.
+        self._reset_tree(check=self._refuse_if_busy)
+
+    def _refuse_if_busy(self) -> None:
+        """The copy stays in place (a working directory inside keeps working); a file open for
+        writing in it would keep writing into a replaced entry: refused as busy. Run by the
+        reset while it walks the trees, before it writes anything."""
         _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
-        self._reset_tree()
 
     def _do_rollback_committed(self) -> None:
         source = self._source()
-        _directory.refuse_if_busy(self, self.tree_dir, "rollback", writers_only=True)
         # The original moved since the commit at a path the undo puts back: refuse (case 43 B).
         _directory.refuse_if_moved(self, self._backup_dir, source)
 
@@ -310,7 +312,9 @@ class CopyOnWriteSandbox(BaseSandbox):
             if self._backup_dir.exists():
                 shutil.rmtree(self._backup_dir)
 
-        self._reset_tree(restore_original=undo_commit, meanwhile=drop_backup)
+        self._reset_tree(
+            restore_original=undo_commit, meanwhile=drop_backup, check=self._refuse_if_busy
+        )
 
     def _has_interrupted(self) -> bool:
         return _directory.has_interrupted(self, self.base_dir, self._source())
@@ -387,10 +391,11 @@ class CopyOnWriteSandbox(BaseSandbox):
         *,
         restore_original: Callable[[Callable[[], None]], None] | None = None,
         meanwhile: Callable[[], None] | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
         """Make the copy equal to the original again and re-take the manifest
-        (:func:`~sandbox_core.tree.baseline.reset_copy`; ``restore_original`` and ``meanwhile`` as
-        there).
+        (:func:`~sandbox_core.tree.baseline.reset_copy`; ``restore_original``, ``meanwhile``
+        and ``check`` as there).
 
         One walk of each tree; only differing paths are copied (O(changes)), and the manifest
         is updated at those paths instead of being re-taken by a third walk.
@@ -408,6 +413,7 @@ class CopyOnWriteSandbox(BaseSandbox):
             exclude=self._exclude(),
             restore_original=restore,
             meanwhile=meanwhile,
+            check=check,
         )
         _directory.save_reset_baseline(baseline, self._manifest_path, self.sandbox_id)
 

@@ -255,15 +255,17 @@ def pending_since(
     exclude: Iterable[str] = (),
     restore_original: Callable[[Callable[[], None]], None] | None = None,
     meanwhile: Callable[[], None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> Pending:
     """One C-speed walk of each tree, compared with ``baseline`` by set operations: O(changes)
     after the walks. An unknown baseline counts every path of the copy as touched. A
-    ``baseline`` given as a function is read while the walks run; ``restore_original`` and
-    ``meanwhile`` as in :func:`reset_copy`.
+    ``baseline`` given as a function is read while the walks run; ``restore_original``,
+    ``meanwhile`` and ``check`` as in :func:`reset_copy`.
 
     Raises:
         OSError: a tree cannot be read (or the baseline, when read here), or
             ``restore_original`` failed.
+        Exception: whatever ``check`` raised (nothing was written).
     """
     excluded = list(exclude)
     with ThreadPoolExecutor(max_workers=2) as pool:  # ``find`` runs in its own process
@@ -274,6 +276,10 @@ def pending_since(
             if not original_walk:
                 original_walk.append(pool.submit(snapshot_tree, original, exclude=excluded))
 
+        if restore_original is None:
+            walk_original()
+        if check is not None:
+            check()  # while the walks run; before anything is written
         if restore_original is not None:
             restore_original(walk_original)
         walk_original()
@@ -372,6 +378,7 @@ def reset_copy(
     exclude: Iterable[str] = (),
     restore_original: Callable[[Callable[[], None]], None] | None = None,
     meanwhile: Callable[[], None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> Baseline:
     """Make ``copy`` equal to ``original`` again (rollback of a copy-based sandbox) and return
     the new baseline. Only the paths that differ are synced (O(changes) copies), and the copy's
@@ -384,7 +391,9 @@ def reset_copy(
     the original's walk starts then (else when ``restore_original`` returns), while the undo
     journals and tidies up. ``meanwhile`` (e.g. removing the used backup) runs once
     ``restore_original`` returned, while the original is walked (the walks, not the undo,
-    set a rollback's time).
+    set a rollback's time). ``check`` (e.g. the busy check of a rollback: a scan of
+    ``/proc``) runs while the walks run, before ``restore_original`` and before anything is
+    written: what it raises stops the reset with nothing changed.
 
     Raises:
         OSError: a tree cannot be read, ``restore_original`` failed (the copy is then
@@ -397,6 +406,7 @@ def reset_copy(
         exclude=exclude,
         restore_original=restore_original,
         meanwhile=meanwhile,
+        check=check,
     )
     changes = compute_changes_at(copy, original, pending.candidates)
     top = root_meta(original)

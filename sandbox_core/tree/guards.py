@@ -106,6 +106,8 @@ _MOUNTINFO = "/proc/self/mountinfo"
 
 def _unescape_mount_path(field: bytes) -> bytes:
     """``/proc/self/mountinfo`` writes space, tab, newline and backslash as ``\\ooo``."""
+    if b"\\" not in field:
+        return field
     out = bytearray()
     index = 0
     while index < len(field):

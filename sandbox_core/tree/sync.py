@@ -243,11 +243,18 @@ def staging_dir_for(target: StrPath) -> str:
 def _staging_dirs(target: str) -> list[str]:
     parent, name = os.path.split(target)
     found: list[str] = []
-    sibling_prefix = f".{name}.sandbox-staging-"
-    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as it:
-        found += [i.path for i in it if _is_one_shot(i.name, sibling_prefix)]
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(target) as it:
-        found += [i.path for i in it if _is_one_shot(i.name, INNER_STAGING_PREFIX)]
+    for folder, prefix, missing in (
+        (parent, f".{name}.sandbox-staging-", (FileNotFoundError,)),
+        (target, INNER_STAGING_PREFIX, (FileNotFoundError, NotADirectoryError)),
+    ):
+        # One listing of names (no per-entry objects): the parent of an original may hold
+        # thousands of entries, and every rollback and commit lists it.
+        with contextlib.suppress(*missing):
+            found += [
+                os.path.join(folder, entry)
+                for entry in os.listdir(folder)  # noqa: PTH208
+                if entry.startswith(prefix) and _is_one_shot(entry, prefix)
+            ]
     return sorted(found)
 
 
@@ -682,7 +689,11 @@ def sync_tree(
 
 
 def undo_sync(
-    backup_dir: StrPath, target: StrPath, *, on_applied: Callable[[], None] | None = None
+    backup_dir: StrPath,
+    target: StrPath,
+    *,
+    on_applied: Callable[[], None] | None = None,
+    recovered: bool = False,
 ) -> None:
     """Revert the :func:`sync_tree` that filled ``backup_dir``: replaced entries come back,
     added ones go, directory modes are reset. Crash-safe like :func:`sync_tree`; the backup is
@@ -697,7 +708,9 @@ def undo_sync(
     already put back is undone in turn, so ``target`` is exactly as the sync left it plus that
     write (docs/concurrency.md). The kept stamps of the entries it moved back are renewed
     (a rename moves an entry's ctime), so a retry compares them again. Without kept stamps the
-    stamps are read when the undo starts.
+    stamps are read when the undo starts. An interrupted sync of ``target`` is finished or
+    undone first (:func:`recover_sync`), unless ``recovered``: the caller just did so, under
+    the same lock (one listing of the original's parent less).
 
     Raises:
         FileNotFoundError: ``backup_dir`` holds no ``undo.json``.
@@ -711,7 +724,8 @@ def undo_sync(
     with open(os.path.join(keep, _UNDO), encoding="utf-8") as handle:
         record = json.load(handle)
     refuse_mount_points(target_s)
-    recover_sync(target_s)
+    if not recovered:
+        recover_sync(target_s)
     ops: list[_Op] = []
     by_index = record.get("layout") == _KEPT  # version 1 backups: ``tree/<path>``
     for index in reversed(range(len(record["ops"]))):

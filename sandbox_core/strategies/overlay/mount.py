@@ -121,6 +121,18 @@ def mount_overlay(layout: OverlayLayout) -> None:
         raise OSError(code, f"mount -t overlay on {layout.merged}: {os.strerror(code)}")
 
 
+def unmount_if_unused(target: Path) -> bool:
+    """Unmount ``target`` only if nothing uses it: ``umount2(2)`` without ``MNT_DETACH``,
+    which the kernel refuses with ``EBUSY`` while any process has its working directory, root,
+    an open file or a mapping below it (or something is mounted inside). One system call.
+
+    Returns:
+        True when ``target`` was unmounted; False when it is busy, not mounted, or cannot be
+        unmounted (nothing changed then).
+    """
+    return bool(_get_libc().umount2(os.fsencode(target), 0) == 0)
+
+
 def unmount(target: Path) -> None:
     """Unmount ``target``; when it is busy, detach it lazily (MNT_DETACH). No-op if not mounted.
 

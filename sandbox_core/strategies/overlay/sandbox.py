@@ -582,27 +582,55 @@ class OverlaySandbox(BaseSandbox):
     def _do_rollback(self) -> None:
         """Discard the changes: empty the upper layer and remount, or re-copy (fallback).
         Refused as busy while a process uses the view (item 5 of docs/concurrency.md)."""
-        self._refuse_if_busy("rollback")
-        self._reset_view()
+        if self.overlay_mode == "kernel":
+            self._reset_view(unmounted=self._refuse_if_busy("rollback"))
+        else:  # checked while the trees are walked, before anything is written
+            self._reset_view(check=self._refuse_if_copy_busy)
 
-    def _refuse_if_busy(self, operation: str) -> None:
+    def _refuse_if_busy(self, operation: str) -> bool:
         """Kernel mode unmounts the view (a lazy detach would leave its users writing into a
         layer that is then thrown away): any user refuses. Fallback mode keeps the directory:
-        only files open for writing refuse (their entries are replaced)."""
+        only files open for writing refuse (their entries are replaced).
+
+        A kernel-mode rollback asks the kernel first: a plain unmount of the view succeeds
+        only when no process uses it (:func:`~sandbox_core.strategies.overlay.mount.
+        unmount_if_unused`); the check and the unmount are one step, so no user can come in
+        between (a scan of ``/proc`` followed by the unmount left that gap). The view then
+        stays unmounted, as the rollback needs it next. Only a busy view is looked up in
+        ``/proc``, to name its users.
+
+        Returns:
+            Whether the view was unmounted here (a kernel-mode rollback, nothing using it).
+
+        Raises:
+            SandboxRollbackError: ``refused``: a process uses the view; nothing was changed
+                (the view stays mounted).
+        """
+        merged = self.base_path / "merged"
+        rollback = operation == "rollback"  # a restore copies its layer with the view shown
+        if self.overlay_mode == "kernel" and rollback and kernel.unmount_if_unused(merged):
+            return True
         _directory.refuse_if_busy(
             self,
-            self.base_path / "merged",
+            merged,
             operation,
-            writers_only=self.overlay_mode != "kernel" and operation == "rollback",
+            writers_only=self.overlay_mode != "kernel" and rollback,
         )
+        return False
+
+    def _refuse_if_copy_busy(self) -> None:
+        """The fallback rollback's busy check (:meth:`_refuse_if_busy`), run by the reset."""
+        self._refuse_if_busy("rollback")
 
     def _do_rollback_committed(self) -> None:
         """Restore the original from the pre-commit backup, then reset the view (seed 003).
         Refused, nothing changed, when the original moved since the commit at a path the undo
         puts back (case 43 B: ``SandboxRollbackConflictError``)."""
         area = self._commit_area()
-        self._refuse_if_busy("rollback")
         _directory.refuse_if_moved(self, area / "backup", self._original())
+        kernel_mode = self.overlay_mode == "kernel"
+        # Kernel mode: last, as it may unmount the view. Fallback: while the trees are walked.
+        unmounted = kernel_mode and self._refuse_if_busy("rollback")
 
         def undo_commit(restored: Callable[[], None]) -> None:
             # Kernel: runs unmounted; fallback: while the copy is walked. A commit killed
@@ -618,17 +646,26 @@ class OverlaySandbox(BaseSandbox):
             if area.exists():
                 shutil.rmtree(area)
 
-        self._reset_view(restore_original=undo_commit, meanwhile=drop_commit_area)
+        self._reset_view(
+            restore_original=undo_commit,
+            meanwhile=drop_commit_area,
+            unmounted=unmounted,
+            check=None if kernel_mode else self._refuse_if_copy_busy,
+        )
 
     def _reset_view(
         self,
         *,
         restore_original: Callable[[Callable[[], None]], None] | None = None,
         meanwhile: Callable[[], None] | None = None,
+        unmounted: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> None:
         """Empty the upper layer and remount (kernel), or sync the differing paths of the copy
         back (fallback; ``restore_original`` and ``meanwhile`` as in
-        :func:`~sandbox_core.tree.baseline.reset_copy`)."""
+        :func:`~sandbox_core.tree.baseline.reset_copy`). ``unmounted``: the kernel view was
+        just unmounted by the busy check. ``check``: the fallback's busy check, run by
+        ``reset_copy`` while it walks the trees, before anything is written."""
 
         def restore(restored: Callable[[], None]) -> None:
             if restore_original is not None:
@@ -637,7 +674,8 @@ class OverlaySandbox(BaseSandbox):
 
         merged = self.base_path / "merged"
         if self.overlay_mode == "kernel":
-            kernel.unmount(merged)  # never write a mounted lower dir
+            if not unmounted:
+                kernel.unmount(merged)  # never write a mounted lower dir
             try:
                 restore(lambda: None)
                 if meanwhile is not None:
@@ -663,6 +701,7 @@ class OverlaySandbox(BaseSandbox):
                 merged,
                 restore_original=restore,
                 meanwhile=meanwhile,
+                check=check,
             )
             _directory.save_reset_baseline(baseline, manifest, self.sandbox_id)
 

@@ -86,6 +86,34 @@ def test_case43b_rollback_refuses_after_the_application_appended_to_a_committed_
     assert (src / "ledger").read_text() == "seed\nsandbox\napp after commit\n"
 
 
+@strategies
+def test_a_refused_rollback_leaves_the_sandbox_shown_and_a_retry_runs(
+    tmp_path: Path, make: Make
+) -> None:
+    """A rollback refused because the original moved changes nothing in the sandbox either:
+    it still shows the committed tree (the kernel overlay's view is still mounted: the busy
+    check, which may unmount it, comes after this refusal); once the write is taken back the
+    rollback runs and the sandbox shows the original again."""
+    src = _source(tmp_path)
+    box = make(src)
+    box.create("p43")
+    box.activate()
+    _edit(box)
+    _commit(box, "one-shot")
+    (src / "newdir" / "app").write_text("a\n")
+    with pytest.raises(SandboxRollbackConflictError):
+        box.rollback()
+    view = Path(box.context.sandbox_path)  # type: ignore[union-attr]
+    assert (view / "ledger").read_text() == "seed\nsandbox\n"
+    assert (view / "newdir" / "n").read_text() == "n\n"
+    (src / "newdir" / "app").unlink()
+    box.rollback()
+    box.activate()
+    assert Path(box.get_path("ledger")).read_text() == "seed\n"
+    assert not Path(box.get_path("newdir")).exists()
+    assert Path(box.get_path("gone")).read_text() == "gone\n"
+
+
 LATER_WRITES = {
     "file-inside-added-dir": (
         lambda src: (src / "newdir" / "app").write_text("a\n"),

@@ -23,6 +23,7 @@ from sandbox_core.host.checkpoint import CheckpointManager
 from sandbox_core.status import SandboxStatus
 from sandbox_core.strategies.base import BaseSandbox
 from sandbox_core.strategies.factory import SandboxFactory
+from sandbox_core.strategies.overlay import mount as kernel
 from tests.support.gitrepo import make_repo
 
 KINDS = [
@@ -212,6 +213,77 @@ def test_checkpoint_restore_of_a_sandbox_in_use(
         holder = Holder(sub, box.get_path("sub/b.txt") if hold == "open-file" else None)
         holders.append(holder)
         _check(box, holder, lambda: checkpoints.restore(box, checkpoint), hold == "open-file")
+    finally:
+        for holder in holders:
+            holder.close()
+        box.cleanup()
+
+
+@pytest.mark.overlay_kernel
+@pytest.mark.parametrize("committed", [False, True], ids=["active", "committed"])
+def test_a_kernel_view_in_use_stays_mounted_when_refused_and_is_rolled_back_once_left(
+    tmp_path: Path, committed: bool, holders: list[Holder]
+) -> None:
+    """The kernel overlay's busy check is the kernel's own: a plain unmount of the view, which
+    fails while a process is inside. Refused, the view is still mounted and shows the sandbox
+    (the process keeps working in it); once the process has left, the same rollback unmounts,
+    undoes and mounts the view again over an empty layer."""
+    box = _make("overlay-kernel", tmp_path)
+    try:
+        Path(box.get_path("sub/b.txt")).write_text("b1\n")
+        if committed:
+            box.commit("c")
+        view = Path(box.context.sandbox_path)  # type: ignore[union-attr]
+        holder = Holder(str(view / "sub"), None)
+        holders.append(holder)
+        with pytest.raises(SandboxRollbackError) as refused:
+            box.rollback()
+        assert refused.value.refused and f"{holder.proc.pid} (python" in str(refused.value)
+        assert box.status is (SandboxStatus.COMMITTED if committed else SandboxStatus.ACTIVE)
+        assert kernel.is_overlay_mounted(view)
+        assert (view / "sub" / "b.txt").read_text() == "b1\n"
+        assert holder.write() == "ok"
+        assert (view / "sub" / "from-the-shell.txt").read_text() == "shell\n"
+        holder.close()
+        box.rollback()
+        assert box.status is SandboxStatus.ROLLED_BACK
+        assert kernel.is_overlay_mounted(view)
+        assert (view / "sub" / "b.txt").read_text() == "b0\n"
+        assert not (view / "sub" / "from-the-shell.txt").exists()
+        assert (tmp_path / "src" / "sub" / "b.txt").read_text() == "b0\n"
+    finally:
+        for holder in holders:
+            holder.close()
+        box.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["copy_on_write", "overlay-fallback"])
+def test_a_copy_busy_at_a_rollback_from_committed_keeps_the_commit_and_the_copy(
+    tmp_path: Path, kind: str, holders: list[Holder]
+) -> None:
+    """The copy-based strategies look for writers while they walk the trees, before the undo
+    writes anything: refused as busy, the original still holds the commit and the copy is
+    untouched; once the writer has closed its file the rollback undoes the commit."""
+    box = _make(kind, tmp_path)
+    try:
+        Path(box.get_path("sub/b.txt")).write_text("b1\n")
+        box.commit("c")
+        view = Path(box.context.sandbox_path)  # type: ignore[union-attr]
+        holder = Holder(str(view / "sub"), str(view / "sub" / "b.txt"))
+        holders.append(holder)
+        with pytest.raises(SandboxRollbackError) as refused:
+            box.rollback()
+        assert refused.value.refused and f"{holder.proc.pid} (python" in str(refused.value)
+        assert "busy" in str(refused.value)
+        assert box.status is SandboxStatus.COMMITTED
+        assert (tmp_path / "src" / "sub" / "b.txt").read_text() == "b1\n"
+        assert (view / "sub" / "b.txt").read_text() == "b1\n"
+        assert holder.write() == "ok"
+        assert "appended by the editor" in (view / "sub" / "b.txt").read_text()
+        holder.close()
+        box.rollback()
+        assert box.status is SandboxStatus.ROLLED_BACK
+        assert (tmp_path / "src" / "sub" / "b.txt").read_text() == "b0\n"
     finally:
         for holder in holders:
             holder.close()
