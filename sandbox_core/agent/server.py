@@ -157,8 +157,11 @@ class RequestJournal:
 
     def free_bytes(self) -> int:
         """Bytes free on the state volume for this process (``statvfs``)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        info = os.statvfs(self.directory)
+        try:
+            info = os.statvfs(self.directory)
+        except FileNotFoundError:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            info = os.statvfs(self.directory)
         return info.f_bavail * info.f_frsize
 
     def require_room(self) -> None:
