@@ -69,18 +69,28 @@ def write_json_atomic(
     """
     target = Path(path)
     text = json.dumps(data, indent=2, sort_keys=True) if pretty else json.dumps(data)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if tmp_suffix is None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    else:
-        tmp = os.fspath(target) + tmp_suffix
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    content = text.encode("utf-8")
+
+    def stage() -> tuple[int, str]:
+        if tmp_suffix is None:
+            return tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        staged = os.fspath(target) + tmp_suffix
+        return os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666), staged
+
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
+        fd, tmp = stage()
+    except FileNotFoundError:  # the directory is made the first time only
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = stage()
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         Path(tmp).replace(target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -167,9 +177,16 @@ def append_json_line(path: str | os.PathLike[str], data: Any) -> None:
     """
     target = Path(path)
     line = (json.dumps(data, separators=(",", ":"), default=str) + "\n").encode("utf-8")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    created = not target.exists()
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    created = False
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except FileNotFoundError:  # the first line: make the directory and the file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd, created = os.open(target, flags, 0o600), True
+        except FileExistsError:  # another writer made it in between
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         view = memoryview(line)
         while view:

@@ -71,6 +71,8 @@ def resolve_inside(root: str | os.PathLike[str], resource_path: str) -> str:
     if candidate.is_absolute() or ".." in candidate.parts:
         raise ValueError(TRAVERSAL_MESSAGE)
     base = Path(root).resolve()
+    if not candidate.parts:  # "." or "": the root itself, resolved above (one walk, not two)
+        return str(base)
     joined = base / candidate
     # resolve() follows every existing symlink on the way; a link pointing out of the root shows
     # up as a resolved path that is no longer below it.

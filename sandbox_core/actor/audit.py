@@ -22,6 +22,7 @@ Long strings are cut to :data:`MAX_FIELD_CHARS` characters (``"...[cut]"`` at th
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,8 @@ DEFAULT_SUMMARY_ENTRIES = 20
 """How many of the latest entries :meth:`AuditLog.summary` (the review) shows by default."""
 MAX_READ_ENTRIES = 1000
 """Most entries one :meth:`AuditLog.read` returns."""
+TAIL_CHUNK_BYTES = 64 * 1024
+"""How much of the log's end :meth:`AuditLog.append` reads at a time to find the last ``seq``."""
 
 _LOCK = threading.Lock()  # one appender at a time per process (seq numbers stay unique)
 
@@ -63,6 +66,18 @@ def _cut(value: Any) -> Any:
     return value
 
 
+def _seq_of(line: bytes) -> int | None:
+    """The ``seq`` of one line of the log, or None when it is not a whole entry."""
+    if not line.strip():
+        return None
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    seq = entry.get("seq") if isinstance(entry, dict) else None
+    return seq if isinstance(seq, int) else None
+
+
 class AuditLog:
     """The audit log of ``sandbox_id`` kept under ``state_dir`` (module docstring)."""
 
@@ -77,8 +92,7 @@ class AuditLog:
             SandboxError: the log cannot be written (the operation it records is not undone).
         """
         with _LOCK:
-            entries = self._entries()
-            seq = entries[-1]["seq"] + 1 if entries else 1
+            seq = self._last_seq() + 1
             entry = {
                 "seq": seq,
                 "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -90,6 +104,35 @@ class AuditLog:
             except OSError as exc:
                 raise SandboxError(f"cannot append to the audit log: {exc}") from exc
         return entry
+
+    def _last_seq(self) -> int:
+        """The ``seq`` of the last whole entry (0 when none), read from the end of the file
+        backwards, :data:`TAIL_CHUNK_BYTES` at a time: an append costs the same at the
+        thousandth entry as at the first. Lines that do not parse (a partial last line after a
+        crash) are skipped, as :meth:`read` skips them.
+
+        Raises:
+            SandboxError: the log cannot be read.
+        """
+        try:
+            with open(self.path, "rb") as log:
+                position = log.seek(0, os.SEEK_END)
+                head = b""  # the start of a line whose beginning lies before ``position``
+                while position > 0:
+                    step = min(TAIL_CHUNK_BYTES, position)
+                    position -= step
+                    log.seek(position)
+                    lines = (log.read(step) + head).split(b"\n")
+                    head = lines.pop(0) if position > 0 else b""
+                    for line in reversed(lines):
+                        seq = _seq_of(line)
+                        if seq is not None:
+                            return seq
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise SandboxError(f"cannot read the audit log: {exc}") from exc
+        return 0
 
     def _entries(self) -> list[dict[str, Any]]:
         try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ class Operations:
         # into a second transaction behind the first one's back. For the others it spares a
         # re-open per call (a git worktree's costs tens of milliseconds).
         self._live: dict[str, BaseSandbox] = {}
+        # Revisions as last written by this process (the agent is their only writer); the
+        # lock orders the worker's bumps with those of finished commands (their own threads).
+        self._revisions: dict[str, int] = {}
+        self._revision_lock = threading.Lock()
 
     # -- secrets ------------------------------------------------------------------------------
 
@@ -271,11 +276,20 @@ class Operations:
     def revision(self, sandbox_id: str) -> int:
         """How many times the agent changed this sandbox (0 when never). Callers put it into
         their request ids, so one logical call is deduplicated while a new one after any
-        change is a new request."""
-        try:
-            return int(self._revision_path(sandbox_id).read_text())
-        except (OSError, ValueError):
-            return 0
+        change is a new request. Read from ``<state>/revisions/<id>`` once per process, then
+        kept in memory (this process writes every later value)."""
+        with self._revision_lock:
+            return self._revision_locked(sandbox_id)
+
+    def _revision_locked(self, sandbox_id: str) -> int:
+        known = self._revisions.get(sandbox_id)
+        if known is None:
+            try:
+                known = int(self._revision_path(sandbox_id).read_text())
+            except (OSError, ValueError):
+                known = 0
+            self._revisions[sandbox_id] = known
+        return known
 
     def _save(self, sandbox: BaseSandbox) -> None:
         self.store.save(sandbox)
@@ -285,13 +299,18 @@ class Operations:
         # Written in place, padded to a fixed width, never truncated: rewriting a file
         # truncated to zero makes ext4 flush it (auto_da_alloc), which costs a disk write.
         path = self._revision_path(sandbox_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = str(self.revision(sandbox_id) + 1).ljust(REVISION_WIDTH).encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.pwrite(fd, text, 0)
-        finally:
-            os.close(fd)
+        with self._revision_lock:
+            value = self._revision_locked(sandbox_id) + 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.pwrite(fd, str(value).ljust(REVISION_WIDTH).encode(), 0)
+            finally:
+                os.close(fd)
+            self._revisions[sandbox_id] = value
 
     def _reopen(self, record: dict[str, Any]) -> BaseSandbox:
         """Re-open from a record; a database sandbox gets its password back from the Pod's
@@ -651,7 +670,9 @@ class Operations:
         sandbox.cleanup()
         self._live.pop(sandbox_id, None)
         self.store.delete(sandbox_id)
-        self._revision_path(sandbox_id).unlink(missing_ok=True)
+        with self._revision_lock:
+            self._revisions.pop(sandbox_id, None)
+            self._revision_path(sandbox_id).unlink(missing_ok=True)
         return {"sandbox_id": sandbox_id, "status": sandbox.status.value}
 
     # -- the actor's door (docs/actor.md) -------------------------------------------------------

@@ -119,3 +119,24 @@ def test_the_plan_review_shows_what_the_actors_did_bounded_and_outside_the_diges
     assert "activity" not in json.dumps(bare.to_dict())
     assert bare.with_activity({"s": {"total": 0, "entries": []}}).digest == bare.digest
     host.reopen(sandbox.sandbox_id).cleanup()
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 64 * 1024])
+def test_numbering_goes_on_from_the_last_whole_entry_read_from_the_end(
+    layout: Layout, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr("sandbox_core.actor.audit.TAIL_CHUNK_BYTES", chunk)
+    log = AuditLog(layout.state, "sid-3")
+    for n in range(5):
+        assert log.append("write", path=f"f{n}.txt" + "p" * 100, bytes=n)["seq"] == n + 1
+    with open(log.path, "ab") as handle:  # torn and foreign lines after the last whole entry
+        handle.write(b'{"seq": 6, "op": "wr\n[1, 2]\n{"seq": "7"}\n\n' + b"x" * 300 + b"\n")
+    assert log.append("move", path="a", to="b")["seq"] == 6
+    assert [e["seq"] for e in log.read()["entries"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_log_with_no_whole_entry_starts_at_one(layout: Layout) -> None:
+    log = AuditLog(layout.state, "sid-4")
+    log.path.parent.mkdir(parents=True)
+    log.path.write_bytes(b'{"seq": 1, "op": "ex\n')
+    assert log.append("exec", command=["true"])["seq"] == 1

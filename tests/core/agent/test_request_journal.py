@@ -117,3 +117,18 @@ def test_a_reply_that_cannot_be_kept_is_still_sent(
     status, _, reply = agent.json("POST", path, {"path": "n.txt", "content": "x"}, request_id="w2")
     assert status == 200, reply
     assert reply["path"] == "n.txt"
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_torn_reply_is_no_reply_and_the_next_put_replaces_it(
+    tmp_path: Path, durable: bool
+) -> None:
+    journal = RequestJournal(tmp_path)
+    journal.put("first", 200, {"n": 1}, durable=durable)  # makes the directory
+    torn = journal._path("k")
+    torn.write_text('{"status": 200, "payload": {"pa')  # a crash in the middle of a put
+    assert journal.get("k") is None  # the request runs again
+    journal.put("k", 200, {"path": "a.txt", "bytes": 3}, durable=durable)
+    assert journal.get("k") == (200, {"path": "a.txt", "bytes": 3})
+    assert journal.get("first") == (200, {"n": 1})
+    assert sorted(p.suffix for p in journal.directory.iterdir()) == [".json", ".json"]
