@@ -60,6 +60,9 @@ def own_server() -> Iterator[LocalApiServer]:
         yield server
 
 
+PLURALS = ("sandboxes", "checkpoints", "plancommits")
+
+
 def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
     own_server: LocalApiServer, tmp_path: Path
 ) -> None:
@@ -114,6 +117,16 @@ def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
                 break
             time.sleep(1)
         assert explain.returncode == 0, explain.stderr
+        # Each kind's storage of the new version initializes after the CRD update (429 "storage
+        # is (re)initializing", then 503 "Resource kind ... not found" for a create meanwhile).
+        served = ",".join(f"{plural}.v1beta1.sandbox.cleveragents.io" for plural in PLURALS)
+        deadline = time.monotonic() + 60
+        while True:
+            listed = own_server.kubectl("get", served, "-n", cluster.namespace)
+            if listed.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert listed.returncode == 0, listed.stderr
 
         # The rollout: this tree's operator (v1beta1); the old object keeps reconciling.
         operator.stop()
