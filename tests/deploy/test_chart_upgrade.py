@@ -9,6 +9,7 @@ the Deployment's rollout would.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -58,9 +59,6 @@ def previous_operator(into: Path) -> str:
 def own_server() -> Iterator[LocalApiServer]:
     with LocalApiServer() as server:
         yield server
-
-
-PLURALS = ("sandboxes", "checkpoints", "plancommits")
 
 
 def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
@@ -117,16 +115,20 @@ def test_upgrade_from_the_previous_chart_keeps_live_objects_reconciling(
                 break
             time.sleep(1)
         assert explain.returncode == 0, explain.stderr
-        # Each kind's storage of the new version initializes after the CRD update (429 "storage
-        # is (re)initializing", then 503 "Resource kind ... not found" for a create meanwhile).
-        served = ",".join(f"{plural}.v1beta1.sandbox.cleveragents.io" for plural in PLURALS)
+        # The chart's MutatingAdmissionPolicy reads a kind's new version from the OpenAPI the
+        # API server republishes asynchronously: until then a create of it answers 503
+        # "Resource kind ... not found" (a user's client retries it). A server-side dry run goes
+        # through admission, so it says when a PlanCommit of the new version can be created.
+        probe = plancommit_manifest("pc-probe", "plan-up")
         deadline = time.monotonic() + 60
         while True:
-            listed = own_server.kubectl("get", served, "-n", cluster.namespace)
-            if listed.returncode == 0 or time.monotonic() > deadline:
+            dry_run = cluster.kubectl(
+                "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+            )
+            if dry_run.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        assert listed.returncode == 0, listed.stderr
+        assert dry_run.returncode == 0, dry_run.stderr
 
         # The rollout: this tree's operator (v1beta1); the old object keeps reconciling.
         operator.stop()
