@@ -3,11 +3,10 @@ workspace Pods").
 
 A Sandbox in its workspace Pod, a Checkpoint of it, two forks, each in a workspace Pod of its
 own that started from the checkpoint carried by the operator from the parent's agent to its
-own; the parent deleted (the forks never need it again); a PlanCommit whose check cannot run
-(this cluster's workspace Pods cannot hold a jail, docs/security.md: the check fails with
-``JailUnavailableError`` and bwrap's reason, nothing is touched); then a PlanCommit naming one
-fork commits it and discards the other. The original holds exactly the committed fork's
-content.
+own; the parent deleted (the forks never need it again); a PlanCommit whose check fails in the
+fork's jail (its exit code and output in the result, nothing touched); then a PlanCommit naming
+one fork, with a check that passes there, commits it and discards the other. The original holds
+exactly the committed fork's content.
 """
 
 from __future__ import annotations
@@ -50,28 +49,34 @@ def test_two_forks_in_workspace_pods_one_committed_the_other_discarded(
     forks[1].write_file("b.txt", "two\n")
     forks[1].write_file("g.txt", "the other attempt\n")
 
-    # A check runs through the workspace agent's command route: here the Pod cannot hold a
-    # jail, so it is refused, never run unjailed; the PlanCommit fails before anything lands.
-    check = {
-        "name": "has-a",
+    # A check runs in the fork's jail through the workspace agent's command route: one that
+    # fails ends the PlanCommit before anything lands.
+    failing = {
+        "name": "has-b",
         "sandbox": "attempt-1",
-        "command": ["test", "-f", "a.txt"],
+        "command": ["sh", "-c", "cat a.txt; test -f b.txt"],
         "timeoutSeconds": 60,
     }
-    refused = plan.commit(sandboxes=["attempt-1"], checks=[check], timeout=300)
+    refused = plan.commit(sandboxes=["attempt-1"], checks=[failing], timeout=300)
     assert not refused.committed
     [result] = refused.validation
-    assert result["name"] == "has-a" and result["passed"] is False, result
-    assert "JailUnavailableError" in result["outputTail"], result
-    assert "bwrap" in result["outputTail"], result
+    assert (result["name"], result["passed"], result["exitCode"]) == ("has-b", False, 1), result
+    assert result["outputTail"].strip() == "one", result
     assert originals.read("data/g.txt") == "d0\n"
     assert sorted(o["metadata"]["name"] for o in client.list_objects("sandboxes", namespace)) == [
         "attempt-1",
         "attempt-2",
     ]
 
-    done = plan.commit(sandboxes=["attempt-1"], timeout=300)
+    passing = {
+        "name": "has-a",
+        "sandbox": "attempt-1",
+        "command": ["test", "-f", "a.txt"],
+        "timeoutSeconds": 60,
+    }
+    done = plan.commit(sandboxes=["attempt-1"], checks=[passing], timeout=300)
     assert done.committed, done.conditions
+    assert [(r["name"], r["passed"]) for r in done.validation] == [("has-a", True)]
 
     def only_the_committed(objects: dict[str, Any]) -> list[str] | None:
         return sorted(objects) if sorted(objects) == ["attempt-1"] else None
