@@ -89,10 +89,17 @@ def local_pipe(size: int, jail_in: Path | None = None) -> float:
     """Seconds for ``head -c size`` read from its pipe in this process; in a jail built on
     the directory ``jail_in`` when given (``bwrap`` alone: no agent, no runner)."""
     argv = ["head", "-c", str(size), "/dev/zero"]
-    if jail_in is not None:
-        argv = Jail().argv(str(jail_in), str(jail_in), argv, dict(BASE_ENV))
     start = time.perf_counter()
-    with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
+    if jail_in is None:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    else:
+        jail = Jail()
+        jail.check()  # chooses the /proc mode once, outside the timing
+        start = time.perf_counter()
+        process = jail.spawn(
+            str(jail_in), str(jail_in), argv, dict(BASE_ENV), stdout=subprocess.PIPE
+        )
+    with process as proc:
         assert proc.stdout is not None
         got = 0
         while data := proc.stdout.read(1024 * 1024):
