@@ -15,6 +15,8 @@ from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from sandbox_api import core_record
 from sandbox_api.models import (
     CHECKPOINT_PLURAL,
@@ -696,10 +698,11 @@ class SandboxLogic:
             )
         try:
             target = target_from_body(body, self.settings, self.api, for_deletion=True)
-        except PermanentError as exc:
-            # What it made while its spec was accepted is still ours to remove.
+        except (PermanentError, ApiException) as exc:
+            # What it made while its spec was accepted is still ours to remove, whatever became
+            # of its source (a Secret deleted first by a namespace's deletion answers 404).
             logger.warning(
-                "sandbox %s: spec refused (%s); cleaning up by the operator's own record",
+                "sandbox %s: spec or source refused (%s); cleaning up by the operator's own record",
                 body["metadata"]["name"],
                 exc,
             )

@@ -233,11 +233,10 @@ def target_from_body(
     """Build the executor's view of one Sandbox object from its spec and uid (module
     docstring: the status is not input, but a verified ``coreRecord``).
 
-    ``for_deletion``: deleting a Sandbox never waits for another object. A fork's parent is
-    not checked (it may be gone, or never have fitted), and when the Secret a ``secretRef``
-    source names is gone or no longer holds a DSN, the original is the record's redacted DSN:
-    cleanup reopens by the record, and releases a PostgreSQL prepared transaction left behind
-    only best effort (it needs the password).
+    ``for_deletion``: deleting a Sandbox never waits for another object, so a fork's parent is
+    not checked (it may be gone, or never have fitted); a source that cannot be resolved any
+    more (its Secret gone, or holding no DSN) is the caller's to handle
+    (:func:`refused_spec_target`).
     A fork not made yet (no ``status.coreRecord``) has its parent checked
     (:func:`resolve_fork`); once made, the parent is never looked at again (its record, even
     one not trusted here, says it was made).
@@ -252,12 +251,7 @@ def target_from_body(
         raise PermanentError(f"invalid Sandbox spec: {exc}") from exc
     status = dict(body.get("status") or {})
     sandbox_id = sandbox_id_for_uid(str(metadata["uid"]))
-    try:
-        original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
-    except (ApiException, PermanentError):
-        if not (for_deletion and spec.source.secret_ref is not None):
-            raise
-        original = _recorded_original(status)
+    original = resolve_original(spec, str(metadata.get("namespace") or ""), settings, api)
     try:
         record = core_record.decode(status.get("coreRecord"), original)
     except core_record.CoreRecordVersionError as exc:
@@ -310,15 +304,6 @@ def refused_spec_target(body: Mapping[str, Any]) -> SandboxTarget:
         strategy=str(spec.get("strategy") or ""),
         original="",
     )
-
-
-def _recorded_original(status: Mapping[str, Any]) -> str:
-    """The original a ``status.coreRecord`` names (a DSN there is redacted), or ``""``."""
-    try:
-        record = core_record.decode(status.get("coreRecord"))
-    except core_record.CoreRecordVersionError:
-        return ""
-    return str((record or {}).get("original_path") or "")
 
 
 class ForkRefusedError(PermanentError):
