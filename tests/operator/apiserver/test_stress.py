@@ -43,7 +43,9 @@ def test_twenty_sandboxes_at_once_have_a_complete_monotonic_breakdown(
         api = timeline.durations(report.phases, "api")
         assert set(watch) == {"admission", "reconcile_start", "active"}
         assert set(api) == {"reconcile_start", "active"}  # admission starts on our clock
-        assert all(value >= 0 for value in [*watch.values(), *api.values()])
+        assert all(value >= 0 for value in watch.values())
+        # Whole seconds from clocks half a second apart (the operator stamps Ready).
+        assert all(value >= -stress.API_ORDER_SLACK_SECONDS for value in api.values())
     assert len(report.create_to_active("watch")) == N
     assert len(report.create_to_active("api")) == N
     # The operator's histograms saw the same Sandboxes, each once.
@@ -84,4 +86,24 @@ def test_a_missing_or_reordered_mark_is_reported() -> None:
         {"admission": 0.1, "reconcile_start": 0.2, "active": 0.6}
     )
     assert stress.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
+    assert stress.percentile([3.0, 1.0, 2.0, 4.0], 99) == 4.0
+
+
+def test_the_api_clock_allows_one_second_out_of_order_and_no_more() -> None:
+    """The operator stamps Ready on its estimate of the API's clock (good to half a second), the
+    API server stamps managedFields: a Ready right after the first write may read one whole
+    second earlier (seen in CI at 4 of 20 Sandboxes), two may not; the watch allows nothing."""
+    stress = _stress_module()
+    watch = {"applied": 10.0, "admission": 10.1, "reconcile_start": 10.2, "active": 10.3}
+
+    def order(api: dict[str, float]) -> list[str]:
+        return stress.Timeline("t", watch=watch, api=api).out_of_order(stress.LOCAL_PHASES)
+
+    assert order({"admission": 10.0, "reconcile_start": 11.0, "active": 10.0}) == []
+    assert order({"admission": 10.0, "reconcile_start": 12.0, "active": 10.0}) == [
+        "api: active before reconcile_start"
+    ]
+    early = stress.Timeline("t", watch={**watch, "active": 10.19}, api={})
+    assert early.out_of_order(stress.LOCAL_PHASES) == ["watch: active before reconcile_start"]
+
     assert stress.percentile([3.0, 1.0, 2.0, 4.0], 99) == 4.0
