@@ -1,9 +1,11 @@
 """The kubelet's two parts for a workspace Pod on the API server tier, which has no kubelet:
 :class:`Kubelet` runs the Pod's main process (``sandbox-core serve-workspace``) with the Pod's
-environment and token file, and reports the Pod's status (Running, Ready, podIP 127.0.0.1)
-through the status subresource. :data:`POD` is the workspace Pod of Sandbox ``s-db``
-(:data:`SECRET` its token Secret; a :class:`Kubelet` may play another Pod); :data:`KEY` the
-operator's agent key.
+environment and token file (a warm-pool Pod's: its bootstrap-token file and allowed roots, no
+token yet), and reports the Pod's status (Running, Ready, podIP 127.0.0.1) through the status
+subresource. :data:`POD` is the workspace Pod of Sandbox ``s-db`` (:data:`SECRET` its token
+Secret; a :class:`Kubelet` may play another Pod); :data:`KEY` the operator's agent key. The
+multi-node tier's fake kubelet starts one per workspace Pod it runs
+(`tests.support.apiserver.multinode.FakeKubelet.agents`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_api.naming import child_object_name
+from sandbox_core.agent import wire
 from tests.support.operator import Cluster, wait_for
 
 KEY = "agent-key-" + "x" * 40
@@ -50,17 +53,27 @@ class Kubelet:
         self.agent: subprocess.Popen[bytes] | None = None
 
     def start_container(self) -> None:
-        """Run the Pod's command with the Pod's token file and environment."""
-        secret = self.cluster.get("secret", self.secret)
-        assert secret is not None
+        """Run the Pod's command with the Pod's token file and environment. A warm-pool Pod
+        (a ``bootstrap`` Secret volume) gets its bootstrap-token file and its declared allowed
+        roots instead, and no token file: its agent waits for the hand-over."""
         self.work.mkdir(parents=True, exist_ok=True)
         token_file = self.work / "token"
-        token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
         pod = self.cluster.get("pod", self.pod)
         assert pod is not None
-        command = pod["spec"]["containers"][0]["command"]
-        assert command == ["sandbox-core", "serve-workspace"]
+        container = pod["spec"]["containers"][0]
+        assert container["command"] == ["sandbox-core", "serve-workspace"]
         env = {**os.environ, "SANDBOX_SOURCE_DSN": self.dsn}
+        bootstrap = next((v for v in pod["spec"]["volumes"] if v["name"] == "bootstrap"), None)
+        if bootstrap is None:
+            token_file.write_bytes(self._secret_token(self.secret))
+        else:
+            token_file.unlink(missing_ok=True)  # none until the hand-over
+            boot = self.work / "bootstrap-token"
+            boot.write_bytes(self._secret_token(bootstrap["secret"]["secretName"]))
+            declared = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+            assert declared[wire.BOOTSTRAP_TOKEN_FILE_ENV] == wire.BOOTSTRAP_TOKEN_FILE
+            env[wire.BOOTSTRAP_TOKEN_FILE_ENV] = str(boot)
+            env[wire.ALLOWED_ROOTS_ENV] = declared[wire.ALLOWED_ROOTS_ENV]
         scratch = self.scratch_dir(pod)
         with open(self.work / "agent.log", "ab") as log:
             self.agent = subprocess.Popen(
@@ -74,6 +87,11 @@ class Kubelet:
                 ],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
+
+    def _secret_token(self, name: str) -> bytes:
+        secret = self.cluster.get("secret", name)
+        assert secret is not None, f"secret {name}"
+        return base64.b64decode(secret["data"]["token"])
 
     def _mounts(self) -> list[str]:
         """With a ``source``: bwrap with this machine's root as it is, plus ``source`` at the
@@ -115,7 +133,8 @@ class Kubelet:
             return self.work / "claims" / claim
         return self.work / "pods" / pod["metadata"]["uid"] / "scratch"
 
-    def _serving(self) -> bool:
+    def serving(self) -> bool:
+        """Whether the agent answers its readiness probe (``GET /healthz``) at the Pod's IP."""
         try:
             with urllib.request.urlopen(f"http://{self.ip}:{self.port}/healthz", timeout=1) as r:
                 return bool(r.read() == b"ok")
@@ -125,7 +144,7 @@ class Kubelet:
     def report_ready(self) -> None:
         """Once the readiness probe passes (``GET /healthz``), patch the current Pod's status:
         Running, Ready, podIP ``ip``."""
-        wait_for(self._serving, 60, "the agent's readiness probe")
+        wait_for(self.serving, 60, "the agent's readiness probe")
         wait_for(lambda: self.cluster.get("pod", self.pod), 60, "the workspace Pod")
         status = {
             "status": {

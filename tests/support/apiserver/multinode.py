@@ -16,7 +16,10 @@ What stands in for the parts that are not under test (docs/testing-tiers.md, "Mu
   attach-detach controller);
 * :class:`FakeKubelet` reports a bound Pod ``Running`` once every attachable volume of the Pod is
   in its Node's ``status.volumesAttached`` (as the kubelet waits for the attach before it mounts);
-  the Pod's ``Ready`` is ``ready_pods`` (no container runs);
+  the Pod's ``Ready`` is ``ready_pods`` (no container runs). Within :meth:`FakeKubelet.agents`
+  a workspace Pod's main process runs instead: the real workspace agent on a loopback IP of the
+  Pod's own (`tests.support.kubelet.Kubelet`), and the Pod is ``Running`` and ``Ready`` once the
+  agent answers its readiness probe;
 * it plays the dynamic provisioner for claims without a class (a hostPath volume each: the
   scratch claims; the binder binds them);
 * it also plays the CSI driver's external attacher: a VolumeAttachment of :data:`CSI_DRIVER` is
@@ -34,7 +37,8 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -48,6 +52,8 @@ from tests.support.apiserver.harness import (
     StartupError,
     _Process,
 )
+from tests.support.kubelet import Kubelet
+from tests.support.operator import Cluster
 
 CSI_DRIVER = "attach.csi.sandbox.test"
 CONTROLLERS = (
@@ -61,6 +67,20 @@ NODE_PREFIX = "node-"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-detach"
+WORKSPACE_COMMAND = ["sandbox-core", "serve-workspace"]
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How :meth:`FakeKubelet.agents` runs workspace agents: the operator's agent ``port``
+    (every agent listens on it, each on its Pod's IP), a ``work`` directory (one directory per
+    Pod below it: token files, state, log; ``work/claims/<claim>``: a source claim's files,
+    shared by every Pod that mounts it, as a ReadWriteMany volume is) and the ``dsn`` of a
+    Secret source (``""``: none)."""
+
+    port: int
+    work: Path
+    dsn: str = ""
 
 
 def node_manifest(name: str, zone: str) -> dict[str, Any]:
@@ -112,17 +132,31 @@ class FakeKubelet:
     Every ``interval`` seconds: each VolumeAttachment of :data:`CSI_DRIVER` that is not
     attached is marked attached; each Pod bound to a fake Node and still ``Pending`` becomes
     ``Running`` (podIP ``127.0.0.<n>``) once its attachable volumes are attached to that Node.
-    ``ready_pods`` sets the Pods' ``Ready`` condition.
+    ``ready_pods`` sets the Pods' ``Ready`` condition. Within :meth:`agents`, a workspace Pod
+    (command ``sandbox-core serve-workspace``) runs its agent instead and becomes ``Running``
+    and ``Ready`` once the agent answers; an agent stops when its Pod is deleted or ends
+    (phase ``Failed`` or ``Succeeded``). ``server`` (the `LocalApiServer`) is needed for agents.
     """
 
-    def __init__(self, api: client.ApiClient, interval: float = 0.3, ready_pods: bool = False):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        interval: float = 0.3,
+        ready_pods: bool = False,
+        server: LocalApiServer | None = None,
+    ):
         self.core = client.CoreV1Api(api)
         self.storage = client.StorageV1Api(api)
         self.interval = interval
         self.ready_pods = ready_pods
+        self.server = server
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
         self._next_ip = 2
+        self._round = threading.Lock()  # one round at a time; agents start and stop under it
+        self._agent_settings: AgentSettings | None = None
+        self._agents: dict[str, Kubelet] = {}  # by Pod uid
+        self._serving: set[str] = set()  # uids of the Pods reported Ready
         self.errors: list[str] = []
 
     def start(self) -> None:
@@ -131,13 +165,53 @@ class FakeKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        with self._round:
+            self._stop_agents()
+
+    @contextlib.contextmanager
+    def agents(self, settings: AgentSettings) -> Iterator[None]:
+        """Within: run each new workspace Pod's agent (`Kubelet`) on a loopback IP of its own;
+        at the end every agent started here is stopped, whatever happened."""
+        if self.server is None:
+            raise ValueError("agents need the API server (FakeKubelet(server=...))")
+        with self._round:
+            self._agent_settings = settings
+        try:
+            yield
+        finally:
+            with self._round:
+                self._agent_settings = None
+                self._stop_agents()
+
+    def agent(self, namespace: str, name: str) -> Kubelet | None:
+        """The running agent of Pod ``namespace/name``, if any."""
+        with self._round:
+            for kubelet in self._agents.values():
+                if kubelet.cluster.namespace == namespace and kubelet.pod == name:
+                    return kubelet
+        return None
+
+    def _stop_agents(self) -> None:
+        for uid in list(self._agents):
+            self._stop_agent(uid)
+
+    def _stop_agent(self, uid: str) -> None:
+        kubelet = self._agents.pop(uid)
+        self._serving.discard(uid)
+        try:
+            kubelet.stop()
+        except Exception as exc:  # the others must still stop
+            self.errors.append(f"stopping the agent of {kubelet.pod}: {exc!r}")
+            if kubelet.agent is not None:
+                kubelet.agent.kill()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self._provision()
-                self._attach()
-                self._start_pods()
+                with self._round:
+                    self._provision()
+                    self._attach()
+                    self._start_pods()
             except ApiException as exc:  # a conflict or a deleted object: try again next round
                 self.errors.append(f"{exc.status} {exc.reason}")
             except Exception as exc:  # the thread must outlive one bad round
@@ -201,7 +275,16 @@ class FakeKubelet:
         return names
 
     def _start_pods(self) -> None:
-        for pod in self.core.list_pod_for_all_namespaces().items:
+        pods = self.core.list_pod_for_all_namespaces().items
+        live = {
+            pod.metadata.uid
+            for pod in pods
+            if not pod.metadata.deletion_timestamp
+            and pod.status.phase not in ("Failed", "Succeeded")
+        }
+        for uid in set(self._agents) - live:  # the Pod went or ended: so does its container
+            self._stop_agent(uid)
+        for pod in pods:
             node = pod.spec.node_name
             if not node or not node.startswith(NODE_PREFIX) or pod.metadata.deletion_timestamp:
                 if node and pod.metadata.deletion_timestamp:
@@ -211,14 +294,21 @@ class FakeKubelet:
                             pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
                         )
                 continue
+            if pod.metadata.uid in self._agents:
+                self._report_serving(pod)
+                continue
             if pod.status.phase != "Pending":
                 continue
             namespace = pod.metadata.namespace
             if not self._needs_attach(namespace, pod) <= self._attached_to(node):
                 continue
+            ip = self._new_ip()
+            if self._agent_settings is not None and pod.spec.containers[0].command == (
+                WORKSPACE_COMMAND
+            ):
+                self._start_agent(pod, ip)
+                continue
             not_ready = "" if self.ready_pods else "ContainersNotReady"
-            ip = f"127.0.0.{self._next_ip}"
-            self._next_ip = self._next_ip % 250 + 1
             status = {
                 "phase": "Running",
                 "podIP": ip,
@@ -232,6 +322,73 @@ class FakeKubelet:
                 ],
             }
             self.core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": status})
+
+    def _new_ip(self) -> str:
+        """``127.0.0.<n>``, n in 2..250 in turn, skipping the IPs of running agents."""
+        taken = {kubelet.ip for kubelet in self._agents.values()}
+        while True:
+            ip = f"127.0.0.{self._next_ip}"
+            self._next_ip = self._next_ip % 249 + 2
+            if ip not in taken:
+                return ip
+
+    def _start_agent(self, pod: client.V1Pod, ip: str) -> None:
+        """Run ``pod``'s agent (its token Secret or bootstrap Secret, its source claim's
+        directory at the source mount); the Pod stays ``Pending`` until the agent answers."""
+        settings = self._agent_settings
+        assert settings is not None and self.server is not None
+        namespace = pod.metadata.namespace
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        token = volumes.get("agent-token")
+        source = volumes.get("source")
+        claimed = source.persistent_volume_claim if source is not None else None
+        directory = None
+        if claimed is not None:
+            directory = settings.work / "claims" / namespace / claimed.claim_name
+            directory.mkdir(parents=True, exist_ok=True)
+        kubelet = Kubelet(
+            Cluster(self.server, namespace),
+            settings.work / namespace / pod.metadata.name,
+            settings.port,
+            settings.dsn,
+            pod=pod.metadata.name,
+            secret=token.secret.secret_name if token is not None else "",
+            ip=ip,
+            source=directory,
+        )
+        kubelet.start_container()  # raises (tried again next round) or runs the agent
+        self._agents[pod.metadata.uid] = kubelet
+
+    def _report_serving(self, pod: client.V1Pod) -> None:
+        """Once ``pod``'s agent answers its readiness probe: ``Running``, ``Ready``, its IP."""
+        uid = pod.metadata.uid
+        kubelet = self._agents[uid]
+        if uid in self._serving:
+            return
+        if kubelet.agent is not None and kubelet.agent.poll() is not None:
+            log = (kubelet.work / "agent.log").read_text(errors="replace")[-2000:]
+            self.errors.append(f"the agent of {kubelet.pod} exited: {log}")
+            self._stop_agent(uid)  # the next round starts it again, as a kubelet restarts it
+            return
+        if not kubelet.serving():
+            return
+        status = {
+            "phase": "Running",
+            "podIP": kubelet.ip,
+            "podIPs": [{"ip": kubelet.ip}],
+            "hostIP": "127.0.0.1",
+            "startTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "conditions": [
+                _condition("PodScheduled", True),
+                _condition("Initialized", True),
+                _condition("ContainersReady", True),
+                _condition("Ready", True),
+            ],
+        }
+        self.core.patch_namespaced_pod_status(
+            pod.metadata.name, pod.metadata.namespace, {"status": status}
+        )
+        self._serving.add(uid)
 
 
 class MultiNodeCluster:
@@ -278,7 +435,7 @@ class MultiNodeCluster:
             self._start_components()
             self.api = config.new_client_from_config(str(self.server.kubeconfig_path))
             self._make_nodes()
-            self.kubelet = FakeKubelet(self.api, ready_pods=self.ready_pods)
+            self.kubelet = FakeKubelet(self.api, ready_pods=self.ready_pods, server=self.server)
             self.kubelet.start()
             self._wait_scheduler_sees_nodes()
             self._wait_controllers_run()
