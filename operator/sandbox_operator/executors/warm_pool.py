@@ -222,19 +222,36 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def pool_pod_is_bad(pod: Mapping[str, Any], start_grace_seconds: float, now: datetime) -> bool:
+# The kubelet stamps a Pod's startTime and its first Ready=False in one status update, but from
+# two readings of its clock: they may fall in consecutive seconds. Only a transition later than
+# this after the start is taken for a Pod that lost a readiness it had.
+READY_LOST_SLACK_SECONDS = 2.0
+
+
+def pool_pod_is_bad(
+    pod: Mapping[str, Any], start_grace_seconds: float, now: datetime, seen_ready: bool = False
+) -> bool:
     """True when a free pool Pod will never serve and must be replaced: it ended (phase Failed
-    or Succeeded), lost readiness after having had it (a Ready condition False whose transition
-    is after the Pod started), or is still not Ready ``start_grace_seconds`` after creation."""
+    or Succeeded), lost readiness after having had it (``seen_ready``: this operator saw it
+    Ready; or a Ready condition False whose transition is more than
+    :data:`READY_LOST_SLACK_SECONDS` after the Pod started), or is still not Ready
+    ``start_grace_seconds`` after creation. ``now`` is aware UTC."""
     status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
         return True
     if pod_is_ready(dict(pod)):
         return False
+    if seen_ready:
+        return True
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     started = _time(status.get("startTime"))
     changed = _time((ready or {}).get("lastTransitionTime"))
-    if ready is not None and started is not None and changed is not None and changed > started:
+    if (
+        ready is not None
+        and started is not None
+        and changed is not None
+        and (changed - started).total_seconds() > READY_LOST_SLACK_SECONDS
+    ):
         return True  # it was Ready once (a probe failing now)
     created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
     return created is not None and (now - created).total_seconds() > start_grace_seconds
@@ -269,6 +286,8 @@ class WarmPool:
         self.api = api
         self.keys = keys
         self.start_grace_seconds = start_grace_seconds
+        # (namespace, shape) -> uids of its free Pods seen Ready (pruned to the free ones).
+        self._seen_ready: dict[tuple[str, str], set[str]] = {}
 
     def ensure_bootstrap(self, namespace: str, shape: str) -> str:
         """The name of pool ``shape``'s bootstrap Secret, made when absent (a 409 is the one
@@ -329,9 +348,15 @@ class WarmPool:
         moment = now or datetime.now(UTC)
         replaced: list[str] = []
         healthy = 0
-        for pod in self.free(namespace, shape):
+        free = self.free(namespace, shape)
+        seen = self._seen_ready.setdefault((namespace, shape), set())
+        seen.intersection_update(str(pod["metadata"].get("uid")) for pod in free)
+        for pod in free:
             name = str(pod["metadata"]["name"])
-            if pool_pod_is_bad(pod, self.start_grace_seconds, moment):
+            uid = str(pod["metadata"].get("uid"))
+            if pod_is_ready(pod):
+                seen.add(uid)
+            if pool_pod_is_bad(pod, self.start_grace_seconds, moment, uid in seen):
                 try:
                     self.api.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
                 except ApiException as exc:

@@ -11,40 +11,9 @@ from typing import Any
 import yaml
 from sandbox_operator.executors.placement import SOURCE_CLAIM_LABEL, unschedulable_reason
 
-from tests.support.apiserver.multinode import (
-    HOSTNAME_LABEL,
-    MultiNodeCluster,
-    attachable_volume,
-    claim,
-)
-from tests.support.operator import API, CHART_DIR, Cluster, OperatorProcess, run_helm
-
-WORKSPACE = "app.kubernetes.io/component=workspace"
-
-
-def source_claim(nodes: MultiNodeCluster, cluster: Cluster, name: str, mode: str) -> None:
-    """An attachable CSI volume with access ``mode`` and claim ``name`` bound to it."""
-    volume = f"{cluster.namespace}-{name}"
-    nodes.apply(attachable_volume(volume, volume, mode, (cluster.namespace, name)))
-    nodes.apply([claim(name, volume, mode)], cluster.namespace)
-    nodes.wait(
-        lambda: (cluster.get("pvc", name) or {}).get("status", {}).get("phase") == "Bound",
-        30,
-        f"claim {name} bound",
-    )
-
-
-def sandbox(name: str, claim_name: str, **workspace: Any) -> dict[str, Any]:
-    """A Sandbox over claim ``claim_name`` (strategy none: the smallest workspace Pod)."""
-    spec: dict[str, Any] = {
-        "planId": "placement",
-        "resourceId": name,
-        "strategy": "none",
-        "source": {"persistentVolumeClaim": {"claimName": claim_name}},
-    }
-    if workspace:
-        spec["workspace"] = workspace
-    return {"apiVersion": API, "kind": "Sandbox", "metadata": {"name": name}, "spec": spec}
+from tests.support.apiserver.multinode import HOSTNAME_LABEL, MultiNodeCluster
+from tests.support.multinode_objects import WORKSPACE, attachments, sandbox, source_claim
+from tests.support.operator import CHART_DIR, Cluster, OperatorProcess, run_helm
 
 
 def app_pod(name: str, claim_name: str, node: str) -> dict[str, Any]:
@@ -70,15 +39,6 @@ def running_pods(nodes: MultiNodeCluster, cluster: Cluster, count: int) -> list[
         return running if len(running) == count else None
 
     return list(nodes.wait(probe, 90, f"{count} workspace Pods running"))
-
-
-def attachments(nodes: MultiNodeCluster, volume: str) -> list[str]:
-    """The nodes the attach-detach controller attached ``volume`` to."""
-    return sorted(
-        a["spec"]["nodeName"]
-        for a in nodes.volume_attachments()
-        if a["spec"]["source"].get("persistentVolumeName") == volume
-    )
 
 
 def test_the_attach_detach_controller_refuses_a_read_write_once_volume_on_a_second_node(

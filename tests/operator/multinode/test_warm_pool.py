@@ -20,10 +20,10 @@ from sandbox_operator.executors.pod_manifests import SANDBOX_UID_LABEL, SOURCE_M
 from sandbox_operator.executors.warm_pool import POOL_LABEL, POOLED_LABEL
 
 from sandbox_core.agent import wire
-from tests.operator.multinode.test_placement import WORKSPACE, attachments, sandbox, source_claim
 from tests.support.apiserver.harness import free_port
 from tests.support.apiserver.multinode import AgentSettings, MultiNodeCluster
 from tests.support.kubelet import KEY
+from tests.support.multinode_objects import WORKSPACE, attachments, sandbox, source_claim
 from tests.support.operator import Cluster, OperatorProcess
 
 CLAIM = "shared"
