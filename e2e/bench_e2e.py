@@ -482,6 +482,32 @@ def stress_module() -> Any:
 
 
 STRESS_FILES = 20
+METRICS_PORT = 9090  # the chart's metrics.port
+
+
+def operator_metrics_url(kube: Kube, operator_namespace: str) -> str | None:
+    """``http://<pod IP>:9090/metrics`` of the Ready operator Pod when it answers from here (the
+    node: the chart's NetworkPolicy admits the metrics port from anywhere); None otherwise, and
+    the figures go without the operator's histograms beside them."""
+    import urllib.request
+
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    items = kube.json("get", "pods", "-n", operator_namespace, "-l", selector).get("items") or []
+    for pod in items:
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if not ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+            continue
+        url = f"http://{status['podIP']}:{METRICS_PORT}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return url
+        except OSError:
+            continue
+    return None
 
 
 def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str, Any]:
@@ -512,9 +538,14 @@ def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str
         item["spec"]["source"]["persistentVolumeClaim"]["claimName"] = WARM_CLAIM
         return item
 
-    target = stress.Target(
-        Path(os.environ["KUBECONFIG"]), namespace, "pod", None, manifest, kubectl
-    )
+    def target() -> Any:
+        # Read before each run: the chart's upgrade replaces the operator Pod (and its
+        # histograms, so each run's counts are its own).
+        metrics = operator_metrics_url(kube, operator_namespace)
+        return stress.Target(
+            Path(os.environ["KUBECONFIG"]), namespace, "pod", metrics, manifest, kubectl
+        )
+
     config = stress.StressConfig(sandboxes, "copy_on_write", timeout_seconds=600.0)
     pool_on = False
     try:
@@ -535,7 +566,7 @@ def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str
             f"mkdir -p data && for i in $(seq 1 {STRESS_FILES}); do"
             " printf 'line of file %s\\n' $i > data/f$i.txt; done"
         )
-        reports["cold"] = stress.measure(target, config)
+        reports["cold"] = stress.measure(target(), config)
         write_stress_tables(reports)
         kube.kubectl(
             "delete", "sandboxes", "--all", "-n", namespace, "--wait=true", "--timeout=300s",
@@ -553,7 +584,7 @@ def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str
             interval=1.0,
         )
         time.sleep(5.0)  # the last Ready events reach the operator's pool list
-        reports["warm"] = stress.measure(target, config)
+        reports["warm"] = stress.measure(target(), config)
         write_stress_tables(reports)
     finally:
         if pool_on:
