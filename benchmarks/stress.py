@@ -31,6 +31,14 @@ at the end one list reads the timestamps the API holds (one-second resolution). 
 - ``active``: the previous mark -> the event showing ``status.phase: Active``. API: the Ready
   condition's ``lastTransitionTime``.
 
+The workspace Pod of a Sandbox is the one its ``status.workspacePod`` names (seen on the
+Sandbox's events, and in the list at the end), not a name derived from the Sandbox's: a Sandbox
+served by a warm-pool Pod (``sbx-pool-...``, chart ``workspace.warmPool``) is *warm*. Its Pod was
+scheduled and Ready before the apply, so its breakdown is ``admission``, ``reconcile_start`` and
+``active`` (:data:`WARM_PHASES`), the last being the hand-over: reconcile start -> Active, which
+holds claiming a Ready pool Pod (one merge patch) and handing its agent the Sandbox's token. Cold
+(own Pod) and warm Sandboxes are reported in separate tables.
+
 create->Active is ``ADDED`` -> Active per Sandbox (watch), and ``creationTimestamp`` -> Ready's
 ``lastTransitionTime`` (API). Percentiles are nearest-rank. The operator's own histograms
 (``sandbox_operator_sandbox_create_to_active_seconds``, ``..._startup_phase_seconds``) are read
@@ -71,13 +79,14 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from sandbox_api.naming import child_object_name  # noqa: E402
-
 GROUP, VERSION = "sandbox.cleveragents.io", "v1beta1"
 PLAN = "stress"
 SOURCE_FILES = 20
 LOCAL_PHASES = ("admission", "reconcile_start", "active")
 POD_PHASES = ("admission", "reconcile_start", "pod_scheduled", "pod_ready", "agent_ready", "active")
+# A warm Sandbox's Pod phases happened before the apply: its last phase is the hand-over.
+WARM_PHASES = LOCAL_PHASES
+POOL_POD_PREFIX = "sbx-pool-"  # warm_pool.build_pool_pod's generateName
 POD_CONDITIONS = {
     "pod_scheduled": "PodScheduled",
     "pod_ready": "PodReadyToStartContainers",
@@ -91,8 +100,11 @@ METHOD = (
     "kubectl's); pod_scheduled / pod_ready / agent_ready (pod executor) = the workspace Pod's "
     "PodScheduled / PodReadyToStartContainers / Ready turning True; active = -> status.phase "
     "Active (API: Ready's lastTransitionTime, the operator's estimate of the API's clock, good "
-    "to 0.5 s; so API marks may read up to 1 s out of order). Percentiles nearest-rank over the "
-    "Sandboxes."
+    "to 0.5 s; so API marks may read up to 1 s out of order). A Sandbox's Pod is the one its "
+    "status.workspacePod names; warm (a warm-pool Pod, sbx-pool-*, Scheduled and Ready before "
+    "the apply): admission, reconcile_start, then active = the hand-over, reconcile start -> "
+    "Active (claiming a Ready pool Pod, one merge patch, and handing its agent the Sandbox's "
+    "token). Percentiles nearest-rank over the Sandboxes of each table."
 )
 # Whole seconds from clocks up to half a second apart: a later mark may read one second earlier.
 API_ORDER_SLACK_SECONDS = 1.0
@@ -103,6 +115,16 @@ def _stamp(value: Any) -> float | None:
     if not value:
         return None
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def is_pool_pod(name: str) -> bool:
+    """``name`` is a warm-pool Pod's (:data:`POOL_POD_PREFIX`)."""
+    return name.startswith(POOL_POD_PREFIX)
+
+
+def workspace_pod(sandbox: Mapping[str, Any]) -> str:
+    """A Sandbox's ``status.workspacePod`` ("" when absent)."""
+    return str((sandbox.get("status") or {}).get("workspacePod") or "")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -122,6 +144,12 @@ class Timeline:
     name: str
     watch: dict[str, float] = field(default_factory=dict)
     api: dict[str, float] = field(default_factory=dict)
+    pod: str = ""  # its status.workspacePod ("" with the local executor, or none yet)
+
+    @property
+    def warm(self) -> bool:
+        """Served by a warm-pool Pod (started before the apply)."""
+        return is_pool_pod(self.pod)
 
     def durations(self, phases: Sequence[str], clock: str) -> dict[str, float]:
         """Seconds spent in each of ``phases`` present on ``clock`` (``watch`` or ``api``);
@@ -159,7 +187,9 @@ class Timeline:
 
 @dataclass
 class StressReport:
-    """What one run measured. Seconds; ``operator`` holds the samples of its histograms."""
+    """What one run measured. Seconds; ``operator`` holds the samples of its histograms.
+    ``phases`` are a cold Sandbox's (its own workspace Pod, or the local executor); a warm
+    one's (:attr:`Timeline.warm`) are :data:`WARM_PHASES`."""
 
     sandboxes: int
     executor: str
@@ -171,10 +201,24 @@ class StressReport:
     load_average: tuple[float, float, float]
     operator: dict[str, float] = field(default_factory=dict)
 
-    def create_to_active(self, clock: str) -> list[float]:
-        """Per Sandbox, seconds from its admission mark to Active on ``clock``."""
+    def phases_of(self, timeline: Timeline) -> tuple[str, ...]:
+        """The phases of ``timeline``: :data:`WARM_PHASES` when warm, else :attr:`phases`."""
+        return WARM_PHASES if timeline.warm else self.phases
+
+    def groups(self) -> list[tuple[str, list[Timeline]]]:
+        """``("cold", [...])`` then ``("warm", [...])``, each with its timelines in order; a
+        group without any is left out."""
+        cold = [t for t in self.timelines if not t.warm]
+        warm = [t for t in self.timelines if t.warm]
+        return [(label, group) for label, group in (("cold", cold), ("warm", warm)) if group]
+
+    def create_to_active(
+        self, clock: str, timelines: Sequence[Timeline] | None = None
+    ) -> list[float]:
+        """Per Sandbox (of ``timelines``, default all), seconds from its admission mark to
+        Active on ``clock``."""
         out = []
-        for timeline in self.timelines:
+        for timeline in self.timelines if timelines is None else timelines:
             marks = timeline.watch if clock == "watch" else timeline.api
             if "admission" in marks and "active" in marks:
                 out.append(marks["active"] - marks["admission"])
@@ -191,26 +235,26 @@ class StressReport:
         return sum(values) / len(values) if values else 0.0
 
     def problems(self) -> list[str]:
-        """Every missing mark and every out-of-order pair, by Sandbox (empty when complete and
-        monotonic), and a Sandbox count that is not N."""
+        """Every missing mark and every out-of-order pair, by Sandbox, each against its own
+        phases (:meth:`phases_of`; empty when complete and monotonic), and a Sandbox count
+        that is not N."""
         found = [] if len(self.timelines) == self.sandboxes else [
             f"{len(self.timelines)} timelines for {self.sandboxes} Sandboxes"
         ]  # fmt: skip
         for timeline in self.timelines:
-            found += [f"{timeline.name}: missing {m}" for m in timeline.missing(self.phases)]
-            found += [f"{timeline.name}: {b}" for b in timeline.out_of_order(self.phases)]
+            phases = self.phases_of(timeline)
+            found += [f"{timeline.name}: missing {m}" for m in timeline.missing(phases)]
+            found += [f"{timeline.name}: {b}" for b in timeline.out_of_order(phases)]
         return found
 
     def table(self) -> str:
-        """The figures as Markdown, the method beside them."""
+        """The figures as Markdown, one table per group (:meth:`groups`; headed with the pod
+        executor), the method beside them."""
         lines = [
             f"{self.sandboxes} Sandboxes ({self.strategy}, {self.executor} executor) created at "
             f"once: apply {self.apply_seconds:.2f} s, last Active {self.last_active_seconds:.2f} s "
             f"after the apply began; load average {self.load_average[0]:.1f} / "
             f"{self.load_average[1]:.1f} / {self.load_average[2]:.1f}",
-            "",
-            "| phase | watch p50 (ms) | p90 | p99 | API p50 (s) | p90 | p99 |",
-            "|---|---:|---:|---:|---:|---:|---:|",
         ]
 
         def cells(values: list[float], unit: float, digits: int) -> str:
@@ -219,33 +263,44 @@ class StressReport:
             figures = (percentile(values, q) * unit for q in (50, 90, 99))
             return " | ".join(f"{value:.{digits}f}" for value in figures)
 
-        for phase in self.phases:
-            watch = [t.durations(self.phases, "watch")[phase] for t in self.timelines
-                     if phase in t.durations(self.phases, "watch")]  # fmt: skip
-            api = [t.durations(self.phases, "api")[phase] for t in self.timelines
-                   if phase in t.durations(self.phases, "api")]  # fmt: skip
-            if phase == "admission":
-                api = []  # the API has no mark of the apply's start
-            lines.append(f"| {phase} | {cells(watch, 1000, 0)} | {cells(api, 1, 0)} |")
-        lines.append(
-            f"| **create->Active** | {cells(self.create_to_active('watch'), 1000, 0)} "
-            f"| {cells(self.create_to_active('api'), 1, 0)} |"
-        )
+        for label, group in self.groups():
+            if self.executor == "pod":
+                what = "a warm-pool Pod claimed" if label == "warm" else "its own workspace Pod"
+                lines += ["", f"{label}: {len(group)} Sandboxes on {what}"]
+            lines += [
+                "",
+                "| phase | watch p50 (ms) | p90 | p99 | API p50 (s) | p90 | p99 |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            phases = WARM_PHASES if label == "warm" else self.phases
+            for phase in phases:
+                watch = [t.durations(phases, "watch")[phase] for t in group
+                         if phase in t.durations(phases, "watch")]  # fmt: skip
+                api = [t.durations(phases, "api")[phase] for t in group
+                       if phase in t.durations(phases, "api")]  # fmt: skip
+                if phase == "admission":
+                    api = []  # the API has no mark of the apply's start
+                name = "active (hand-over)" if label == "warm" and phase == "active" else phase
+                lines.append(f"| {name} | {cells(watch, 1000, 0)} | {cells(api, 1, 0)} |")
+            lines.append(
+                f"| **create->Active** | {cells(self.create_to_active('watch', group), 1000, 0)} "
+                f"| {cells(self.create_to_active('api', group), 1, 0)} |"
+            )
         count = self.operator.get("create_to_active_count", 0.0)
         mean = self.operator.get("create_to_active_sum", 0.0) / count if count else 0.0
         phase_counts = ", ".join(
             f"{p} {self.operator.get(f'phase_count:{p}', 0.0):.0f}"
             for p in ("reconcile_start", "workspace_pod", "active")
         )
-        lines += [
-            "",
-            f"cross-check, the operator's histograms: create_to_active count {count:.0f} (of "
-            f"{self.sandboxes}), mean {mean:.3f} s; the harness's creationTimestamp -> Active "
-            f"event mean {self.harness_create_to_active_mean():.3f} s; startup_phase counts "
-            f"{phase_counts}",
-            "",
-            METHOD,
-        ]
+        if self.operator:
+            lines += [
+                "",
+                f"cross-check, the operator's histograms: create_to_active count {count:.0f} (of "
+                f"{self.sandboxes}), mean {mean:.3f} s; the harness's creationTimestamp -> Active "
+                f"event mean {self.harness_create_to_active_mean():.3f} s; startup_phase counts "
+                f"{phase_counts}",
+            ]
+        lines += ["", METHOD]
         return "\n".join(lines) + "\n"
 
 
@@ -285,12 +340,15 @@ class _Watch:
 
 
 class Recorder:
-    """The watch marks of one run, by Sandbox name; thread-safe."""
+    """The watch marks of one run, by Sandbox name; thread-safe. A Pod's marks are kept by Pod
+    name (its events may come before any Sandbox event names it) and join the timeline of the
+    Sandbox whose ``status.workspacePod`` names it in :meth:`resolve`."""
 
     def __init__(self, executor: str) -> None:
         self.executor = executor
         self.timelines: dict[str, Timeline] = {}
-        self._pods: dict[str, str] = {}  # workspace Pod name -> Sandbox name
+        # Pod name -> the first arrival of each POD_CONDITIONS phase (True), any Pod.
+        self.pods: dict[str, dict[str, float]] = {}
         self._changed = threading.Condition()
 
     def expect(self, names: Sequence[str], applied: float) -> None:
@@ -298,7 +356,6 @@ class Recorder:
             for name in names:
                 timeline = self.timelines.setdefault(name, Timeline(name))
                 timeline.watch["applied"] = applied
-                self._pods[child_object_name(name, "ws")] = name
 
     def sandbox_event(self, kind: str, item: dict[str, Any], arrival: float) -> None:
         name = item["metadata"]["name"]
@@ -311,22 +368,33 @@ class Recorder:
                 marks.setdefault("reconcile_start", arrival)
             if (item.get("status") or {}).get("phase") == "Active":
                 marks.setdefault("active", arrival)
+            timeline.pod = workspace_pod(item) or timeline.pod
             self._changed.notify_all()
 
     def pod_event(self, kind: str, item: dict[str, Any], arrival: float) -> None:
-        sandbox = self._pods.get(item["metadata"]["name"])
-        if sandbox is None:
-            return
         true = {
             c.get("type")
             for c in (item.get("status") or {}).get("conditions") or []
             if c.get("status") == "True"
         }
         with self._changed:
-            marks = self.timelines.setdefault(sandbox, Timeline(sandbox)).watch
+            marks = self.pods.setdefault(item["metadata"]["name"], {})
             for phase, condition in POD_CONDITIONS.items():
                 if condition in true:
                     marks.setdefault(phase, arrival)
+
+    def resolve(self, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Give each timeline its workspace Pod and that Pod's marks. The Pod is the one
+        ``status.workspacePod`` names in ``listed`` (Sandbox name -> the Sandbox as listed at
+        the end), else the last one its events named. A warm Sandbox (:attr:`Timeline.warm`)
+        takes no Pod marks: its Pod was scheduled and Ready before the apply."""
+        with self._changed:
+            for name, timeline in self.timelines.items():
+                listed_pod = workspace_pod((listed or {}).get(name) or {})
+                timeline.pod = listed_pod or timeline.pod
+                if timeline.pod and not timeline.warm:
+                    for phase, arrival in self.pods.get(timeline.pod, {}).items():
+                        timeline.watch.setdefault(phase, arrival)
 
     def wait_active(self, count: int, timeout: float, alive: Callable[[], None]) -> float:
         """The arrival of the last of ``count`` Active events. Raises RuntimeError after
@@ -425,7 +493,9 @@ class Target:
 
 
 def measure(target: Target, config: StressConfig) -> StressReport:
-    """Create ``config.sandboxes`` Sandboxes at once in ``target`` and record their timelines.
+    """Create ``config.sandboxes`` Sandboxes at once in ``target`` and record their timelines
+    (with the pod executor, each Sandbox's Pod is its ``status.workspacePod``: a warm-pool Pod
+    makes it warm, :data:`WARM_PHASES`).
 
     Raises:
         RuntimeError: the apply failed, a watch could not start, or not all were Active within
@@ -473,13 +543,21 @@ def measure(target: Target, config: StressConfig) -> StressReport:
         pods = {p.metadata.name: api_client.sanitize_for_serialization(p)
                 for p in core.list_namespaced_pod(target.namespace).items}  # fmt: skip
     by_name = {item["metadata"]["name"]: item for item in listed["items"]}
+    recorder.resolve(by_name)
     timelines = []
     for name in names:
         timeline = recorder.timelines[name]
         if name in by_name:
-            timeline.api = api_marks(by_name[name], pods.get(child_object_name(name, "ws")))
+            # A warm Sandbox's Pod conditions precede the apply: not its marks.
+            pod = None if timeline.warm else pods.get(timeline.pod)
+            timeline.api = api_marks(by_name[name], pod)
         timelines.append(timeline)
-    operator = scrape_operator(target.metrics_url) if target.metrics_url else {}
+    operator: dict[str, float] = {}
+    if target.metrics_url:
+        try:
+            operator = scrape_operator(target.metrics_url)
+        except OSError as exc:  # the figures stand without the cross-check
+            print(f"stress: the operator's /metrics did not answer: {exc}", file=sys.stderr)
     return StressReport(
         sandboxes=config.sandboxes,
         executor=target.executor,

@@ -29,6 +29,13 @@ status``, what the exec path cost per call).
     a cold Pod) and that cold Pod's own start, p50 of several, interleaved; the goal is pool
     p50 <= 0.25x the Pod's own start.
 
+(e) N Sandboxes created at once, cold then warm (:func:`test_bench_stress_cold_and_warm`):
+    ``benchmarks/stress.py``'s :func:`measure` with the pod executor, N copy_on_write
+    Sandboxes over one small directory on a ReadWriteMany claim (``BENCH_STRESS_N``, default
+    10), each on a Pod of its own; then the same N with a warm pool of N Ready Pods, each taking
+    one. Per-phase p50/p90/p99 tables in ``/tmp/bench-stress-e2e.md``:
+    ``flock /tmp/sandbox-e2e.lock bash hack/e2e.sh -o python_files=bench_e2e.py -k stress -s``.
+
 Usage: ``eval "$(e2e/cluster env)" && .venv/bin/python e2e/bench_e2e.py [--runs 3]``, or inside
 the tier-3 harness: ``flock /tmp/sandbox-e2e.lock hack/e2e.sh e2e/bench_e2e.py -s`` (the
 ``test_`` function below). Prints a Markdown table (median of the runs) for docs/benchmarks.md.
@@ -40,6 +47,7 @@ import argparse
 import base64
 import hashlib
 import hmac
+import importlib.util
 import json
 import os
 import statistics
@@ -50,12 +58,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from e2e.conftest import (  # noqa: E402
     RELEASE,
+    TEST_LABEL,
     Originals,
+    Release,
     _toolbox,
     plancommit_manifest,
     sandbox_manifest,
@@ -454,6 +466,161 @@ def warm_pool_table(times: dict[str, list[float]]) -> str:
             f"| pool p50 / the Pod's own start p50 (goal <= 0.25) | {ratio:.2f}x |",
         ]
     )
+
+
+# --- N Sandboxes at once, cold and warm, on the cluster -------------------------------------------
+
+
+def stress_module() -> Any:
+    """``benchmarks/stress.py`` (not a package), loaded by path."""
+    spec = importlib.util.spec_from_file_location("stress", REPO_ROOT / "benchmarks" / "stress.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stress"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+STRESS_FILES = 20
+METRICS_PORT = 9090  # the chart's metrics.port
+
+
+def operator_metrics_url(kube: Kube, operator_namespace: str) -> str | None:
+    """``http://<pod IP>:9090/metrics`` of the Ready operator Pod when it answers from here (the
+    node: the chart's NetworkPolicy admits the metrics port from anywhere); None otherwise, and
+    the figures go without the operator's histograms beside them."""
+    import urllib.request
+
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    items = kube.json("get", "pods", "-n", operator_namespace, "-l", selector).get("items") or []
+    for pod in items:
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if not ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+            continue
+        url = f"http://{status['podIP']}:{METRICS_PORT}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return url
+        except OSError:
+            continue
+    return None
+
+
+def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str, Any]:
+    """``{"cold": report, "warm": report}`` (``stress.StressReport``) of ``sandboxes``
+    copy_on_write Sandboxes applied at once over one directory of :data:`STRESS_FILES` small
+    files on a ReadWriteMany claim, in a new namespace: first with the pool off (each Sandbox
+    starts a Pod of its own), then, after those are deleted, with a warm pool of ``sandboxes``
+    Pods, all Ready before the apply. Each table is written to ``/tmp/bench-stress-e2e.md`` as
+    soon as it is measured. The chart is set back (pool off) and the namespace deleted at the
+    end.
+
+    Raises:
+        RuntimeError: what ``stress.measure`` raises (an apply failed, not all Active in time).
+        TimeoutError: the pool never had ``sandboxes`` Ready Pods.
+    """
+    stress = stress_module()
+    namespace = f"bench-stress-{os.getpid()}"
+    kube.kubectl("create", "namespace", namespace)
+    kube.kubectl("label", "namespace", namespace, f"{TEST_LABEL}=true")
+    image = os.environ.get("E2E_IMAGE", "localhost/sandbox-operator:e2e")
+    reports: dict[str, Any] = {}
+
+    def kubectl(*args: str, input: str | None = None, timeout: float = 120.0) -> Any:
+        return kube.run([kube.kubectl_path, *args], stdin=input, check=False, timeout=timeout)
+
+    def manifest(name: str) -> dict[str, Any]:
+        item = sandbox_manifest(name, stress.PLAN, "copy_on_write", "data")
+        item["spec"]["source"]["persistentVolumeClaim"]["claimName"] = WARM_CLAIM
+        return item
+
+    def target() -> Any:
+        # Read before each run: the chart's upgrade replaces the operator Pod (and its
+        # histograms, so each run's counts are its own).
+        metrics = operator_metrics_url(kube, operator_namespace)
+        return stress.Target(
+            Path(os.environ["KUBECONFIG"]), namespace, "pod", metrics, manifest, kubectl
+        )
+
+    config = stress.StressConfig(sandboxes, "copy_on_write", timeout_seconds=600.0)
+    pool_on = False
+    try:
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": WARM_CLAIM},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+        kube.apply(namespace, claim, _toolbox(WARM_CLAIM, image, "IfNotPresent"))
+        kube.kubectl(
+            "wait", "-n", namespace, "--for=condition=Ready", "pod/toolbox", "--timeout=120s"
+        )
+        Originals(kube, namespace).sh(
+            f"mkdir -p data && for i in $(seq 1 {STRESS_FILES}); do"
+            " printf 'line of file %s\\n' $i > data/f$i.txt; done"
+        )
+        reports["cold"] = stress.measure(target(), config)
+        write_stress_tables(reports)
+        kube.kubectl(
+            "delete", "sandboxes", "--all", "-n", namespace, "--wait=true", "--timeout=300s",
+            timeout=330.0,
+        )  # fmt: skip
+        pool_on = True
+        kube.helm(
+            "upgrade", RELEASE, str(CHART), "-n", operator_namespace, "--reuse-values",
+            *_pool_values(namespace, sandboxes), "--wait", "--timeout", "240s",
+        )  # fmt: skip
+        wait_until(
+            f"{sandboxes} Ready warm-pool Pods",
+            lambda: len(_ready_pool_pods(kube, namespace)) >= sandboxes or None,
+            600,
+            interval=1.0,
+        )
+        time.sleep(5.0)  # the last Ready events reach the operator's pool list
+        reports["warm"] = stress.measure(target(), config)
+        write_stress_tables(reports)
+    finally:
+        if pool_on:
+            kube.helm(
+                "upgrade", RELEASE, str(CHART), "-n", operator_namespace, "--reuse-values",
+                *_pool_values(namespace, 0), "--wait", "--timeout", "240s",
+            )  # fmt: skip
+        kube.kubectl(
+            "delete", "sandboxes", "--all", "-n", namespace, "--wait=true", "--timeout=300s",
+            check=False, timeout=330.0,
+        )  # fmt: skip
+        kube.kubectl("delete", "namespace", namespace, "--wait=true", check=False, timeout=300.0)
+    return reports
+
+
+def write_stress_tables(reports: dict[str, Any]) -> str:
+    """The tables of :func:`stress_runs` (cold, then warm when measured), written to
+    ``/tmp/bench-stress-e2e.md``; returns the text."""
+    parts = [f"## {label} run\n\n{report.table()}" for label, report in reports.items()]
+    text = "\n".join(parts)
+    Path("/tmp/bench-stress-e2e.md").write_text(text)  # noqa: S108 - a report for the reader
+    return text
+
+
+@pytest.mark.timeout(1800)  # two runs and a chart upgrade: more than the suite's 900 s
+def test_bench_stress_cold_and_warm(kube: Kube, operator_release: Release) -> None:
+    """Tier 3: N Sandboxes at once, cold then warm; the tables are printed and kept in
+    ``/tmp/bench-stress-e2e.md``. Only completeness is asserted (every phase mark of every
+    Sandbox on both clocks, in order; every warm-run Sandbox on a pool Pod), never a time."""
+    sandboxes = int(os.environ.get("BENCH_STRESS_N", "10"))
+    reports = stress_runs(kube, operator_release.namespace, sandboxes)
+    print(write_stress_tables(reports))
+    assert reports["cold"].problems() == []
+    assert reports["warm"].problems() == []
+    assert [t.warm for t in reports["cold"].timelines] == [False] * sandboxes
+    assert [t.warm for t in reports["warm"].timelines] == [True] * sandboxes
 
 
 def test_bench_ratios() -> None:
