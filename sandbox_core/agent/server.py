@@ -104,6 +104,11 @@ class RequestJournal:
     ``max_entries``; it runs every :data:`JOURNAL_PRUNE_EVERY` puts and when the volume is low.
     A pruned reply's request, sent again, runs again (every operation is idempotent by its
     sandbox's state; the journal spares the repeat, it does not make it safe).
+
+    The names of the stored replies are kept in memory (the directory is listed once, at the
+    first use, and again by each prune; a name is added before its reply is written), so the
+    look-up of a new request id - every change's - costs no system call. The agent is the
+    journal's only writer.
     """
 
     def __init__(
@@ -119,14 +124,31 @@ class RequestJournal:
         self.max_age = max_age
         self.reserve = reserve
         self._puts = 0
+        self._names: set[str] | None = None  # the stored replies' names, once listed
+
+    def _name(self, key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest() + ".json"
 
     def _path(self, key: str) -> Path:
-        return self.directory / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+        return self.directory / self._name(key)
+
+    def _stored(self) -> set[str]:
+        """The names of the stored replies (listed from the directory the first time)."""
+        if self._names is None:
+            try:
+                names = (path.name for path in self.directory.iterdir())
+                self._names = {name for name in names if _is_reply(name)}
+            except FileNotFoundError:
+                self._names = set()
+        return self._names
 
     def get(self, key: str) -> tuple[int, Any] | None:
         """The stored ``(status, payload)``, or None."""
+        name = self._name(key)
+        if name not in self._stored():
+            return None
         try:
-            data = json.loads(self._path(key).read_text())
+            data = json.loads((self.directory / name).read_bytes())
         except (OSError, ValueError):
             return None
         return int(data["status"]), data["payload"]
@@ -153,10 +175,12 @@ class RequestJournal:
             OSError: the reply cannot be written.
         """
         record = f'{{"status": {status}, "payload": {payload_text}}}'.encode()
+        name = self._name(key)
+        self._stored().add(name)  # before the file: a torn one is read (and taken for none)
         if durable:
-            write_bytes_atomic(self._path(key), record, tmp_suffix=".tmp")
+            write_bytes_atomic(self.directory / name, record, tmp_suffix=".tmp")
         else:
-            self._write_now(self._path(key), record)
+            self._write_now(self.directory / name, record)
         self._puts += 1
         if self._puts % JOURNAL_PRUNE_EVERY == 0:
             self.prune()
@@ -183,15 +207,19 @@ class RequestJournal:
             with os.scandir(self.directory) as listing:
                 entries = [(e.stat().st_mtime, e.path, e.name) for e in listing if e.is_file()]
         except FileNotFoundError:
+            self._names = set()
             return 0
         entries.sort()
         removed = 0
-        keep = [e for e in entries if e[2].endswith(".json")]
+        stored = {name for _, _, name in entries if _is_reply(name)}
         for mtime, path, name in entries:
             stale = now - mtime > (60 if name.endswith(".tmp") else self.max_age)
-            if stale or (name.endswith(".json") and len(keep) - removed > self.max_entries):
+            if stale or (_is_reply(name) and len(stored) > self.max_entries):
                 Path(path).unlink(missing_ok=True)
-                removed += 1 if name.endswith(".json") else 0
+                if _is_reply(name):
+                    stored.discard(name)
+                    removed += 1
+        self._names = stored
         return removed
 
     def free_bytes(self) -> int:
@@ -215,6 +243,11 @@ class RequestJournal:
         free = self.free_bytes()
         if free < self.reserve:
             raise StateVolumeFull(free)
+
+
+def _is_reply(name: str) -> bool:
+    """Whether a file name of the journal's directory is a stored reply (not a staged one)."""
+    return name.endswith(".json")
 
 
 def journal_key(request: web.Request, request_id: str) -> str:
@@ -893,7 +926,10 @@ class Agent:
         handlers[wire.EXEC] = self.exec_command
         handlers[wire.EXEC_SIGNAL] = signal_command
         handlers[wire.AUDIT] = audit
-        handlers.update(self._actor_handlers(sid, rel))
+        # The actor's file routes first: aiohttp tries the routes under /v1/sandboxes in the
+        # order they were added (a regular expression each), and those are the most frequent
+        # calls (about 25 microseconds a request saved against the end of the list).
+        handlers = {**self._actor_handlers(sid, rel), **handlers}
         for route, handler in handlers.items():
             if route.method == "GET":
                 app.router.add_get(route.template, handler)  # HEAD too, aiohttp's default
