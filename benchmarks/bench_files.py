@@ -11,7 +11,8 @@ not in either figure.
 
 Usage: ``.venv/bin/python benchmarks/bench_files.py [--calls 200] [--strategies copy_on_write,
 git_worktree] [--keep-alive]``; prints a Markdown table (medians of a write and a read of 1 KiB,
-interleaved) and the ratio agent / local. The design's goal is at most 1.5x.
+interleaved), the ratio agent / local, and the floor of one exchange with the agent (an empty
+``GET /healthz``, median, after the pairs). The design's goal is at most 1.5x.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def keep_alive_call(
     return call
 
 
-def run(strategy: str, calls: int, keep_alive: bool) -> tuple[float, float]:
+def run(strategy: str, calls: int, keep_alive: bool) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory(prefix="bench-files-") as tmp:
         work = Path(tmp)
         repo = make_repo(work / "repo", {"f.txt": "x\n"})
@@ -133,11 +134,22 @@ def run(strategy: str, calls: int, keep_alive: bool) -> tuple[float, float]:
                 local_door().files().write(rel, PAYLOAD)
                 local_door().files().read_text(rel)
                 local_times.append((time.perf_counter() - start) / 2)
+            # The floor of an exchange: an empty GET /healthz, on the kept-alive connection or
+            # on a connection of its own.
+            empty_times: list[float] = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                used = connection if keep_alive else http.client.HTTPConnection("127.0.0.1", port)
+                used.request("GET", wire.HEALTHZ.template)
+                used.getresponse().read()
+                if not keep_alive:
+                    used.close()
+                empty_times.append(time.perf_counter() - start)
             connection.close()
         finally:
             agent.terminate()
             agent.wait(timeout=10)
-    return median_ms(agent_times), median_ms(local_times)
+    return median_ms(agent_times), median_ms(local_times), median_ms(empty_times)
 
 
 def main() -> int:
@@ -148,12 +160,13 @@ def main() -> int:
     args = parser.parse_args()
     transport = "one kept-alive connection" if args.keep_alive else "a connection per call"
     print(f"| strategy (median of {args.calls} write+read pairs, per call) | agent ({transport}) "
-          "| local executor (same core API) | ratio agent / local |")  # fmt: skip
-    print("| --- | --- | --- | --- |")
+          "| local executor (same core API) | ratio agent / local | an empty exchange "
+          "(`GET /healthz`) |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
     for strategy in args.strategies.split(","):
-        agent_ms, local_ms = run(strategy, args.calls, args.keep_alive)
+        agent_ms, local_ms, empty_ms = run(strategy, args.calls, args.keep_alive)
         print(f"| {strategy} | {agent_ms:.2f} ms | {local_ms:.2f} ms | "
-              f"{agent_ms / local_ms:.2f}x |")  # fmt: skip
+              f"{agent_ms / local_ms:.2f}x | {empty_ms:.2f} ms |")  # fmt: skip
     return 0
 
 
