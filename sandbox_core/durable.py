@@ -67,9 +67,25 @@ def write_json_atomic(
         OSError: the directory cannot be created or written; the temporary file is removed.
         TypeError: ``data`` is not JSON-serialisable; nothing is written.
     """
-    target = Path(path)
     text = json.dumps(data, indent=2, sort_keys=True) if pretty else json.dumps(data)
-    content = text.encode("utf-8")
+    write_bytes_atomic(path, text.encode("utf-8"), durable=durable, tmp_suffix=tmp_suffix)
+
+
+def write_bytes_atomic(
+    path: str | os.PathLike[str],
+    content: bytes,
+    *,
+    durable: bool = True,
+    tmp_suffix: str | None = None,
+) -> None:
+    """Replace ``path`` by ``content`` through a renamed temporary file in its directory: what
+    :func:`write_json_atomic` does once the record is encoded (same arguments, same order of
+    fsyncs), for a caller that holds the encoded bytes already.
+
+    Raises:
+        OSError: the directory cannot be created or written; the temporary file is removed.
+    """
+    target = Path(path)
 
     def stage() -> tuple[int, str]:
         if tmp_suffix is None:

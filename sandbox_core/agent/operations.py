@@ -151,6 +151,8 @@ class Operations:
         # into a second transaction behind the first one's back. For the others it spares a
         # re-open per call (a git worktree's costs tens of milliseconds).
         self._live: dict[str, BaseSandbox] = {}
+        self._pairs: list[tuple[str, str]] = []
+        self._pairs_of: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         # Revisions as last written by this process (the agent is their only writer); the
         # lock orders the worker's bumps with those of finished commands (their own threads).
         self._revisions: dict[str, int] = {}
@@ -245,15 +247,24 @@ class Operations:
             )
         return original
 
+    def _secret_pairs(self) -> list[tuple[str, str]]:
+        """``(form, "env:NAME")`` of every form of every secret environment value, longest
+        form first; worked out again only when a value changed."""
+        values = tuple(self.config.environ.get(name) or "" for name in self.config.secret_env)
+        if self._pairs_of != (self.config.secret_env, values):
+            pairs = [
+                (form, ENV_REF + name)
+                for name, value in zip(self.config.secret_env, values, strict=True)
+                for form in secret_forms(value)
+            ]
+            pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
+            self._pairs, self._pairs_of = pairs, (self.config.secret_env, values)
+        return self._pairs
+
     def hide(self, payload: Any) -> Any:
         """``payload`` with every secret environment value, in every form a message may carry
         it (:func:`~sandbox_core.redaction.secret_forms`), replaced by its ``env:NAME``."""
-        pairs = [
-            (form, ENV_REF + name)
-            for name in self.config.secret_env
-            for form in secret_forms(self.config.environ.get(name) or "")
-        ]
-        pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
+        pairs = self._secret_pairs()
 
         def clean(value: Any) -> Any:
             if isinstance(value, str):
@@ -267,6 +278,15 @@ class Operations:
             return value
 
         return clean(json.loads(json.dumps(payload, default=str)))
+
+    def reply_text(self, payload: Any) -> str:
+        """The JSON text of a reply, ``payload`` with its secrets hidden (:meth:`hide`): what
+        the agent journals and sends, encoded once. Without secret values in the environment
+        there is nothing to hide, and the payload is encoded as it is (the same text: values
+        JSON does not know become their ``str``)."""
+        if not self._secret_pairs():
+            return json.dumps(payload, default=str)
+        return json.dumps(self.hide(payload))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -690,6 +710,12 @@ class Operations:
             sandbox.activate()
             self._save(sandbox)
         return sandbox
+
+    def is_open(self, sandbox_id: str) -> bool:
+        """Whether this process keeps ``sandbox_id`` open and ACTIVE: an actor's read of it
+        then touches neither its record nor its status (nothing to save)."""
+        live = self._live.get(sandbox_id)
+        return live is not None and live.status is SandboxStatus.ACTIVE
 
     def count_change(self, sandbox_id: str) -> None:
         """An actor changed the sandbox's content: move its revision (a later commit is a new

@@ -132,3 +132,21 @@ def test_a_torn_reply_is_no_reply_and_the_next_put_replaces_it(
     assert journal.get("k") == (200, {"path": "a.txt", "bytes": 3})
     assert journal.get("first") == (200, {"n": 1})
     assert sorted(p.suffix for p in journal.directory.iterdir()) == [".json", ".json"]
+
+
+def test_a_journal_over_the_directory_of_an_earlier_process_replays_its_replies(
+    tmp_path: Path,
+) -> None:
+    first = RequestJournal(tmp_path)
+    assert first.get("a") is None  # listed before the directory exists: nothing stored
+    first.put("a", 200, {"n": 1}, durable=False)
+    first.put("b", 409, {"error": {"type": "Conflict"}})
+    again = RequestJournal(tmp_path, max_entries=1)  # the agent restarted
+    assert again.get("a") == (200, {"n": 1})
+    assert again.get("b") == (409, {"error": {"type": "Conflict"}})
+    assert again.get("c") is None
+    os.utime(again._path("a"), (1_000_000, 1_000_000))  # the older one
+    assert again.prune() == 1
+    assert (again.get("a"), again.get("b")) == (None, (409, {"error": {"type": "Conflict"}}))
+    again.put("a", 200, {"n": 2}, durable=False)  # the same id, run again after its prune
+    assert again.get("a") == (200, {"n": 2})
