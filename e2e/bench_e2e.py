@@ -364,6 +364,22 @@ def _ready_pool_pods(kube: Kube, namespace: str) -> list[str]:
     return ready
 
 
+def _shared_claim_with_toolbox(kube: Kube, namespace: str, image: str) -> None:
+    """The ReadWriteMany claim :data:`WARM_CLAIM` in ``namespace`` and a Ready toolbox Pod
+    mounting it (where :class:`Originals` writes the originals)."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": WARM_CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    kube.apply(namespace, claim, _toolbox(WARM_CLAIM, image, "IfNotPresent"))
+    kube.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/toolbox", "--timeout=120s")
+
+
 def warm_pool_runs(
     kube: Kube, operator_namespace: str, runs: int, size: int = 2
 ) -> dict[str, list[float]]:
@@ -381,19 +397,7 @@ def warm_pool_runs(
         return kube.status(kind, namespace, name)
 
     try:
-        claim = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": WARM_CLAIM},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        }
-        kube.apply(namespace, claim, _toolbox(WARM_CLAIM, image, "IfNotPresent"))
-        kube.kubectl(
-            "wait", "-n", namespace, "--for=condition=Ready", "pod/toolbox", "--timeout=120s"
-        )
+        _shared_claim_with_toolbox(kube, namespace, image)
         originals = Originals(kube, namespace)
         for run in range(runs):
             originals.sh(
@@ -549,19 +553,7 @@ def stress_runs(kube: Kube, operator_namespace: str, sandboxes: int) -> dict[str
     config = stress.StressConfig(sandboxes, "copy_on_write", timeout_seconds=600.0)
     pool_on = False
     try:
-        claim = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": WARM_CLAIM},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        }
-        kube.apply(namespace, claim, _toolbox(WARM_CLAIM, image, "IfNotPresent"))
-        kube.kubectl(
-            "wait", "-n", namespace, "--for=condition=Ready", "pod/toolbox", "--timeout=120s"
-        )
+        _shared_claim_with_toolbox(kube, namespace, image)
         Originals(kube, namespace).sh(
             f"mkdir -p data && for i in $(seq 1 {STRESS_FILES}); do"
             " printf 'line of file %s\\n' $i > data/f$i.txt; done"
