@@ -178,7 +178,10 @@ def test_reply_text_hides_secrets_and_is_plain_json_without_them(tmp_path: Path)
 
 
 def test_the_agent_runs_on_uvloop() -> None:
-    uvloop = pytest.importorskip("uvloop")
+    """The operator extra (which hack/setup.sh installs, and the image has) brings uvloop: a
+    missing one fails here rather than skipping, as the agent would quietly run slower."""
+    import uvloop
+
     loop = server._event_loop()
     try:
         assert isinstance(loop, uvloop.Loop)
