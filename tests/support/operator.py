@@ -265,6 +265,20 @@ def checkpoint_manifest(name: str, sandbox: str, phase: str = "pre_execute") -> 
     }
 
 
+def pod_executor_env(namespace: str, key_file: Path, port: int, **extra: str) -> dict[str, str]:
+    """The operator's environment for the pod executor in ``namespace`` (its Pods there, its
+    peers labelled as the chart labels them), the agent key at ``key_file`` and the agents on
+    ``port``; ``extra`` adds ``SANDBOX_OPERATOR_<NAME>`` settings (``WARM_POOL_SIZE="1"``)."""
+    return {
+        "SANDBOX_OPERATOR_EXECUTOR": "pod",
+        "SANDBOX_OPERATOR_AGENT_KEY_FILE": str(key_file),
+        "SANDBOX_OPERATOR_AGENT_PORT": str(port),
+        "SANDBOX_OPERATOR_POD_NAMESPACE": namespace,
+        "SANDBOX_OPERATOR_POD_LABELS": "app.kubernetes.io/name=sandbox-operator",
+        **{f"SANDBOX_OPERATOR_{name}": value for name, value in extra.items()},
+    }
+
+
 class OperatorProcess:
     """The operator as a subprocess (local executor) watching one namespace."""
 

@@ -17,7 +17,13 @@ import pytest
 
 from tests.support.apiserver.harness import free_port
 from tests.support.kubelet import KEY, Kubelet
-from tests.support.operator import Cluster, OperatorProcess, run_operator, secret_manifest
+from tests.support.operator import (
+    Cluster,
+    OperatorProcess,
+    pod_executor_env,
+    run_operator,
+    secret_manifest,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,14 +72,7 @@ def pod_operator(
         local_apiserver,
         cluster.namespace,
         work,
-        {
-            "SANDBOX_OPERATOR_EXECUTOR": "pod",
-            "SANDBOX_OPERATOR_AGENT_KEY_FILE": str(key),
-            "SANDBOX_OPERATOR_AGENT_PORT": str(port),
-            "SANDBOX_OPERATOR_POD_NAMESPACE": cluster.namespace,
-            "SANDBOX_OPERATOR_POD_LABELS": "app.kubernetes.io/name=sandbox-operator",
-            "SANDBOX_OPERATOR_EXEC_TIMEOUT_SECONDS": "30",
-        },
+        pod_executor_env(cluster.namespace, key, port, EXEC_TIMEOUT_SECONDS="30"),
     )
     cluster.operator = operator
     kubelet = Kubelet(cluster, tmp_path, port, dsn)

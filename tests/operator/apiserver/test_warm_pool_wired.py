@@ -31,7 +31,13 @@ from sandbox_operator.executors.warm_pool import POOL_LABEL, POOLED_LABEL
 from sandbox_core.agent import wire
 from tests.support.apiserver.harness import free_port
 from tests.support.kubelet import KEY
-from tests.support.operator import Cluster, OperatorProcess, secret_manifest, wait_for
+from tests.support.operator import (
+    Cluster,
+    OperatorProcess,
+    pod_executor_env,
+    secret_manifest,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -143,21 +149,19 @@ def pooled(
         local_apiserver,
         cluster.namespace,
         work,
-        {
-            "SANDBOX_OPERATOR_EXECUTOR": "pod",
-            "SANDBOX_OPERATOR_AGENT_KEY_FILE": str(key),
-            "SANDBOX_OPERATOR_AGENT_PORT": str(port),
-            "SANDBOX_OPERATOR_POD_NAMESPACE": cluster.namespace,
-            "SANDBOX_OPERATOR_POD_LABELS": "app.kubernetes.io/name=sandbox-operator",
-            "SANDBOX_OPERATOR_EXEC_TIMEOUT_SECONDS": "30",
-            "SANDBOX_OPERATOR_WARM_POOL_SIZE": "1",
-            "SANDBOX_OPERATOR_WARM_POOL_NAMESPACES": cluster.namespace,
-            "SANDBOX_OPERATOR_WARM_POOL_SOURCE_CLAIMS": CLAIM,
-            "SANDBOX_OPERATOR_WARM_POOL_INTERVAL_SECONDS": "1",
+        pod_executor_env(
+            cluster.namespace,
+            key,
+            port,
+            EXEC_TIMEOUT_SECONDS="30",
+            WARM_POOL_SIZE="1",
+            WARM_POOL_NAMESPACES=cluster.namespace,
+            WARM_POOL_SOURCE_CLAIMS=CLAIM,
+            WARM_POOL_INTERVAL_SECONDS="1",
             # Windows of 15 s: a renewal comes within the test.
-            "SANDBOX_OPERATOR_AGENT_TOKEN_LIFETIME_SECONDS": "30",
-            "SANDBOX_OPERATOR_AGENT_TOKEN_RENEW_INTERVAL_SECONDS": "1",
-        },
+            AGENT_TOKEN_LIFETIME_SECONDS="30",
+            AGENT_TOKEN_RENEW_INTERVAL_SECONDS="1",
+        ),
     )
     cluster.operator = operator
     kubelet = PoolKubelet(cluster, tmp_path, port)

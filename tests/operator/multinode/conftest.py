@@ -16,7 +16,7 @@ import pytest
 from tests.support.apiserver.harness import free_port
 from tests.support.apiserver.multinode import MultiNodeCluster
 from tests.support.kubelet import KEY
-from tests.support.operator import Cluster, OperatorProcess
+from tests.support.operator import Cluster, OperatorProcess, pod_executor_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,13 +56,7 @@ def pod_operator(
         nodes.server,
         cluster.namespace,
         work,
-        {
-            "SANDBOX_OPERATOR_EXECUTOR": "pod",
-            "SANDBOX_OPERATOR_AGENT_KEY_FILE": str(key),
-            "SANDBOX_OPERATOR_AGENT_PORT": str(free_port()),
-            "SANDBOX_OPERATOR_POD_NAMESPACE": cluster.namespace,
-            "SANDBOX_OPERATOR_POD_LABELS": "app.kubernetes.io/name=sandbox-operator",
-        },
+        pod_executor_env(cluster.namespace, key, free_port()),
     )
     cluster.operator = operator
     operator.start()

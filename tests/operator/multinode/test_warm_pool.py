@@ -24,7 +24,7 @@ from tests.support.apiserver.harness import free_port
 from tests.support.apiserver.multinode import AgentSettings, MultiNodeCluster
 from tests.support.kubelet import KEY
 from tests.support.multinode_objects import WORKSPACE, attachments, sandbox, source_claim
-from tests.support.operator import Cluster, OperatorProcess
+from tests.support.operator import Cluster, OperatorProcess, pod_executor_env
 
 CLAIM = "shared"
 SIZE = 3
@@ -48,18 +48,16 @@ def pool_operator(
         nodes.server,
         cluster.namespace,
         work,
-        {
-            "SANDBOX_OPERATOR_EXECUTOR": "pod",
-            "SANDBOX_OPERATOR_AGENT_KEY_FILE": str(key),
-            "SANDBOX_OPERATOR_AGENT_PORT": str(port),
-            "SANDBOX_OPERATOR_POD_NAMESPACE": cluster.namespace,
-            "SANDBOX_OPERATOR_POD_LABELS": "app.kubernetes.io/name=sandbox-operator",
-            "SANDBOX_OPERATOR_EXEC_TIMEOUT_SECONDS": "30",
-            "SANDBOX_OPERATOR_WARM_POOL_SIZE": str(SIZE),
-            "SANDBOX_OPERATOR_WARM_POOL_NAMESPACES": cluster.namespace,
-            "SANDBOX_OPERATOR_WARM_POOL_SOURCE_CLAIMS": CLAIM,
-            "SANDBOX_OPERATOR_WARM_POOL_INTERVAL_SECONDS": "1",
-        },
+        pod_executor_env(
+            cluster.namespace,
+            key,
+            port,
+            EXEC_TIMEOUT_SECONDS="30",
+            WARM_POOL_SIZE=str(SIZE),
+            WARM_POOL_NAMESPACES=cluster.namespace,
+            WARM_POOL_SOURCE_CLAIMS=CLAIM,
+            WARM_POOL_INTERVAL_SECONDS="1",
+        ),
     )
     cluster.operator = operator
     assert nodes.kubelet is not None
